@@ -1,0 +1,260 @@
+"""The command line. Only this module imports click: it parses, calls the core, and prints.
+
+Exit codes: 0 success; 1 a command failed on some host (or an internal error); 2 bad input (usage,
+malformed inventory); 3 could not connect; 130 interrupted (Ctrl-C).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+import click
+
+from . import __version__
+from .errors import ClusterctlError
+
+EXAMPLES: dict[str, str] = {}
+EXIT_INTERRUPTED = 130
+
+
+class _Group(click.Group):
+    """Lists every command with its one-line summary and an example."""
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            rows.append((name, cmd.get_short_help_str(limit=70)))
+            if name in EXAMPLES:
+                rows.append(("", f"e.g. {EXAMPLES[name]}"))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def command(example: str, **kwargs):
+    """Register a command with an example for `clusterctl --help`."""
+    def decorate(fn):
+        EXAMPLES[fn.__name__.replace("_cmd", "").replace("_", "-")] = example
+        return cli.command(name=fn.__name__.replace("_cmd", "").replace("_", "-"), **kwargs)(fn)
+    return decorate
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="clusterctl", message="%(prog)s %(version)s")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx, debug):
+    """clusterctl: turn a handful of Macs (and Linux boxes) into an MLX training cluster.
+
+    Every command that talks to hosts takes --hosts INVENTORY (a YAML file; see README.md).
+    """
+    ctx.obj = {"debug": debug}
+
+
+hosts_option = click.option("--hosts", "inventory_path", required=True, type=click.Path(dir_okay=False),
+                            metavar="INVENTORY", help="The inventory YAML file.")
+
+
+def _load(inventory_path: str):
+    from .inventory import load
+    return load(inventory_path)
+
+
+# ---- hosts ------------------------------------------------------------------------------------
+
+@command("clusterctl hosts --hosts inventory.yaml")
+@hosts_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
+def hosts_cmd(inventory_path, as_json):
+    """Show the resolved hosts: inventory + defaults + ~/.ssh/config."""
+    from .sshconfig import resolve_cluster
+
+    cluster = _load(inventory_path)
+    targets = resolve_cluster(cluster)
+    rows = []
+    for h in cluster.hosts:
+        t = targets[h.name]
+        ranks = str(h.rank) if h.slots == 1 else f"{h.ranks.start}-{h.ranks.stop - 1}"
+        rows.append({
+            "ranks": ranks, "name": h.name,
+            "connect": "(local)" if h.local else f"{t.hostname}:{t.port}",
+            "user": t.user, "address": h.address or "", "python": h.python, "workdir": h.workdir,
+            "identity_file": "" if h.local else (next((p for p in t.identity_files if os.path.isfile(p)), "")),
+            "env": h.env_dict,
+        })
+    if as_json:
+        click.echo(json.dumps({"inventory": cluster.path, "world_size": cluster.world_size,
+                               "backend": cluster.launch.backend, "hosts": rows}, indent=2))
+        return
+    columns = ["ranks", "name", "connect", "user", "address", "python", "workdir"]
+    _table(rows, columns)
+    click.echo(f"{len(cluster.hosts)} hosts, world size {cluster.world_size}, backend {cluster.launch.backend}")
+
+
+def _table(rows: list[dict], columns: list[str]) -> None:
+    widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in columns}
+    click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
+    for r in rows:
+        click.echo("  ".join(str(r[c]).ljust(widths[c]) for c in columns).rstrip())
+
+
+# ---- exec -------------------------------------------------------------------------------------
+
+@command("clusterctl exec --hosts inventory.yaml -- uname -a")
+@hosts_option
+@click.option("--sh", "script", metavar="SCRIPT", help="Run this shell script instead of a command.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds the command may run per host.")
+@click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
+@click.option("--cwd", metavar="DIR", help="Working directory on each host (~ is the host's home).")
+@click.option("--strict-host-keys", is_flag=True, help="Refuse hosts whose key is not in known_hosts yet.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_keys, as_json, argv):
+    """Run a command on every host in parallel and show each host's output."""
+    from .remote import Connector
+
+    if bool(script) == bool(argv):
+        raise click.UsageError("give either a command after -- or --sh SCRIPT")
+    cluster = _load(inventory_path)
+    connector = Connector(cluster, "strict" if strict_host_keys else None, connect_timeout)
+    group = connector.run_everywhere(script or list(argv), timeout, cwd=cwd)
+    if as_json:
+        click.echo(json.dumps({"ok": group.all_ok, "hosts": [_outcome_json(o) for o in group.values()]},
+                              indent=2))
+    else:
+        for outcome in group.values():
+            _print_outcome(outcome)
+        failed = len(group.failed)
+        click.echo(f"{len(group) - failed} ok, {failed} failed", err=True)
+    sys.exit(0 if group.all_ok else 1)
+
+
+def _outcome_json(o) -> dict:
+    r = o.value
+    return {"host": o.host.name, "rank": o.host.rank, "ok": o.ok, "elapsed_s": round(o.elapsed_s, 3),
+            "exit_code": getattr(r, "exit_code", None), "stdout": getattr(r, "stdout", ""),
+            "stderr": getattr(r, "stderr", ""), "error": str(o.error) if o.error else None}
+
+
+def _print_outcome(o) -> None:
+    prefix = f"[{o.host.rank} {o.host.name}]"
+    if o.error is not None:
+        click.secho(f"{prefix} error: {_one_line(o.error)}", fg="red", err=True)
+        return
+    for line in o.value.stdout.splitlines():
+        click.echo(f"{prefix} {line}")
+    for line in o.value.stderr.splitlines():
+        click.echo(f"{prefix} {line}", err=True)
+    if not o.value.ok:
+        click.secho(f"{prefix} exited {o.value.exit_code}", fg="red", err=True)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error)
+    # ConnectError / CommandTimeout already name the host; the prefix does too.
+    host = getattr(error, "host", None)
+    if host and text.startswith(f"{host}: "):
+        text = text[len(host) + 2:]
+    return " ".join(text.split())
+
+
+# ---- init -------------------------------------------------------------------------------------
+
+@command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")
+@click.argument("names", nargs=-1, required=True)
+@click.option("-o", "--output", default="inventory.yaml", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--user", help="SSH user on every host (default: from ~/.ssh/config or your user name).")
+@click.option("--python", default="python3", show_default=True, help="Python with mlx on every host.")
+@click.option("--workdir", default="~/clusterctl", show_default=True, help="Where code and data land.")
+@click.option("--address", "addresses", multiple=True, metavar="IP",
+              help="Data-plane IPv4 per host, in the same order as the names (repeat the option).")
+@click.option("--backend", type=click.Choice(["mpi", "ring", "jaccl"]), default="mpi", show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init_cmd(names, output, user, python, workdir, addresses, backend, force):
+    """Write a starter inventory for the given hosts."""
+    from .inventory import parse
+    from .resources import render, template_text
+
+    if addresses and len(addresses) != len(names):
+        raise click.UsageError(f"{len(addresses)} --address values for {len(names)} hosts")
+    if os.path.exists(output) and not force:
+        raise click.UsageError(f"{output} exists; pass --force to overwrite it")
+    q = json.dumps   # a JSON string is a valid YAML scalar: names and paths stay literal
+    defaults = [f"  python: {q(python)}", f"  workdir: {q(workdir)}"]
+    if user:
+        defaults.insert(0, f"  user: {q(user)}")
+    host_lines = []
+    for i, name in enumerate(names):
+        host_lines.append(f"  - name: {q(name)}")
+        if addresses:
+            host_lines.append(f"    address: {q(addresses[i])}")
+    text = render(template_text("inventory.yaml.tmpl"), date=datetime.date.today().isoformat(),
+                  defaults="\n".join(defaults), hosts="\n".join(host_lines), backend=backend)
+    parse(text, output)   # never write an inventory we would refuse to read
+    _write_atomically(output, text)
+    click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
+
+
+def _write_atomically(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".clusterctl-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+# ---- entry point ------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="clusterctl", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except ClusterctlError as e:
+        if debug:
+            raise
+        click.secho(f"error: {e}", fg="red", err=True)
+        sys.exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 - the one place unexpected errors become one line + a log
+        if debug:
+            raise
+        log = _write_debug_log()
+        click.secho(f"internal error: {type(e).__name__}: {e} (traceback in {log}; rerun with --debug)",
+                    fg="red", err=True)
+        sys.exit(1)
+
+
+def _write_debug_log() -> str:
+    directory = os.path.join(os.path.expanduser("~"), ".cache", "clusterctl")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        directory = tempfile.gettempdir()
+    path = os.path.join(directory, "debug.log")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"--- {datetime.datetime.now().isoformat()} clusterctl {__version__} {sys.argv}\n")
+        f.write(traceback.format_exc())
+    return path
+
+

@@ -1,0 +1,406 @@
+"""Inventory: a YAML file naming the hosts of a cluster, in rank order, with their settings.
+
+Parsing walks PyYAML's node tree instead of plain `yaml.safe_load` so that every error names the line it
+comes from (`inventory.yaml:12: port must be a whole number from 1 to 65535`) and so that duplicate keys,
+which safe_load silently collapses, are reported.
+
+Precedence for a host's settings: the host's own keys > `defaults:` > ~/.ssh/config (see sshconfig.py,
+applied later, for user/port/identity) > built-in defaults.
+"""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .errors import InventoryError
+
+BACKENDS = ("mpi", "ring", "jaccl")
+HOST_KEY_POLICIES = ("accept-new", "strict")
+DEFAULT_PYTHON = "python3"
+DEFAULT_WORKDIR = "~/clusterctl"
+DEFAULT_BTL_TCP_LINKS = 4
+
+# Ansible's spellings, accepted so an existing Ansible inventory's host entries can be pasted in.
+ALIASES = {
+    "ansible_host": "hostname",
+    "ansible_port": "port",
+    "ansible_user": "user",
+    "ansible_ssh_private_key_file": "identity_file",
+    "ansible_python_interpreter": "python",
+}
+HOST_KEYS = ("name", "hostname", "address", "user", "port", "identity_file", "python", "workdir",
+             "mpi_lib_dir", "env", "slots", "local")
+# Keys that describe one machine only make no sense as defaults for all of them.
+DEFAULTS_KEYS = tuple(k for k in HOST_KEYS if k not in ("name", "hostname", "address"))
+TOP_KEYS = ("defaults", "hosts", "mpi", "launch", "ssh_config", "host_key_checking")
+MPI_KEYS = ("btl_tcp_links", "if_include", "extra_args")
+LAUNCH_KEYS = ("backend",)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the cluster as the inventory declares it (before ~/.ssh/config is applied).
+
+    `user`, `port` and `identity_file` stay None when the inventory does not set them, so that
+    ~/.ssh/config can supply them the way OpenSSH would.
+    """
+
+    name: str                 # what ssh / mpirun call the host: an ssh alias, host name or IP
+    rank: int                 # the first rank this host runs; ranks follow the inventory order
+    line: int                 # where the host's entry starts in the inventory file
+    hostname: str | None = None       # connect here instead of `name` (ansible_host)
+    address: str | None = None        # data-plane IPv4 (Thunderbolt bridge / 10GbE)
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None  # a path on this machine, ~ expanded
+    python: str = DEFAULT_PYTHON      # a path or command on the host
+    workdir: str = DEFAULT_WORKDIR    # a path on the host; ~ means the host user's home
+    mpi_lib_dir: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    slots: int = 1
+    local: bool = False               # this machine: run commands directly, no SSH
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    @property
+    def ranks(self) -> range:
+        return range(self.rank, self.rank + self.slots)
+
+
+@dataclass(frozen=True)
+class MPISettings:
+    btl_tcp_links: int = DEFAULT_BTL_TCP_LINKS
+    if_include: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    backend: str = "mpi"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    path: str
+    hosts: tuple[Host, ...]
+    mpi: MPISettings = field(default_factory=MPISettings)
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
+    ssh_config: str | None = None     # an ssh_config file used for every ssh (paramiko, mpirun, mlx.launch)
+    host_key_checking: str = "accept-new"
+
+    @property
+    def world_size(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+
+def load(path: str | os.PathLike) -> Cluster:
+    """Read and validate an inventory file. Raises InventoryError (exit 2) with file:line."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise InventoryError(path, None, "no such inventory file") from None
+    except IsADirectoryError:
+        raise InventoryError(path, None, "is a directory, not an inventory file") from None
+    except UnicodeDecodeError as e:
+        raise InventoryError(path, None, f"not UTF-8 text ({e.reason})") from None
+    except OSError as e:
+        raise InventoryError(path, None, e.strerror or str(e)) from None
+    return parse(text, path)
+
+
+def parse(text: str, path: str = "inventory.yaml", base_dir: str | None = None) -> Cluster:
+    """Validate inventory text. Relative local paths (identity_file, ssh_config) are taken relative to
+    `base_dir`, by default the directory of `path`, so an inventory and its keys can move together."""
+    if base_dir is None:
+        base_dir = os.path.dirname(os.path.abspath(path))
+    return _Parser(text, path, base_dir).cluster()
+
+
+class _Parser:
+    def __init__(self, text: str, path: str, base_dir: str):
+        self.text = text
+        self.path = path
+        self.base_dir = base_dir
+
+    # ---- errors and YAML plumbing -------------------------------------------------------------
+    def fail(self, node_or_line: Any, message: str):
+        line = node_or_line if isinstance(node_or_line, int) else node_or_line.start_mark.line + 1
+        raise InventoryError(self.path, line, message)
+
+    def root(self) -> yaml.Node:
+        for number, line in enumerate(self.text.splitlines(), 1):
+            if line.lstrip(" ").startswith("\t"):
+                self.fail(number, "tab character in indentation; YAML indents with spaces only")
+        self.loader = yaml.SafeLoader(self.text)
+        try:
+            node = self.loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            problem = (e.problem or e.context or "YAML syntax error").replace("\t", "\\t")
+            if "\\t" in problem:
+                problem += " (a tab character; YAML indents with spaces only)"
+            self.fail(mark.line + 1 if mark else 1, f"YAML syntax error: {problem}")
+        except yaml.YAMLError as e:
+            self.fail(1, f"YAML syntax error: {e}")
+        if node is None:
+            self.fail(1, "the inventory is empty; it needs a `hosts:` list")
+        return node
+
+    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...],
+                aliases: dict[str, str] | None = None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """A mapping's entries as canonical key -> (key node, value node), rejecting unknown and
+        duplicate keys. YAML merge keys (<<) are expanded first."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping of key: value, not {_kind(node)}")
+        seen: dict[str, str] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = key_node.value
+            canonical = (aliases or {}).get(key, key)
+            if canonical in seen:
+                first = seen[canonical]
+                self.fail(key_node, f"duplicate key '{key}' in {what}" if first == key else
+                          f"'{key}' and '{first}' both set {canonical} in {what}")
+            seen[canonical] = key
+        try:
+            self.loader.flatten_mapping(node)   # merged (<<) entries first, so own keys win below
+        except yaml.MarkedYAMLError as e:
+            self.fail(e.problem_mark.line + 1, f"bad merge (<<) in {what}: {e.problem}")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or not isinstance(self.scalar(key_node), str):
+                self.fail(key_node, f"keys in {what} must be plain words")
+            key = key_node.value
+            canonical = (aliases or {}).get(key, key)
+            if canonical not in allowed:
+                hint = difflib.get_close_matches(key, list(allowed) + list(aliases or {}), n=1)
+                suffix = f" (did you mean '{hint[0]}'?)" if hint else f"; allowed: {', '.join(allowed)}"
+                self.fail(key_node, f"unknown key '{key}' in {what}{suffix}")
+            out[canonical] = (key_node, value_node)
+        return out
+
+    def scalar(self, node: yaml.Node) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            return _NOT_SCALAR
+        return self.loader.construct_object(node, deep=True)
+
+    def string(self, node: yaml.Node, what: str) -> str:
+        value = self.scalar(node)
+        if not isinstance(value, str):
+            self.fail(node, f"{what} must be a string, not {_kind(node, value)}")
+        if value == "":
+            self.fail(node, f"{what} must not be empty")
+        if "\x00" in value:
+            self.fail(node, f"{what} must not contain a NUL character")
+        return value
+
+    def integer(self, node: yaml.Node, what: str, low: int, high: int) -> int:
+        value = self.scalar(node)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.fail(node, f"{what} must be a whole number from {low} to {high}, not {_kind(node, value)}")
+        return value
+
+    def boolean(self, node: yaml.Node, what: str) -> bool:
+        value = self.scalar(node)
+        if not isinstance(value, bool):
+            self.fail(node, f"{what} must be true or false, not {_kind(node, value)}")
+        return value
+
+    def local_path(self, node: yaml.Node, what: str) -> str:
+        value = os.path.expanduser(self.string(node, what))
+        return os.path.normpath(os.path.join(self.base_dir, value))
+
+    # ---- the document -------------------------------------------------------------------------
+    def cluster(self) -> Cluster:
+        root = self.root()
+        top = self.mapping(root, "the inventory", TOP_KEYS)
+        if "hosts" not in top:
+            self.fail(root, "the inventory has no `hosts:` list")
+        defaults = self.host_settings(top["defaults"][1], "defaults", DEFAULTS_KEYS) \
+            if "defaults" in top else {}
+        hosts = self.hosts(top["hosts"][1], defaults)
+        mpi = self.mpi(top["mpi"][1]) if "mpi" in top else MPISettings()
+        launch = self.launch(top["launch"][1]) if "launch" in top else LaunchSettings()
+        ssh_config = self.local_path(top["ssh_config"][1], "ssh_config") if "ssh_config" in top else None
+        if ssh_config is not None and not os.path.isfile(ssh_config):
+            self.fail(top["ssh_config"][1], f"ssh_config file {ssh_config} does not exist")
+        policy = "accept-new"
+        if "host_key_checking" in top:
+            node = top["host_key_checking"][1]
+            policy = self.string(node, "host_key_checking")
+            if policy not in HOST_KEY_POLICIES:
+                self.fail(node, f"host_key_checking must be one of {', '.join(HOST_KEY_POLICIES)}, "
+                          f"not '{policy}' (clusterctl never turns host key checking off)")
+        return Cluster(self.path, hosts, mpi, launch, ssh_config, policy)
+
+    def hosts(self, node: yaml.Node, defaults: dict[str, Any]) -> tuple[Host, ...]:
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(node, f"`hosts` must be a list (one `- name: ...` entry per host), not {_kind(node)}")
+        if not node.value:
+            self.fail(node, "`hosts` is empty; list at least one host")
+        hosts: list[Host] = []
+        first_line: dict[str, int] = {}
+        rank = 0
+        for entry in node.value:
+            if isinstance(entry, yaml.ScalarNode) and isinstance(self.scalar(entry), str):
+                settings = {"name": self.host_name(entry)}   # `- studio-1` is short for `- name: studio-1`
+            else:
+                settings = self.host_settings(entry, "a host entry", HOST_KEYS)
+                if "name" not in settings:
+                    self.fail(entry, "a host entry has no `name`")
+            name = settings["name"]
+            if name in first_line:
+                self.fail(entry, f"duplicate host name '{name}' (first at line {first_line[name]}); "
+                          "use `slots:` to run several ranks on one host")
+            first_line[name] = entry.start_mark.line + 1
+            merged = {**defaults, **settings}
+            merged["env"] = tuple({**dict(defaults.get("env", ())), **dict(settings.get("env", ()))}.items())
+            if merged.get("local") and "python" not in merged:
+                merged["python"] = sys.executable   # this machine: the interpreter running clusterctl
+            host = Host(rank=rank, line=entry.start_mark.line + 1, **merged)
+            hosts.append(host)
+            rank += host.slots
+        return tuple(hosts)
+
+    def host_name(self, node: yaml.Node) -> str:
+        name = self.string(node, "host name")
+        if name.startswith("-"):
+            self.fail(node, f"host name '{name}' must not start with '-' (ssh would read it as an option)")
+        if _BAD_NAME_CHARS.search(name):
+            self.fail(node, f"host name {name!r} must not contain spaces or control characters")
+        return name
+
+    def host_settings(self, node: yaml.Node, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        entries = self.mapping(node, what, allowed, ALIASES)
+        out: dict[str, Any] = {}
+        for key, (key_node, value) in entries.items():
+            label = f"defaults.{key_node.value}" if what == "defaults" else key_node.value
+            if key == "name":
+                out[key] = self.host_name(value)
+            elif key == "hostname":
+                out[key] = self.host_name(value)
+            elif key == "address":
+                text = self.string(value, label)
+                try:
+                    ipaddress.IPv4Address(text)
+                except ValueError:
+                    self.fail(value, f"address must be an IPv4 address such as 192.168.10.1, not '{text}' "
+                              "(MLX's ring backend is IPv4 only)")
+                out[key] = text
+            elif key == "user":
+                user = self.string(value, label)
+                if _BAD_NAME_CHARS.search(user) or user.startswith("-"):
+                    self.fail(value, f"user {user!r} is not a valid user name")
+                out[key] = user
+            elif key == "port":
+                out[key] = self.integer(value, label, 1, 65535)
+            elif key == "slots":
+                out[key] = self.integer(value, label, 1, 1024)
+            elif key == "local":
+                out[key] = self.boolean(value, label)
+            elif key == "identity_file":
+                out[key] = self.local_path(value, label)
+            elif key in ("python", "workdir", "mpi_lib_dir"):
+                out[key] = self.string(value, label)
+            elif key == "env":
+                out[key] = self.env(value)
+        return out
+
+    def env(self, node: yaml.Node) -> tuple[tuple[str, str], ...]:
+        entries = self.mapping_any(node, "env")
+        out = []
+        for key_node, value_node in entries:
+            name = self.scalar(key_node)
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                self.fail(key_node, f"env name {name!r} is not a valid variable name "
+                          "(letters, digits and _; not starting with a digit)")
+            value = self.scalar(value_node)
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                self.fail(value_node, f"env value of {name} must be a string (quote it), "
+                          f"not {_kind(value_node, value)}")
+            out.append((name, str(value)))
+        return tuple(out)
+
+    def mapping_any(self, node: yaml.Node, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
+        """A mapping with free-form keys (env), still rejecting duplicates."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping of NAME: value, not {_kind(node)}")
+        self.loader.flatten_mapping(node)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.value in seen:
+                self.fail(key_node, f"duplicate key '{key_node.value}' in {what}")
+            seen[key_node.value] = key_node.start_mark.line + 1
+        return list(node.value)
+
+    def mpi(self, node: yaml.Node) -> MPISettings:
+        entries = self.mapping(node, "mpi", MPI_KEYS)
+        links, if_include, extra = DEFAULT_BTL_TCP_LINKS, None, ()
+        if "btl_tcp_links" in entries:
+            links = self.integer(entries["btl_tcp_links"][1], "mpi.btl_tcp_links", 1, 64)
+        if "if_include" in entries:
+            if_include = self.string(entries["if_include"][1], "mpi.if_include")
+            for part in if_include.split(","):
+                if "/" in part:
+                    try:
+                        ipaddress.IPv4Network(part.strip(), strict=False)
+                    except ValueError:
+                        self.fail(entries["if_include"][1], f"mpi.if_include: '{part}' is not a subnet "
+                                  "such as 192.168.10.0/24")
+        if "extra_args" in entries:
+            extra_node = entries["extra_args"][1]
+            if not isinstance(extra_node, yaml.SequenceNode):
+                self.fail(extra_node, f"mpi.extra_args must be a list of strings, not {_kind(extra_node)}")
+            extra = tuple(self.string(item, "each of mpi.extra_args") for item in extra_node.value)
+        return MPISettings(links, if_include, extra)
+
+    def launch(self, node: yaml.Node) -> LaunchSettings:
+        entries = self.mapping(node, "launch", LAUNCH_KEYS)
+        backend = "mpi"
+        if "backend" in entries:
+            backend = self.string(entries["backend"][1], "launch.backend")
+            if backend not in BACKENDS:
+                self.fail(entries["backend"][1], f"launch.backend must be one of {', '.join(BACKENDS)}, "
+                          f"not '{backend}'")
+        return LaunchSettings(backend)
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+_NOT_SCALAR = object()
+
+
+def _kind(node: yaml.Node, value: Any = _NOT_SCALAR) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    if value is _NOT_SCALAR:
+        return "a scalar"
+    if value is None:
+        return "empty (null)"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    return f"'{value}'"

@@ -1,0 +1,1 @@
+"""Templates that clusterctl renders (installed as the package clusterctl.templates)."""

@@ -1,0 +1,284 @@
+"""A real cluster on one machine: K OpenSSH sshd processes, one per loopback address 127.0.0.x.
+
+Each host gets its own sshd on its own address and free port, throw-away host keys, one throw-away client
+key for all, and an ssh_config naming the hosts h1..hK, so clusterctl, `ssh`, mpirun and mlx.launch all
+reach them the same way. Where `unshare -m` works, each sshd runs in a private mount namespace with a tmpfs
+mounted on the same path (`host_root`): the same path holds different files on each host, so a test can
+prove that a file reached host 2 and not host 3.
+
+Fault injectors: stop/start a host, freeze it (SIGSTOP: accepts TCP, never answers), make it refuse our key
+(with password authentication on, as a host that would prompt), give its sessions another PATH.
+Teardown kills by PID only (the sshd listeners and their descendants), never by name.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:" + os.environ.get("PATH", ""))
+SSH = shutil.which("ssh")
+SSH_KEYGEN = shutil.which("ssh-keygen")
+# PATH for sessions unless a test changes it; sshd's own compiled-in default on Debian.
+DEFAULT_SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+READY_TIMEOUT_S = 10.0
+
+
+def unshare_works() -> bool:
+    """True when this process may create a private mount namespace and mount a tmpfs in it."""
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /mnt && umount /mnt"],
+        capture_output=True)
+    return probe.returncode == 0
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of pid, from /proc (deepest last)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@dataclass
+class TestHost:
+    index: int                 # 1-based: h1 is the first host
+    name: str
+    address: str
+    port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+class SSHCluster:
+    def __init__(self, root: Path, size: int, private_roots: bool | None = None, first_octet: int = 10):
+        if not (SSHD and SSH and SSH_KEYGEN):
+            raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
+                               "openssh-client (tests/run.sh does this)")
+        self.root = Path(root)
+        self.private_roots = unshare_works() if private_roots is None else private_roots
+        self.host_root = self.root / "hostroot"          # same path on every host; private when possible
+        self.workdir = str(self.host_root / "work")
+        self.client_key = self.root / "client_ed25519"
+        self.known_hosts = self.root / "known_hosts"
+        self.ssh_config = self.root / "ssh_config"
+        self.inventory = self.root / "inventory.yaml"
+        self.empty_keys = self.root / "no_authorized_keys"
+        self.hosts = [TestHost(i, f"h{i}", f"127.0.0.{first_octet + i}", 0, self.root / f"h{i}")
+                      for i in range(1, size + 1)]
+
+    # ---- setup --------------------------------------------------------------------------------
+    def start(self) -> "SSHCluster":
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.host_root.mkdir(exist_ok=True)
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)   # sshd's privilege separation directory
+        _keygen(self.client_key)
+        self.authorized_keys = self.root / "authorized_keys"
+        self.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
+        self.empty_keys.write_text("")
+        for host in self.hosts:
+            host.dir.mkdir(exist_ok=True)
+            _keygen(host.dir / "host_ed25519")
+            host.port = free_port(host.address)
+        self.write_ssh_config()
+        self.write_inventory()
+        try:
+            for host in self.hosts:
+                self.start_host(host.index)
+        except BaseException:
+            self.stop_all()
+            raise
+        return self
+
+    def write_ssh_config(self) -> None:
+        lines = []
+        for h in self.hosts:
+            lines += [f"Host {h.name}", f"  HostName {h.address}", f"  Port {h.port}", "  User root",
+                      f"  IdentityFile {self.client_key}", "  IdentitiesOnly yes", ""]
+        lines += ["Host *", f"  UserKnownHostsFile {self.known_hosts}", "  StrictHostKeyChecking accept-new",
+                  "  BatchMode yes", "  ConnectTimeout 5", "  LogLevel ERROR", ""]
+        self.ssh_config.write_text("\n".join(lines))
+
+    def write_inventory(self, **defaults: str) -> Path:
+        d = {"python": sys.executable, "workdir": self.workdir, **defaults}
+        lines = ["ssh_config: ssh_config", "defaults:"]
+        lines += [f"  {k}: {_yaml_str(v)}" for k, v in d.items()]
+        lines += ["hosts:"]
+        for h in self.hosts:
+            lines += [f"  - name: {h.name}", f"    address: {h.address}"]
+        self.inventory.write_text("\n".join(lines) + "\n")
+        return self.inventory
+
+    def sshd_config(self, host: TestHost) -> str:
+        settings = {
+            "ListenAddress": f"{host.address}:{host.port}",
+            "HostKey": str(host.dir / "host_ed25519"),
+            "PidFile": "none",
+            "AuthorizedKeysFile": str(self.authorized_keys),
+            "PubkeyAuthentication": "yes",
+            "PasswordAuthentication": "no",
+            "KbdInteractiveAuthentication": "no",
+            "UsePAM": "no",
+            "StrictModes": "no",
+            "PermitRootLogin": "yes",
+            "LogLevel": "VERBOSE",
+            "MaxStartups": "100:30:200",
+            "MaxSessions": "100",
+            "SetEnv": f"PATH={DEFAULT_SESSION_PATH}",
+            "Subsystem": "sftp internal-sftp",
+        }
+        settings.update(host.overrides)
+        return "".join(f"{k} {v}\n" for k, v in settings.items())
+
+    def start_host(self, index: int) -> None:
+        host = self.host(index)
+        config = host.dir / "sshd_config"
+        config.write_text(self.sshd_config(host))
+        log = host.dir / "sshd.log"
+        log.write_text("")
+        sshd = [SSHD, "-D", "-f", str(config), "-E", str(log)]
+        if self.private_roots:
+            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                    'mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"', "sh", str(self.host_root),
+                    *sshd]
+        else:
+            argv = sshd
+        host.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=open(host.dir / "launch.err", "wb"), start_new_session=True)
+        self._wait_ready(host, log)
+
+    def _wait_ready(self, host: TestHost, log: Path) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if host.proc.poll() is not None:
+                break
+            try:
+                with socket.create_connection((host.address, host.port), timeout=1) as s:
+                    if s.recv(64).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        why = (log.read_text() + (host.dir / "launch.err").read_text()).strip()
+        self.stop_host(host.index)
+        raise RuntimeError(f"sshd for {host.name} did not come up on {host.address}:{host.port}: {why}")
+
+    # ---- fault injectors ----------------------------------------------------------------------
+    def host(self, index: int) -> TestHost:
+        return self.hosts[index - 1]
+
+    def stop_host(self, index: int) -> None:
+        """Kill host `index`'s sshd and every session under it: connections are then refused."""
+        host = self.host(index)
+        if host.proc is None:
+            return
+        for pid in [host.pid] + descendants(host.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            host.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        host.proc = None
+
+    def freeze(self, index: int) -> None:
+        """SIGSTOP the listener: TCP connects still complete (kernel backlog), but no banner ever comes."""
+        os.kill(self.host(index).pid, signal.SIGSTOP)
+
+    def thaw(self, index: int) -> None:
+        os.kill(self.host(index).pid, signal.SIGCONT)
+
+    def restart(self, index: int, **overrides: str) -> None:
+        """Restart a host's sshd with sshd_config overrides (a private root starts empty again)."""
+        self.stop_host(index)
+        self.host(index).overrides = overrides
+        self.start_host(index)
+
+    def refuse_key(self, index: int) -> None:
+        """The host no longer accepts our key and offers passwords: a naive ssh would sit at a prompt."""
+        self.restart(index, AuthorizedKeysFile=str(self.empty_keys), PasswordAuthentication="yes",
+                     KbdInteractiveAuthentication="yes")
+
+    def set_session_path(self, index: int, path: str) -> None:
+        self.restart(index, SetEnv=f"PATH={path}")
+
+    def path_without(self, *tools: str) -> str:
+        """A PATH with everything of the default session PATH except `tools` (a directory of symlinks)."""
+        target = self.root / ("path-without-" + "-".join(tools))
+        if not target.exists():
+            target.mkdir()
+            for directory in DEFAULT_SESSION_PATH.split(":"):
+                if not os.path.isdir(directory):
+                    continue
+                for name in os.listdir(directory):
+                    link = target / name
+                    if name in tools or link.exists() or link.is_symlink():
+                        continue
+                    link.symlink_to(os.path.join(directory, name))
+        return str(target)
+
+    # ---- inspection, with the real OpenSSH client --------------------------------------------
+    def ssh(self, index: int, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run([SSH, "-F", str(self.ssh_config), self.host(index).name, command],
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def session_pids(self, index: int) -> list[int]:
+        """PIDs running under host `index`'s sshd (its sessions and whatever they started)."""
+        return descendants(self.host(index).pid)
+
+    def log(self, index: int) -> str:
+        return (self.host(index).dir / "sshd.log").read_text()
+
+    # ---- teardown -----------------------------------------------------------------------------
+    def stop_all(self) -> None:
+        for host in self.hosts:
+            if host.proc is not None:
+                try:
+                    self.thaw(host.index)
+                except ProcessLookupError:
+                    pass
+                self.stop_host(host.index)
+
+
+def _keygen(path: Path) -> None:
+    if not path.exists():
+        subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "clusterctl-test", "-f", str(path)],
+                       check=True)
+
+
+def _yaml_str(value: str) -> str:
+    import json
+    return json.dumps(value)
