@@ -45,6 +45,8 @@ LAUNCH_KEYS = ("backend",)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
+# OpenSSH refuses host names holding these (ssh.c valid_hostname); so do we, with the line number.
+_SHELL_CHARS = re.compile(r"['`\"$\\;&<>|(){}]")
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,8 @@ class _Parser:
             problem = (e.problem or e.context or "YAML syntax error").replace("\t", "\\t")
             if "\\t" in problem:
                 problem += " (a tab character; YAML indents with spaces only)"
+            elif "expected <block end>" in problem or "mapping values are not allowed" in problem:
+                problem += " (check the indentation of this line)"
             self.fail(mark.line + 1 if mark else 1, f"YAML syntax error: {problem}")
         except yaml.YAMLError as e:
             self.fail(1, f"YAML syntax error: {e}")
@@ -289,6 +293,9 @@ class _Parser:
             self.fail(node, f"host name '{name}' must not start with '-' (ssh would read it as an option)")
         if _BAD_NAME_CHARS.search(name):
             self.fail(node, f"host name {name!r} must not contain spaces or control characters")
+        if _SHELL_CHARS.search(name):
+            self.fail(node, f"host name {name!r} holds a character OpenSSH refuses in host names "
+                      f"({_SHELL_CHARS.search(name).group()})")
         return name
 
     def host_settings(self, node: yaml.Node, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:

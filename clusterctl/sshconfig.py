@@ -93,8 +93,9 @@ def _expand(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def resolve(host: Host, config_file: str | None = None) -> SSHTarget:
-    """Where `ssh host.name` goes, with the inventory's explicit settings applied on top."""
+def resolve(host: Host, config_file: str | None = None, inventory_path: str | None = None) -> SSHTarget:
+    """Where `ssh host.name` goes, with the inventory's explicit settings applied on top.
+    A host OpenSSH cannot resolve is an InventoryError at the host's line of `inventory_path`."""
     if host.local:
         return SSHTarget(host.name, "localhost", 0, getpass.getuser(), (), (), "yes")
     alias = host.hostname or host.name
@@ -108,8 +109,9 @@ def resolve(host: Host, config_file: str | None = None) -> SSHTarget:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             why = proc.stderr.strip().splitlines()
-            raise InventoryError(config_file or "~/.ssh/config", None,
-                                 f"ssh cannot resolve host '{alias}': {why[-1] if why else 'ssh -G failed'}")
+            raise InventoryError(inventory_path or config_file or "~/.ssh/config",
+                                 host.line if inventory_path else None,
+                                 f"ssh cannot use host {alias!r}: {why[-1] if why else 'ssh -G failed'}")
         target = target_from_ssh_G(alias, parse_ssh_G(proc.stdout), config_file)
     else:
         target = _resolve_with_paramiko(alias, host, config_file)
@@ -143,5 +145,5 @@ def resolve_cluster(cluster: Cluster) -> dict[str, SSHTarget]:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=min(16, len(cluster.hosts))) as pool:
-        targets = list(pool.map(lambda h: resolve(h, cluster.ssh_config), cluster.hosts))
+        targets = list(pool.map(lambda h: resolve(h, cluster.ssh_config, cluster.path), cluster.hosts))
     return {h.name: t for h, t in zip(cluster.hosts, targets)}

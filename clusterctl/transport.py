@@ -341,8 +341,11 @@ def describe_connect_error(e: BaseException, t: SSHTarget, keys: list[str]) -> s
     if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
         return (f"host key of {t.hostname}:{t.port} is unknown and host_key_checking is strict; connect once "
                 f"with `ssh {t.alias}` to review and record it")
-    if isinstance(e, paramiko.SSHException) and "banner" in str(e).lower():
-        return f"{t.hostname}:{t.port} accepted the connection but sent no SSH banner in time ({e})"
+    if isinstance(e, paramiko.SSHException) and ("no existing session" in str(e).lower()
+                                                  or "banner" in str(e).lower()):
+        # paramiko says either, depending on where the silence hit
+        return (f"{t.hostname}:{t.port} accepted the connection but SSH never got going (no banner or key "
+                f"exchange within the connect timeout): sshd hung, overloaded, or the machine asleep?")
     if isinstance(e, OSError) and e.strerror:
         return f"cannot connect to {t.hostname}:{t.port}: {e.strerror}"
     return f"cannot connect to {where}: {type(e).__name__}: {e}"

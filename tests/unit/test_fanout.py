@@ -1,0 +1,48 @@
+import time
+
+from clusterctl.errors import ConnectError
+from clusterctl.fanout import DeadlineExceeded, run_all
+from clusterctl.inventory import parse
+from clusterctl.transport import Result
+
+HOSTS = parse("hosts: [a, b, c, d]\n", "i.yaml").hosts
+
+
+def test_every_host_gets_an_outcome_in_rank_order_whatever_happens():
+    def fn(host):
+        if host.name == "a":
+            raise ConnectError("a", "connection refused")
+        if host.name == "b":
+            raise RuntimeError("bug")
+        if host.name == "c":
+            return Result(1, "", "boom")
+        return Result(0, "fine", "")
+
+    group = run_all(HOSTS, fn, deadline=5)
+    assert list(group) == ["a", "b", "c", "d"]
+    assert isinstance(group["a"].error, ConnectError)
+    assert isinstance(group["b"].error, RuntimeError)
+    assert group["c"].value.exit_code == 1 and not group["c"].ok
+    assert list(group.ok) == ["d"] and list(group.failed) == ["a", "b", "c"]
+    assert not group.all_ok
+
+
+def test_a_hung_host_is_cut_off_at_the_deadline_and_the_rest_still_report():
+    def fn(host):
+        if host.name == "b":
+            time.sleep(30)
+        return Result(0, host.name, "")
+
+    start = time.monotonic()
+    group = run_all(HOSTS, fn, deadline=0.5)
+    elapsed = time.monotonic() - start
+    assert elapsed < 2, elapsed
+    assert isinstance(group["b"].error, DeadlineExceeded)
+    assert [group[n].value.stdout for n in "acd"] == ["a", "c", "d"]
+
+
+def test_hosts_run_concurrently():
+    start = time.monotonic()
+    group = run_all(HOSTS, lambda h: (time.sleep(0.5), Result(0, "", ""))[1], deadline=5)
+    assert group.all_ok
+    assert time.monotonic() - start < 1.5

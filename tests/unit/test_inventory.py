@@ -1,0 +1,175 @@
+import os
+import sys
+import textwrap
+
+import pytest
+
+from clusterctl.errors import InventoryError
+from clusterctl.inventory import Cluster, load, parse
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FULL = """\
+defaults:                 # merged into every host; a host's own keys win
+  user: alice
+  port: 22
+  identity_file: keys/id_ed25519
+  python: /opt/homebrew/Caskroom/miniforge/base/envs/mlx/bin/python
+  workdir: ~/clusterctl
+  mpi_lib_dir: /opt/homebrew/lib
+  env: {MLX_METAL_FAST_SYNCH: "0", SHARED: base}
+hosts:
+  - name: studio-1
+    address: 192.168.10.1
+  - name: studio-2
+    user: bob
+    env: {SHARED: mine}
+  - studio-3
+mpi: {btl_tcp_links: 2, if_include: 192.168.10.0/24, extra_args: ["--mca", "btl_tcp_eager_limit", "65536"]}
+launch: {backend: ring}
+host_key_checking: strict
+"""
+
+
+def test_full_inventory_merges_defaults_and_keeps_rank_order():
+    c = parse(FULL, "/etc/cl/inventory.yaml")
+    assert isinstance(c, Cluster)
+    assert [h.name for h in c.hosts] == ["studio-1", "studio-2", "studio-3"]
+    assert [h.rank for h in c.hosts] == [0, 1, 2]
+    s1, s2, s3 = c.hosts
+    assert (s1.user, s2.user, s3.user) == ("alice", "bob", "alice")
+    assert s1.address == "192.168.10.1" and s2.address is None
+    assert s1.identity_file == "/etc/cl/keys/id_ed25519"   # relative to the inventory's directory
+    assert s1.workdir == "~/clusterctl"                      # remote path: ~ is the host's home, kept
+    assert s1.env_dict == {"MLX_METAL_FAST_SYNCH": "0", "SHARED": "base"}
+    assert s2.env_dict == {"MLX_METAL_FAST_SYNCH": "0", "SHARED": "mine"}
+    assert s1.line == 10 and s3.line == 15
+    assert c.mpi.btl_tcp_links == 2 and c.mpi.if_include == "192.168.10.0/24"
+    assert c.mpi.extra_args == ("--mca", "btl_tcp_eager_limit", "65536")
+    assert c.launch.backend == "ring" and c.host_key_checking == "strict"
+    assert c.world_size == 3
+
+
+def test_ansible_aliases_map_to_our_keys():
+    c = parse(textwrap.dedent("""\
+        hosts:
+          - name: m1
+            ansible_host: 10.0.0.5
+            ansible_port: 2222
+            ansible_user: carol
+            ansible_ssh_private_key_file: /k/id
+            ansible_python_interpreter: /usr/bin/python3.12
+        """), "inv.yaml")
+    h = c.hosts[0]
+    assert (h.hostname, h.port, h.user, h.identity_file, h.python) == \
+        ("10.0.0.5", 2222, "carol", "/k/id", "/usr/bin/python3.12")
+
+
+def test_unset_ssh_settings_stay_unset_for_ssh_config_to_fill():
+    h = parse("hosts: [m1]\n", "inv.yaml").hosts[0]
+    assert (h.user, h.port, h.identity_file) == (None, None, None)
+    assert (h.python, h.workdir) == ("python3", "~/clusterctl")
+
+
+def test_slots_give_consecutive_ranks_and_local_defaults_to_this_python():
+    c = parse("hosts:\n  - {name: localhost, local: true, slots: 2}\n  - {name: b, slots: 3}\n", "i.yaml")
+    assert [list(h.ranks) for h in c.hosts] == [[0, 1], [2, 3, 4]]
+    assert c.world_size == 5
+    assert c.hosts[0].local and c.hosts[0].python == sys.executable
+
+
+def test_yaml_merge_keys_work_and_own_keys_win():
+    c = parse(textwrap.dedent("""\
+        hosts:
+          - &base {name: a, user: u, port: 2200}
+          - <<: *base
+            name: b
+            port: 2201
+        """), "i.yaml")
+    assert (c.hosts[1].name, c.hosts[1].user, c.hosts[1].port) == ("b", "u", 2201)
+
+
+def test_shipped_inventories_are_valid():
+    local = load(os.path.join(REPO, "inventory", "local.yaml"))
+    assert local.world_size == 2 and all(h.local for h in local.hosts)
+    macs = load(os.path.join(REPO, "inventory", "example-macs.yaml"))
+    assert len(macs.hosts) == 4 and all(h.address for h in macs.hosts)
+
+
+# (inventory text, expected line, expected words in the message)
+MALFORMED = [
+    ("", 1, "empty"),
+    ("# only a comment\n", 1, "empty"),
+    ("- a\n- b\n", 1, "must be a mapping"),
+    ("defaults: {user: a}\n", 1, "no `hosts:` list"),
+    ("hosts:\n", 1, "must be a list"),
+    ("hosts: []\n", 1, "`hosts` is empty"),
+    ("hosts: studio-1\n", 1, "must be a list"),
+    ("hosts:\n  - name: a\n    prot: 22\n", 3, "unknown key 'prot' in a host entry (did you mean 'port'?)"),
+    ("hosts:\n  - name: a\n  - name: b\n  - name: a\n", 4, "duplicate host name 'a' (first at line 2)"),
+    ("hosts:\n  - name: a\n    port: 70000\n", 3, "port must be a whole number from 1 to 65535"),
+    ("hosts:\n  - name: a\n    port: 0\n", 3, "port must be a whole number from 1 to 65535"),
+    ("hosts:\n  - name: a\n    port: '22'\n", 3, "port must be a whole number"),
+    ("hosts:\n  - name: a\n    port: yes\n", 3, "not the boolean true"),
+    ("hosts:\n  - name: a\n    port: [22]\n", 3, "to 65535, not a list"),
+    ("hosts:\n  - user: bob\n", 2, "has no `name`"),
+    ("hosts:\n  - name: 5\n", 2, "host name must be a string"),
+    ("hosts:\n\t- name: a\n", 2, "tab character"),
+    ("hosts:\n  - name: a\n    user: [x\n", 4, "YAML syntax error"),
+    ("hosts:\n  - name: a\n  user: b\n  - c\n", 3, "check the indentation"),
+    ("hosts:\n  - name: a\n    address: 10.0.0.300\n", 3, "IPv4 address"),
+    ("hosts:\n  - name: a\n    address: fe80::1\n", 3, "IPv4 address"),
+    ("hosts:\n  - name: a\n    env: {1BAD: x}\n", 3, "not a valid variable name"),
+    ("hosts:\n  - name: a\n    env: {GOOD: [1, 2]}\n", 3, "env value of GOOD must be a string"),
+    ("hosts:\n  - name: a\n    env: [A=1]\n", 3, "env must be a mapping"),
+    ("hosts:\n  - name: a\n    slots: 0\n", 3, "slots must be a whole number from 1"),
+    ("hosts:\n  - name: a\n    local: maybe\n", 3, "local must be true or false"),
+    ("hosts:\n  - name: -oProxyCommand=evil\n", 2, "must not start with '-'"),
+    ("hosts:\n  - name: 'two words'\n", 2, "must not contain spaces"),
+    ("hosts:\n  - name: 'a;touch${IFS}x'\n", 2, "a character OpenSSH refuses in host names (;)"),
+    ("hosts:\n  - name: a\n    ansible_host: '$(reboot)'\n", 3, "OpenSSH refuses in host names ($)"),
+    ("hosts:\n  - name: a\n    user: b\n    ansible_user: c\n", 4, "'ansible_user' and 'user' both set user"),
+    ("hosts:\n  - name: a\n    port: 22\n    port: 23\n", 4, "duplicate key 'port'"),
+    ("hosts: [a]\nhosts: [b]\n", 2, "duplicate key 'hosts'"),
+    ("defaults:\n  name: x\nhosts: [a]\n", 2, "unknown key 'name' in defaults"),
+    ("defaults: [user, bob]\nhosts: [a]\n", 1, "defaults must be a mapping"),
+    ("hosts: [a]\nmpi: {btl_tcp_links: many}\n", 2, "mpi.btl_tcp_links must be a whole number"),
+    ("hosts: [a]\nmpi: {if_include: 10.0.0.0/33}\n", 2, "is not a subnet"),
+    ("hosts: [a]\nmpi: {extra_args: --mca x}\n", 2, "extra_args must be a list"),
+    ("hosts: [a]\nlaunch: {backend: nccl}\n", 2, "launch.backend must be one of mpi, ring, jaccl"),
+    ("hosts: [a]\nhost_key_checking: 'no'\n", 2, "never turns host key checking off"),
+    ("hosts: [a]\nssh_config: /nonexistent/ssh_config\n", 2, "does not exist"),
+    ("hosts: [a]\nextra: 1\n", 2, "unknown key 'extra' in the inventory"),
+    ("hosts: [a]\n---\nhosts: [b]\n", 2, "YAML syntax error"),
+    ("hosts:\n  - name: a\n    workdir: ''\n", 3, "workdir must not be empty"),
+]
+
+
+@pytest.mark.parametrize("text,line,words", MALFORMED, ids=[f"{i:02d}" for i in range(len(MALFORMED))])
+def test_malformed_inventory_names_file_and_line(text, line, words, tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(text)
+    with pytest.raises(InventoryError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert words in message, message
+    assert "\n" not in message
+    assert info.value.exit_code == 2
+
+
+def test_at_least_twenty_malformed_inventories_are_covered():
+    assert len(MALFORMED) >= 20
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda p: None, "no such inventory file"),
+    (lambda p: p.mkdir(), "is a directory"),
+    (lambda p: p.write_bytes(b"hosts: [\xff]\n"), "not UTF-8"),
+])
+def test_unreadable_inventory_is_one_line(tmp_path, make, words):
+    path = tmp_path / "inventory.yaml"
+    make(path)
+    with pytest.raises(InventoryError) as info:
+        load(path)
+    assert str(info.value) == f"{path}: {info.value.message}" and words in str(info.value)

@@ -1,0 +1,98 @@
+"""LocalTransport and the shell-quoting builders, run through a real /bin/sh."""
+import os
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from clusterctl.errors import CommandTimeout
+from clusterctl.transport import LocalTransport, quote_path, remote_command, shell_command
+
+HOSTILE = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", '"; touch {canary}; "',
+           "a b\tc", "x\ntouch {canary}", "${{IFS}}touch${{IFS}}{canary}", "\\'; touch {canary} #"]
+
+
+def test_quote_path_keeps_tilde_as_home_and_quotes_the_rest():
+    assert quote_path("~") == '"$HOME"'
+    assert quote_path("~/a b/$(x)") == '"$HOME"/' + shlex.quote("a b/$(x)")
+    assert quote_path("/abs/path") == "/abs/path"
+    assert quote_path("~bob/x") == shlex.quote("~bob/x")   # only our own ~/ is expanded
+
+
+def test_shell_command_rejects_bad_env_names():
+    with pytest.raises(ValueError):
+        shell_command(["true"], env={"A;B": "1"})
+
+
+@pytest.mark.parametrize("template", HOSTILE)
+def test_hostile_env_values_paths_and_args_never_execute(tmp_path, template):
+    canary = tmp_path / "pwned"
+    value = template.format(canary=canary)
+    workdir = tmp_path / value.replace("/", "_").replace("\n", "_")[:60]
+    workdir.mkdir()
+    t = LocalTransport()
+    r = t.run(["printf", "%s|%s", value, "$V"], timeout=10, env={"V": value}, cwd=str(workdir))
+    assert r.ok and r.stdout == f"{value}|$V", r     # argv words arrive verbatim, "$V" unexpanded
+    r = t.run('printf "%s" "$V"; pwd', timeout=10, env={"V": value}, cwd=str(workdir))
+    assert r.ok and r.stdout == value + str(workdir) + "\n"
+    assert not canary.exists()
+
+
+def test_remote_wrapper_preserves_exit_code_and_output_under_plain_sh():
+    script = shell_command(["sh", "-c", 'echo out; echo err >&2; exit 7'])
+    proc = subprocess.run(["/bin/sh", "-c", remote_command(script)], capture_output=True, text=True,
+                          input="")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (7, "out\n", "err\n")
+
+
+def test_remote_wrapper_kills_the_process_tree_when_stdin_closes(tmp_path):
+    marker = tmp_path / "child.pid"
+    script = shell_command(f"sleep 300 & echo $! > {shlex.quote(str(marker))}; wait")
+    proc = subprocess.Popen(["/bin/sh", "-c", remote_command(script, grace=0.5)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 5
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = int(marker.read_text())
+    time.sleep(0.3)
+    assert proc.poll() is None, "the command must keep running while stdin is open"
+    proc.stdin.close()   # what sshd does when the channel closes
+    assert proc.wait(timeout=5) != 0
+    assert _gone(child)
+
+
+def test_local_run_times_out_and_kills_the_whole_group(tmp_path):
+    marker = tmp_path / "pid"
+    t = LocalTransport()
+    start = time.monotonic()
+    with pytest.raises(CommandTimeout) as info:
+        t.run(f"echo started; sleep 300 & echo $! > {shlex.quote(str(marker))}; wait", timeout=0.5)
+    assert time.monotonic() - start < 5
+    assert info.value.stdout == "started\n"
+    assert _gone(int(marker.read_text()))
+
+
+def test_local_put_is_atomic_and_keeps_mode(tmp_path):
+    src = tmp_path / "src.sh"
+    src.write_text("#!/bin/sh\necho hi\n")
+    src.chmod(0o750)
+    dest = tmp_path / "deep" / "er" / "dest.sh"
+    LocalTransport().put(str(src), str(dest))
+    assert dest.read_text() == src.read_text()
+    assert dest.stat().st_mode & 0o777 == 0o750
+    assert [p.name for p in dest.parent.iterdir()] == ["dest.sh"]   # no temporary left behind
+
+
+def _gone(pid: int, within: float = 3.0) -> bool:
+    """True once pid has exited (a zombie awaiting its reaper counts as exited)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
