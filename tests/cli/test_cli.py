@@ -1,0 +1,121 @@
+"""The command line, through click's CliRunner and through the real `python -m clusterctl` entry point."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from clusterctl import __version__
+from clusterctl.cli import EXAMPLES, cli
+from clusterctl.inventory import load
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def clusterctl(*args, **kwargs) -> subprocess.CompletedProcess:
+    """The real entry point, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def test_version():
+    r = clusterctl("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"clusterctl {__version__}"
+
+
+def test_help_lists_every_command_with_a_summary_and_an_example():
+    r = clusterctl("--help")
+    assert r.returncode == 0
+    commands = sorted(cli.commands)
+    assert commands == sorted(EXAMPLES)        # every command registered an example
+    for name in commands:
+        summary = cli.commands[name].get_short_help_str(limit=70)
+        assert f"  {name} " in r.stdout and summary in r.stdout
+        assert f"e.g. {EXAMPLES[name]}" in r.stdout
+
+
+def test_hosts_table_shows_the_local_inventory():
+    r = clusterctl("hosts", "--hosts", os.path.join(REPO, "inventory", "local.yaml"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["RANKS", "NAME", "CONNECT", "USER", "ADDRESS", "PYTHON", "WORKDIR"]
+    assert lines[1].split()[:3] == ["0-1", "localhost", "(local)"]
+    assert lines[-1] == "1 hosts, world size 2, backend ring"
+
+
+@pytest.mark.parametrize("text,line", [
+    ("hosts:\n  - name: a\n    port: nope\n", 3),
+    ("hosts:\n\t- a\n", 2),
+    ("hosts: [a, a]\n", 1),
+    ("hosts: [\n", 2),
+])
+def test_malformed_inventory_is_one_line_exit_2_no_traceback(tmp_path, text, line):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(text)
+    for command in (["hosts"], ["exec", "--sh", "true"]):
+        r = clusterctl(*command, "--hosts", str(path))
+        assert r.returncode == 2, r
+        assert r.stdout == ""
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: {path}:{line}: "), r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_missing_inventory_and_usage_errors_exit_2():
+    r = clusterctl("hosts", "--hosts", "/nonexistent/inventory.yaml")
+    assert (r.returncode, r.stderr) == (2, "error: /nonexistent/inventory.yaml: no such inventory file\n")
+    r = clusterctl("exec", "--hosts", os.path.join(REPO, "inventory", "local.yaml"))
+    assert r.returncode == 2 and "give either a command" in r.stderr and "Traceback" not in r.stderr
+    r = clusterctl("no-such-command")
+    assert r.returncode == 2 and "No such command" in r.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts: []\n")
+    r = clusterctl("--debug", "hosts", "--hosts", str(path))
+    assert r.returncode != 0 and "Traceback" in r.stderr and "InventoryError" in r.stderr
+
+
+def test_exec_on_this_machine_prefixes_rank_and_host_and_reports_failures():
+    local = os.path.join(REPO, "inventory", "local.yaml")
+    r = clusterctl("exec", "--hosts", local, "--", "echo", "hello; $(world)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[0 localhost] hello; $(world)\n"
+    assert r.stderr == "1 ok, 0 failed\n"
+    r = clusterctl("exec", "--hosts", local, "--sh", "echo out; echo err >&2; exit 3")
+    assert r.returncode == 1
+    assert r.stdout == "[0 localhost] out\n"
+    assert "[0 localhost] err\n" in r.stderr and "[0 localhost] exited 3" in r.stderr
+
+
+def test_exec_json():
+    local = os.path.join(REPO, "inventory", "local.yaml")
+    r = clusterctl("exec", "--json", "--hosts", local, "--timeout", "0.5", "--", "sleep", "5")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["ok"] is False
+    assert doc["hosts"][0]["host"] == "localhost" and "timed out after 0.5s" in doc["hosts"][0]["error"]
+
+
+def test_init_writes_a_valid_inventory_and_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "inventory.yaml"
+    runner = CliRunner()
+    r = runner.invoke(cli, ["init", "studio-1", "studio-2", "--user", "alice", "--address", "192.168.10.1",
+                            "--address", "192.168.10.2", "--backend", "ring", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    c = load(out)
+    assert [(h.name, h.user, h.address) for h in c.hosts] == \
+        [("studio-1", "alice", "192.168.10.1"), ("studio-2", "alice", "192.168.10.2")]
+    assert c.launch.backend == "ring"
+    before = out.read_text()
+    r = runner.invoke(cli, ["init", "x", "-o", str(out)])
+    assert r.exit_code == 2 and "exists" in r.output and out.read_text() == before
+    r = runner.invoke(cli, ["init", "x", "y", "--address", "10.0.0.1", "-o", str(tmp_path / "o.yaml")])
+    assert r.exit_code == 2 and "2 hosts" in r.output
+
+
+def test_init_refuses_names_it_would_not_read_back(tmp_path):
+    out = tmp_path / "inventory.yaml"
+    r = clusterctl("init", "ok-host", "bad;host", "-o", str(out))
+    assert r.returncode == 2 and "OpenSSH refuses" in r.stderr and not out.exists()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh Debian machine, then run it.
+#   bash tests/run.sh              # the whole suite (what CI runs)
+#   bash tests/run.sh -m "not ssh" # pytest arguments pass through
+# Needs root (or sudo) only when Debian packages are missing. Creates .venv/ in the repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Debian packages: real sshd for the loopback cluster, OpenMPI for mpirun tests, rsync for sync.
+packages=()
+command -v python3 >/dev/null || packages+=(python3)
+python3 -c "import ensurepip, venv" 2>/dev/null || packages+=(python3-venv)
+[ -x /usr/sbin/sshd ] || packages+=(openssh-server)
+command -v ssh >/dev/null || packages+=(openssh-client)
+command -v ssh-keygen >/dev/null || packages+=(openssh-client)
+command -v mpirun >/dev/null || packages+=(openmpi-bin)
+dpkg -s libopenmpi-dev >/dev/null 2>&1 || packages+=(libopenmpi-dev)
+command -v rsync >/dev/null || packages+=(rsync)
+command -v unshare >/dev/null || packages+=(util-linux)
+command -v ps >/dev/null || packages+=(procps)
+if [ ${#packages[@]} -gt 0 ]; then
+  echo "tests/run.sh: installing Debian packages: ${packages[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}"
+fi
+as_root mkdir -p /run/sshd   # sshd's privilege-separation directory
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+exec .venv/bin/python -m pytest -ra "$@"
