@@ -13,6 +13,7 @@ kills the command's whole process tree, so nothing is left running on the host.
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import select
@@ -20,6 +21,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -125,6 +127,8 @@ class LocalTransport(Transport):
         script = shell_command(command, env, cwd)
         proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -134,6 +138,9 @@ class LocalTransport(Transport):
         except BaseException:   # Ctrl-C: never leave the group behind
             _kill_group(proc)
             raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
         return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def put(self, local_path, remote_path, mode=None) -> None:
@@ -151,6 +158,30 @@ class LocalTransport(Transport):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+# Local commands still running when clusterctl exits (Ctrl-C reaches only the main thread, while fan-out
+# runs them in worker threads) are killed with their whole process group. Remote commands need no such
+# list: when the process exits its SSH connections close, and each host's watchdog kills what was left.
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@atexit.register
+def _kill_live_local_commands() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:

@@ -28,6 +28,7 @@ SSH_KEYGEN = shutil.which("ssh-keygen")
 # PATH for sessions unless a test changes it; sshd's own compiled-in default on Debian.
 DEFAULT_SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 10.0
+HOME_BASHRC = os.path.expanduser("~/.bashrc")
 
 
 def unshare_works() -> bool:
@@ -75,6 +76,7 @@ class TestHost:
     dir: Path
     proc: subprocess.Popen | None = None
     overrides: dict[str, str] = field(default_factory=dict)
+    bashrc: str | None = None  # replaces ~/.bashrc in this host's namespace (bash reads it for ssh commands)
 
     @property
     def pid(self) -> int:
@@ -170,10 +172,18 @@ class SSHCluster:
         log.write_text("")
         sshd = [SSHD, "-D", "-f", str(config), "-E", str(log)]
         if self.private_roots:
+            rc = host.dir / "bashrc"
+            rc.write_text(host.bashrc or "")
+            bind_rc = ""
+            if host.bashrc is not None and os.path.isfile(HOME_BASHRC):
+                bind_rc = f" && mount --bind {rc} {HOME_BASHRC}"
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                    'mount -t tmpfs -o mode=0755 tmpfs "$1" && shift && exec "$@"', "sh", str(self.host_root),
-                    *sshd]
+                    f'mount -t tmpfs -o mode=0755 tmpfs "$1"{bind_rc} && shift && exec "$@"', "sh",
+                    str(self.host_root), *sshd]
         else:
+            if host.bashrc is not None and os.path.isfile(HOME_BASHRC):
+                raise RuntimeError(f"{HOME_BASHRC} sets PATH for ssh sessions and, without unshare -m, "
+                                   "a test host cannot replace it")
             argv = sshd
         host.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(host.dir / "launch.err", "wb"), start_new_session=True)
@@ -221,10 +231,11 @@ class SSHCluster:
     def thaw(self, index: int) -> None:
         os.kill(self.host(index).pid, signal.SIGCONT)
 
-    def restart(self, index: int, **overrides: str) -> None:
+    def restart(self, index: int, bashrc: str | None = None, **overrides: str) -> None:
         """Restart a host's sshd with sshd_config overrides (a private root starts empty again)."""
         self.stop_host(index)
         self.host(index).overrides = overrides
+        self.host(index).bashrc = bashrc
         self.start_host(index)
 
     def refuse_key(self, index: int) -> None:
@@ -233,7 +244,19 @@ class SSHCluster:
                      KbdInteractiveAuthentication="yes")
 
     def set_session_path(self, index: int, path: str) -> None:
-        self.restart(index, SetEnv=f"PATH={path}")
+        """Sessions on this host get exactly this PATH, even where ~/.bashrc would prepend to it."""
+        self.restart(index, bashrc=f"export PATH={path}\n", SetEnv=f"PATH={path}")
+
+    def python_on_path(self, index: int, interpreter: str) -> None:
+        """`python3` and `python` on this host's session PATH are `interpreter` (another python)."""
+        directory = self.root / f"python-for-h{index}"
+        directory.mkdir(exist_ok=True)
+        for name in ("python3", "python"):
+            link = directory / name
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(interpreter)
+        self.set_session_path(index, f"{directory}:{DEFAULT_SESSION_PATH}")
 
     def path_without(self, *tools: str) -> str:
         """A PATH with everything of the default session PATH except `tools` (a directory of symlinks)."""

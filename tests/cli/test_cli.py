@@ -119,3 +119,28 @@ def test_init_refuses_names_it_would_not_read_back(tmp_path):
     out = tmp_path / "inventory.yaml"
     r = clusterctl("init", "ok-host", "bad;host", "-o", str(out))
     assert r.returncode == 2 and "OpenSSH refuses" in r.stderr and not out.exists()
+
+
+def test_ctrl_c_during_local_exec_kills_the_local_command():
+    import signal
+    import time
+
+    duration = f"300.{os.getpid()}{time.monotonic_ns() % 10**9}"
+    proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "exec", "--hosts",
+                             os.path.join(REPO, "inventory", "local.yaml"), "--sh", f"sleep {duration}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def running():
+        return subprocess.run(["pgrep", "-f", f"^sleep {duration}$"], capture_output=True, text=True).stdout.split()
+
+    deadline = time.monotonic() + 20
+    while not running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "Traceback" not in err
+    deadline = time.monotonic() + 5
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running()

@@ -118,20 +118,32 @@ def test_a_hostile_host_name_is_never_run_by_a_shell(make_cluster, tmp_path):
     assert not canary.exists()
 
 
+def unique_sleeps() -> tuple[str, str]:
+    """Two sleep durations no other process on this machine uses, so pgrep finds exactly ours."""
+    n = f"{os.getpid()}{time.monotonic_ns() % 10**9}"
+    return f"300.{n}", f"301.{n}"
+
+
+def leftover(*durations: str, within: float = 8.0) -> list[str]:
+    """PIDs of `sleep D` processes still alive after `within` seconds (empty once they are all gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for d in durations:
+            left += subprocess.run(["pgrep", "-f", f"sleep {d}"], capture_output=True, text=True).stdout.split()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
 def test_timeout_kills_the_remote_process_tree(make_cluster):
     cluster = make_cluster(1)
     conn = connector(cluster)
-    marker = f"sleep-{os.getpid()}-{time.monotonic_ns()}"
+    a, b = unique_sleeps()
     with conn.transport(conn.cluster.hosts[0]) as t:
         with pytest.raises(CommandTimeout):
-            t.run(["sh", "-c", f"sh -c 'sleep 300; : {marker}' & sleep 301; : {marker}"], timeout=1)
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
-        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-        if not left:
-            break
-        time.sleep(0.2)
-    assert not left, f"processes left on the host: {left}"
+            t.run(["sh", "-c", f"sh -c 'sleep {a}' & sleep {b}"], timeout=1.5)
+    assert not leftover(a, b), "processes left on the host"
 
 
 def test_put_lands_on_that_host_only_atomically(make_cluster, tmp_path):
@@ -200,6 +212,8 @@ def test_strict_refuses_an_unknown_host(make_cluster):
 
 def test_fault_injector_path_without_mpirun(make_cluster):
     cluster = make_cluster(2)
+    if not cluster.private_roots and os.path.isfile(os.path.expanduser("~/.bashrc")):
+        pytest.skip("~/.bashrc sets PATH for ssh sessions and unshare -m is not available")
     cluster.set_session_path(2, cluster.path_without("mpirun"))
     group = connector(cluster).run_everywhere("command -v mpirun", timeout=10)
     assert group["h1"].ok and group["h1"].value.stdout.strip().endswith("mpirun")
@@ -209,3 +223,38 @@ def test_fault_injector_path_without_mpirun(make_cluster):
 def _yaml(value: str) -> str:
     import json
     return json.dumps(value)
+
+
+def test_fault_injector_another_python_on_path(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    if not cluster.private_roots and os.path.isfile(os.path.expanduser("~/.bashrc")):
+        pytest.skip("~/.bashrc sets PATH for ssh sessions and unshare -m is not available")
+    other = tmp_path / "python3-other"
+    other.write_text("#!/bin/sh\necho 'Python 2.7.18 (the other one)'\n")
+    other.chmod(0o755)
+    cluster.python_on_path(2, str(other))
+    group = connector(cluster).run_everywhere("python3 --version 2>&1", timeout=10)
+    assert group["h1"].ok and group["h1"].value.stdout.startswith("Python 3.")
+    assert group["h2"].value.stdout == "Python 2.7.18 (the other one)\n"
+
+
+def test_ctrl_c_during_exec_leaves_nothing_running_on_any_host(make_cluster):
+    import signal
+    import sys
+
+    cluster = make_cluster(3)
+    a, b = unique_sleeps()
+    proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "exec", "--hosts", str(cluster.inventory),
+                             "--sh", f"sh -c 'sleep {a}' & sleep {b}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    running: list[str] = []
+    while time.monotonic() < deadline and len(running) < 6:   # two sleeps on each of three hosts
+        running = subprocess.run(["pgrep", "-f", f"^sleep ({a}|{b})$"], capture_output=True,
+                                 text=True).stdout.split()
+        time.sleep(0.1)
+    assert len(running) == 6, running
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert not leftover(a, b), "left running on a host"
