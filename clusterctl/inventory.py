@@ -170,10 +170,11 @@ class _Parser:
             self.fail(1, "the inventory is empty; it needs a `hosts:` list")
         return node
 
-    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...],
+    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...] | None,
                 aliases: dict[str, str] | None = None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-        """A mapping's entries as canonical key -> (key node, value node), rejecting unknown and
-        duplicate keys. YAML merge keys (<<) are expanded first."""
+        """A mapping's entries as canonical key -> (key node, value node), rejecting duplicate keys and,
+        unless `allowed` is None (free-form keys), unknown ones. YAML merges (<<) are expanded first and
+        overridden by the mapping's own keys."""
         if not isinstance(node, yaml.MappingNode):
             self.fail(node, f"{what} must be a mapping of key: value, not {_kind(node)}")
         seen: dict[str, str] = {}
@@ -194,10 +195,10 @@ class _Parser:
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or not isinstance(self.scalar(key_node), str):
-                self.fail(key_node, f"keys in {what} must be plain words")
+                self.fail(key_node, f"keys in {what} must be plain words, not {_kind(key_node, self.scalar(key_node))}")
             key = key_node.value
             canonical = (aliases or {}).get(key, key)
-            if canonical not in allowed:
+            if allowed is not None and canonical not in allowed:
                 hint = difflib.get_close_matches(key, list(allowed) + list(aliases or {}), n=1)
                 suffix = f" (did you mean '{hint[0]}'?)" if hint else f"; allowed: {', '.join(allowed)}"
                 self.fail(key_node, f"unknown key '{key}' in {what}{suffix}")
@@ -335,31 +336,17 @@ class _Parser:
         return out
 
     def env(self, node: yaml.Node) -> tuple[tuple[str, str], ...]:
-        entries = self.mapping_any(node, "env")
-        out = []
-        for key_node, value_node in entries:
-            name = self.scalar(key_node)
-            if not isinstance(name, str) or not _ENV_NAME.match(name):
+        out: dict[str, str] = {}
+        for name, (key_node, value_node) in self.mapping(node, "env", None).items():
+            if not _ENV_NAME.match(name):
                 self.fail(key_node, f"env name {name!r} is not a valid variable name "
                           "(letters, digits and _; not starting with a digit)")
             value = self.scalar(value_node)
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 self.fail(value_node, f"env value of {name} must be a string (quote it), "
                           f"not {_kind(value_node, value)}")
-            out.append((name, str(value)))
-        return tuple(out)
-
-    def mapping_any(self, node: yaml.Node, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
-        """A mapping with free-form keys (env), still rejecting duplicates."""
-        if not isinstance(node, yaml.MappingNode):
-            self.fail(node, f"{what} must be a mapping of NAME: value, not {_kind(node)}")
-        self.loader.flatten_mapping(node)
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.value in seen:
-                self.fail(key_node, f"duplicate key '{key_node.value}' in {what}")
-            seen[key_node.value] = key_node.start_mark.line + 1
-        return list(node.value)
+            out[name] = str(value)
+        return tuple(out.items())
 
     def mpi(self, node: yaml.Node) -> MPISettings:
         entries = self.mapping(node, "mpi", MPI_KEYS)

@@ -23,6 +23,7 @@ from .inventory import Cluster, Host
 DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ecdsa_sk", "~/.ssh/id_ed25519",
                       "~/.ssh/id_ed25519_sk", "~/.ssh/id_xmss", "~/.ssh/id_dsa")
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+SSH_G_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,14 @@ def resolve(host: Host, config_file: str | None = None, inventory_path: str | No
     if ssh:
         argv = ssh_G_argv(alias, user=host.user, port=host.port, identity_file=identity,
                           config_file=config_file, ssh=ssh)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=SSH_G_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise InventoryError(inventory_path or config_file or "~/.ssh/config",
+                                 host.line if inventory_path else None,
+                                 f"`ssh -G {alias}` took over {SSH_G_TIMEOUT_S:g}s (a slow DNS lookup for "
+                                 "CanonicalizeHostname or a Match exec in your ssh config?)") from None
         if proc.returncode != 0:
             why = proc.stderr.strip().splitlines()
             raise InventoryError(inventory_path or config_file or "~/.ssh/config",

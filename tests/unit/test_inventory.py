@@ -89,6 +89,19 @@ def test_yaml_merge_keys_work_and_own_keys_win():
     assert (c.hosts[1].name, c.hosts[1].user, c.hosts[1].port) == ("b", "u", 2201)
 
 
+def test_env_merge_keys_are_overridden_not_duplicates():
+    c = parse(textwrap.dedent("""\
+        defaults:
+          env: &e {A: '1', B: '2'}
+        hosts:
+          - name: a
+            env:
+              <<: *e
+              B: '3'
+        """), "i.yaml")
+    assert c.hosts[0].env_dict == {"A": "1", "B": "3"}
+
+
 def test_shipped_inventories_are_valid():
     local = load(os.path.join(REPO, "inventory", "local.yaml"))
     assert local.world_size == 2 and all(h.local for h in local.hosts)
@@ -131,6 +144,7 @@ MALFORMED = [
     ("hosts:\n  - name: a\n    user: b\n    ansible_user: c\n", 4, "'ansible_user' and 'user' both set user"),
     ("hosts:\n  - name: a\n    port: 22\n    port: 23\n", 4, "duplicate key 'port'"),
     ("hosts: [a]\nhosts: [b]\n", 2, "duplicate key 'hosts'"),
+    ("hosts:\n  - name: a\n    env:\n      X: '1'\n      X: '2'\n", 5, "duplicate key 'X' in env"),
     ("defaults:\n  name: x\nhosts: [a]\n", 2, "unknown key 'name' in defaults"),
     ("defaults: [user, bob]\nhosts: [a]\n", 1, "defaults must be a mapping"),
     ("hosts: [a]\nmpi: {btl_tcp_links: many}\n", 2, "mpi.btl_tcp_links must be a whole number"),
