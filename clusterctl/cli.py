@@ -176,7 +176,7 @@ def _one_line(error: BaseException) -> str:
 @click.option("--smoke-timeout", default=90.0, show_default=True, help="Seconds the smoke tests may take.")
 @click.option("--strict-host-keys", is_flag=True, help="Refuse hosts whose key is not in known_hosts yet.")
 def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, strict_host_keys):
-    """Check SSH all-to-all, PATH, MPI and data plane: what breaks MLX jobs."""
+    """Check SSH all-to-all, PATH, MPI and the data plane of a cluster."""
     from .doctor import DoctorOptions, run_doctor
     from .doctor.report import render_table
 
