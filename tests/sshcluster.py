@@ -13,6 +13,7 @@ Teardown kills by PID only (the sshd listeners and their descendants), never by 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -76,7 +77,7 @@ class TestHost:
     dir: Path
     proc: subprocess.Popen | None = None
     overrides: dict[str, str] = field(default_factory=dict)
-    bashrc: str | None = None  # replaces ~/.bashrc in this host's namespace (bash reads it for ssh commands)
+    binds: dict[str, str] = field(default_factory=dict)  # path on this host -> what is mounted over it
 
     @property
     def pid(self) -> int:
@@ -172,18 +173,13 @@ class SSHCluster:
         log.write_text("")
         sshd = [SSHD, "-D", "-f", str(config), "-E", str(log)]
         if self.private_roots:
-            rc = host.dir / "bashrc"
-            rc.write_text(host.bashrc or "")
-            bind_rc = ""
-            if host.bashrc is not None and os.path.isfile(HOME_BASHRC):
-                bind_rc = f" && mount --bind {rc} {HOME_BASHRC}"
+            mounts = ['mount -t tmpfs -o mode=0755 tmpfs "$1"']
+            mounts += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in host.binds.items()]
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                    f'mount -t tmpfs -o mode=0755 tmpfs "$1"{bind_rc} && shift && exec "$@"', "sh",
-                    str(self.host_root), *sshd]
+                    " && ".join(mounts) + ' && shift && exec "$@"', "sh", str(self.host_root), *sshd]
         else:
-            if host.bashrc is not None and os.path.isfile(HOME_BASHRC):
-                raise RuntimeError(f"{HOME_BASHRC} sets PATH for ssh sessions and, without unshare -m, "
-                                   "a test host cannot replace it")
+            if host.binds:
+                raise RuntimeError("this fault needs unshare -m (a private mount namespace per host)")
             argv = sshd
         host.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(host.dir / "launch.err", "wb"), start_new_session=True)
@@ -231,11 +227,12 @@ class SSHCluster:
     def thaw(self, index: int) -> None:
         os.kill(self.host(index).pid, signal.SIGCONT)
 
-    def restart(self, index: int, bashrc: str | None = None, **overrides: str) -> None:
-        """Restart a host's sshd with sshd_config overrides (a private root starts empty again)."""
+    def restart(self, index: int, binds: dict[str, str] | None = None, **overrides: str) -> None:
+        """Restart a host's sshd with sshd_config overrides and bind mounts (its private root starts empty)."""
         self.stop_host(index)
-        self.host(index).overrides = overrides
-        self.host(index).bashrc = bashrc
+        host = self.host(index)
+        host.overrides = {**host.overrides, **overrides}
+        host.binds = {**host.binds, **(binds or {})}
         self.start_host(index)
 
     def refuse_key(self, index: int) -> None:
@@ -245,7 +242,12 @@ class SSHCluster:
 
     def set_session_path(self, index: int, path: str) -> None:
         """Sessions on this host get exactly this PATH, even where ~/.bashrc would prepend to it."""
-        self.restart(index, bashrc=f"export PATH={path}\n", SetEnv=f"PATH={path}")
+        binds = {}
+        if os.path.isfile(HOME_BASHRC):
+            rc = self.host(index).dir / "bashrc"
+            rc.write_text(f"export PATH={shlex.quote(path)}\n")
+            binds[HOME_BASHRC] = str(rc)
+        self.restart(index, binds=binds, SetEnv=f"PATH={path}")
 
     def python_on_path(self, index: int, interpreter: str) -> None:
         """`python3` and `python` on this host's session PATH are `interpreter` (another python)."""
@@ -257,6 +259,25 @@ class SSHCluster:
                 link.unlink()
             link.symlink_to(interpreter)
         self.set_session_path(index, f"{directory}:{DEFAULT_SESSION_PATH}")
+
+    def break_ssh(self, src: int, dst: int) -> None:
+        """Host `src` can no longer log in to host `dst` (its ssh_config offers a key `dst` does not know),
+        while this machine still reaches both."""
+        stranger = self.root / "stranger_ed25519"
+        _keygen(stranger)
+        text = self.ssh_config.read_text().replace(
+            f"Host {self.host(dst).name}\n  HostName {self.host(dst).address}\n  Port {self.host(dst).port}\n"
+            f"  User root\n  IdentityFile {self.client_key}\n",
+            f"Host {self.host(dst).name}\n  HostName {self.host(dst).address}\n  Port {self.host(dst).port}\n"
+            f"  User root\n  IdentityFile {stranger}\n")
+        assert str(stranger) in text
+        view = self.host(src).dir / "ssh_config.broken"
+        view.write_text(text)
+        self.restart(src, binds={str(self.ssh_config): str(view)})
+
+    def mount_over(self, index: int, target: str, source: str) -> None:
+        """On this host only, `target` shows the contents of `source` (same path, different files)."""
+        self.restart(index, binds={target: source})
 
     def path_without(self, *tools: str) -> str:
         """A PATH with everything of the default session PATH except `tools` (a directory of symlinks)."""

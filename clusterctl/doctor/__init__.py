@@ -101,17 +101,23 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
     import shutil
 
     mpi_wanted = cluster.launch.backend == "mpi" or shutil.which("mpirun") is not None
-    ring_wanted = all(h.address for h in cluster.hosts) and len(cluster.hosts) > 1
+    ring_wanted = smoke.ring_ready(cluster)
     deep = options.deep if options.deep is not None else (shutil.which("mpirun") is not None or ring_wanted)
     if not deep:
         return []
     broken = [p.host.name for p in probes if p.facts is None]
-    blockers = [f for f in findings if f.status == "fail" and f.check in ("ssh", "ssh-mesh", "python", "mlx")]
-    if broken or blockers:
-        who = ", ".join(broken or sorted({f.host for f in blockers}))
-        reason = f"not run: {who} failed the checks above"
-        return [Finding(check, CLUSTER, WARN, reason, "fix the failures above, then run doctor again")
-                for check, wanted in (("mpi-smoke", mpi_wanted), ("ring-smoke", ring_wanted)) if wanted]
+    basics = ("ssh", "ssh-mesh", "python", "mlx")
+    needs = {"mpi-smoke": basics + ("mpirun", "libmpi"), "ring-smoke": basics + ("data-plane",)}
+    skipped, wanted = [], {"mpi-smoke": mpi_wanted, "ring-smoke": ring_wanted}
+    for check, prerequisites in needs.items():
+        if not wanted[check]:
+            continue
+        bad = broken or sorted({f.host for f in findings if f.status == "fail" and f.check in prerequisites})
+        if bad:
+            skipped.append(Finding(check, CLUSTER, WARN, f"not run: {', '.join(bad)} failed the checks above",
+                                   "fix the failures above, then run doctor again"))
+            wanted[check] = False
+    mpi_wanted, ring_wanted = wanted["mpi-smoke"], wanted["ring-smoke"]
 
     first = probes[0]
     env = dict(cluster.hosts[0].env_dict)
@@ -130,4 +136,4 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
         if ring_wanted:
             jobs.append(pool.submit(smoke.ring_smoke, cluster, python=python, env=cluster.hosts[0].env_dict,
                                     ssh_options=ssh_options, timeout=options.smoke_timeout))
-        return [j.result() for j in jobs]
+        return skipped + [j.result() for j in jobs]

@@ -122,10 +122,22 @@ def ssh_shim(ssh: str, options: list[str]) -> str:
     return "#!/bin/sh\nexec " + shlex.join([ssh, *options]) + ' "$@"\n'
 
 
+def ring_ready(cluster: Cluster) -> bool:
+    """Whether mlx.launch can run the ring backend here: every host has a data-plane address, or the
+    cluster is this machine alone (ranks on 127.0.0.1)."""
+    if len(cluster.hosts) == 1 and cluster.hosts[0].local:
+        return cluster.world_size > 1
+    return len(cluster.hosts) > 1 and all(h.address for h in cluster.hosts)
+
+
 def mlx_hostfile(cluster: Cluster, backend: str, env: Mapping[str, str]) -> dict:
+    """mlx.launch's JSON hostfile, one entry per rank. This machine is `127.0.0.1`, the one name
+    mlx.launch runs without ssh."""
     hosts = []
     for h in cluster.hosts:
-        hosts += [{"ssh": h.name, "ips": [h.address] if h.address else []}] * h.slots
+        entry = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} if h.local else \
+                {"ssh": h.name, "ips": [h.address] if h.address else []}
+        hosts += [entry] * h.slots
     return {"backend": backend, "envs": [f"{k}={v}" for k, v in env.items()], "hosts": hosts}
 
 

@@ -1,0 +1,244 @@
+"""Doctor's pure parts on canned outputs: probe parsing, the checks, the smoke judge, the report."""
+import ipaddress
+import json
+import shlex
+import subprocess
+
+from clusterctl.doctor import checks
+from clusterctl.doctor.checks import HostProbe
+from clusterctl.doctor.probe import DataplaneSpec, Facts, parse_probe, probe_script
+from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
+from clusterctl.doctor.smoke import judge, mlx_hostfile, ring_ready
+from clusterctl.inventory import parse
+from clusterctl.transport import Result
+
+# A macOS Mac Studio's `ifconfig -a` (trimmed), with two Thunderbolt ports in bridge0.
+MACOS_IFCONFIG = """\
+lo0: flags=8049<UP,LOOPBACK,RUNNING,MULTICAST> mtu 16384
+\tinet 127.0.0.1 netmask 0xff000000
+en0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500
+\tether 3c:a6:f6:00:00:01
+\tinet 10.0.1.23 netmask 0xffffff00 broadcast 10.0.1.255
+en2: flags=8963<UP,BROADCAST,SMART,RUNNING,PROMISC,SIMPLEX,MULTICAST> mtu 1500
+\tmedia: autoselect <full-duplex>
+bridge0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500
+\tinet 192.168.10.2 netmask 0xffffff00 broadcast 192.168.10.255
+\tmember: en2 flags=3<LEARNING,DISCOVER>
+\tmember: en3 flags=3<LEARNING,DISCOVER>
+"""
+LINUX_IP = """\
+1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+4: eth0    inet 192.168.10.3/24 brd 192.168.10.255 scope global eth0\\       valid_lft forever
+"""
+OPENMPI_VERSION = "mpirun (Open MPI) 4.1.4  Report bugs to http://www.open-mpi.org/community/help/"
+MPICH_VERSION = "HYDRA build details:     Version:                                 4.0.2"
+
+CLUSTER4 = parse("hosts:\n" + "".join(f"  - {{name: h{i}, address: 192.168.10.{i}}}\n" for i in range(1, 5)),
+                 "i.yaml")
+
+
+def facts(**values) -> Facts:
+    f = Facts(complete=True)
+    for k, v in values.items():
+        f.values[k] = v if isinstance(v, list) else [v]
+    return f
+
+
+def probe(i: int, cluster=CLUSTER4, **values) -> HostProbe:
+    return HostProbe(cluster.hosts[i - 1], facts(**values))
+
+
+def info(py="3.11.7", mlx="0.32.4"):
+    return json.dumps({"python": py, "mlx": mlx, "distributed": True, "prefix": "/venv"})
+
+
+def test_parse_probe_ignores_noise_and_collects_repeats():
+    out = "\n".join([
+        "Welcome to bash!  (a chatty .bashrc)",
+        '{"key":"os","value":"Darwin"}',
+        '{"key":"libmpi","value":"/opt/homebrew/lib/libmpi.dylib"}',
+        '{"key":"libmpi","value":"/usr/local/lib/libmpi.dylib"}',
+        '{"key":"mesh","peer":"h2","rc":255,"value":"Permission denied (publickey)."}',
+        '{"key":"dataplane","bind":null,"connect":{}}',
+        '{"key":"python_info","value":"Traceback ... {\\"python\\": \\"3.12.1\\"}"}',
+        '{"key":"done","value":"1"}',
+    ])
+    f = parse_probe(out)
+    assert f.get("os") == "Darwin" and f.all("libmpi") == ["/opt/homebrew/lib/libmpi.dylib", "/usr/local/lib/libmpi.dylib"]
+    assert f.mesh == {"h2": (255, "Permission denied (publickey).")}
+    assert f.dataplane == {"key": "dataplane", "bind": None, "connect": {}}
+    assert f.python_info == {"python": "3.12.1"} and f.complete
+
+
+def test_probe_script_is_valid_sh_and_quotes_hostile_inventory_values():
+    script = probe_script(python="~/envs/$(reboot)/bin/python", workdir="~/work dir/'x'", mpi_lib_dir="/a;b",
+                          peers=["h2", "h3"], ssh_options=["-F", "/cfg dir/ssh_config", "-o", "BatchMode=yes"],
+                          ssh_config="/cfg dir/ssh_config",
+                          dataplane=DataplaneSpec("h1", "10.0.0.1", 32323, 1.0, (("h2", "10.0.0.2", 32324),)))
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    assert "PY=\"$HOME\"/" + shlex.quote("envs/$(reboot)/bin/python") in script
+    assert "LIBDIR='/a;b'" in script
+
+
+def test_probe_script_without_peers_is_valid_sh():
+    script = probe_script(python="python3", workdir="/w", mpi_lib_dir=None, peers=[], ssh_options=[],
+                          ssh_config=None, dataplane=None)
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+
+
+def test_interfaces_from_macos_ifconfig_and_linux_ip():
+    mac = checks.interfaces(MACOS_IFCONFIG.splitlines())
+    assert ("bridge0", ipaddress.IPv4Interface("192.168.10.2/24")) in mac
+    assert ("en0", ipaddress.IPv4Interface("10.0.1.23/24")) in mac
+    linux = checks.interfaces(LINUX_IP.splitlines())
+    assert linux == [("lo", ipaddress.IPv4Interface("127.0.0.1/8")), ("eth0", ipaddress.IPv4Interface("192.168.10.3/24"))]
+    assert checks.bridge_members(MACOS_IFCONFIG.splitlines()) == ["en2", "en3"]
+
+
+def test_shared_subnet_matches_by_subnet_not_interface_name():
+    # h1 and h2 are Macs with the address on bridge0 / en5; h3, h4 Linux on eth0: one /24 for all
+    cluster = CLUSTER4
+    lines = {1: MACOS_IFCONFIG.replace("192.168.10.2", "192.168.10.1"), 2: MACOS_IFCONFIG.replace("bridge0", "en5"),
+             3: LINUX_IP, 4: LINUX_IP.replace("192.168.10.3", "192.168.10.4")}
+    probes = [probe(i, cluster, iface=lines[i].splitlines()) for i in range(1, 5)]
+    assert checks.shared_subnet(probes) == ipaddress.IPv4Network("192.168.10.0/24")
+    probes[3] = probe(4, cluster, iface=LINUX_IP.replace("192.168.10.3/24", "10.9.9.4/24").splitlines())
+    assert checks.shared_subnet(probes) is None
+
+
+def test_mesh_findings_name_the_pair_and_the_fix():
+    p1 = probe(1)
+    p1.facts.mesh = {"h2": (0, "clusterctl-mesh-ok"), "h3": (255, "root@h3: Permission denied (publickey)."),
+                     "h4": (255, "ssh: Could not resolve hostname h4: Name or service not known")}
+    dead = HostProbe(CLUSTER4.hosts[1], error="connection refused")
+    rows = checks.ssh_mesh([p1, dead, probe(3), probe(4)])
+    by_pair = {(f.host, f.peer): f for f in rows}
+    assert by_pair[("h1", "h2")].status == PASS
+    assert by_pair[("h1", "h3")].status == FAIL and "ssh-copy-id h3" in by_pair[("h1", "h3")].fix
+    assert "cannot resolve h4" in by_pair[("h1", "h4")].fix
+    assert not any(f.host == "h2" for f in rows)      # an unreachable host is not probed from
+    assert by_pair[("h3", "h1")].status == FAIL       # no result reported for a pair is a failure
+
+
+def test_parity_names_the_odd_host():
+    probes = [probe(i, python_info=info(mlx="0.32.3" if i == 3 else "0.32.4"), mpirun_version=OPENMPI_VERSION)
+              for i in range(1, 5)]
+    rows = checks.parity(probes)
+    odd = [f for f in rows if f.status == FAIL]
+    assert len(odd) == 1 and odd[0].host == "h3" and odd[0].check == "parity"
+    assert odd[0].detail == "mlx 0.32.3 here, 0.32.4 on h1, h2, h4"
+    assert {f.detail for f in rows if f.status == PASS} == {"python 3.11.7 on all 4 hosts",
+                                                             "mpi Open MPI 4.1.4 on all 4 hosts"}
+
+
+def test_parity_tie_is_broken_by_rank_order():
+    cluster = parse("hosts: [a, b]\n", "i.yaml")
+    rows = checks.parity([probe(1, cluster, python_info=info(py="3.12.1")), probe(2, cluster, python_info=info())])
+    assert [(f.host, f.status) for f in rows if f.status != PASS] == [("b", FAIL)]
+
+
+def test_software_checks_on_the_non_interactive_path():
+    no_mpirun = checks.host_software(probe(2, python_path="/venv/bin/python", python_info=info(), rsync="",
+                                           path="/usr/bin:/bin"), backend="mpi")
+    by = {f.check: f for f in no_mpirun}
+    assert by["mpirun"].status == FAIL and "/usr/bin:/bin" in by["mpirun"].detail and by["mpirun"].host == "h2"
+    assert by["rsync"].status == WARN
+    mpich = checks.host_software(probe(1, python_path="/p", python_info=info(), mpirun="/usr/bin/mpirun",
+                                       mpirun_version=MPICH_VERSION), backend="mpi")
+    assert {f.check: f for f in mpich}["mpirun"].status == FAIL and "MPICH" in mpich[2].detail
+    pypi = checks.host_software(probe(1, python_path="/p", python_info=info(), mpirun="/venv/bin/mpirun",
+                                      mpirun_real="/venv/bin/mpirun",
+                                      mpirun_version="mpirun (Open MPI) 5.0.11"), backend="mpi")
+    assert {f.check: f for f in pypi}["mpirun"].status == WARN and "PyPI" in {f.check: f for f in pypi}["mpirun"].detail
+    broken = checks.host_software(probe(1, python_path="/p", python_info=json.dumps(
+        {"python": "3.11.7", "mlx_error": "ModuleNotFoundError: No module named 'mlx'"})), backend="ring")
+    assert {f.check: f for f in broken}["mlx"].status == FAIL
+    assert {f.check: f for f in broken}["mpirun"].status == WARN       # ring does not need mpirun
+
+
+def test_libmpi_env_is_dyld_on_macos_and_ld_on_linux():
+    assert checks.libmpi_env("Darwin", "/opt/homebrew/lib/libmpi.dylib") == {
+        "DYLD_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}
+    assert checks.libmpi_env("Linux", "/usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so")["LD_LIBRARY_PATH"] == \
+        "/usr/lib/x86_64-linux-gnu/openmpi/lib"
+    assert checks.libmpi(probe(1, os="Linux"), "mpi")[0].status == FAIL
+
+
+def test_disk_clock_and_macos():
+    low = checks.disk(probe(1, disk="/dev/disk3s5 1000000 900000 100000 90% /System/Volumes/Data"))
+    assert low[0].status == FAIL and "0.1 GiB" in low[0].detail
+    p = probe(1, time="1000")
+    p.sent_at, p.received_at = 1009.0, 1009.5
+    assert checks.clock(p)[0].status == WARN and "-8s" in checks.clock(p)[0].detail   # date +%s truncates: 1 s of doubt
+    p.sent_at, p.received_at = 1000.2, 1000.4
+    assert checks.clock(p)[0].status == PASS
+    ring = parse("hosts: [{name: m, address: 192.168.10.2}, {name: n, address: 192.168.10.3}]\n"
+                 "launch: {backend: ring}\n", "i.yaml")
+    mac = checks.macos(HostProbe(ring.hosts[0], facts(os="Darwin", sip="System Integrity Protection status: enabled.",
+                                                      iface=MACOS_IFCONFIG.splitlines())), ring)
+    assert any("bridge0 holds en2, en3" in f.detail for f in mac)
+    assert any("SIP" in f.detail for f in mac) and any("Local Network" in f.detail for f in mac)
+    assert checks.macos(HostProbe(ring.hosts[0], facts(os="Linux")), ring) == []
+
+
+def test_dataplane_pairs_bind_failures_and_subnet():
+    probes = []
+    for i in range(1, 5):
+        p = probe(i, iface=LINUX_IP.replace("192.168.10.3", f"192.168.10.{i}").splitlines())
+        p.facts.dataplane = {"address": f"192.168.10.{i}", "port": 32322 + i, "bind": None, "accepted": [],
+                             "connect": {f"h{j}": {"ok": True, "ms": 1.0} for j in range(1, 5) if j != i}}
+        probes.append(p)
+    probes[1].facts.dataplane["connect"]["h3"] = {"ok": False, "error": "[Errno 113] No route to host"}
+    probes[2].facts.dataplane["bind"] = "[Errno 98] Address already in use"
+    rows = checks.dataplane(probes, CLUSTER4)
+    failing = [(f.host, f.peer) for f in rows if f.status == FAIL]
+    assert failing == [("h2", "h3"), ("h3", None)]
+    assert "192.168.10.3:32325: [Errno 113]" in next(f.detail for f in rows if f.peer == "h3" and f.host == "h2")
+    assert [f.detail for f in rows if f.check == "subnet"] == [
+        "all addresses are in 192.168.10.0/24; run will use --mca btl_tcp_if_include 192.168.10.0/24"]
+
+
+def _smoke_out(*ranks):
+    return "\n".join(json.dumps({"smoke": 1, **r}) for r in ranks)
+
+
+def test_judge_smoke_output():
+    ok = Result(0, _smoke_out(*({"rank": r, "size": 4, "sum": 10.0, "host": "vm"} for r in range(4))), "")
+    assert judge("mpi-smoke", ok, None, 4, 1.0, "mpirun", None).status == PASS
+    alone = Result(3, _smoke_out(*({"rank": 0, "size": 1, "sum": 1.0} for _ in range(4))), "")
+    f = judge("mpi-smoke", alone, None, 4, 1.0, "mpirun", None)
+    assert f.status == FAIL and "world of size 1" in f.detail
+    nolib = Result(1, _smoke_out({"rank": "0", "error": "RuntimeError: [mpi] Cannot initialize MPI"}), "")
+    f = judge("mpi-smoke", nolib, None, 2, 1.0, "mpirun", "/opt/homebrew/lib/libmpi.dylib")
+    assert f.status == FAIL and "Cannot initialize MPI" in f.detail
+    assert "mpi_lib_dir" in f.fix and "/opt/homebrew/lib/libmpi.dylib" in f.fix
+    crashed = Result(1, "", "ORTE was unable to reliably start one or more daemons.\nmore")
+    f = judge("mpi-smoke", crashed, None, 2, 1.0, "mpirun", None)
+    assert f.status == FAIL and "0/2 ranks" in f.detail and "ORTE was unable" in f.detail
+
+
+def test_mlx_hostfile_and_ring_readiness():
+    local = parse("hosts: [{name: localhost, local: true, slots: 2}]\n", "i.yaml")
+    assert ring_ready(local)
+    assert mlx_hostfile(local, "ring", {"A": "1"}) == {
+        "backend": "ring", "envs": ["A=1"], "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2}
+    assert ring_ready(CLUSTER4)
+    assert not ring_ready(parse("hosts: [a, b]\n", "i.yaml"))
+    assert mlx_hostfile(CLUSTER4, "ring", {})["hosts"][2] == {"ssh": "h3", "ips": ["192.168.10.3"]}
+
+
+def test_report_json_shape_table_and_matrix():
+    findings = [Finding("ssh", "h1", PASS, "reached"), Finding("ssh", "h2", FAIL, "refused", "start sshd"),
+                Finding("ssh-mesh", "h1", FAIL, "denied", "ssh-copy-id", peer="h2"),
+                Finding("parity", CLUSTER, WARN, "w")]
+    report = Report(["h1", "h2"], findings, 1.25)
+    doc = json.loads(report.to_json())
+    assert doc["ok"] is False and doc["hosts"] == ["h1", "h2"] and doc["elapsed_s"] == 1.25
+    assert doc["checks"][2] == {"check": "ssh-mesh", "host": "h1", "peer": "h2", "status": "fail",
+                                "detail": "denied", "fix": "ssh-copy-id"}
+    text = render_table(report)
+    assert text.splitlines()[-1] == "1 passed, 1 warnings, 2 failed (1.2s)"
+    assert "fix: start sshd" in text and "\x1b[" not in text
+    assert "\x1b[31m" in render_table(report, colour=True)
+    matrix = render_matrix(["h1", "h2"], [findings[2]])
+    assert matrix[1].split() == ["h1", "-", "FAIL"] and matrix[2].split() == ["h2", "?", "-"]
