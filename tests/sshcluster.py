@@ -7,7 +7,12 @@ mounted on the same path (`host_root`): the same path holds different files on e
 prove that a file reached host 2 and not host 3.
 
 Fault injectors: stop/start a host, freeze it (SIGSTOP: accepts TCP, never answers), make it refuse our key
-(with password authentication on, as a host that would prompt), give its sessions another PATH.
+(with password authentication on, as a host that would prompt), give its sessions another PATH, break SSH
+from one host to another, show one host other files at the same path (another virtualenv).
+
+With private namespaces each host also gets a plain shell: an empty ~/.bashrc is mounted over the real one,
+so sessions see exactly the PATH sshd sets. This machine's own ~/.bashrc runs `pyenv init`, whose rehash
+lock makes hundreds of concurrent sessions (doctor's all-to-all at 16 hosts) wait up to a minute each.
 Teardown kills by PID only (the sshd listeners and their descendants), never by name.
 """
 from __future__ import annotations
@@ -99,6 +104,7 @@ class SSHCluster:
         self.ssh_config = self.root / "ssh_config"
         self.inventory = self.root / "inventory.yaml"
         self.empty_keys = self.root / "no_authorized_keys"
+        self.plain_bashrc = self.root / "plain_bashrc"
         self.hosts = [TestHost(i, f"h{i}", f"127.0.0.{first_octet + i}", 0, self.root / f"h{i}")
                       for i in range(1, size + 1)]
 
@@ -111,6 +117,7 @@ class SSHCluster:
         self.authorized_keys = self.root / "authorized_keys"
         self.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
         self.empty_keys.write_text("")
+        self.plain_bashrc.write_text("# a plain shell for test hosts (see the module docstring)\n")
         for host in self.hosts:
             host.dir.mkdir(exist_ok=True)
             _keygen(host.dir / "host_ed25519")
@@ -130,8 +137,12 @@ class SSHCluster:
         for h in self.hosts:
             lines += [f"Host {h.name}", f"  HostName {h.address}", f"  Port {h.port}", "  User root",
                       f"  IdentityFile {self.client_key}", "  IdentitiesOnly yes", ""]
+        # KexAlgorithms: OpenSSH 9's default post-quantum key exchange costs ~70 ms of client CPU per
+        # connection. Real hosts pay that in parallel on their own cores; here all N*(N-1) sessions of an
+        # all-to-all share this machine's two, so the simulated cluster uses the classic exchange.
         lines += ["Host *", f"  UserKnownHostsFile {self.known_hosts}", "  StrictHostKeyChecking accept-new",
-                  "  BatchMode yes", "  ConnectTimeout 5", "  LogLevel ERROR", ""]
+                  "  BatchMode yes", "  ConnectTimeout 5", "  LogLevel ERROR", "  KexAlgorithms curve25519-sha256",
+                  ""]
         self.ssh_config.write_text("\n".join(lines))
 
     def write_inventory(self, **defaults: str) -> Path:
@@ -173,8 +184,11 @@ class SSHCluster:
         log.write_text("")
         sshd = [SSHD, "-D", "-f", str(config), "-E", str(log)]
         if self.private_roots:
+            binds = dict(host.binds)
+            if os.path.isfile(HOME_BASHRC):
+                binds.setdefault(HOME_BASHRC, str(self.plain_bashrc))
             mounts = ['mount -t tmpfs -o mode=0755 tmpfs "$1"']
-            mounts += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in host.binds.items()]
+            mounts += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items()]
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     " && ".join(mounts) + ' && shift && exec "$@"', "sh", str(self.host_root), *sshd]
         else:
@@ -241,13 +255,11 @@ class SSHCluster:
                      KbdInteractiveAuthentication="yes")
 
     def set_session_path(self, index: int, path: str) -> None:
-        """Sessions on this host get exactly this PATH, even where ~/.bashrc would prepend to it."""
-        binds = {}
-        if os.path.isfile(HOME_BASHRC):
-            rc = self.host(index).dir / "bashrc"
-            rc.write_text(f"export PATH={shlex.quote(path)}\n")
-            binds[HOME_BASHRC] = str(rc)
-        self.restart(index, binds=binds, SetEnv=f"PATH={path}")
+        """Sessions on this host get exactly this PATH (needs the plain shell of a private namespace
+        where this machine's ~/.bashrc changes PATH)."""
+        if not self.private_roots and os.path.isfile(HOME_BASHRC):
+            raise RuntimeError(f"{HOME_BASHRC} would override the PATH and unshare -m is not available")
+        self.restart(index, SetEnv=f"PATH={path}")
 
     def python_on_path(self, index: int, interpreter: str) -> None:
         """`python3` and `python` on this host's session PATH are `interpreter` (another python)."""

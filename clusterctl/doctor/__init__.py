@@ -21,7 +21,7 @@ from ..remote import Connector
 from ..sshconfig import openssh_options, rsh_agent
 from . import checks, smoke
 from .checks import HostProbe
-from .probe import DataplaneSpec, parse_probe, probe_script
+from .probe import DataplaneSpec, dataplane_command, parse_probe, probe_script
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
@@ -60,40 +60,64 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
 
 def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
                options: DoctorOptions) -> list[HostProbe]:
+    """Phase 1, every host at once: connect, run the probe. Phase 2, on the hosts that answered, at once:
+    the TCP data-plane probe over the same connections."""
     names = [h.name for h in cluster.hosts]
-    addressed = all(h.address for h in cluster.hosts) and len(cluster.hosts) > 1
+    transports = {}
 
     def probe(host: Host) -> HostProbe:
-        dp = None
-        if addressed:
-            dp = DataplaneSpec(host.name, host.address, checks._ring_port(host), options.connect_timeout,
-                               tuple((h.name, h.address, checks._ring_port(h)) for h in cluster.hosts
-                                     if h.name != host.name))
         script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir,
                               peers=[n for n in names if n != host.name], ssh_options=ssh_options,
-                              ssh_config=cluster.ssh_config, dataplane=dp)
+                              ssh_config=cluster.ssh_config)
         sent = time.time()
-        with connector.transport(host) as transport:
-            t0 = time.monotonic()
-            connect = getattr(transport, "connect", None)
-            if connect is not None:
-                connect()
-            connect_ms = (time.monotonic() - t0) * 1000 if connect is not None else None
-            result = transport.run(script, timeout=options.connect_timeout + PROBE_SLACK_S)
+        transport = transports[host.name] = connector.transport(host)
+        t0 = time.monotonic()
+        connect = getattr(transport, "connect", None)
+        if connect is not None:
+            connect()
+        connect_ms = (time.monotonic() - t0) * 1000 if connect is not None else None
+        result = transport.run(script, timeout=options.connect_timeout + PROBE_SLACK_S)
         return HostProbe(host, parse_probe(result.stdout), connect_ms=connect_ms, sent_at=sent,
                          received_at=time.time())
 
-    group = run_all(cluster.hosts, probe, deadline=2 * options.connect_timeout + PROBE_SLACK_S + 5)
-    out = []
-    for name, outcome in group.items():
-        if outcome.error is not None:
-            message = str(outcome.error)
-            if isinstance(outcome.error, ClusterctlError) and message.startswith(f"{name}: "):
-                message = message[len(name) + 2:]
-            out.append(HostProbe(outcome.host, error=message))
-        else:
-            out.append(outcome.value)
-    return out
+    try:
+        group = run_all(cluster.hosts, probe, deadline=options.connect_timeout + PROBE_SLACK_S + 5)
+        probes = []
+        for name, outcome in group.items():
+            if outcome.error is not None:
+                message = str(outcome.error)
+                if isinstance(outcome.error, ClusterctlError) and message.startswith(f"{name}: "):
+                    message = message[len(name) + 2:]
+                probes.append(HostProbe(outcome.host, error=message))
+            else:
+                probes.append(outcome.value)
+        _dataplane_phase(cluster, probes, transports, options)
+        return probes
+    finally:
+        for transport in transports.values():
+            transport.close()
+
+
+def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict, options: DoctorOptions) -> None:
+    if len(cluster.hosts) < 2 or not all(h.address for h in cluster.hosts):
+        return
+    live = [p for p in probes if p.facts is not None and p.facts.get("python_path")]
+    budget = max(3.0, options.connect_timeout)
+
+    by_name = {p.host.name: p for p in live}
+
+    def run(host: Host):
+        p = by_name[host.name]
+        spec = DataplaneSpec(p.host.name, p.host.address, checks._ring_port(p.host), budget,
+                             tuple((q.host.name, q.host.address, checks._ring_port(q.host)) for q in live
+                                   if q is not p))
+        return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
+
+    group = run_all([p.host for p in live], run, deadline=budget + 15)
+    for p in live:
+        outcome = group[p.host.name]
+        if outcome.error is None:
+            p.facts.dataplane = parse_probe(outcome.value.stdout).dataplane
 
 
 def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ssh_options: list[str],
@@ -118,6 +142,8 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
                                    "fix the failures above, then run doctor again"))
             wanted[check] = False
     mpi_wanted, ring_wanted = wanted["mpi-smoke"], wanted["ring-smoke"]
+    if not (mpi_wanted or ring_wanted):
+        return skipped
 
     first = probes[0]
     env = dict(cluster.hosts[0].env_dict)

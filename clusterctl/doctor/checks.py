@@ -354,8 +354,8 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
         dp = p.facts.dataplane
         name = p.host.name
         if dp is None:
-            out.append(Finding("data-plane", name, FAIL, "the TCP probe did not run (is python working here?)",
-                               "fix the python check first"))
+            out.append(Finding("data-plane", name, FAIL, "the TCP probe did not run here (python missing or "
+                               "broken, or the probe timed out)", "fix the python check first"))
             continue
         if dp.get("bind"):
             out.append(Finding("data-plane", name, FAIL,

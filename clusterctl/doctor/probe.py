@@ -4,8 +4,9 @@ It is POSIX sh (python may be the very thing that is broken) and runs through th
 session a launcher would use, so PATH and friends are what mpirun will see. It prints one JSON object per
 line; anything else on stdout (a chatty ~/.bashrc) is ignored by the parser. In one round trip it:
   - starts `ssh` to every peer in the background, with the options mpirun will use (the all-to-all check),
-  - starts the TCP data-plane probe (python: listen on this host's ring port, connect to every peer's),
   - gathers facts: OS, tools on PATH, python + mlx + mpi4py versions, mpirun, libmpi, disk, clock, interfaces.
+A second, short round trip runs the TCP data-plane probe (DATAPLANE: listen on this host's ring port,
+connect to every peer's) on all reachable hosts at once.
 """
 from __future__ import annotations
 
@@ -117,7 +118,6 @@ for peer in {peers}; do
     printf '{{"key":"mesh","peer":"%s","rc":%d,"value":"%s"}}\n' "$(esc "$peer")" "$rc" "$(esc "$o")" >"$T/mesh.$i" ) &
   i=$((i+1))
 done
-{dataplane}
 j os "$(uname -s)"
 j arch "$(uname -m)"
 j release "$(uname -r)"
@@ -150,7 +150,7 @@ j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
 if [ "$(uname -s)" = Darwin ]; then j sip "$(csrutil status 2>&1)"; fi
 {ssh_config_check}
 wait
-cat "$T"/mesh.* "$T"/dataplane 2>/dev/null
+cat "$T"/mesh.* 2>/dev/null
 j done 1
 """
 
@@ -165,14 +165,8 @@ class DataplaneSpec:
 
 
 def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: list[str],
-                 ssh_options: list[str], ssh_config: str | None, dataplane: DataplaneSpec | None) -> str:
+                 ssh_options: list[str], ssh_config: str | None) -> str:
     """The probe for one host. Every value from the inventory is quoted; python and paths keep `~`."""
-    dp = ""
-    if dataplane is not None:
-        arg = json.dumps([dataplane.me, dataplane.address, dataplane.port, dataplane.budget_s,
-                          [list(p) for p in dataplane.peers]])
-        dp = (f'if command -v "$PY" >/dev/null 2>&1; then "$PY" -c {shlex.quote(DATAPLANE)} {shlex.quote(arg)} '
-              f'>"$T/dataplane" 2>&1 </dev/null & fi')
     cfg = ""
     if ssh_config:
         cfg = f'if [ -r {shlex.quote(ssh_config)} ]; then j ssh_config yes; else j ssh_config no; fi'
@@ -181,10 +175,17 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
         mpi_lib_dir=quote_path(mpi_lib_dir) if mpi_lib_dir else "''",
         peers=" ".join(shlex.quote(p) for p in peers) if peers else "''",
         ssh_options=" ".join(shlex.quote(o) for o in ssh_options), marker=MESH_MARKER,
-        dataplane=dp, python_info=shlex.quote(PYTHON_INFO),
+        python_info=shlex.quote(PYTHON_INFO),
         libmpi_dirs=" ".join(d if d.startswith("${") else shlex.quote(d) for d in LIBMPI_DIRS),
         libmpi_names=" ".join(LIBMPI_NAMES), ssh_config_check=cfg,
     ).replace('for peer in \'\'; do', 'for peer in; do')
+
+
+def dataplane_command(python: str, spec: DataplaneSpec) -> str:
+    """The second, short phase: run on every reachable host at once, over connections already open, so
+    every listener is up within moments of the others."""
+    arg = json.dumps([spec.me, spec.address, spec.port, spec.budget_s, [list(p) for p in spec.peers]])
+    return f"{quote_path(python)} -c {shlex.quote(DATAPLANE)} {shlex.quote(arg)}"
 
 
 @dataclass

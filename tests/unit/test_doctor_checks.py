@@ -6,7 +6,7 @@ import subprocess
 
 from clusterctl.doctor import checks
 from clusterctl.doctor.checks import HostProbe
-from clusterctl.doctor.probe import DataplaneSpec, Facts, parse_probe, probe_script
+from clusterctl.doctor.probe import DataplaneSpec, Facts, dataplane_command, parse_probe, probe_script
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
 from clusterctl.doctor.smoke import judge, mlx_hostfile, ring_ready
 from clusterctl.inventory import parse
@@ -73,16 +73,38 @@ def test_parse_probe_ignores_noise_and_collects_repeats():
 def test_probe_script_is_valid_sh_and_quotes_hostile_inventory_values():
     script = probe_script(python="~/envs/$(reboot)/bin/python", workdir="~/work dir/'x'", mpi_lib_dir="/a;b",
                           peers=["h2", "h3"], ssh_options=["-F", "/cfg dir/ssh_config", "-o", "BatchMode=yes"],
-                          ssh_config="/cfg dir/ssh_config",
-                          dataplane=DataplaneSpec("h1", "10.0.0.1", 32323, 1.0, (("h2", "10.0.0.2", 32324),)))
+                          ssh_config="/cfg dir/ssh_config")
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
     assert "PY=\"$HOME\"/" + shlex.quote("envs/$(reboot)/bin/python") in script
     assert "LIBDIR='/a;b'" in script
 
 
+def test_dataplane_probe_over_loopback_reports_each_peer(tmp_path):
+    """Two real probes on 127.0.0.x talk to each other; a third peer that never listens is reported."""
+    import sys
+
+    port_a, port_b = _free_port("127.0.0.51"), _free_port("127.0.0.52")
+    peers = (("a", "127.0.0.51", port_a), ("b", "127.0.0.52", port_b), ("ghost", "127.0.0.53", _free_port("127.0.0.53")))
+    commands = [dataplane_command(sys.executable, DataplaneSpec(me, addr, port, 2.0,
+                                                                tuple(p for p in peers if p[0] != me)))
+                for me, addr, port in peers[:2]]
+    procs = [subprocess.Popen(["sh", "-c", c], stdout=subprocess.PIPE, text=True) for c in commands]
+    results = [parse_probe(p.communicate(timeout=20)[0]).dataplane for p in procs]
+    assert results[0]["connect"]["b"]["ok"] and results[1]["connect"]["a"]["ok"]
+    assert not results[0]["connect"]["ghost"]["ok"] and "refused" in results[0]["connect"]["ghost"]["error"]
+    assert sorted(results[0]["accepted"]) == ["b"] and results[0]["bind"] is None
+
+
+def _free_port(address):
+    import socket
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
 def test_probe_script_without_peers_is_valid_sh():
     script = probe_script(python="python3", workdir="/w", mpi_lib_dir=None, peers=[], ssh_options=[],
-                          ssh_config=None, dataplane=None)
+                          ssh_config=None)
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
 
 
