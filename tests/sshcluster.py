@@ -83,6 +83,7 @@ class TestHost:
     proc: subprocess.Popen | None = None
     overrides: dict[str, str] = field(default_factory=dict)
     binds: dict[str, str] = field(default_factory=dict)  # path on this host -> what is mounted over it
+    session_env: dict[str, str] = field(default_factory=dict)  # sshd SetEnv for this host's sessions
 
     @property
     def pid(self) -> int:
@@ -120,8 +121,12 @@ class SSHCluster:
         self.plain_bashrc.write_text("# a plain shell for test hosts (see the module docstring)\n")
         for host in self.hosts:
             host.dir.mkdir(exist_ok=True)
+            (host.dir / "tmp").mkdir(exist_ok=True)
             _keygen(host.dir / "host_ed25519")
             host.port = free_port(host.address)
+            # Each machine has its own /tmp; here they would share one, and OpenMPI's daemons (all with the
+            # same hostname) would collide on their session directories in it.
+            host.session_env = {"PATH": DEFAULT_SESSION_PATH, "TMPDIR": str(host.dir / "tmp")}
         self.write_ssh_config()
         self.write_inventory()
         try:
@@ -152,6 +157,10 @@ class SSHCluster:
         lines += ["hosts:"]
         for h in self.hosts:
             lines += [f"  - name: {h.name}", f"    address: {h.address}"]
+        # Every simulated host is this one machine: OpenMPI 4.1's daemons race to share one hwloc topology
+        # segment and one of them can segfault (hwloc_shmem_topology_write) at 8+ hosts. Real hosts run one
+        # daemon each and need none of this.
+        lines += ["mpi:", "  extra_args: [--mca, rtc_hwloc_vmhole, none]"]
         self.inventory.write_text("\n".join(lines) + "\n")
         return self.inventory
 
@@ -170,7 +179,7 @@ class SSHCluster:
             "LogLevel": "VERBOSE",
             "MaxStartups": "100:30:200",
             "MaxSessions": "100",
-            "SetEnv": f"PATH={DEFAULT_SESSION_PATH}",
+            "SetEnv": " ".join(f"{k}={v}" for k, v in host.session_env.items()),
             "Subsystem": "sftp internal-sftp",
         }
         settings.update(host.overrides)
@@ -259,7 +268,8 @@ class SSHCluster:
         where this machine's ~/.bashrc changes PATH)."""
         if not self.private_roots and os.path.isfile(HOME_BASHRC):
             raise RuntimeError(f"{HOME_BASHRC} would override the PATH and unshare -m is not available")
-        self.restart(index, SetEnv=f"PATH={path}")
+        self.host(index).session_env["PATH"] = path
+        self.restart(index)
 
     def python_on_path(self, index: int, interpreter: str) -> None:
         """`python3` and `python` on this host's session PATH are `interpreter` (another python)."""

@@ -37,9 +37,10 @@ class DoctorOptions:
 
 def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Report:
     start = time.monotonic()
+    phases: dict[str, float] = {}
     connector = Connector(cluster, options.host_key_checking, options.connect_timeout)
     ssh_options = openssh_options(cluster, options.host_key_checking, options.connect_timeout)
-    probes = _probe_all(cluster, connector, ssh_options, options)
+    probes = _probe_all(cluster, connector, ssh_options, options, phases)
 
     findings: list[Finding] = []
     for p in probes:
@@ -54,12 +55,14 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
     findings += checks.dataplane(probes, cluster)
     for p in probes:
         findings += checks.disk(p) + checks.clock(p) + checks.macos(p, cluster)
+    t0 = time.monotonic()
     findings += _deep(cluster, probes, findings, ssh_options, options)
-    return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start)
+    phases["smoke"] = time.monotonic() - t0
+    return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start, phases)
 
 
 def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
-               options: DoctorOptions) -> list[HostProbe]:
+               options: DoctorOptions, phases: dict[str, float]) -> list[HostProbe]:
     """Phase 1, every host at once: connect, run the probe. Phase 2, on the hosts that answered, at once:
     the TCP data-plane probe over the same connections."""
     names = [h.name for h in cluster.hosts]
@@ -81,7 +84,9 @@ def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
                          received_at=time.time())
 
     try:
+        t0 = time.monotonic()
         group = run_all(cluster.hosts, probe, deadline=options.connect_timeout + PROBE_SLACK_S + 5)
+        phases["probe"] = time.monotonic() - t0
         probes = []
         for name, outcome in group.items():
             if outcome.error is not None:
@@ -91,7 +96,9 @@ def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
                 probes.append(HostProbe(outcome.host, error=message))
             else:
                 probes.append(outcome.value)
+        t0 = time.monotonic()
         _dataplane_phase(cluster, probes, transports, options)
+        phases["data-plane"] = time.monotonic() - t0
         return probes
     finally:
         for transport in transports.values():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 CLUSTER = "(cluster)"   # the `host` of a finding about the cluster as a whole
@@ -23,6 +23,7 @@ class Report:
     hosts: list[str]
     findings: list[Finding]
     elapsed_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)   # seconds per phase, for benchmarks
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,97 @@
+"""Doctor's wall time on 2, 4, 8 and 16 loopback hosts (tests/sshcluster.py), against the floor this
+machine puts under any all-to-all check: N*(N-1) concurrent OpenSSH logins started directly.
+
+    .venv/bin/python benchmarks/bench_doctor.py [--sizes 2,4,8,16] [--repeat 3]
+
+Prints a table and writes benchmarks/results/doctor.json. Every figure is a median of --repeat runs after
+one warm-up run per size (which records host keys). All hosts share this machine's CPU, so the work of an
+all-to-all check grows as N^2 here, where on real hosts each machine does its own N-1 in parallel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from sshcluster import SSHCluster  # noqa: E402
+
+from clusterctl.doctor import DoctorOptions, run_doctor  # noqa: E402
+from clusterctl.inventory import load  # noqa: E402
+
+
+def raw_all_to_all(cluster: SSHCluster) -> float:
+    """N*(N-1) `ssh hJ true` started at once from this machine with the cluster's ssh_config."""
+    names = [h.name for h in cluster.hosts]
+    start = time.monotonic()
+    procs = [subprocess.Popen(["ssh", "-F", str(cluster.ssh_config), dst, "true"], stdin=subprocess.DEVNULL)
+             for src in names for dst in names if dst != src]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise RuntimeError(f"raw ssh failed: {codes}")
+    return time.monotonic() - start
+
+
+def measure(size: int, repeat: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"bench-doctor-{size}-") as tmp:
+        cluster = SSHCluster(tmp, size).start()
+        try:
+            inventory = load(cluster.inventory)
+            run_doctor(inventory, DoctorOptions(deep=False))          # warm-up: host keys, page cache
+            runs = {"shallow": [], "deep": [], "raw": []}
+            phases = []
+            for _ in range(repeat):
+                r = run_doctor(inventory, DoctorOptions(deep=False))
+                assert r.ok, [f.detail for f in r.findings if f.status != "pass"]
+                runs["shallow"].append(r.elapsed_s)
+                phases.append(r.phases)
+                r = run_doctor(inventory, DoctorOptions(deep=True))
+                assert r.ok, [f.detail for f in r.findings if f.status != "pass"]
+                runs["deep"].append(r.elapsed_s)
+                runs["raw"].append(raw_all_to_all(cluster))
+            med = {k: statistics.median(v) for k, v in runs.items()}
+            med["probe"] = statistics.median(p["probe"] for p in phases)
+            med["data-plane"] = statistics.median(p["data-plane"] for p in phases)
+            med["checks"] = len(r.findings)
+            return med
+        finally:
+            cluster.stop_all()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2,4,8,16")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    results = {size: measure(size, args.repeat) for size in sizes}
+    base = results[sizes[0]]
+    print(f"{'hosts':>5} {'checks':>6} {'doctor':>8} {'probe':>7} {'dataplane':>9} {'deep':>7} "
+          f"{'raw N(N-1) ssh':>14} {'doctor/raw':>10} {f'vs {sizes[0]} hosts':>11}")
+    for size, m in results.items():
+        print(f"{size:>5} {m['checks']:>6} {m['shallow']:>7.2f}s {m['probe']:>6.2f}s {m['data-plane']:>8.2f}s "
+              f"{m['deep']:>6.2f}s {m['raw']:>13.2f}s {m['shallow'] / m['raw']:>10.2f} "
+              f"{m['shallow'] / base['shallow']:>10.2f}x")
+    record = {"benchmark": "doctor", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+              "python": platform.python_version(), "repeat": args.repeat,
+              "results": {str(k): {kk: round(vv, 3) for kk, vv in v.items()} for k, v in results.items()}}
+    out = os.path.join(HERE, "results", "doctor.json")
+    with open(out + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(out + ".tmp", out)
+    print(f"wrote {os.path.relpath(out)}")
+
+
+if __name__ == "__main__":
+    main()
