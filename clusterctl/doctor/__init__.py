@@ -71,7 +71,7 @@ def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
     def probe(host: Host) -> HostProbe:
         script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir,
                               peers=[n for n in names if n != host.name], ssh_options=ssh_options,
-                              ssh_config=cluster.ssh_config)
+                              ssh_config=cluster.ssh_config, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
         sent = time.time()
         transport = transports[host.name] = connector.transport(host)
         t0 = time.monotonic()
@@ -138,7 +138,8 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
         return []
     broken = [p.host.name for p in probes if p.facts is None]
     basics = ("ssh", "ssh-mesh", "python", "mlx")
-    needs = {"mpi-smoke": basics + ("mpirun", "libmpi"), "ring-smoke": basics + ("data-plane",)}
+    # libmpi is not a prerequisite: its search is a heuristic, and the smoke test is the real answer
+    needs = {"mpi-smoke": basics + ("mpirun",), "ring-smoke": basics + ("data-plane",)}
     skipped, wanted = [], {"mpi-smoke": mpi_wanted, "ring-smoke": ring_wanted}
     for check, prerequisites in needs.items():
         if not wanted[check]:

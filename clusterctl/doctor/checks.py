@@ -222,6 +222,15 @@ def libmpi(p: HostProbe, backend: str) -> list[Finding]:
     f = p.facts
     if f is None:
         return []
+    override = p.host.env_dict.get("MLX_MPI_LIBNAME")
+    if override:
+        if f.get("libname_exists") == "no":
+            found = choose_libmpi(f)
+            return [Finding("libmpi", p.host.name, FAIL, f"the inventory's env sets MLX_MPI_LIBNAME={override}, "
+                            "which does not exist on this host",
+                            f"point MLX_MPI_LIBNAME at the Open MPI libmpi" + (f" ({found})" if found else "")
+                            + ", or remove it and let clusterctl find libmpi")]
+        return [Finding("libmpi", p.host.name, PASS, f"MLX_MPI_LIBNAME={override} (from the inventory)")]
     chosen = choose_libmpi(f)
     if chosen is None:
         return [Finding("libmpi", p.host.name, FAIL if backend == "mpi" else WARN,

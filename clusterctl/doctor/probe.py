@@ -4,6 +4,7 @@ It is POSIX sh (python may be the very thing that is broken) and runs through th
 session a launcher would use, so PATH and friends are what mpirun will see. It prints one JSON object per
 line; anything else on stdout (a chatty ~/.bashrc) is ignored by the parser. In one round trip it:
   - starts `ssh` to every peer in the background, with the options mpirun will use (the all-to-all check),
+    and likewise the slow facts (python + mlx import, mpirun --version),
   - gathers facts: OS, tools on PATH, python + mlx + mpi4py versions, mpirun, libmpi, disk, clock, interfaces.
 A second, short round trip runs the TCP data-plane probe (DATAPLANE: listen on this host's ring port,
 connect to every peer's) on all reachable hosts at once.
@@ -124,14 +125,14 @@ j release "$(uname -r)"
 j path "$PATH"
 p=$(command -v "$PY" 2>/dev/null)
 j python_path "$p"
-if [ -n "$p" ]; then j python_info "$("$PY" -c {python_info} 2>&1 </dev/null)"; fi
+if [ -n "$p" ]; then ( j python_info "$("$PY" -c {python_info} 2>&1 </dev/null)" >"$T/python" ) & fi
 m=$(command -v mpirun 2>/dev/null)
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
   mr=$(readlink -f "$m" 2>/dev/null || printf '%s' "$m")
   j mpirun_real "$mr"
-  j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)"
+  ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" >"$T/mpirun" ) &
   mdir=$(dirname "$(dirname "$mr")")/lib
 fi
 r=$(command -v rsync 2>/dev/null)
@@ -143,6 +144,9 @@ for d in "$LIBDIR" "$mdir" {libmpi_dirs}; do
     if [ -e "$d/$n" ]; then j libmpi "$d/$n"; fi
   done
 done
+if [ -n {mpi_libname} ]; then
+  if [ -e {mpi_libname} ]; then j libname_exists yes; else j libname_exists no; fi
+fi
 d=$WD
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
@@ -150,7 +154,7 @@ j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
 if [ "$(uname -s)" = Darwin ]; then j sip "$(csrutil status 2>&1)"; fi
 {ssh_config_check}
 wait
-cat "$T"/mesh.* 2>/dev/null
+cat "$T"/python "$T"/mpirun "$T"/mesh.* 2>/dev/null
 j done 1
 """
 
@@ -165,7 +169,7 @@ class DataplaneSpec:
 
 
 def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: list[str],
-                 ssh_options: list[str], ssh_config: str | None) -> str:
+                 ssh_options: list[str], ssh_config: str | None, mpi_libname: str | None = None) -> str:
     """The probe for one host. Every value from the inventory is quoted; python and paths keep `~`."""
     cfg = ""
     if ssh_config:
@@ -178,6 +182,7 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
         python_info=shlex.quote(PYTHON_INFO),
         libmpi_dirs=" ".join(d if d.startswith("${") else shlex.quote(d) for d in LIBMPI_DIRS),
         libmpi_names=" ".join(LIBMPI_NAMES), ssh_config_check=cfg,
+        mpi_libname=quote_path(mpi_libname) if mpi_libname else "''",
     ).replace('for peer in \'\'; do', 'for peer in; do')
 
 
