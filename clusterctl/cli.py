@@ -191,6 +191,84 @@ def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, st
     sys.exit(0 if report.ok else 1)
 
 
+# ---- hostfile ---------------------------------------------------------------------------------
+
+@command("clusterctl hostfile --hosts inventory.yaml -o hosts.txt --print-command -- /path/train.py")
+@hosts_option
+@click.option("--format", "fmt", type=click.Choice(["openmpi", "mpich", "mlx"]), default="openmpi",
+              show_default=True, help="openmpi: `host slots=N`; mpich: `host:N`; mlx: mlx.launch's JSON.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here (default: standard output).")
+@click.option("--template", type=click.Path(exists=True, dir_okay=False), help="Your own template (see templates/).")
+@click.option("--print-command", is_flag=True,
+              help="Also print the mpirun (or mlx.launch) line for SCRIPT, with the environment and tuning "
+                   "`run` would use (asks every host over SSH where libmpi is).")
+@click.option("--connect-timeout", default=5.0, show_default=True, help="Seconds to wait for SSH.")
+@click.argument("program", nargs=-1, type=click.UNPROCESSED)
+def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_timeout, program):
+    """Write an Open MPI, MPICH or mlx.launch hostfile (and the launch line)."""
+    import shlex
+
+    from .hostfile import render
+
+    if print_command and not program:
+        raise click.UsageError("--print-command needs the script: ... --print-command -- SCRIPT [ARGS]")
+    if program and not print_command:
+        raise click.UsageError("a script is only used with --print-command")
+    if print_command and not output:
+        raise click.UsageError("--print-command needs -o FILE: the printed command refers to the hostfile")
+    if print_command and fmt == "mpich":
+        raise click.UsageError("MLX's mpi backend needs Open MPI: --print-command works with openmpi or mlx")
+    cluster = _load(inventory_path)
+    plan = None
+    if print_command:
+        from .plan import discover
+        from .remote import Connector
+        plan = discover(Connector(cluster, connect_timeout=connect_timeout))
+    text_template = None
+    if template:
+        with open(template, encoding="utf-8") as f:
+            text_template = f.read()
+    backend = cluster.launch.backend if cluster.launch.backend != "mpi" else "ring"
+    text = render(cluster, fmt, text_template, backend=backend, env=plan.env if plan else cluster.hosts[0].env_dict,
+                  template_name=template or fmt)
+    if output:
+        _write_atomically(output, text)
+    else:
+        click.echo(text, nl=False)
+    if print_command:
+        from .launch import mlx_launch_argv, mpirun_argv
+        from .sshconfig import rsh_agent
+
+        python = cluster.hosts[0].python
+        if fmt == "openmpi":
+            argv = mpirun_argv(cluster, hostfile=os.path.abspath(output), program=[python, *program], env=plan.env,
+                               rsh_agent=rsh_agent(cluster, connect_timeout=connect_timeout),
+                               if_include=plan.if_include, as_root=os.geteuid() == 0)
+            click.echo(shlex.join(argv))
+        else:
+            import shutil
+
+            from .launch import ssh_shim
+            from .sshconfig import openssh_options
+
+            ssh = shutil.which("ssh")
+            if ssh is None:
+                raise click.UsageError("mlx.launch needs the OpenSSH client (ssh) on this machine")
+            shim_dir = os.path.abspath(output) + ".ssh"
+            os.makedirs(shim_dir, exist_ok=True)
+            shim = os.path.join(shim_dir, "ssh")
+            _write_atomically(shim, ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
+            os.chmod(shim, 0o755)
+            from .doctor.smoke import find_mlx_launch
+
+            launcher = find_mlx_launch()
+            if launcher is None:
+                raise click.UsageError("mlx.launch is not installed on this machine (pip install mlx)")
+            argv = mlx_launch_argv(cluster, hostfile=os.path.abspath(output), backend=backend, python=python,
+                                   program=list(program), env={}, launcher=launcher)
+            click.echo(f'PATH={shlex.quote(shim_dir)}:"$PATH" {shlex.join(argv)}')
+
+
 # ---- init -------------------------------------------------------------------------------------
 
 @command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")

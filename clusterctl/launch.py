@@ -1,18 +1,14 @@
-"""Pure builders for launcher command lines: the OpenMPI hostfile and the mpirun argv.
+"""Pure builders for launcher command lines: mpirun and mlx.launch (hostfiles: hostfile.py).
 
 One source of truth for every `--mca`: clusterctl's own settings, with any `--mca KEY VALUE` in the
 inventory's mpi.extra_args replacing ours for the same KEY instead of repeating it.
 """
 from __future__ import annotations
 
+import shlex
 from typing import Mapping, Sequence
 
 from .inventory import Cluster
-
-
-def render_openmpi_hostfile(cluster: Cluster) -> str:
-    """`name slots=N`, one line per host, in rank order (OpenMPI fills each host's slots in turn)."""
-    return "".join(f"{h.name} slots={h.slots}\n" for h in cluster.hosts)
 
 
 def mca_settings(cluster: Cluster, rsh_agent: str, if_include: str | None) -> dict[str, str]:
@@ -55,3 +51,21 @@ def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env:
     for key, value in env.items():
         argv += ["-x", f"{key}={value}"]
     return argv + rest + ["--", *program]
+
+
+def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: str, program: Sequence[str],
+                    env: Mapping[str, str], cwd: str | None = None, launcher: Sequence[str] = ("mlx.launch",)) -> list[str]:
+    """mlx.launch's command line. It does not put python in front of the program itself (0.32), hence
+    --python; the JSON hostfile carries the hosts and their data-plane addresses."""
+    argv = [*launcher, "--hostfile", hostfile, "--backend", backend, "--python", python]
+    if cwd:
+        argv += ["--cwd", cwd]
+    for key, value in env.items():
+        argv += ["--env", f"{key}={value}"]
+    return argv + ["--", *program]
+
+
+def ssh_shim(ssh: str, options: Sequence[str]) -> str:
+    """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST`, so the inventory's options
+    (ssh_config, BatchMode, ConnectTimeout, host key policy) reach it only through a wrapper."""
+    return "#!/bin/sh\nexec " + shlex.join([ssh, *options]) + ' "$@"\n'

@@ -153,20 +153,18 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
     if not (mpi_wanted or ring_wanted):
         return skipped
 
-    first = probes[0]
-    env = dict(cluster.hosts[0].env_dict)
-    libmpi = checks.choose_libmpi(first.facts)
-    if libmpi:
-        env = {**checks.libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
-    subnet = checks.shared_subnet(probes)
+    from ..plan import plan_from_probes
+
+    plan = plan_from_probes(cluster, probes)
+    libmpi = checks.choose_libmpi(probes[0].facts)
     python = cluster.hosts[0].python
     jobs = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         if mpi_wanted:
             jobs.append(pool.submit(
-                smoke.mpi_smoke, cluster, python=python, env=env,
+                smoke.mpi_smoke, cluster, python=python, env=plan.env,
                 rsh_agent=rsh_agent(cluster, options.host_key_checking, options.connect_timeout),
-                if_include=str(subnet) if subnet else None, timeout=options.smoke_timeout, libmpi_hint=libmpi))
+                if_include=plan.if_include, timeout=options.smoke_timeout, libmpi_hint=libmpi))
         if ring_wanted:
             jobs.append(pool.submit(smoke.ring_smoke, cluster, python=python, env=cluster.hosts[0].env_dict,
                                     ssh_options=ssh_options, timeout=options.smoke_timeout))

@@ -228,7 +228,7 @@ def libmpi(p: HostProbe, backend: str) -> list[Finding]:
             found = choose_libmpi(f)
             return [Finding("libmpi", p.host.name, FAIL, f"the inventory's env sets MLX_MPI_LIBNAME={override}, "
                             "which does not exist on this host",
-                            f"point MLX_MPI_LIBNAME at the Open MPI libmpi" + (f" ({found})" if found else "")
+                            "point MLX_MPI_LIBNAME at the Open MPI libmpi" + (f" ({found})" if found else "")
                             + ", or remove it and let clusterctl find libmpi")]
         return [Finding("libmpi", p.host.name, PASS, f"MLX_MPI_LIBNAME={override} (from the inventory)")]
     chosen = choose_libmpi(f)

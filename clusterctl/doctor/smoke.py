@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -15,7 +14,8 @@ from typing import Mapping
 
 from ..errors import ClusterctlError
 from ..inventory import Cluster
-from ..launch import mpirun_argv, render_openmpi_hostfile
+from ..hostfile import render as render_hostfile
+from ..launch import mlx_launch_argv, mpirun_argv, ssh_shim
 from ..transport import LocalTransport, Result
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
@@ -85,7 +85,7 @@ def mpi_smoke(cluster: Cluster, *, python: str, env: Mapping[str, str], rsh_agen
     with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
         hostfile = os.path.join(tmp, "hostfile")
         with open(hostfile, "w") as f:
-            f.write(render_openmpi_hostfile(cluster))
+            f.write(render_hostfile(cluster, "openmpi"))
         argv = mpirun_argv(cluster, hostfile=hostfile, program=[python, "-c", SMOKE_PROGRAM, "mpi",
                                                                  str(cluster.world_size)],
                            env=env, rsh_agent=rsh_agent, if_include=if_include, as_root=os.geteuid() == 0,
@@ -111,15 +111,11 @@ def ring_smoke(cluster: Cluster, *, python: str, env: Mapping[str, str], ssh_opt
         os.chmod(shim, 0o755)
         hostfile = os.path.join(tmp, "hosts.json")
         with open(hostfile, "w") as f:
-            json.dump(mlx_hostfile(cluster, "ring", env), f)
-        argv = [*launcher, "--hostfile", hostfile, "--backend", "ring", "--python", python, "--",
-                "-c", SMOKE_PROGRAM, "ring", str(cluster.world_size)]
+            f.write(render_hostfile(cluster, "mlx", backend="ring", env=env))
+        argv = mlx_launch_argv(cluster, hostfile=hostfile, backend="ring", python=python, env={},
+                               program=["-c", SMOKE_PROGRAM, "ring", str(cluster.world_size)], launcher=launcher)
         path = tmp + os.pathsep + os.environ.get("PATH", "")
         return _run(cluster, "ring-smoke", "mlx.launch", argv, {"PATH": path}, timeout, None)
-
-
-def ssh_shim(ssh: str, options: list[str]) -> str:
-    return "#!/bin/sh\nexec " + shlex.join([ssh, *options]) + ' "$@"\n'
 
 
 def ring_ready(cluster: Cluster) -> bool:
@@ -128,17 +124,6 @@ def ring_ready(cluster: Cluster) -> bool:
     if len(cluster.hosts) == 1 and cluster.hosts[0].local:
         return cluster.world_size > 1
     return len(cluster.hosts) > 1 and all(h.address for h in cluster.hosts)
-
-
-def mlx_hostfile(cluster: Cluster, backend: str, env: Mapping[str, str]) -> dict:
-    """mlx.launch's JSON hostfile, one entry per rank. This machine is `127.0.0.1`, the one name
-    mlx.launch runs without ssh."""
-    hosts = []
-    for h in cluster.hosts:
-        entry = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} if h.local else \
-                {"ssh": h.name, "ips": [h.address] if h.address else []}
-        hosts += [entry] * h.slots
-    return {"backend": backend, "envs": [f"{k}={v}" for k, v in env.items()], "hosts": hosts}
 
 
 def find_mlx_launch() -> list[str] | None:

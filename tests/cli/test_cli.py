@@ -146,3 +146,31 @@ def test_ctrl_c_during_local_exec_kills_the_local_command():
     while running() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running()
+
+
+def test_hostfile_to_stdout_and_its_usage_errors(tmp_path):
+    local = os.path.join(REPO, "inventory", "local.yaml")
+    r = clusterctl("hostfile", "--hosts", local)
+    assert r.returncode == 0 and r.stdout.splitlines()[1:] == ["localhost slots=2"]
+    r = clusterctl("hostfile", "--hosts", local, "--format", "mpich")
+    assert r.stdout.splitlines()[1:] == ["localhost:2"]
+    for args, words in [(["--print-command"], "needs the script"),
+                        (["--print-command", "--", "t.py"], "needs -o FILE"),
+                        (["--format", "mpich", "-o", str(tmp_path / "h"), "--print-command", "--", "t.py"], "Open MPI"),
+                        (["--", "t.py"], "only used with --print-command")]:
+        r = clusterctl("hostfile", "--hosts", local, *args)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    bad = tmp_path / "bad.tmpl"
+    bad.write_text("@host $nmae\n")
+    r = clusterctl("hostfile", "--hosts", local, "--template", str(bad))
+    assert (r.returncode, r.stderr) == (2, f"error: {bad}: unknown placeholder $nmae\n")
+
+
+def test_hostfile_print_command_on_this_machine(tmp_path):
+    out = tmp_path / "hf"
+    r = clusterctl("hostfile", "--hosts", os.path.join(REPO, "inventory", "local.yaml"), "-o", str(out),
+                   "--print-command", "--", "/srv/train.py", "--steps", "10")
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().splitlines()[1:] == ["localhost slots=2"]
+    line = r.stdout.strip()
+    assert f"--hostfile {out} -np 2" in line and line.endswith(f"-- {sys.executable} /srv/train.py --steps 10")

@@ -1,6 +1,5 @@
 """doctor against the real loopback sshd cluster, with real mpirun and mlx.launch."""
 import json
-import os
 import subprocess
 import sys
 import time

@@ -8,7 +8,8 @@ from clusterctl.doctor import checks
 from clusterctl.doctor.checks import HostProbe
 from clusterctl.doctor.probe import DataplaneSpec, Facts, dataplane_command, parse_probe, probe_script
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
-from clusterctl.doctor.smoke import judge, mlx_hostfile, ring_ready
+from clusterctl.doctor.smoke import judge, ring_ready
+from clusterctl.hostfile import render as render_hostfile
 from clusterctl.inventory import parse
 from clusterctl.transport import Result
 
@@ -242,11 +243,11 @@ def test_judge_smoke_output():
 def test_mlx_hostfile_and_ring_readiness():
     local = parse("hosts: [{name: localhost, local: true, slots: 2}]\n", "i.yaml")
     assert ring_ready(local)
-    assert mlx_hostfile(local, "ring", {"A": "1"}) == {
+    assert json.loads(render_hostfile(local, "mlx", backend="ring", env={"A": "1"})) == {
         "backend": "ring", "envs": ["A=1"], "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2}
     assert ring_ready(CLUSTER4)
     assert not ring_ready(parse("hosts: [a, b]\n", "i.yaml"))
-    assert mlx_hostfile(CLUSTER4, "ring", {})["hosts"][2] == {"ssh": "h3", "ips": ["192.168.10.3"]}
+    assert json.loads(render_hostfile(CLUSTER4, "mlx"))["hosts"][2] == {"ssh": "h3", "ips": ["192.168.10.3"]}
 
 
 def test_report_json_shape_table_and_matrix():

@@ -1,7 +1,6 @@
 import getpass
 import os
 import shutil
-import textwrap
 
 import pytest
 

@@ -1,5 +1,4 @@
 """LocalTransport and the shell-quoting builders, run through a real /bin/sh."""
-import os
 import shlex
 import subprocess
 import time

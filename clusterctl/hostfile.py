@@ -1,0 +1,72 @@
+"""Hostfiles rendered from templates/: Open MPI (`name slots=N`), MPICH (`name:N`) and mlx.launch JSON.
+
+Text templates use one convention: a line starting with `@host ` is repeated for every host, in rank order,
+with $name, $slots, $rank, $address, $python and $workdir; every other line is rendered once with
+$inventory and $version. The mlx.launch JSON template fills whole JSON values: $backend, $envs, $hosts.
+A placeholder without a value is an error, never left in the output.
+"""
+from __future__ import annotations
+
+import json
+import string
+from typing import Mapping
+
+from . import __version__
+from .errors import ClusterctlError
+from .inventory import Cluster
+from .resources import template_text
+
+FORMATS = {"openmpi": "hostfile.openmpi.tmpl", "mpich": "hostfile.mpich.tmpl", "mlx": "hostfile.mlx.json.tmpl"}
+
+
+class TemplateError(ClusterctlError):
+    exit_code = 2
+
+
+def render(cluster: Cluster, fmt: str, template: str | None = None, *, backend: str | None = None,
+           env: Mapping[str, str] | None = None, template_name: str = "template") -> str:
+    text = template if template is not None else template_text(FORMATS[fmt])
+    try:
+        if fmt == "mlx":
+            return _render_mlx(cluster, text, backend or cluster.launch.backend,
+                               env if env is not None else cluster.hosts[0].env_dict)
+        return _render_lines(cluster, text)
+    except KeyError as e:
+        raise TemplateError(f"{template_name}: unknown placeholder ${e.args[0]}") from None
+    except ValueError as e:
+        raise TemplateError(f"{template_name}: {e}") from None
+
+
+def _render_lines(cluster: Cluster, text: str) -> str:
+    once = {"inventory": cluster.path, "version": __version__}
+    out = []
+    for line in text.splitlines():
+        if line.startswith("@host "):
+            body = string.Template(line[len("@host "):])
+            for h in cluster.hosts:
+                out.append(body.substitute(once, name=h.name, slots=h.slots, rank=h.rank,
+                                           address=h.address or "", python=h.python, workdir=h.workdir))
+        else:
+            out.append(string.Template(line).substitute(once))
+    return "\n".join(out) + "\n"
+
+
+def mlx_hosts(cluster: Cluster) -> list[dict]:
+    """mlx.launch's host list, one entry per rank. This machine is `127.0.0.1`, the only name mlx.launch
+    runs without ssh."""
+    hosts = []
+    for h in cluster.hosts:
+        entry = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} if h.local else \
+                {"ssh": h.name, "ips": [h.address] if h.address else []}
+        hosts += [entry] * h.slots
+    return hosts
+
+
+def _render_mlx(cluster: Cluster, text: str, backend: str, env: Mapping[str, str]) -> str:
+    rendered = string.Template(text).substitute(
+        backend=json.dumps(backend), envs=json.dumps([f"{k}={v}" for k, v in env.items()]),
+        hosts=json.dumps(mlx_hosts(cluster)))
+    try:
+        return json.dumps(json.loads(rendered), indent=2) + "\n"
+    except ValueError as e:
+        raise ValueError(f"the rendered mlx.launch hostfile is not JSON: {e}") from None

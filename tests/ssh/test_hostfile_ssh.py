@@ -1,0 +1,44 @@
+"""`clusterctl hostfile --print-command`: the printed line, pasted into a shell, runs the job."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.ssh
+
+SCRIPT = """\
+import json, sys
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[1], strict=True)
+x = mx.distributed.all_sum(mx.ones(4), group=g)
+mx.eval(x)
+print(json.dumps({"rank": g.rank(), "size": g.size(), "sum": x.tolist(), "arg": sys.argv[2]}), flush=True)
+"""
+
+
+def printed_line(cluster, tmp_path, fmt, output, *program):
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "hostfile", "--hosts", str(cluster.inventory),
+                        "--format", fmt, "-o", str(tmp_path / output), "--print-command", "--", *program],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("fmt,backend,output", [("openmpi", "mpi", "hostfile"), ("mlx", "ring", "hosts.json")])
+def test_the_printed_command_works_as_printed(make_cluster, tmp_path, fmt, backend, output):
+    cluster = make_cluster(2)
+    script = tmp_path / "allsum.py"
+    script.write_text(SCRIPT)
+    odd = "it's a $(touch pwned) test"
+    line = printed_line(cluster, tmp_path, fmt, output, str(script), backend, odd)
+    assert line.split()[0].endswith(("mpirun", "mlx.launch")) or line.startswith("PATH=")
+    run = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    ranks = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert all(r["size"] == 2 and r["sum"] == [2.0] * 4 and r["arg"] == odd for r in ranks)
+    assert not (tmp_path / "pwned").exists()
+    if fmt == "openmpi":
+        assert (tmp_path / output).read_text().splitlines()[1:] == ["h1 slots=1", "h2 slots=1"]
+        assert "-x LD_LIBRARY_PATH=" in line and "btl_tcp_if_include 127.0.0.0/8" in line
