@@ -269,6 +269,63 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
             click.echo(f'PATH={shlex.quote(shim_dir)}:"$PATH" {shlex.join(argv)}')
 
 
+# ---- run --------------------------------------------------------------------------------------
+
+@command("clusterctl run train.py --hosts inventory.yaml -- --lr 3e-4")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
+              help="The inventory. Default: this machine, 2 ranks, ring backend.")
+@click.option("--backend", type=click.Choice(["mpi", "ring", "jaccl"]), help="Default: the inventory's launch.backend.")
+@click.option("--dry-run", is_flag=True, help="Print the command and environment; launch nothing.")
+@click.option("--no-preflight", is_flag=True, help="Skip checking SSH, python and the script on every host first.")
+@click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (every rank is still logged).")
+@click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
+@click.option("--hang-timeout", type=float, metavar="S", help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
+@click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
+@click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
+def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
+            runs_dir, connect_timeout):
+    """Launch SCRIPT on every rank over mpirun or mlx.launch and supervise it."""
+    from .doctor.smoke import find_mlx_launch
+    from .inventory import parse
+    from .plan import LaunchPlan, discover
+    from .remote import Connector
+    from .supervise import prepare, supervise
+
+    if inventory_path:
+        cluster = _load(inventory_path)
+    else:
+        cluster = parse("hosts: [{name: localhost, local: true, slots: 2}]\nlaunch: {backend: ring}\n",
+                        "(this machine)", base_dir=os.getcwd())
+    backend = backend or cluster.launch.backend
+    connector = Connector(cluster, connect_timeout=connect_timeout)
+    if no_preflight or dry_run:
+        plan = LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include)
+    else:
+        plan = discover(connector, script=script)
+    launcher = find_mlx_launch() if backend != "mpi" else None
+    launch = prepare(cluster, plan, script=script, args=list(args), backend=backend, runs_root=runs_dir,
+                     connect_timeout=connect_timeout, launcher=launcher)
+    if dry_run:
+        click.echo(json.dumps(launch.describe(), indent=2))
+        return
+    click.echo(f"run {launch.run_id}: {cluster.world_size} ranks over {backend}; logs in {launch.run_dir}", err=True)
+    outcome = supervise(launch, connector, emit=lambda text, err: click.echo(text, err=err), rank0_only=rank0_only,
+                        start_timeout=start_timeout, hang_timeout=hang_timeout)
+    if outcome.exit_code == 0:
+        click.echo(f"run {launch.run_id}: {outcome.reason}", err=True)
+        return
+    click.secho(f"run {launch.run_id} failed: {outcome.reason}", fg="red", err=True)
+    if outcome.failed_rank is not None:
+        log = os.path.join(launch.run_dir, f"rank-{outcome.failed_rank}.log")
+        if outcome.tail:
+            click.echo(f"last lines of {log}:", err=True)
+            for line in outcome.tail:
+                click.echo(f"  {line}", err=True)
+    sys.exit(outcome.exit_code if 0 < outcome.exit_code < 256 else 1)
+
+
 # ---- init -------------------------------------------------------------------------------------
 
 @command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from .doctor import checks
 from .doctor.checks import HostProbe
 from .doctor.probe import parse_probe, probe_script
-from .errors import ConnectError
+from .errors import ClusterctlError, ConnectError
 from .fanout import run_all
 from .inventory import Cluster
 from .remote import Connector
+from .transport import quote_path
 
 
 @dataclass(frozen=True)
@@ -29,19 +30,37 @@ def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
     return LaunchPlan(env, cluster.mpi.if_include or (str(subnet) if subnet else None))
 
 
-def discover(connector: Connector, timeout: float = 30.0) -> LaunchPlan:
-    """Probe every host at once (no peer checks) and plan from what they report."""
+def discover(connector: Connector, timeout: float = 30.0, script: str | None = None) -> LaunchPlan:
+    """Probe every host at once (no peer checks) and plan from what they report. With `script`, this is
+    also the pre-flight of a run: every host must be reachable, with its python and the script (a path
+    relative to the host's workdir, or absolute) in place; the first host that fails is named."""
     cluster = connector.cluster
 
     def probe(host):
-        script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir, peers=[],
-                              ssh_options=[], ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
+        text = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir, peers=[],
+                            ssh_options=[], ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
+        if script is not None:
+            where = script if script.startswith(("/", "~")) else f"{host.workdir.rstrip('/')}/{script}"
+            text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"
         with connector.transport(host) as t:
-            return HostProbe(host, parse_probe(t.run(script, timeout=timeout).stdout))
+            facts = parse_probe(t.run(text, timeout=timeout).stdout)
+        if script is not None:
+            if not facts.get("python_path"):
+                raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
+                                     "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
+            if facts.get("script") != "yes":
+                raise PreflightError(f"{host.name}: {where} does not exist there (copy it, or `clusterctl sync` "
+                                     "when that lands; --no-preflight skips this check)")
+        return HostProbe(host, facts)
 
     group = run_all(cluster.hosts, probe, deadline=connector.connect_timeout + timeout + 5)
-    if group.failed:
-        name, outcome = next(iter(group.failed.items()))
+    for name, outcome in group.failed.items():
+        if isinstance(outcome.error, PreflightError):
+            raise outcome.error
         raise ConnectError(name, str(outcome.error).removeprefix(f"{name}: ") +
                            " (run `clusterctl doctor` for the whole picture)")
     return plan_from_probes(cluster, [o.value for o in group.values()])
+
+
+class PreflightError(ClusterctlError):
+    """A host is not ready for the launch (exit 1)."""

@@ -1,0 +1,92 @@
+"""The few lines every rank runs before the user's script, passed as `python -c BOOTSTRAP ...`.
+
+It needs nothing but the standard library (hosts need not have clusterctl installed) and sits between the
+launcher and the script without a shell (macOS SIP would strip DYLD_* through /bin/sh). It:
+  - re-emits every line the rank writes on fd 1 and 2 (C extensions included) tagged with rank and stream,
+    so one parser serves mpirun and mlx.launch alike;
+  - sends a heartbeat every HEARTBEAT seconds from a thread of the rank itself: a stopped or wedged process
+    stops beating, a busy one does not;
+  - changes to the working directory (expanding ~ on the host, creating it if missing), runs the script as
+    __main__ with its arguments, and reports the exit code.
+Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | exit.
+"""
+
+MARK = "\x1eclusterctl "
+
+BOOTSTRAP = r'''
+import os, runpy, socket, sys, threading, time, traceback
+run_id, workdir, beat, script, *args = sys.argv[1:]
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
+tag = ("\x1eclusterctl %s " % rank).encode()
+real_out = os.fdopen(os.dup(1), "wb", buffering=0)
+lock = threading.Lock()
+def emit(kind, payload=b""):
+    with lock:
+        real_out.write(tag + kind.encode() + b" " + payload.replace(b"\r", b"") + b"\n")
+emit("start", socket.gethostname().encode())
+def pump(fd, kind):
+    rest = b""
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        for chunk in iter(lambda: f.read(65536), b""):
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                emit(kind, line)
+    if rest:
+        emit(kind, rest)
+saved, pumps = {}, []
+for fd, kind in ((1, "out"), (2, "err")):
+    r, w = os.pipe()
+    saved[fd] = os.dup(fd)
+    os.dup2(w, fd)
+    os.close(w)
+    t = threading.Thread(target=pump, args=(r, kind), daemon=True)
+    t.start()
+    pumps.append(t)
+sys.stdout.reconfigure(line_buffering=True)
+sys.stderr.reconfigure(line_buffering=True)
+def heartbeat():
+    while True:
+        time.sleep(float(beat))
+        emit("hb")
+threading.Thread(target=heartbeat, daemon=True).start()
+code = 0
+try:
+    wd = os.path.expanduser(workdir)
+    os.makedirs(wd, exist_ok=True)
+    os.chdir(wd)
+    path = os.path.abspath(os.path.expanduser(script))
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(path))
+    runpy.run_path(path, run_name="__main__")
+except SystemExit as e:
+    if isinstance(e.code, int):
+        code = e.code
+    elif e.code is not None:
+        print(e.code, file=sys.stderr)
+        code = 1
+except BaseException:
+    traceback.print_exc()
+    code = 1
+sys.stdout.flush()
+sys.stderr.flush()
+for fd, orig in saved.items():
+    os.dup2(orig, fd)
+for t in pumps:
+    t.join(2)
+emit("exit", str(code).encode())
+os._exit(code)
+'''
+
+
+def parse_line(line: str) -> tuple[int, str, str] | None:
+    """(rank, kind, payload) for a tagged line, None for anything else (the launcher's own output).
+    A pty (mlx.launch's ssh -tt) may put text or \\r before the mark: the mark is searched for."""
+    at = line.find(MARK)
+    if at < 0:
+        return None
+    rank, _, rest = line[at + len(MARK):].rstrip("\r\n").partition(" ")
+    kind, _, payload = rest.partition(" ")
+    try:
+        return int(rank), kind, payload
+    except ValueError:
+        return None

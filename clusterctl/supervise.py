@@ -1,0 +1,286 @@
+"""Launch a job over mpirun or mlx.launch and supervise it to the end.
+
+    prepare(cluster, ...) -> Launch      what will run: argv, env, run directory (pure but for mkdir)
+    supervise(launch, ...) -> Outcome    run it; stream `[rank N host]` lines; keep per-rank logs
+
+Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagged lines, heartbeats and exit
+codes from each rank whatever the launcher. It stops the job — SIGTERM to the launcher's process group,
+SIGKILL after a grace period, then `pkill -f <run id>` on every host over SSH — when a rank exits non-zero,
+on Ctrl-C, when no rank has started within --start-timeout, or when a started rank has been silent (no
+output, no heartbeat) for --hang-timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+from .bootstrap import BOOTSTRAP, parse_line
+from .errors import ClusterctlError
+from .fanout import run_all
+from .hostfile import render as render_hostfile
+from .inventory import Cluster
+from .launch import mlx_launch_argv, mpirun_argv, ssh_shim
+from .plan import LaunchPlan
+from .remote import Connector
+from .sshconfig import openssh_options, rsh_agent
+
+HEARTBEAT_S = 1.0
+KILL_GRACE_S = 3.0
+EXIT_INTERRUPTED = 130
+TAIL_LINES = 10
+
+
+class LaunchError(ClusterctlError):
+    pass
+
+
+@dataclass
+class Launch:
+    run_id: str
+    run_dir: str
+    backend: str
+    argv: list[str]
+    env: dict[str, str]              # for the launcher process on this machine (PATH for the ssh shim)
+    rank_env: dict[str, str]         # what every rank gets
+    rank_hosts: list[str]            # rank -> host name
+
+    def describe(self) -> dict:
+        return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
+                "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts}
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    reason: str                       # one line: what happened
+    failed_rank: int | None = None
+    tail: list[str] = field(default_factory=list)
+
+
+def rank_hosts(cluster: Cluster) -> list[str]:
+    return [h.name for h in cluster.hosts for _ in range(h.slots)]
+
+
+def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: str, runs_root: str,
+            connect_timeout: float = 10.0, launcher: list[str] | None = None) -> Launch:
+    """Write the run directory (hostfile, ssh shim) and build the launcher command."""
+    run_id = datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    run_dir = os.path.abspath(os.path.join(runs_root, run_id))
+    os.makedirs(run_dir, exist_ok=True)
+    host0 = cluster.hosts[0]
+    rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
+                "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", host0.workdir, str(HEARTBEAT_S), script, *args]
+    env: dict[str, str] = {}
+    if backend == "mpi":
+        hostfile = os.path.join(run_dir, "hostfile")
+        _write(hostfile, render_hostfile(cluster, "openmpi"))
+        argv = mpirun_argv(cluster, hostfile=hostfile, program=[host0.python, *program], env=rank_env,
+                           rsh_agent=rsh_agent(cluster, connect_timeout=connect_timeout),
+                           if_include=plan.if_include, as_root=os.geteuid() == 0)
+    else:
+        hostfile = os.path.join(run_dir, "hosts.json")
+        _write(hostfile, render_hostfile(cluster, "mlx", backend=backend, env={}))
+        if launcher is None:
+            raise LaunchError("mlx.launch is not installed on this machine (pip install mlx)")
+        ssh = _which("ssh")
+        shim_dir = os.path.join(run_dir, "ssh")
+        os.makedirs(shim_dir, exist_ok=True)
+        _write(os.path.join(shim_dir, "ssh"), ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
+        os.chmod(os.path.join(shim_dir, "ssh"), 0o755)
+        env["PATH"] = shim_dir + os.pathsep + os.environ.get("PATH", "")
+        argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=backend, python=host0.python,
+                               program=program, env=rank_env, launcher=launcher)
+    launch = Launch(run_id, run_dir, backend, argv, env, rank_env, rank_hosts(cluster))
+    _write(os.path.join(run_dir, "launch.json"), json.dumps(launch.describe(), indent=2) + "\n")
+    return launch
+
+
+def _which(name: str) -> str:
+    import shutil
+    found = shutil.which(name)
+    if found is None:
+        raise LaunchError(f"{name} is not installed on this machine")
+    return found
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class _Rank:
+    def __init__(self, rank: int, host: str, log_path: str):
+        self.rank, self.host = rank, host
+        self.log = open(log_path, "a", encoding="utf-8", errors="replace")
+        self.started = False
+        self.exit_code: int | None = None
+        self.last_seen = time.monotonic()
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+
+def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
+              rank0_only: bool = False, start_timeout: float | None = None,
+              hang_timeout: float | None = None) -> Outcome:
+    """Run the launcher and watch every rank until the job ends one way or another."""
+    ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
+    launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
+    proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **launch.env}, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    readers = [threading.Thread(target=_read, args=(stream, is_err, lines), daemon=True)
+               for stream, is_err in ((proc.stdout, False), (proc.stderr, True))]
+    for t in readers:
+        t.start()
+    started_at = time.monotonic()
+    outcome: Outcome | None = None
+    previous = _stop_on_signals()
+    try:
+        while outcome is None:
+            try:
+                is_err, line = lines.get(timeout=0.2)
+            except queue.Empty:
+                line = None
+            if line is not None:
+                outcome = _handle(line, is_err, ranks, launcher_log, emit, rank0_only)
+                continue
+            if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
+                outcome = _launcher_ended(proc.returncode, ranks, launcher_log)
+                break
+            outcome = _check_timeouts(ranks, started_at, start_timeout, hang_timeout)
+    except KeyboardInterrupt:
+        outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank")
+    except _Terminated as e:
+        outcome = Outcome(128 + e.signum, f"{signal.Signals(e.signum).name} received: stopped every rank")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if proc.poll() is None or outcome is None or outcome.exit_code != 0:
+            _stop(proc)
+            if connector is not None:
+                sweep(connector, launch.run_id)
+        for r in ranks:
+            r.log.close()
+        launcher_log.close()
+    if outcome.failed_rank is not None:
+        outcome.tail = list(ranks[outcome.failed_rank].tail)
+    return outcome
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def _stop_on_signals() -> dict:
+    """SIGTERM and SIGHUP (a closed terminal) stop the job like Ctrl-C does, instead of leaving it running."""
+    def handler(signum, frame):
+        raise _Terminated(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def _read(stream, is_err: bool, lines: queue.Queue) -> None:
+    for raw in iter(stream.readline, b""):
+        lines.put((is_err, raw.decode(errors="replace").rstrip("\r\n")))
+
+
+def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | None:
+    parsed = parse_line(line)
+    if parsed is None or not 0 <= parsed[0] < len(ranks):
+        launcher_log.write(line + "\n")
+        launcher_log.flush()
+        if line.strip():
+            emit(f"[launcher] {line}", True)
+        return None
+    rank, kind, payload = parsed
+    r = ranks[rank]
+    r.last_seen = time.monotonic()
+    if kind == "start":
+        r.started = True
+    elif kind in ("out", "err"):
+        r.log.write(payload + "\n")
+        r.log.flush()
+        r.tail.append(payload)
+        if not rank0_only or rank == 0:
+            emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
+    elif kind == "exit":
+        r.exit_code = int(payload) if payload.lstrip("-").isdigit() else 1
+        if r.exit_code != 0:
+            return Outcome(r.exit_code, f"rank {rank} on {r.host} exited {r.exit_code}", failed_rank=rank)
+        if all(x.exit_code == 0 for x in ranks):
+            return Outcome(0, f"all {len(ranks)} ranks finished")
+    return None
+
+
+def _launcher_ended(code: int, ranks, launcher_log) -> Outcome:
+    if code == 0 and all(r.exit_code == 0 for r in ranks):
+        return Outcome(0, f"all {len(ranks)} ranks finished")
+    missing = [r for r in ranks if r.exit_code is None]
+    who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
+    return Outcome(code or 1, f"the launcher exited {code} before {who} reported an exit"
+                   f" (see {launcher_log.name})", failed_rank=missing[0].rank if missing else None)
+
+
+def _check_timeouts(ranks, started_at, start_timeout, hang_timeout) -> Outcome | None:
+    now = time.monotonic()
+    if start_timeout and now - started_at > start_timeout:
+        silent = [r for r in ranks if not r.started]
+        if silent:
+            names = ", ".join(f"rank {r.rank} on {r.host}" for r in silent)
+            return Outcome(124, f"start timeout: no sign of {names} after {start_timeout:g}s", failed_rank=silent[0].rank)
+    if hang_timeout:
+        hung = [r for r in ranks if r.started and r.exit_code is None and now - r.last_seen > hang_timeout]
+        if hung:
+            names = ", ".join(f"rank {r.rank} on {r.host}" for r in hung)
+            return Outcome(124, f"hang timeout: no output and no heartbeat from {names} for {hang_timeout:g}s",
+                           failed_rank=hung[0].rank)
+    return None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's process group (mpirun then stops its daemons and ranks), SIGKILL after a
+    grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> None:
+    """Kill whatever is left of this run on every host: every rank carries its run id on its command line."""
+    token = f"clusterctl-run-{run_id}"
+    # Written in two quoted halves, so the sweeping shell's own command line does not match what it kills.
+    pattern = shlex.quote(token[:12]) + shlex.quote(token[12:])
+    script = (f"pkill -TERM -f {pattern} 2>/dev/null; i=0; "
+              f"while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; "
+              f"pkill -KILL -f {pattern} 2>/dev/null; true")
+
+    def one(host):
+        with connector.transport(host) as t:
+            return t.run(script, timeout=timeout)
+
+    run_all(connector.cluster.hosts, one, deadline=connector.connect_timeout + timeout + 5)

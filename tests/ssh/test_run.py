@@ -1,0 +1,164 @@
+"""`clusterctl run` on the real loopback cluster with real mpirun and real mlx.launch."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.ssh
+
+ALLSUM = """\
+import os, sys
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[1], strict=True)
+x = mx.distributed.all_sum(mx.ones(4), group=g)
+mx.eval(x)
+assert g.size() == int(os.environ["CLUSTERCTL_WORLD_SIZE"]), "the silent size-1 trap"
+print(f"world {g.size()} sum {x.tolist()} arg {sys.argv[2]}", flush=True)
+"""
+RANK = "int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['MLX_RANK'])"
+TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+
+
+def run(*args, cwd, timeout=180):
+    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def start(*args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "clusterctl", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd)
+
+
+def wait_for_lines(proc, predicate, count, limit=60.0):
+    seen, lines, deadline = 0, [], time.monotonic() + limit
+    while seen < count and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        seen += predicate(line)
+    assert seen >= count, "".join(lines)
+    return lines
+
+
+def job_processes(run_id):
+    """PIDs of this run's rank processes anywhere on this machine (every simulated host lives here)."""
+    out = subprocess.run(["pgrep", "-f", f"clusterctl-run-{run_id}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def assert_nothing_left(cluster, run_id):
+    assert job_processes(run_id) == []
+    for i in range(1, len(cluster.hosts) + 1):           # and `ps` over SSH on every host agrees
+        ps = cluster.ssh(i, "ps -eo args")
+        assert ps.returncode == 0 and f"clusterctl-run-{run_id}" not in ps.stdout
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_all_sum_on_every_rank_with_prefixes_and_logs(make_cluster, tmp_path, size, backend):
+    cluster = make_cluster(size)
+    script = tmp_path / "allsum.py"
+    script.write_text(ALLSUM)
+    odd = "it's $(touch pwned) a `test`"
+    r = run(str(script), backend, odd, "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [l for l in r.stdout.splitlines() if "world" in l]
+    expected = {f"[rank {k} h{k + 1}] world {size} sum {[float(size)] * 4} arg {odd}" for k in range(size)}
+    assert set(lines) == expected, r.stdout
+    run_id = TOKEN.search(r.stderr).group(1)
+    run_dir = tmp_path / "runs" / run_id
+    for k in range(size):
+        assert f"world {size} sum" in (run_dir / f"rank-{k}.log").read_text()
+    launch = json.loads((run_dir / "launch.json").read_text())
+    assert launch["rank_env"]["CLUSTERCTL_WORLD_SIZE"] == str(size) and launch["backend"] == backend
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_a_failing_rank_stops_the_job_and_is_named(make_cluster, tmp_path, backend):
+    cluster = make_cluster(4)
+    script = tmp_path / "fail.py"
+    script.write_text(f"import os, sys, time\nrank = {RANK}\nprint('up', flush=True)\n"
+                      "if rank == 1:\n    time.sleep(1)\n    print('rank 1 gives up', flush=True)\n    sys.exit(3)\n"
+                      "time.sleep(600)\n")
+    started = time.monotonic()
+    r = run(str(script), "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    assert time.monotonic() - started < 10 + 8      # run's own start-up (pre-flight) included
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "failed: rank 1 on h2 exited 3" in r.stderr
+    assert "rank 1 gives up" in r.stderr.split("last lines of")[1]
+    assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_sigint_stops_every_rank_with_exit_130(make_cluster, tmp_path, backend):
+    cluster = make_cluster(3)
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    proc = start(str(script), "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    lines = wait_for_lines(proc, lambda l: l.rstrip().endswith("] up"), 3)
+    run_id = TOKEN.search("".join(lines)).group(1)
+    assert len(job_processes(run_id)) >= 3
+    t = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=30)[0]
+    assert time.monotonic() - t < 10
+    assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out
+    assert_nothing_left(cluster, run_id)
+
+
+def test_a_stopped_rank_trips_the_hang_timeout_and_is_named(make_cluster, tmp_path):
+    cluster = make_cluster(3)
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    proc = start(str(script), "--hosts", str(cluster.inventory), "--backend", "mpi", "--hang-timeout", "5",
+                 cwd=tmp_path)
+    lines = wait_for_lines(proc, lambda l: l.rstrip().endswith("] up"), 3)
+    run_id = TOKEN.search("".join(lines)).group(1)
+    rank2 = [p for p in job_processes(run_id) if _rank_of(p) == 2 and _is_python(p)]
+    assert len(rank2) == 1
+    os.kill(rank2[0], signal.SIGSTOP)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 124, out
+    assert "hang timeout: no output and no heartbeat from rank 2 on h3 for 5s" in out
+    assert_nothing_left(cluster, run_id)
+
+
+def test_dry_run_and_preflight(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    script = tmp_path / "t.py"
+    script.write_text("print('hi')\n")
+    r = run(str(script), "--hosts", str(cluster.inventory), "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["argv"][0].endswith("mpirun") and plan["rank_hosts"] == ["h1", "h2"]
+    assert job_processes(plan["run_id"]) == []
+    r = run(str(tmp_path / "missing.py"), "--hosts", str(cluster.inventory), cwd=tmp_path)
+    assert r.returncode == 1 and "h1: " in r.stderr and "missing.py does not exist there" in r.stderr
+    cluster.stop_host(2)
+    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", cwd=tmp_path)
+    assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    except OSError:
+        return None
+    value = env.get(b"OMPI_COMM_WORLD_RANK") or env.get(b"MLX_RANK")
+    return int(value) if value else None
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"python" in f.read().split(b"\0")[0]
+    except OSError:
+        return False
