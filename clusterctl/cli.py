@@ -286,7 +286,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
 def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
             runs_dir, connect_timeout):
-    """Launch SCRIPT on every rank over mpirun or mlx.launch and supervise it."""
+    """Launch SCRIPT over mpirun or mlx.launch and supervise every rank."""
     from .doctor.smoke import find_mlx_launch
     from .inventory import parse
     from .plan import LaunchPlan, discover
