@@ -74,7 +74,7 @@ for fd, orig in saved.items():
 for t in pumps:
     t.join(2)
 emit("exit", str(code).encode())
-os._exit(code)
+sys.exit(code)   # a normal exit: atexit handlers run and MLX finalises MPI (mpirun aborts ranks that do not)
 '''
 
 

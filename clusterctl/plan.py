@@ -38,7 +38,8 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
 
     def probe(host):
         text = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir, peers=[],
-                            ssh_options=[], ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
+                            ssh_options=[], ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"),
+                            full=False)
         if script is not None:
             where = script if script.startswith(("/", "~")) else f"{host.workdir.rstrip('/')}/{script}"
             text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"

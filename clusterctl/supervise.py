@@ -37,6 +37,7 @@ from .sshconfig import openssh_options, rsh_agent
 
 HEARTBEAT_S = 1.0
 KILL_GRACE_S = 3.0
+FINISH_TIMEOUT_S = 30.0
 EXIT_INTERRUPTED = 130
 TAIL_LINES = 10
 
@@ -156,6 +157,8 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
                 line = None
             if line is not None:
                 outcome = _handle(line, is_err, ranks, launcher_log, emit, rank0_only)
+                if outcome is not None and outcome.exit_code == 0:
+                    outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only)
                 continue
             if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
                 outcome = _launcher_ended(proc.returncode, ranks, launcher_log)
@@ -228,6 +231,24 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
         if all(x.exit_code == 0 for x in ranks):
             return Outcome(0, f"all {len(ranks)} ranks finished")
     return None
+
+
+def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outcome:
+    """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
+    to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize)."""
+    try:
+        proc.wait(timeout=FINISH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Outcome(1, f"every rank finished but the launcher did not exit within {FINISH_TIMEOUT_S:g}s")
+    for t in readers:
+        t.join(5)
+    while not lines.empty():
+        is_err, line = lines.get()
+        _handle(line, is_err, ranks, launcher_log, emit, rank0_only)
+    if proc.returncode != 0:
+        return Outcome(proc.returncode, f"every rank finished but the launcher exited {proc.returncode} "
+                       f"(see {launcher_log.name})")
+    return Outcome(0, f"all {len(ranks)} ranks finished")
 
 
 def _launcher_ended(code: int, ranks, launcher_log) -> Outcome:

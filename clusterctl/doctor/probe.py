@@ -125,14 +125,14 @@ j release "$(uname -r)"
 j path "$PATH"
 p=$(command -v "$PY" 2>/dev/null)
 j python_path "$p"
-if [ -n "$p" ]; then ( j python_info "$("$PY" -c {python_info} 2>&1 </dev/null)" >"$T/python" ) & fi
+if [ -n "$p" ] && [ {full} = yes ]; then ( j python_info "$("$PY" -c {python_info} 2>&1 </dev/null)" >"$T/python" ) & fi
 m=$(command -v mpirun 2>/dev/null)
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
   mr=$(readlink -f "$m" 2>/dev/null || printf '%s' "$m")
   j mpirun_real "$mr"
-  ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" >"$T/mpirun" ) &
+  if [ {full} = yes ]; then ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" >"$T/mpirun" ) & fi
   mdir=$(dirname "$(dirname "$mr")")/lib
 fi
 r=$(command -v rsync 2>/dev/null)
@@ -169,8 +169,10 @@ class DataplaneSpec:
 
 
 def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: list[str],
-                 ssh_options: list[str], ssh_config: str | None, mpi_libname: str | None = None) -> str:
-    """The probe for one host. Every value from the inventory is quoted; python and paths keep `~`."""
+                 ssh_options: list[str], ssh_config: str | None, mpi_libname: str | None = None,
+                 full: bool = True) -> str:
+    """The probe for one host. Every value from the inventory is quoted; python and paths keep `~`.
+    full=False skips what only doctor needs (importing mlx, mpirun --version): a launch's pre-flight."""
     cfg = ""
     if ssh_config:
         cfg = f'if [ -r {shlex.quote(ssh_config)} ]; then j ssh_config yes; else j ssh_config no; fi'
@@ -182,7 +184,7 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
         python_info=shlex.quote(PYTHON_INFO),
         libmpi_dirs=" ".join(d if d.startswith("${") else shlex.quote(d) for d in LIBMPI_DIRS),
         libmpi_names=" ".join(LIBMPI_NAMES), ssh_config_check=cfg,
-        mpi_libname=quote_path(mpi_libname) if mpi_libname else "''",
+        mpi_libname=quote_path(mpi_libname) if mpi_libname else "''", full="yes" if full else "no",
     ).replace('for peer in \'\'; do', 'for peer in; do')
 
 

@@ -1,0 +1,96 @@
+"""Launch overhead of `clusterctl run` against the raw launcher command it generates, on 4 loopback hosts.
+
+    .venv/bin/python benchmarks/bench_launch.py [--hosts 4] [--repeat 5]
+
+For each backend (mpi: mpirun; ring: mlx.launch) three commands run a tiny MLX job (init + all_sum), in
+turn, --repeat times: `clusterctl run` (pre-flight over SSH, supervision, per-rank logs); the exact
+launcher argv `run` generated (from its launch.json, bootstrap included); and the plain launcher with the
+script alone (no bootstrap). Medians and ratios are from the same interleaved runs. Writes
+benchmarks/results/launch.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from sshcluster import SSHCluster  # noqa: E402
+
+JOB = """\
+import sys
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[1], strict=True)
+mx.eval(mx.distributed.all_sum(mx.ones(4), group=g))
+print(g.size())
+"""
+
+
+def timed(argv, env=None, cwd=None) -> float:
+    start = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{argv[:3]} failed: {r.stdout[-500:]} {r.stderr[-1500:]}")
+    return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
+        cluster = SSHCluster(os.path.join(tmp, "cluster"), args.hosts).start()
+        try:
+            script = os.path.join(tmp, "job.py")
+            with open(script, "w") as f:
+                f.write(JOB)
+            for backend in ("mpi", "ring"):
+                run = [sys.executable, "-m", "clusterctl", "run", script, backend, "--hosts", str(cluster.inventory),
+                       "--backend", backend, "--runs-dir", os.path.join(tmp, "runs")]
+                timed(run, cwd=tmp)                                             # warm-up (host keys, caches)
+                runs_dir = os.path.join(tmp, "runs")
+                launch = json.load(open(os.path.join(runs_dir, sorted(os.listdir(runs_dir))[-1], "launch.json")))
+                raw = launch["argv"]
+                plain = raw[: raw.index("--") + 1] + ([cluster_python(), script, backend] if backend == "mpi"
+                                                      else [script, backend])
+                times = {"clusterctl run": [], "generated argv": [], "plain launcher": []}
+                for _ in range(args.repeat):
+                    times["clusterctl run"].append(timed(run, cwd=tmp))
+                    times["generated argv"].append(timed(raw, env=launch["launcher_env"], cwd=tmp))
+                    times["plain launcher"].append(timed(plain, env=launch["launcher_env"], cwd=tmp))
+                results[backend] = {k: statistics.median(v) for k, v in times.items()}
+        finally:
+            cluster.stop_all()
+    print(f"{'backend':<8} {'clusterctl run':>14} {'generated argv':>14} {'plain launcher':>14} "
+          f"{'run/generated':>13} {'run/plain':>9}")
+    for backend, m in results.items():
+        print(f"{backend:<8} {m['clusterctl run']:>13.2f}s {m['generated argv']:>13.2f}s {m['plain launcher']:>13.2f}s "
+              f"{m['clusterctl run'] / m['generated argv']:>13.2f} {m['clusterctl run'] / m['plain launcher']:>9.2f}")
+    record = {"benchmark": "launch", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}", "hosts": args.hosts,
+              "repeat": args.repeat, "results": {b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()}}
+    out = os.path.join(HERE, "results", "launch.json")
+    with open(out + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(out + ".tmp", out)
+    print(f"wrote {os.path.relpath(out)}")
+
+
+def cluster_python() -> str:
+    return sys.executable
+
+
+if __name__ == "__main__":
+    main()
