@@ -174,3 +174,14 @@ def test_hostfile_print_command_on_this_machine(tmp_path):
     assert out.read_text().splitlines()[1:] == ["localhost slots=2"]
     line = r.stdout.strip()
     assert f"--hostfile {out} -np 2" in line and line.endswith(f"-- {sys.executable} /srv/train.py --steps 10")
+
+
+def test_run_without_hosts_uses_this_machine_with_two_ring_ranks(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("import os, sys\nimport mlx.core as mx\ng = mx.distributed.init(backend='ring', strict=True)\n"
+                      "print(g.rank(), g.size(), os.getcwd() == os.path.expanduser(sys.argv[1]), flush=True)\n")
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", str(script), "~/clusterctl", "--runs-dir",
+                        str(tmp_path / "runs")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[rank 0 localhost] 0 2 True", "[rank 1 localhost] 1 2 True"]
+    assert "2 ranks over ring" in r.stderr and "all 2 ranks finished" in r.stderr
