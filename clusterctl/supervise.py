@@ -173,8 +173,10 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
             signal.signal(signum, handler)
         if proc.poll() is None or outcome is None or outcome.exit_code != 0:
             _stop(proc)
-            if connector is not None:
-                sweep(connector, launch.run_id)
+            leftover = sweep(connector, launch.run_id) if connector is not None else []
+            if leftover and outcome is not None:
+                outcome.reason += (f"; could not confirm that every process of the run is gone on "
+                                   f"{', '.join(leftover)} (look for clusterctl-run-{launch.run_id} there)")
         for r in ranks:
             r.log.close()
         launcher_log.close()
@@ -291,17 +293,21 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> None:
-    """Kill whatever is left of this run on every host: every rank carries its run id on its command line."""
+def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:
+    """Kill whatever is left of this run on every host: every rank carries its run id on its command line.
+    Returns the hosts where something may survive (unreachable, or a process that would not die)."""
     token = f"clusterctl-run-{run_id}"
     # Written in two quoted halves, so the sweeping shell's own command line does not match what it kills.
     pattern = shlex.quote(token[:12]) + shlex.quote(token[12:])
-    script = (f"pkill -TERM -f {pattern} 2>/dev/null; i=0; "
-              f"while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done; "
-              f"pkill -KILL -f {pattern} 2>/dev/null; true")
+    wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
+    # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
+    # there when `run` returns
+    script = (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
+              f"! pgrep -f {pattern} >/dev/null 2>&1")
 
     def one(host):
         with connector.transport(host) as t:
             return t.run(script, timeout=timeout)
 
-    run_all(connector.cluster.hosts, one, deadline=connector.connect_timeout + timeout + 5)
+    group = run_all(connector.cluster.hosts, one, deadline=connector.connect_timeout + timeout + 5)
+    return [name for name, outcome in group.items() if not outcome.ok]
