@@ -92,7 +92,9 @@ class TestHost:
 
 
 class SSHCluster:
-    def __init__(self, root: Path, size: int, private_roots: bool | None = None, first_octet: int = 10):
+    _instances = 0
+
+    def __init__(self, root: Path, size: int, private_roots: bool | None = None):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -106,7 +108,12 @@ class SSHCluster:
         self.inventory = self.root / "inventory.yaml"
         self.empty_keys = self.root / "no_authorized_keys"
         self.plain_bashrc = self.root / "plain_bashrc"
-        self.hosts = [TestHost(i, f"h{i}", f"127.0.0.{first_octet + i}", 0, self.root / f"h{i}")
+        # Each cluster gets its own loopback /24 (127.C.P.0: a per-process counter and this process), so
+        # no two clusters, in sequence or side by side, share an address: a port in TIME_WAIT from one
+        # test's ring job can never stand in the next one's way.
+        SSHCluster._instances += 1
+        self.subnet = f"127.{1 + SSHCluster._instances % 250}.{os.getpid() % 250}"
+        self.hosts = [TestHost(i, f"h{i}", f"{self.subnet}.{10 + i}", 0, self.root / f"h{i}")
                       for i in range(1, size + 1)]
 
     # ---- setup --------------------------------------------------------------------------------

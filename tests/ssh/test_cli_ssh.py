@@ -20,11 +20,11 @@ def test_hosts_resolves_through_the_inventorys_ssh_config(make_cluster):
     assert doc["world_size"] == 3
     for i, row in enumerate(doc["hosts"], 1):
         assert row["name"] == f"h{i}" and row["user"] == "root"
-        assert row["connect"] == f"127.0.0.{10 + i}:{cluster.host(i).port}"   # HostName + Port from ssh_config
+        assert row["connect"] == f"{cluster.host(i).address}:{cluster.host(i).port}"   # HostName + Port from ssh_config
         assert row["identity_file"] == str(cluster.client_key)
         assert row["workdir"] == cluster.workdir
     table = clusterctl("hosts", "--hosts", str(cluster.inventory))
-    assert table.stdout.splitlines()[2].split()[:4] == ["1", "h2", f"127.0.0.12:{cluster.host(2).port}", "root"]
+    assert table.stdout.splitlines()[2].split()[:4] == ["1", "h2", f"{cluster.host(2).address}:{cluster.host(2).port}", "root"]
 
 
 def test_exec_over_ssh_with_one_host_down(make_cluster):
@@ -33,5 +33,5 @@ def test_exec_over_ssh_with_one_host_down(make_cluster):
     r = clusterctl("exec", "--hosts", str(cluster.inventory), "--connect-timeout", "3", "--", "echo", "up")
     assert r.returncode == 1
     assert r.stdout == "[0 h1] up\n[2 h3] up\n"
-    assert "[1 h2] error: connection refused at 127.0.0.12" in r.stderr
+    assert f"[1 h2] error: connection refused at {cluster.host(2).address}" in r.stderr
     assert r.stderr.endswith("2 ok, 1 failed\n")

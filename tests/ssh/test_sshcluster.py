@@ -12,7 +12,7 @@ def test_fixture_fails_loudly_when_sshd_cannot_bind(tmp_path):
     cluster = SSHCluster(tmp_path, 2)
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.12", 0))
+        squatter.bind((cluster.host(2).address, 0))
         squatter.listen()
         port = squatter.getsockname()[1]
         real_start = cluster.start_host
@@ -26,7 +26,7 @@ def test_fixture_fails_loudly_when_sshd_cannot_bind(tmp_path):
         with pytest.raises(RuntimeError) as info:
             cluster.start()
     message = str(info.value)
-    assert f"sshd for h2 did not come up on 127.0.0.12:{port}" in message
+    assert f"sshd for h2 did not come up on {cluster.host(2).address}:{port}" in message
     assert "Address already in use" in message or "Cannot bind" in message
     assert all(h.proc is None for h in cluster.hosts)    # h1 was torn down too
 

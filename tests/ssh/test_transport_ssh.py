@@ -28,7 +28,7 @@ def test_fan_out_hostname_over_eight_hosts_returns_eight_results(make_cluster):
         first, second = outcome.value.stdout.splitlines()
         assert first == hostname
         # the session really arrived on that host's own sshd: its address and port
-        assert second.split()[2:] == [f"127.0.0.{10 + i}", str(cluster.host(i).port)]
+        assert second.split()[2:] == [cluster.host(i).address, str(cluster.host(i).port)]
     assert all("Accepted publickey" in cluster.log(i) for i in range(1, 9))
 
 
@@ -41,7 +41,7 @@ def test_one_stopped_host_reports_a_connection_error_and_the_other_seven_return(
     assert len(group.ok) == 7 and list(group.failed) == ["h5"]
     error = group["h5"].error
     assert isinstance(error, ConnectError) and "connection refused" in str(error)
-    assert f"127.0.0.15:{cluster.host(5).port}" in str(error)
+    assert f"{cluster.host(5).address}:{cluster.host(5).port}" in str(error)
     assert elapsed < 15, elapsed
 
 
@@ -186,7 +186,7 @@ def test_accept_new_records_the_key_and_a_changed_key_is_refused(make_cluster):
     conn = connector(cluster)
     assert conn.run_everywhere(["true"], timeout=10).all_ok
     recorded = cluster.known_hosts.read_text()
-    assert f"[127.0.0.11]:{cluster.host(1).port} ssh-ed25519 " in recorded
+    assert f"[{cluster.host(1).address}]:{cluster.host(1).port} ssh-ed25519 " in recorded
     # OpenSSH agrees with what we recorded: strict ssh now connects without a prompt
     ok = subprocess.run(["ssh", "-F", str(cluster.ssh_config), "-o", "StrictHostKeyChecking=yes", "h1", "true"],
                         capture_output=True, text=True, timeout=20)
