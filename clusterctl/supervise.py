@@ -34,9 +34,9 @@ from .launch import mlx_launch_argv, mpirun_argv, ssh_shim
 from .plan import LaunchPlan
 from .remote import Connector
 from .sshconfig import openssh_options, rsh_agent
+from .transport import stop_process_group
 
 HEARTBEAT_S = 1.0
-KILL_GRACE_S = 3.0
 FINISH_TIMEOUT_S = 30.0
 EXIT_INTERRUPTED = 130
 TAIL_LINES = 10
@@ -172,7 +172,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if proc.poll() is None or outcome is None or outcome.exit_code != 0:
-            _stop(proc)
+            stop_process_group(proc)    # mpirun then stops its daemons and ranks
             leftover = sweep(connector, launch.run_id) if connector is not None else []
             if leftover and outcome is not None:
                 outcome.reason += (f"; could not confirm that every process of the run is gone on "
@@ -276,21 +276,6 @@ def _check_timeouts(ranks, started_at, start_timeout, hang_timeout) -> Outcome |
             return Outcome(124, f"hang timeout: no output and no heartbeat from {names} for {hang_timeout:g}s",
                            failed_rank=hung[0].rank)
     return None
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's process group (mpirun then stops its daemons and ranks), SIGKILL after a
-    grace period."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:

@@ -172,28 +172,26 @@ def _kill_live_local_commands() -> None:
     with _LIVE_LOCK:
         live = list(_LIVE)
     for proc in live:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(proc)
 
 
-def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:
+def stop_process_group(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM the process group that `proc` leads (it was started with start_new_session), and SIGKILL it
+    if the leader is still there after `grace` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
+        except (ProcessLookupError, PermissionError):
+            return
         try:
-            return proc.communicate(timeout=KILL_GRACE_S)
+            proc.wait(timeout=grace)
+            return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _kill_group(proc: subprocess.Popen) -> tuple[bytes, bytes]:
+    stop_process_group(proc)
     return proc.communicate()
 
 
