@@ -110,7 +110,10 @@ WD={workdir}
 LIBDIR={mpi_lib_dir}
 T=$(mktemp -d 2>/dev/null || mktemp -d -t clusterctl)
 trap 'rm -rf "$T"' EXIT
-esc() {{ printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g'; }}
+esc() {{ case "$1" in
+  *[\"\\]*|*[[:cntrl:]]*) printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g';;
+  *) printf '%s' "$1";;
+esac; }}
 j() {{ printf '{{"key":"%s","value":"%s"}}\n' "$1" "$(esc "$2")"; }}
 j time "$(date +%s)"
 i=0
