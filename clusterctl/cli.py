@@ -284,8 +284,10 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 @click.option("--hang-timeout", type=float, metavar="S", help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
+@click.option("--launch-from", type=click.Choice(["auto", "here", "first-host"]), default="auto", show_default=True,
+              help="Where mpirun / mlx.launch runs. auto: here when it is installed here, else the first host.")
 def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
-            runs_dir, connect_timeout):
+            runs_dir, connect_timeout, launch_from):
     """Launch SCRIPT over mpirun or mlx.launch and supervise every rank."""
     from .doctor.smoke import find_mlx_launch
     from .inventory import parse
@@ -304,9 +306,24 @@ def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_
         plan = LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include)
     else:
         plan = discover(connector, script=script)
+    import shutil
+
     launcher = find_mlx_launch() if backend != "mpi" else None
+    here = shutil.which("mpirun") is not None if backend == "mpi" else launcher is not None
+    if launch_from == "here" and not here:
+        raise click.UsageError("mpirun is not installed here" if backend == "mpi" else
+                               "mlx.launch is not installed here (pip install mlx)")
+    remote = None
+    if launch_from == "first-host" or not here:
+        # No launcher on this machine: run it on the first host, which has one if doctor passes there.
+        if cluster.hosts[0].local:
+            raise click.UsageError("mpirun is not installed here" if backend == "mpi" else
+                                   "mlx.launch is not installed here (pip install mlx)")
+        remote = connector.transport(cluster.hosts[0])
+        click.echo(f"launching {'mpirun' if backend == 'mpi' else 'mlx.launch'} from {cluster.hosts[0].name}",
+                   err=True)
     launch = prepare(cluster, plan, script=script, args=list(args), backend=backend, runs_root=runs_dir,
-                     connect_timeout=connect_timeout, launcher=launcher)
+                     connect_timeout=connect_timeout, launcher=launcher, remote=remote)
     if dry_run:
         click.echo(json.dumps(launch.describe(), indent=2))
         return

@@ -55,6 +55,7 @@ class Launch:
     env: dict[str, str]              # for the launcher process on this machine (PATH for the ssh shim)
     rank_env: dict[str, str]         # what every rank gets
     rank_hosts: list[str]            # rank -> host name
+    start: Callable | None = None    # starts the launcher elsewhere (on the first host); None: here
 
     def describe(self) -> dict:
         return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
@@ -74,12 +75,15 @@ def rank_hosts(cluster: Cluster) -> list[str]:
 
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: str, runs_root: str,
-            connect_timeout: float = 10.0, launcher: list[str] | None = None) -> Launch:
-    """Write the run directory (hostfile, ssh shim) and build the launcher command."""
+            connect_timeout: float = 10.0, launcher: list[str] | None = None, remote=None) -> Launch:
+    """Write the run directory (hostfile, ssh shim) and build the launcher command. With `remote` (the
+    first host's transport) the launcher runs there: its files are copied to <workdir>/.clusterctl/runs/."""
     run_id = datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
     os.makedirs(run_dir, exist_ok=True)
     host0 = cluster.hosts[0]
+    if remote is not None:
+        return _prepare_remote(cluster, plan, remote, run_id, run_dir, script, args, backend, connect_timeout)
     rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
                 "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", host0.workdir, str(HEARTBEAT_S), script, *args]
@@ -106,6 +110,84 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     launch = Launch(run_id, run_dir, backend, argv, env, rank_env, rank_hosts(cluster))
     _write(os.path.join(run_dir, "launch.json"), json.dumps(launch.describe(), indent=2) + "\n")
     return launch
+
+
+def _prepare_remote(cluster, plan, remote, run_id, run_dir, script, args, backend, connect_timeout) -> Launch:
+    host0 = cluster.hosts[0]
+    facts = remote.run('printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"', timeout=30).stdout.split("\n")
+    home, uid, ssh = (facts + ["", "", ""])[:3]
+    workdir = home + host0.workdir[1:] if host0.workdir.startswith("~") else host0.workdir
+    there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
+    rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
+                "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", host0.workdir, str(HEARTBEAT_S), script, *args]
+    prefix = ""
+    if backend == "mpi":
+        _write(os.path.join(run_dir, "hostfile"), render_hostfile(cluster, "openmpi"))
+        remote.put(os.path.join(run_dir, "hostfile"), f"{there}/hostfile")
+        argv = mpirun_argv(cluster, hostfile=f"{there}/hostfile", program=[host0.python, *program], env=rank_env,
+                           rsh_agent=rsh_agent(cluster, connect_timeout=connect_timeout),
+                           if_include=plan.if_include, as_root=uid.strip() == "0")
+    else:
+        if not ssh:
+            raise LaunchError(f"{host0.name} has no OpenSSH client (ssh) for mlx.launch")
+        _write(os.path.join(run_dir, "hosts.json"), render_hostfile(cluster, "mlx", backend=backend, env={}))
+        _write(os.path.join(run_dir, "ssh-shim"), ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
+        remote.put(os.path.join(run_dir, "hosts.json"), f"{there}/hosts.json")
+        remote.put(os.path.join(run_dir, "ssh-shim"), f"{there}/ssh/ssh", mode=0o755)
+        launcher = [host0.python, "-c", "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"]
+        argv = mlx_launch_argv(cluster, hostfile=f"{there}/hosts.json", backend=backend, python=host0.python,
+                               program=program, env=rank_env, launcher=launcher)
+        prefix = f'PATH={shlex.quote(there + "/ssh")}:"$PATH"; export PATH; '
+    command = prefix + "exec " + shlex.join(argv)
+    launch = Launch(run_id, run_dir, backend, argv, {}, rank_env, rank_hosts(cluster),
+                    start=lambda lines: RemoteLauncher(remote, command, lines))
+    described = {**launch.describe(), "launcher_host": host0.name, "remote_command": command}
+    _write(os.path.join(run_dir, "launch.json"), json.dumps(described, indent=2) + "\n")
+    return launch
+
+
+class RemoteLauncher:
+    """The launcher on the first host over SSH. Its output streams back over the channel; closing the
+    channel makes the host's watchdog (transport.remote_command) kill the launcher's whole tree."""
+
+    def __init__(self, transport, command: str, lines: queue.Queue):
+        from .transport import remote_command
+
+        self.transport = transport
+        self.chan = transport.connect().get_transport().open_session(timeout=transport.connect_timeout)
+        self.chan.exec_command(remote_command(command))
+        self.returncode: int | None = None
+        self.readers = [threading.Thread(target=self._pump, args=(is_err, lines), daemon=True) for is_err in (False, True)]
+        for t in self.readers:
+            t.start()
+
+    def _pump(self, is_err: bool, lines: queue.Queue) -> None:
+        recv = self.chan.recv_stderr if is_err else self.chan.recv
+        rest = b""
+        while True:
+            data = recv(65536)
+            if not data:
+                break
+            *complete, rest = (rest + data).split(b"\n")
+            for line in complete:
+                lines.put((is_err, line.decode(errors="replace").rstrip("\r")))
+        if rest:
+            lines.put((is_err, rest.decode(errors="replace").rstrip("\r")))
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.chan.exit_status_ready():
+            self.returncode = self.chan.recv_exit_status()
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        if not self.chan.status_event.wait(timeout):
+            raise TimeoutError
+        return self.poll()
+
+    def stop(self) -> None:
+        self.chan.close()
+        self.transport.close()
 
 
 def _which(name: str) -> str:
@@ -139,13 +221,9 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     """Run the launcher and watch every rank until the job ends one way or another."""
     ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
     launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
-    proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **launch.env}, start_new_session=True)
     lines: queue.Queue = queue.Queue()
-    readers = [threading.Thread(target=_read, args=(stream, is_err, lines), daemon=True)
-               for stream, is_err in ((proc.stdout, False), (proc.stderr, True))]
-    for t in readers:
-        t.start()
+    proc = launch.start(lines) if launch.start is not None else LocalLauncher(launch.argv, launch.env, lines)
+    readers = proc.readers
     started_at = time.monotonic()
     outcome: Outcome | None = None
     previous = _stop_on_signals()
@@ -172,7 +250,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if proc.poll() is None or outcome is None or outcome.exit_code != 0:
-            stop_process_group(proc)    # mpirun then stops its daemons and ranks
+            proc.stop()    # mpirun then stops its daemons and ranks
             leftover = sweep(connector, launch.run_id) if connector is not None else []
             if leftover and outcome is not None:
                 outcome.reason += (f"; could not confirm that every process of the run is gone on "
@@ -200,6 +278,31 @@ def _stop_on_signals() -> dict:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             previous[signum] = signal.signal(signum, handler)
     return previous
+
+
+class LocalLauncher:
+    """The launcher as a process on this machine, in its own process group."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={**os.environ, **env}, start_new_session=True)
+        self.readers = [threading.Thread(target=_read, args=(stream, is_err, lines), daemon=True)
+                        for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
+        for t in self.readers:
+            t.start()
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def stop(self) -> None:
+        stop_process_group(self.proc)
 
 
 def _read(stream, is_err: bool, lines: queue.Queue) -> None:
@@ -240,7 +343,7 @@ def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outc
     to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize)."""
     try:
         proc.wait(timeout=FINISH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, TimeoutError):
         return Outcome(1, f"every rank finished but the launcher did not exit within {FINISH_TIMEOUT_S:g}s")
     for t in readers:
         t.join(5)
@@ -282,13 +385,14 @@ def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]
     """Kill whatever is left of this run on every host: every rank carries its run id on its command line.
     Returns the hosts where something may survive (unreachable, or a process that would not die)."""
     token = f"clusterctl-run-{run_id}"
-    # Written in two quoted halves, so the sweeping shell's own command line does not match what it kills.
-    pattern = shlex.quote(token[:12]) + shlex.quote(token[12:])
+    # A regular expression that matches the ranks' command lines but no command line holding the pattern
+    # itself: not the sweeping shell, nor a pgrep / pkill of a sweep running beside it on the same machine.
+    pattern = shlex.quote(token.replace("run-", "ru[n]-", 1))
     wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
     # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
     # there when `run` returns
     script = (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
-              f"! pgrep -f {pattern} >/dev/null 2>&1")
+              f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
 
     def one(host):
         with connector.transport(host) as t:

@@ -91,7 +91,7 @@ def test_a_failing_rank_stops_the_job_and_is_named(make_cluster, tmp_path, backe
     r = run(str(script), "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
     assert time.monotonic() - started < 10 + 8      # run's own start-up (pre-flight) included
     assert r.returncode == 3, r.stdout + r.stderr
-    assert "failed: rank 1 on h2 exited 3" in r.stderr
+    assert "failed: rank 1 on h2 exited 3" in r.stderr and "could not confirm" not in r.stderr
     assert "rank 1 gives up" in r.stderr.split("last lines of")[1]
     assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
 
@@ -110,6 +110,7 @@ def test_sigint_stops_every_rank_with_exit_130(make_cluster, tmp_path, backend):
     out = proc.communicate(timeout=30)[0]
     assert time.monotonic() - t < 10
     assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out
+    assert "could not confirm" not in out
     assert_nothing_left(cluster, run_id)
 
 
@@ -162,3 +163,26 @@ def _is_python(pid: int) -> bool:
             return b"python" in f.read().split(b"\0")[0]
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_launching_from_the_first_host(make_cluster, tmp_path, backend):
+    """The launcher runs on h1 over SSH (as when this machine has no mpirun / mlx.launch); output, exit
+    codes and cleanup are the same."""
+    cluster = make_cluster(3)
+    script = tmp_path / "allsum.py"
+    script.write_text(ALLSUM)
+    r = run(str(script), backend, "x", "--hosts", str(cluster.inventory), "--backend", backend,
+            "--launch-from", "first-host", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"launching {'mpirun' if backend == 'mpi' else 'mlx.launch'} from h1" in r.stderr
+    assert sorted(l for l in r.stdout.splitlines() if "world" in l) == \
+        [f"[rank {k} h{k + 1}] world 3 sum [3.0, 3.0, 3.0, 3.0] arg x" for k in range(3)]
+    launch = json.loads((tmp_path / "runs" / TOKEN.search(r.stderr).group(1) / "launch.json").read_text())
+    assert launch["launcher_host"] == "h1" and "/.clusterctl/runs/" in launch["remote_command"]
+    fail = tmp_path / "fail.py"
+    fail.write_text(f"import os, sys, time\nrank = {RANK}\nif rank == 2:\n    sys.exit(5)\ntime.sleep(600)\n")
+    r = run(str(fail), "--hosts", str(cluster.inventory), "--backend", backend, "--launch-from", "first-host",
+            cwd=tmp_path)
+    assert r.returncode == 5 and "rank 2 on h3 exited 5" in r.stderr and "could not confirm" not in r.stderr
+    assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
