@@ -259,7 +259,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
             shim = os.path.join(shim_dir, "ssh")
             _write_atomically(shim, ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
             os.chmod(shim, 0o755)
-            from .doctor.smoke import find_mlx_launch
+            from .launch import find_mlx_launch
 
             launcher = find_mlx_launch()
             if launcher is None:
@@ -289,7 +289,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
             runs_dir, connect_timeout, launch_from):
     """Launch SCRIPT over mpirun or mlx.launch and supervise every rank."""
-    from .doctor.smoke import find_mlx_launch
+    from .launch import find_mlx_launch
     from .inventory import parse
     from .plan import LaunchPlan, discover
     from .remote import Connector

@@ -5,7 +5,10 @@ inventory's mpi.extra_args replacing ours for the same KEY instead of repeating 
 """
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import sys
 from typing import Mapping, Sequence
 
 from .inventory import Cluster
@@ -69,3 +72,11 @@ def ssh_shim(ssh: str, options: Sequence[str]) -> str:
     """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST`, so the inventory's options
     (ssh_config, BatchMode, ConnectTimeout, host key policy) reach it only through a wrapper."""
     return "#!/bin/sh\nexec " + shlex.join([ssh, *options]) + ' "$@"\n'
+
+
+def find_mlx_launch() -> list[str] | None:
+    beside = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    if os.access(beside, os.X_OK):
+        return [beside]
+    found = shutil.which("mlx.launch")
+    return [found] if found else None

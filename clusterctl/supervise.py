@@ -82,11 +82,11 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
     os.makedirs(run_dir, exist_ok=True)
     host0 = cluster.hosts[0]
-    if remote is not None:
-        return _prepare_remote(cluster, plan, remote, run_id, run_dir, script, args, backend, connect_timeout)
     rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
                 "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", host0.workdir, str(HEARTBEAT_S), script, *args]
+    if remote is not None:
+        return _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, backend, connect_timeout)
     env: dict[str, str] = {}
     if backend == "mpi":
         hostfile = os.path.join(run_dir, "hostfile")
@@ -112,15 +112,12 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     return launch
 
 
-def _prepare_remote(cluster, plan, remote, run_id, run_dir, script, args, backend, connect_timeout) -> Launch:
+def _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, backend, connect_timeout) -> Launch:
     host0 = cluster.hosts[0]
     facts = remote.run('printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"', timeout=30).stdout.split("\n")
     home, uid, ssh = (facts + ["", "", ""])[:3]
     workdir = home + host0.workdir[1:] if host0.workdir.startswith("~") else host0.workdir
     there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
-    rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
-                "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
-    program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", host0.workdir, str(HEARTBEAT_S), script, *args]
     prefix = ""
     if backend == "mpi":
         _write(os.path.join(run_dir, "hostfile"), render_hostfile(cluster, "openmpi"))

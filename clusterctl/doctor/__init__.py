@@ -115,8 +115,8 @@ def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict
 
     def run(host: Host):
         p = by_name[host.name]
-        spec = DataplaneSpec(p.host.name, p.host.address, checks._ring_port(p.host), budget,
-                             tuple((q.host.name, q.host.address, checks._ring_port(q.host)) for q in live
+        spec = DataplaneSpec(p.host.name, p.host.address, checks.ring_port(p.host), budget,
+                             tuple((q.host.name, q.host.address, checks.ring_port(q.host)) for q in live
                                    if q is not p))
         return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
 

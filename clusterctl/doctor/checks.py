@@ -373,7 +373,7 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
                                f"(an old MLX job?) holds port {dp['port']}"))
         for peer, result in dp.get("connect", {}).items():
             target = next((q for q in probes if q.host.name == peer), None)
-            where = f"{target.host.address}:{_ring_port(target.host)}" if target else peer
+            where = f"{target.host.address}:{ring_port(target.host)}" if target else peer
             if result.get("ok"):
                 out.append(Finding("data-plane", name, PASS, f"TCP to {where} in {result.get('ms')} ms", peer=peer))
             else:
@@ -396,5 +396,5 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
 RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default: the ring listens on this + rank
 
 
-def _ring_port(host: Host) -> int:
+def ring_port(host: Host) -> int:
     return RING_STARTING_PORT + host.rank

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from typing import Mapping
@@ -15,7 +14,7 @@ from typing import Mapping
 from ..errors import ClusterctlError
 from ..inventory import Cluster
 from ..hostfile import render as render_hostfile
-from ..launch import mlx_launch_argv, mpirun_argv, ssh_shim
+from ..launch import find_mlx_launch, mlx_launch_argv, mpirun_argv, ssh_shim
 from ..transport import LocalTransport, Result
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
@@ -124,14 +123,6 @@ def ring_ready(cluster: Cluster) -> bool:
     if len(cluster.hosts) == 1 and cluster.hosts[0].local:
         return cluster.world_size > 1
     return len(cluster.hosts) > 1 and all(h.address for h in cluster.hosts)
-
-
-def find_mlx_launch() -> list[str] | None:
-    beside = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
-    if os.access(beside, os.X_OK):
-        return [beside]
-    found = shutil.which("mlx.launch")
-    return [found] if found else None
 
 
 def _run(cluster, check, launcher, argv, env, timeout, libmpi_hint) -> Finding:
