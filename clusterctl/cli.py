@@ -15,6 +15,7 @@ import traceback
 import click
 
 from . import __version__
+from .atomic import write_text
 from .errors import ClusterctlError
 
 EXAMPLES: dict[str, str] = {}
@@ -232,7 +233,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
     text = render(cluster, fmt, text_template, backend=backend, env=plan.env if plan else cluster.hosts[0].env_dict,
                   template_name=template or fmt)
     if output:
-        _write_atomically(output, text)
+        write_text(output, text)
     else:
         click.echo(text, nl=False)
     if print_command:
@@ -248,18 +249,14 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
         else:
             import shutil
 
-            from .launch import ssh_shim
+            from .launch import find_mlx_launch, write_ssh_shim
             from .sshconfig import openssh_options
 
             ssh = shutil.which("ssh")
             if ssh is None:
                 raise click.UsageError("mlx.launch needs the OpenSSH client (ssh) on this machine")
-            shim_dir = os.path.abspath(output) + ".ssh"
-            os.makedirs(shim_dir, exist_ok=True)
-            shim = os.path.join(shim_dir, "ssh")
-            _write_atomically(shim, ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
-            os.chmod(shim, 0o755)
-            from .launch import find_mlx_launch
+            shim_dir = write_ssh_shim(os.path.abspath(output) + ".ssh", ssh,
+                                      openssh_options(cluster, connect_timeout=connect_timeout))
 
             launcher = find_mlx_launch()
             if launcher is None:
@@ -310,15 +307,14 @@ def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_
 
     launcher = find_mlx_launch() if backend != "mpi" else None
     here = shutil.which("mpirun") is not None if backend == "mpi" else launcher is not None
+    not_here = "mpirun is not installed here" if backend == "mpi" else "mlx.launch is not installed here (pip install mlx)"
     if launch_from == "here" and not here:
-        raise click.UsageError("mpirun is not installed here" if backend == "mpi" else
-                               "mlx.launch is not installed here (pip install mlx)")
+        raise click.UsageError(not_here)
     remote = None
     if launch_from == "first-host" or not here:
         # No launcher on this machine: run it on the first host, which has one if doctor passes there.
         if cluster.hosts[0].local:
-            raise click.UsageError("mpirun is not installed here" if backend == "mpi" else
-                                   "mlx.launch is not installed here (pip install mlx)")
+            raise click.UsageError(not_here)
         remote = connector.transport(cluster.hosts[0])
         click.echo(f"launching {'mpirun' if backend == 'mpi' else 'mlx.launch'} from {cluster.hosts[0].name}",
                    err=True)
@@ -376,20 +372,8 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
     text = render(template_text("inventory.yaml.tmpl"), date=datetime.date.today().isoformat(),
                   defaults="\n".join(defaults), hosts="\n".join(host_lines), backend=backend)
     parse(text, output)   # never write an inventory we would refuse to read
-    _write_atomically(output, text)
+    write_text(output, text)
     click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
-
-
-def _write_atomically(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".clusterctl-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 # ---- entry point ------------------------------------------------------------------------------

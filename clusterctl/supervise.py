@@ -30,7 +30,8 @@ from .errors import ClusterctlError
 from .fanout import run_all
 from .hostfile import render as render_hostfile
 from .inventory import Cluster
-from .launch import mlx_launch_argv, mpirun_argv, ssh_shim
+from .atomic import write_text as _write
+from .launch import mlx_launch_argv, mpirun_argv, ssh_shim, write_ssh_shim
 from .plan import LaunchPlan
 from .remote import Connector
 from .sshconfig import openssh_options, rsh_agent
@@ -99,11 +100,8 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
         _write(hostfile, render_hostfile(cluster, "mlx", backend=backend, env={}))
         if launcher is None:
             raise LaunchError("mlx.launch is not installed on this machine (pip install mlx)")
-        ssh = _which("ssh")
-        shim_dir = os.path.join(run_dir, "ssh")
-        os.makedirs(shim_dir, exist_ok=True)
-        _write(os.path.join(shim_dir, "ssh"), ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
-        os.chmod(os.path.join(shim_dir, "ssh"), 0o755)
+        shim_dir = write_ssh_shim(os.path.join(run_dir, "ssh"), _which("ssh"),
+                                  openssh_options(cluster, connect_timeout=connect_timeout))
         env["PATH"] = shim_dir + os.pathsep + os.environ.get("PATH", "")
         argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=backend, python=host0.python,
                                program=program, env=rank_env, launcher=launcher)
@@ -193,13 +191,6 @@ def _which(name: str) -> str:
     if found is None:
         raise LaunchError(f"{name} is not installed on this machine")
     return found
-
-
-def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class _Rank:

@@ -14,7 +14,7 @@ from typing import Mapping
 from ..errors import ClusterctlError
 from ..inventory import Cluster
 from ..hostfile import render as render_hostfile
-from ..launch import find_mlx_launch, mlx_launch_argv, mpirun_argv, ssh_shim
+from ..launch import find_mlx_launch, mlx_launch_argv, mpirun_argv, write_ssh_shim
 from ..transport import LocalTransport, Result
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
@@ -104,16 +104,13 @@ def ring_smoke(cluster: Cluster, *, python: str, env: Mapping[str, str], ssh_opt
     if ssh is None:
         return Finding("ring-smoke", CLUSTER, WARN, "not run: no OpenSSH client on this machine", None)
     with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
-        shim = os.path.join(tmp, "ssh")
-        with open(shim, "w") as f:
-            f.write(ssh_shim(ssh, ssh_options))
-        os.chmod(shim, 0o755)
+        shim_dir = write_ssh_shim(os.path.join(tmp, "ssh"), ssh, ssh_options)
         hostfile = os.path.join(tmp, "hosts.json")
         with open(hostfile, "w") as f:
             f.write(render_hostfile(cluster, "mlx", backend="ring", env=env))
         argv = mlx_launch_argv(cluster, hostfile=hostfile, backend="ring", python=python, env={},
                                program=["-c", SMOKE_PROGRAM, "ring", str(cluster.world_size)], launcher=launcher)
-        path = tmp + os.pathsep + os.environ.get("PATH", "")
+        path = shim_dir + os.pathsep + os.environ.get("PATH", "")
         return _run(cluster, "ring-smoke", "mlx.launch", argv, {"PATH": path}, timeout, None)
 
 
