@@ -7,7 +7,8 @@ launcher and the script without a shell (macOS SIP would strip DYLD_* through /b
   - sends a heartbeat every HEARTBEAT seconds from a thread of the rank itself: a stopped or wedged process
     stops beating, a busy one does not;
   - changes to the working directory (expanding ~ on the host, creating it if missing), runs the script as
-    __main__ with its arguments, and reports the exit code.
+    __main__ with its arguments (or, when the script is "-m", the module named by the first argument, as
+    `python -m` would, with the working directory first on sys.path), and reports the exit code.
 Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | exit.
 """
 
@@ -54,10 +55,16 @@ try:
     wd = os.path.expanduser(workdir)
     os.makedirs(wd, exist_ok=True)
     os.chdir(wd)
-    path = os.path.abspath(os.path.expanduser(script))
-    sys.argv = [path, *args]
-    sys.path.insert(0, os.path.dirname(path))
-    runpy.run_path(path, run_name="__main__")
+    if script == "-m":
+        module, *args = args
+        sys.argv = [module, *args]
+        sys.path.insert(0, wd)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        path = os.path.abspath(os.path.expanduser(script))
+        sys.argv = [path, *args]
+        sys.path.insert(0, os.path.dirname(path))
+        runpy.run_path(path, run_name="__main__")
 except SystemExit as e:
     if isinstance(e.code, int):
         code = e.code

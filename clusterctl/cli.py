@@ -14,7 +14,6 @@ import traceback
 
 import click
 
-from . import __version__
 from .atomic import write_text
 from .errors import ClusterctlError
 
@@ -47,7 +46,8 @@ def command(example: str, **kwargs):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="clusterctl", message="%(prog)s %(version)s")
+@click.version_option(None, "--version", package_name="clusterctl", prog_name="clusterctl",
+                      message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
 @click.pass_context
 def cli(ctx, debug):
@@ -269,8 +269,11 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 # ---- run --------------------------------------------------------------------------------------
 
 @command("clusterctl run train.py --hosts inventory.yaml -- --lr 3e-4")
-@click.argument("script")
+@click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "--module", metavar="MODULE",
+              help="Run this Python module on every rank (python -m MODULE). Default without SCRIPT: the "
+                   "bundled trainer, clusterctl.train.")
 @click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
               help="The inventory. Default: this machine, 2 ranks, ring backend.")
 @click.option("--backend", type=click.Choice(["mpi", "ring", "jaccl"]), help="Default: the inventory's launch.backend.")
@@ -283,15 +286,26 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
 @click.option("--launch-from", type=click.Choice(["auto", "here", "first-host"]), default="auto", show_default=True,
               help="Where mpirun / mlx.launch runs. auto: here when it is installed here, else the first host.")
-def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
-            runs_dir, connect_timeout, launch_from):
-    """Launch SCRIPT over mpirun or mlx.launch and supervise every rank."""
+def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
+            hang_timeout, runs_dir, connect_timeout, launch_from):
+    """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from .launch import find_mlx_launch
     from .inventory import parse
-    from .plan import LaunchPlan, discover
+    from .plan import LaunchPlan, cached_plan, discover, remember_plan
     from .remote import Connector
     from .supervise import prepare, supervise
 
+    if script is not None and script.startswith("-"):
+        args, script = (script, *args), None     # `run -- --steps 100`: arguments for the default program
+    if script is not None and module:
+        raise click.UsageError("give a SCRIPT or --module, not both")
+    if script is None:
+        module = module or "clusterctl.train"
+        program, program_args = "-m", [module, *args]
+    else:
+        program, program_args = script, list(args)
     if inventory_path:
         cluster = _load(inventory_path)
     else:
@@ -299,10 +313,21 @@ def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_
                         "(this machine)", base_dir=os.getcwd())
     backend = backend or cluster.launch.backend
     connector = Connector(cluster, connect_timeout=connect_timeout)
-    if no_preflight or dry_run:
+    preflight = None
+    if no_preflight:
         plan = LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include)
+    elif dry_run:
+        plan = cached_plan(cluster) or discover(connector)
     else:
-        plan = discover(connector, script=script)
+        plan = cached_plan(cluster)
+        verify = lambda: discover(connector, script=script, module=module)   # noqa: E731
+        if plan is None:
+            plan = verify()
+            remember_plan(cluster, plan)
+        else:
+            # Launch at once from the plan the last verified launch used; the pre-flight checks it meanwhile
+            # and stops the job with the failing host named, or launches again if the hosts changed.
+            preflight = ThreadPoolExecutor(1, thread_name_prefix="preflight").submit(verify)
     import shutil
 
     launcher = find_mlx_launch() if backend != "mpi" else None
@@ -318,14 +343,25 @@ def run_cmd(script, args, inventory_path, backend, dry_run, no_preflight, rank0_
         remote = connector.transport(cluster.hosts[0])
         click.echo(f"launching {'mpirun' if backend == 'mpi' else 'mlx.launch'} from {cluster.hosts[0].name}",
                    err=True)
-    launch = prepare(cluster, plan, script=script, args=list(args), backend=backend, runs_root=runs_dir,
-                     connect_timeout=connect_timeout, launcher=launcher, remote=remote)
-    if dry_run:
-        click.echo(json.dumps(launch.describe(), indent=2))
-        return
-    click.echo(f"run {launch.run_id}: {cluster.world_size} ranks over {backend}; logs in {launch.run_dir}", err=True)
-    outcome = supervise(launch, connector, emit=lambda text, err: click.echo(text, err=err), rank0_only=rank0_only,
-                        start_timeout=start_timeout, hang_timeout=hang_timeout)
+    while True:
+        launch = prepare(cluster, plan, script=program, args=program_args, backend=backend, runs_root=runs_dir,
+                         connect_timeout=connect_timeout, launcher=launcher, remote=remote)
+        if dry_run:
+            click.echo(json.dumps(launch.describe(), indent=2))
+            return
+        what = module if script is None else script
+        click.echo(f"run {launch.run_id}: {what} on {cluster.world_size} ranks over {backend}; "
+                   f"logs in {launch.run_dir}", err=True)
+        outcome = supervise(launch, connector, emit=lambda text, err: click.echo(text, err=err),
+                            rank0_only=rank0_only, start_timeout=start_timeout, hang_timeout=hang_timeout,
+                            preflight=preflight, plan=plan)
+        if outcome.replan is None:
+            break
+        click.echo(f"run {launch.run_id}: {outcome.reason}", err=True)
+        plan, preflight = outcome.replan, None
+        remember_plan(cluster, plan)
+    if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
+        remember_plan(cluster, preflight.result())
     if outcome.exit_code == 0:
         click.echo(f"run {launch.run_id}: {outcome.reason}", err=True)
         return
@@ -408,6 +444,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
 def _write_debug_log() -> str:
     directory = os.path.join(os.path.expanduser("~"), ".cache", "clusterctl")
     try:
@@ -416,7 +457,7 @@ def _write_debug_log() -> str:
         directory = tempfile.gettempdir()
     path = os.path.join(directory, "debug.log")
     with open(path, "a", encoding="utf-8") as f:
-        f.write(f"--- {datetime.datetime.now().isoformat()} clusterctl {__version__} {sys.argv}\n")
+        f.write(f"--- {datetime.datetime.now().isoformat()} clusterctl {_version()} {sys.argv}\n")
         f.write(traceback.format_exc())
     return path
 

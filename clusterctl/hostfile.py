@@ -11,7 +11,6 @@ import json
 import string
 from typing import Mapping
 
-from . import __version__
 from .errors import ClusterctlError
 from .inventory import Cluster
 from .resources import template_text
@@ -38,7 +37,7 @@ def render(cluster: Cluster, fmt: str, template: str | None = None, *, backend: 
 
 
 def _render_lines(cluster: Cluster, text: str) -> str:
-    once = {"inventory": cluster.path, "version": __version__}
+    once = {"inventory": cluster.path, "version": _version()}
     out = []
     for line in text.splitlines():
         if line.startswith("@host "):
@@ -70,3 +69,8 @@ def _render_mlx(cluster: Cluster, text: str, backend: str, env: Mapping[str, str
         return json.dumps(json.loads(rendered), indent=2) + "\n"
     except ValueError as e:
         raise ValueError(f"the rendered mlx.launch hostfile is not JSON: {e}") from None
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__

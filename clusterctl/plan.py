@@ -2,6 +2,11 @@
 gets (libmpi location for MLX, then the inventory's env, which wins) and the subnet to pin MPI to."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
 from dataclasses import dataclass, field
 
 from .doctor import checks
@@ -12,6 +17,7 @@ from .fanout import run_all
 from .inventory import Cluster
 from .remote import Connector
 from .transport import quote_path
+from .atomic import write_text
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,16 @@ def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
     return LaunchPlan(env, cluster.mpi.if_include or (str(subnet) if subnet else None))
 
 
-def discover(connector: Connector, timeout: float = 30.0, script: str | None = None) -> LaunchPlan:
-    """Probe every host at once (no peer checks) and plan from what they report. With `script`, this is
-    also the pre-flight of a run: every host must be reachable, with its python and the script (a path
-    relative to the host's workdir, or absolute) in place; the first host that fails is named."""
+# Whether python can import a module the way a rank will: from the workdir, with the inventory's env.
+_FIND_MODULE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
+
+
+def discover(connector: Connector, timeout: float = 30.0, script: str | None = None,
+             module: str | None = None) -> LaunchPlan:
+    """Probe every host at once (no peer checks) and plan from what they report. With `script` (or
+    `module`), this is also the pre-flight of a run: every host must be reachable, with its python and the
+    script (a path relative to the host's workdir, or absolute) or module in place; the first host that
+    fails is named."""
     cluster = connector.cluster
 
     def probe(host):
@@ -43,15 +55,23 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
         if script is not None:
             where = script if script.startswith(("/", "~")) else f"{host.workdir.rstrip('/')}/{script}"
             text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"
+        if module is not None:
+            env = " ".join(shlex.quote(f"{k}={v}") for k, v in host.env)
+            text += (f"\nif (cd {quote_path(host.workdir)} 2>/dev/null; env {env} {quote_path(host.python)} "
+                     f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)}) >/dev/null 2>&1; "
+                     "then j module yes; else j module no; fi\n")
         with connector.transport(host) as t:
             facts = parse_probe(t.run(text, timeout=timeout).stdout)
-        if script is not None:
+        if script is not None or module is not None:
             if not facts.get("python_path"):
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
             if facts.get("script") != "yes":
                 raise PreflightError(f"{host.name}: {where} does not exist there (copy it, or `clusterctl sync` "
                                      "when that lands; --no-preflight skips this check)")
+            if module is not None and facts.get("module") != "yes":
+                raise PreflightError(f"{host.name}: {host.python} cannot import {module} there (install it on "
+                                     "that host; --no-preflight skips this check)")
         return HostProbe(host, facts)
 
     group = run_all(cluster.hosts, probe, deadline=connector.connect_timeout + timeout + 5)
@@ -61,6 +81,37 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
         raise ConnectError(name, str(outcome.error).removeprefix(f"{name}: ") +
                            " (run `clusterctl doctor` for the whole picture)")
     return plan_from_probes(cluster, [o.value for o in group.values()])
+
+
+def _cache_path(cluster: Cluster) -> str:
+    """One cached plan per cluster as resolved (hosts, ssh settings, MPI settings), not per file name."""
+    hosts = [dataclasses.replace(h, line=0) for h in cluster.hosts]
+    key = repr((hosts, cluster.mpi, cluster.ssh_config, cluster.host_key_checking))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "clusterctl", "plans", f"{digest}.json")
+
+
+def cached_plan(cluster: Cluster) -> LaunchPlan | None:
+    """The plan the last verified launch on this cluster used, if any (a damaged cache is no cache)."""
+    try:
+        with open(_cache_path(cluster), encoding="utf-8") as f:
+            data = json.load(f)
+        env, if_include = data["env"], data["if_include"]
+        if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
+            return LaunchPlan(dict(env), if_include if isinstance(if_include, str) else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def remember_plan(cluster: Cluster, plan: LaunchPlan) -> None:
+    path = _cache_path(cluster)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include}) + "\n")
+    except OSError:
+        pass   # a cache we cannot write only costs the next launch a pre-flight round trip
 
 
 class PreflightError(ClusterctlError):

@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
@@ -69,6 +70,31 @@ class Outcome:
     reason: str                       # one line: what happened
     failed_rank: int | None = None
     tail: list[str] = field(default_factory=list)
+    replan: LaunchPlan | None = None  # the pre-flight found other hosts than the cached plan: launch again
+
+
+PREFLIGHT_WAIT_S = 30.0
+
+
+class _Preflight:
+    """The pre-flight running beside a launch that started from the cached plan. If it fails, the job
+    is stopped and its error raised (a missing script or python is named, not just a rank's exit); if it
+    finds the hosts changed, the job is stopped and launched again with the fresh plan."""
+
+    def __init__(self, future, plan: LaunchPlan):
+        self.future, self.plan = future, plan
+
+    def verdict(self, wait: float = 0.0) -> Outcome | None:
+        if self.future is None:
+            return None
+        try:
+            fresh = self.future.result(timeout=wait)
+        except FutureTimeout:
+            return None
+        self.future = None
+        if fresh != self.plan:
+            return Outcome(1, "the hosts changed since the plan was cached: launching again", replan=fresh)
+        return None
 
 
 def rank_hosts(cluster: Cluster) -> list[str]:
@@ -119,7 +145,7 @@ def _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, b
     prefix = ""
     if backend == "mpi":
         _write(os.path.join(run_dir, "hostfile"), render_hostfile(cluster, "openmpi"))
-        remote.put(os.path.join(run_dir, "hostfile"), f"{there}/hostfile")
+        uploads = [("hostfile", f"{there}/hostfile", None)]
         argv = mpirun_argv(cluster, hostfile=f"{there}/hostfile", program=[host0.python, *program], env=rank_env,
                            rsh_agent=rsh_agent(cluster, connect_timeout=connect_timeout),
                            if_include=plan.if_include, as_root=uid.strip() == "0")
@@ -128,15 +154,20 @@ def _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, b
             raise LaunchError(f"{host0.name} has no OpenSSH client (ssh) for mlx.launch")
         _write(os.path.join(run_dir, "hosts.json"), render_hostfile(cluster, "mlx", backend=backend, env={}))
         _write(os.path.join(run_dir, "ssh-shim"), ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
-        remote.put(os.path.join(run_dir, "hosts.json"), f"{there}/hosts.json")
-        remote.put(os.path.join(run_dir, "ssh-shim"), f"{there}/ssh/ssh", mode=0o755)
+        uploads = [("hosts.json", f"{there}/hosts.json", None), ("ssh-shim", f"{there}/ssh/ssh", 0o755)]
         launcher = [host0.python, "-c", "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"]
         argv = mlx_launch_argv(cluster, hostfile=f"{there}/hosts.json", backend=backend, python=host0.python,
                                program=program, env=rank_env, launcher=launcher)
         prefix = f'PATH={shlex.quote(there + "/ssh")}:"$PATH"; export PATH; '
     command = prefix + "exec " + shlex.join(argv)
-    launch = Launch(run_id, run_dir, backend, argv, {}, rank_env, rank_hosts(cluster),
-                    start=lambda lines: RemoteLauncher(remote, command, lines))
+
+    def start(lines):
+        # Copied only when the launch really starts: a dry run writes nothing on any host.
+        for name, dest, mode in uploads:
+            remote.put(os.path.join(run_dir, name), dest, mode=mode)
+        return RemoteLauncher(remote, command, lines)
+
+    launch = Launch(run_id, run_dir, backend, argv, {}, rank_env, rank_hosts(cluster), start=start)
     described = {**launch.describe(), "launcher_host": host0.name, "remote_command": command}
     _write(os.path.join(run_dir, "launch.json"), json.dumps(described, indent=2) + "\n")
     return launch
@@ -205,8 +236,11 @@ class _Rank:
 
 def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
               rank0_only: bool = False, start_timeout: float | None = None,
-              hang_timeout: float | None = None) -> Outcome:
-    """Run the launcher and watch every rank until the job ends one way or another."""
+              hang_timeout: float | None = None, preflight=None, plan: LaunchPlan | None = None) -> Outcome:
+    """Run the launcher and watch every rank until the job ends one way or another. `preflight` (a
+    Future of discover()) verifies, while the job starts, the cached `plan` it was launched from."""
+    check = _Preflight(preflight, plan)
+    preflight_error: BaseException | None = None
     ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
     launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
     lines: queue.Queue = queue.Queue()
@@ -229,11 +263,19 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
             if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
                 outcome = _launcher_ended(proc.returncode, ranks, launcher_log)
                 break
-            outcome = _check_timeouts(ranks, started_at, start_timeout, hang_timeout)
+            outcome = check.verdict() or _check_timeouts(ranks, started_at, start_timeout, hang_timeout)
+        if outcome.replan is None and check.future is not None:
+            # The job ended before the pre-flight did: its verdict still decides what to report (a rank's
+            # "No such file" is less useful than "host h2: train.py does not exist there") and what to cache.
+            if outcome.exit_code != 0:
+                outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
     except KeyboardInterrupt:
         outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank")
     except _Terminated as e:
         outcome = Outcome(128 + e.signum, f"{signal.Signals(e.signum).name} received: stopped every rank")
+    except ClusterctlError as e:   # the pre-flight failed: stop the job, then say why
+        preflight_error = e
+        outcome = Outcome(1, str(e))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -246,6 +288,8 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
         for r in ranks:
             r.log.close()
         launcher_log.close()
+    if preflight_error is not None:
+        raise preflight_error
     if outcome.failed_rank is not None:
         outcome.tail = list(ranks[outcome.failed_rank].tail)
     return outcome

@@ -24,14 +24,19 @@ RANK = "int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['MLX_RANK'])"
 TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 
+def _env(cwd):
+    # Each test its own plan cache: which launches start from a cached plan is then up to the test.
+    return {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
+
+
 def run(*args, cwd, timeout=180):
     return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+                          timeout=timeout, cwd=cwd, env=_env(cwd))
 
 
 def start(*args, cwd):
     return subprocess.Popen([sys.executable, "-m", "clusterctl", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=cwd)
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=_env(cwd))
 
 
 def wait_for_lines(proc, predicate, count, limit=60.0):
@@ -53,8 +58,12 @@ def job_processes(run_id):
 
 
 def assert_nothing_left(cluster, run_id):
+    assert_nothing_left_on(cluster, run_id, range(1, len(cluster.hosts) + 1))
+
+
+def assert_nothing_left_on(cluster, run_id, hosts):
     assert job_processes(run_id) == []
-    for i in range(1, len(cluster.hosts) + 1):           # and `ps` over SSH on every host agrees
+    for i in hosts:                                      # and `ps` over SSH on every host agrees
         ps = cluster.ssh(i, "ps -eo args")
         assert ps.returncode == 0 and f"clusterctl-run-{run_id}" not in ps.stdout
 
@@ -147,6 +156,36 @@ def test_dry_run_and_preflight(make_cluster, tmp_path):
     assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_launching_from_the_cached_plan_while_the_preflight_runs(make_cluster, tmp_path):
+    """After one verified launch the next starts at once from the cached plan, the pre-flight running
+    beside it: a failing pre-flight still stops the job and names the host, and a plan that no longer
+    matches the hosts makes run launch again with the fresh one."""
+    cluster = make_cluster(2)
+    script = tmp_path / "t.py"
+    # long enough that the pre-flight's verdict comes first, as it does for any real training job
+    script.write_text("import os, time\ntime.sleep(2)\nprint('env', os.environ.get('STALE', '-'))\n")
+    cache = tmp_path / ".cache" / "clusterctl" / "plans"
+    r = run(str(script), "--hosts", str(cluster.inventory), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    [cached] = list(cache.iterdir())
+    assert json.loads(cached.read_text())["env"] is not None
+    # a stale plan: the job starts with it, the pre-flight finds the hosts say otherwise, run launches again
+    stale = json.loads(cached.read_text())
+    cached.write_text(json.dumps({**stale, "env": {**stale["env"], "STALE": "1"}}))
+    r = run(str(script), "--hosts", str(cluster.inventory), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "the hosts changed since the plan was cached: launching again" in r.stderr
+    assert r.stdout.count("] env -") == 2 and "env 1" not in r.stdout   # only the relaunched job ran to the end
+    assert json.loads(cached.read_text()) == stale              # and the fresh plan is cached again
+    r = run(str(tmp_path / "missing.py"), "--hosts", str(cluster.inventory), cwd=tmp_path)
+    assert r.returncode == 1 and "missing.py does not exist there" in r.stderr, r.stderr
+    assert job_processes(TOKEN.search(r.stderr).group(1)) == []
+    cluster.stop_host(2)
+    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", cwd=tmp_path)
+    assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr
+    assert_nothing_left_on(cluster, TOKEN.search(r.stderr).group(1), [1])
+
+
 def _rank_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -180,6 +219,14 @@ def test_launching_from_the_first_host(make_cluster, tmp_path, backend):
         [f"[rank {k} h{k + 1}] world 3 sum [3.0, 3.0, 3.0, 3.0] arg x" for k in range(3)]
     launch = json.loads((tmp_path / "runs" / TOKEN.search(r.stderr).group(1) / "launch.json").read_text())
     assert launch["launcher_host"] == "h1" and "/.clusterctl/runs/" in launch["remote_command"]
+    there = re.search(r"(/\S*/\.clusterctl/runs/[^/]+)/", launch["remote_command"]).group(1)
+    assert cluster.ssh(1, f"test -d {there}").returncode == 0
+    # a dry run launching from h1 writes nothing there
+    r = run(str(script), "--hosts", str(cluster.inventory), "--backend", backend, "--launch-from", "first-host",
+            "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    dry_id = json.loads(r.stdout)["run_id"]
+    assert cluster.ssh(1, f"test -e {there.rsplit('/', 1)[0]}/{dry_id}").returncode == 1
     fail = tmp_path / "fail.py"
     fail.write_text(f"import os, sys, time\nrank = {RANK}\nif rank == 2:\n    sys.exit(5)\ntime.sleep(600)\n")
     r = run(str(fail), "--hosts", str(cluster.inventory), "--backend", backend, "--launch-from", "first-host",
