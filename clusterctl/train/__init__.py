@@ -1,0 +1,1 @@
+"""The bundled MLX trainer: data-parallel and fully sharded (FSDP) training."""
