@@ -388,8 +388,8 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
 @click.option("--dest", metavar="DIR", help="Sync into DIR inside each host's workdir instead of the workdir.")
 @click.option("--method", type=click.Choice(["auto", "rsync", "sftp"]), default="auto", show_default=True,
               help="auto: rsync over ssh where both ends have it, else SFTP.")
-@click.option("--checksum/--no-checksum", default=None,
-              help="Compare content (default when the tree is under 256 MiB) or size and mtime.")
+@click.option("--checksum", is_flag=True,
+              help="Compare content, not size and mtime: a touched but unchanged file is not sent.")
 @click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS", help="Limit each host's transfer to KBPS KiB/s.")
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds a host's whole transfer may take.")

@@ -66,11 +66,14 @@ def ssh_command(ssh_options: Sequence[str], user: str | None, port: int | None, 
 
 def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str | None = None,
                rsh: str | None = None, checksum: bool = False, dry_run: bool = False,
-               bwlimit_kbps: int | None = None, progress: bool = False) -> list[str]:
+               bwlimit_kbps: int | None = None, progress: bool = False, excludes: bool = False) -> list[str]:
     """Push the files named (NUL-separated, relative to src) in list_file to dest on target (or to the
-    local directory dest when target is None). -l -p -t: symlinks, permissions, times; never owners (the
-    user on the host may not exist here)."""
-    argv = [rsync, "-lpt", "--files-from", list_file, "--from0", f"--out-format={OUT_FORMAT}", "--stats",
+    local directory dest when target is None); with `excludes`, list_file holds exclude rules instead and
+    the tree is walked recursively (filelist.exclusion_rules). -l -p -t: symlinks, permissions, times;
+    never owners (the user on the host may not exist here)."""
+    selection = ["-r", "--exclude-from", list_file] if excludes else ["--files-from", list_file]
+    # --from0 first: rsync reads --exclude-from when it meets it on the command line
+    argv = [rsync, "-lpt", "--from0", *selection, f"--out-format={OUT_FORMAT}", "--stats",
             f"--timeout={IO_TIMEOUT_S}"]
     if checksum:
         argv.append("--checksum")
@@ -157,7 +160,7 @@ def supports_progress2(rsync: str) -> bool:
     return _PROGRESS2
 
 
-def run_rsync(host: str, argv_for_list: Callable[[str], list[str]], rel_paths: Sequence[str],
+def run_rsync(host: str, argv_for_list: Callable[[str], list[str]], items: Sequence[str],
               on_bytes: Callable[[int], None] | None = None) -> RsyncSummary:
     """Run rsync (argv built around the list file we write) behind the transport's watchdog: if this
     process dies, even by SIGKILL, the watchdog's stdin (our pipe) closes and it kills rsync and its ssh,
@@ -165,7 +168,7 @@ def run_rsync(host: str, argv_for_list: Callable[[str], list[str]], rel_paths: S
     fd, list_file = tempfile.mkstemp(prefix="clusterctl-files-")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write("\0".join(rel_paths).encode("utf-8", "surrogateescape"))
+            f.write("".join(item + "\0" for item in items).encode("utf-8", "surrogateescape"))
         argv = argv_for_list(list_file)
         proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv))], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)

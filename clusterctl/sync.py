@@ -9,10 +9,11 @@ Each host then gets it by rsync over ssh, with the exact OpenSSH options cluster
 when this machine or the host has no rsync — over SFTP, comparing sha256 hashes the host computes for
 every file in one command. Either way every file lands atomically (temporary name, then rename).
 
-Incremental check: rsync's `--checksum` when the tree is at most CHECKSUM_AUTO_LIMIT bytes (a code tree:
-reading it costs milliseconds, and a file that was only touched is not sent or counted), otherwise
-rsync's size + mtime quick check (a touched file is then re-checked by rsync's delta transfer and counted,
-though little data moves). `--checksum` / `--no-checksum` force either. SFTP always compares hashes.
+Incremental check: rsync's quick check (size + mtime), as plain `rsync -a`; `--checksum` compares content
+instead, so a file that was only touched is neither sent nor counted — at the price of reading every file
+on both ends each time (measured: +0.26 s for a 2,000-file, 4 MiB tree to 4 hosts, nearly doubling a
+no-change sync), hence opt-in. Without it a touched file is counted, though rsync's delta transfer sends
+only block checksums for it. The SFTP fallback always compares sha256 hashes.
 
 `--delete` removes files on the host that the project no longer has, except what the project's rules
 exclude (as rsync without --delete-excluded) and what clusterctl itself keeps in the workdir: `data/`
@@ -31,13 +32,12 @@ from typing import Callable
 from . import remotefiles
 from .errors import ClusterctlError, EXIT_USAGE
 from .fanout import GroupResult, run_all
-from .filelist import BUILTIN_EXCLUDES, Entry, ignored_by_project, select_files
+from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
 from .inventory import Cluster, Host
 from .remote import Connector
 from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
 from .sshconfig import openssh_options
 
-CHECKSUM_AUTO_LIMIT = 256 * 1024 * 1024
 # kept on the host by --delete: clusterctl's own places in the workdir
 PROTECTED_TOP = ("data", "runs", ".clusterctl")
 PROTECTED_NAMES = tuple(p.strip("/") for p in BUILTIN_EXCLUDES if p.endswith("/") and not p.startswith("/"))
@@ -56,7 +56,7 @@ class SyncOptions:
     dry_run: bool = False                 # report what would move; move nothing
     dest: str | None = None               # a directory relative to each host's workdir
     method: str = "auto"                  # auto | rsync | sftp
-    checksum: bool | None = None          # None: --checksum when the tree is small (see above)
+    checksum: bool = False                # compare content instead of size + mtime (rsync)
     bwlimit_kbps: int | None = None
     host_key_checking: str | None = None
     connect_timeout: float = 10.0
@@ -112,6 +112,7 @@ class _Session:
         self._lock = threading.Lock()
         self._connector: Connector | None = None
         self._hashes: dict[str, str] | None = None
+        self._rules: list[str] | None | bool = False
 
     def connector(self) -> Connector:
         with self._lock:
@@ -119,6 +120,12 @@ class _Session:
                 self._connector = Connector(self.cluster, self.options.host_key_checking,
                                             self.options.connect_timeout)
             return self._connector
+
+    def exclusion_rules(self) -> list[str] | None:
+        with self._lock:
+            if self._rules is False:
+                self._rules = exclusion_rules(self.plan.root, self.plan.entries)
+            return self._rules
 
     def hashes(self) -> dict[str, str]:
         with self._lock:
@@ -172,7 +179,6 @@ def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progr
 
 def _rsync_host(session: _Session, host: Host, rsync: str, dest: str, on_bytes) -> HostSync:
     options, plan, cluster = session.options, session.plan, session.cluster
-    checksum = options.checksum if options.checksum is not None else plan.total_bytes <= CHECKSUM_AUTO_LIMIT
     if host.local:
         if not options.dry_run:
             os.makedirs(os.path.expanduser(dest), exist_ok=True)
@@ -184,12 +190,14 @@ def _rsync_host(session: _Session, host: Host, rsync: str, dest: str, on_bytes) 
         rsh = ssh_command(ssh_opts, host.user, host.port, identity, shutil.which("ssh") or "ssh")
         where = dest
 
-    def argv(list_file: str) -> list[str]:
-        return rsync_argv(rsync, plan.root, list_file, where, target=target, rsh=rsh, checksum=checksum,
-                          dry_run=options.dry_run, bwlimit_kbps=options.bwlimit_kbps,
-                          progress=supports_progress2(rsync))
+    rules = session.exclusion_rules()
 
-    summary = run_rsync(host.name, argv, [e.rel for e in plan.entries], on_bytes)
+    def argv(list_file: str) -> list[str]:
+        return rsync_argv(rsync, plan.root, list_file, where, target=target, rsh=rsh, checksum=options.checksum,
+                          dry_run=options.dry_run, bwlimit_kbps=options.bwlimit_kbps,
+                          progress=supports_progress2(rsync), excludes=rules is not None)
+
+    summary = run_rsync(host.name, argv, rules if rules is not None else [e.rel for e in plan.entries], on_bytes)
     return HostSync(host.name, dest, "rsync", summary.moved, summary.moved_bytes, wire_bytes=summary.wire_bytes)
 
 

@@ -74,11 +74,15 @@ def test_sync_to_three_hosts_then_incremental(make_cluster, tmp_path):
     again = sync(cluster, project)
     assert all(h["files"] == 0 and h["moved"] == [] for h in again.values()), again
     (project / "pkg" / "model.py").write_text("x = 2\n")
-    os.utime(project / "train.py")          # touched, identical: not counted (checksum mode)
     changed = sync(cluster, project)
     for i in (1, 2, 3):
         assert changed[f"h{i}"]["moved"] == ["pkg/model.py"]
         assert cluster.ssh(i, f"cat {cluster.workdir}/pkg/model.py").stdout == "x = 2\n"
+    for hours, args, moved in ((1, (), ["train.py"]), (2, ("--checksum",), [])):
+        past = time.time() - 3600 * hours
+        os.utime(project / "train.py", (past, past))       # touched, identical content
+        # the quick check (size + mtime) counts it; --checksum does not (and only updates its mtime)
+        assert all(h["moved"] == moved for h in sync(cluster, project, *args).values())
 
 
 def test_host_without_rsync_gets_the_tree_over_sftp(make_cluster, tmp_path):

@@ -4,7 +4,9 @@ import subprocess
 
 import pytest
 
-from clusterctl.filelist import IgnoreRules, SyncSourceError, ignored_by_project, select_files, translate
+from clusterctl.filelist import IgnoreRules, SyncSourceError, exclusion_rules, ignored_by_project, select_files, \
+    translate
+from clusterctl.rsync import rsync_argv
 
 
 @pytest.mark.parametrize("patterns,path,is_dir,excluded", [
@@ -105,3 +107,20 @@ def test_missing_directory_is_a_usage_error(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(SyncSourceError, match="not a directory"):
         select_files(str(tmp_path / "f"))
+
+
+def test_exclusion_rules_select_the_same_files_as_the_list(tmp_path):
+    make_tree(tmp_path, TREE)
+    entries, _ = select_files(str(tmp_path), use_git=False)
+    rules = exclusion_rules(str(tmp_path), entries)
+    assert "/build/" in rules and "/x.pyc" in rules and "/pkg/__pycache__/" in rules and "/myenv/" in rules
+    # rsync itself applies them: exactly the selected files arrive
+    dest = tmp_path.parent / (tmp_path.name + "-dest")
+    rules_file = tmp_path.parent / (tmp_path.name + "-rules")
+    rules_file.write_bytes("".join(r + "\0" for r in rules).encode())
+    subprocess.run(rsync_argv("rsync", str(tmp_path), str(rules_file), str(dest), excludes=True), check=True,
+                   capture_output=True)
+    arrived = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir())
+    assert arrived == [e.rel for e in entries]
+    (tmp_path / "pkg" / "we*ird.py").write_text("")
+    assert exclusion_rules(str(tmp_path), entries) is None     # would read as a wildcard: use the list

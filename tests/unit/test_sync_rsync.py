@@ -53,7 +53,7 @@ def test_argv_for_a_remote_host():
     rsh = ssh_command(["-F", "/my configs/ssh_config", "-o", "BatchMode=yes"], "alice", 2222, "/k/id", ssh="/usr/bin/ssh")
     argv = rsync_argv("rsync", "/src", "/tmp/list", "~/work dir", target="h1", rsh=rsh, checksum=True,
                       bwlimit_kbps=100, progress=True)
-    assert argv[:4] == ["rsync", "-lpt", "--files-from", "/tmp/list"]
+    assert argv[:5] == ["rsync", "-lpt", "--from0", "--files-from", "/tmp/list"]
     assert {"--from0", "--checksum", "--bwlimit=100", "--info=progress2", "--stats"} <= set(argv)
     assert argv[-2:] == ["/src/", "h1:."]
     assert argv[argv.index("-e") + 1] == rsh
