@@ -412,6 +412,179 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
     click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
 
 
+# ---- sync, data push -------------------------------------------------------------------------
+
+@command("clusterctl sync . --hosts inventory.yaml --exclude '*.ckpt'")
+@click.argument("path", default=".")
+@hosts_option
+@click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
+              help="Do not ship files matching PATTERN (gitignore syntax, relative to PATH; repeatable).")
+@click.option("--delete", is_flag=True, help="Remove files on the hosts that PATH no longer has.")
+@click.option("--dry-run", is_flag=True, help="Show what would move (and be deleted); move nothing.")
+@click.option("--dest", metavar="DIR", help="Sync into DIR inside each host's workdir instead of the workdir.")
+@click.option("--method", type=click.Choice(["auto", "rsync", "sftp"]), default="auto", show_default=True,
+              help="auto: rsync over ssh where both ends have it, else SFTP.")
+@click.option("--checksum", is_flag=True,
+              help="Compare content, not size and mtime: a touched but unchanged file is not sent.")
+@click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS", help="Limit each host's transfer to KBPS KiB/s.")
+@click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
+@click.option("--timeout", default=3600.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@click.option("--strict-host-keys", is_flag=True, help="Refuse hosts whose key is not in known_hosts yet.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
+def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, checksum, bwlimit, connect_timeout,
+             timeout, strict_host_keys, as_json):
+    """Mirror a project directory into every host's workdir."""
+    from .sync import SyncOptions, plan_sync, sync_tree
+
+    cluster = _load(inventory_path)
+    options = SyncOptions(excludes=tuple(excludes), delete=delete, dry_run=dry_run, dest=dest, method=method,
+                          checksum=checksum, bwlimit_kbps=bwlimit, connect_timeout=connect_timeout, timeout=timeout,
+                          host_key_checking="strict" if strict_host_keys else None)
+    plan = plan_sync(path, options)
+    bars = _Bars([h.name for h in cluster.hosts]) if sys.stdout.isatty() and not as_json else None
+    group = sync_tree(cluster, plan, options, progress=bars.update if bars else None)
+    if bars:
+        bars.close()
+    rows = []
+    for o in group.values():
+        r = o.value
+        row = {"host": o.host.name, "rank": o.host.rank, "ok": o.ok, "error": _one_line(o.error) if o.error else None}
+        if r is not None:
+            row.update(method=r.method, dest=r.dest, files=len(r.moved), bytes=r.moved_bytes, wire_bytes=r.wire_bytes,
+                       deleted=len(r.deleted), elapsed_s=round(r.elapsed_s, 3), note=r.note,
+                       moved=r.moved, deleted_files=r.deleted)
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps({"ok": group.all_ok, "root": plan.root, "selection": plan.selection,
+                               "files": len(plan.entries), "dry_run": dry_run, "hosts": rows}, indent=2))
+    else:
+        verb = "would send" if dry_run else "sent"
+        click.echo(f"{plan.root}: {len(plan.entries)} files, {_size(plan.total_bytes)} "
+                   f"(chosen by {'git' if plan.selection == 'git' else '.gitignore rules'})")
+        for row in rows:
+            if dry_run and row["ok"]:
+                for f in row["moved"]:
+                    click.echo(f"[{row['rank']} {row['host']}] {verb} {f}")
+                for f in row["deleted_files"]:
+                    click.echo(f"[{row['rank']} {row['host']}] would delete {f}")
+        table = [{"host": r["host"], "method": r.get("method", ""), "files": r.get("files", ""),
+                  "bytes": _size(r["bytes"]) if "bytes" in r else "", "deleted": r.get("deleted", ""),
+                  "time": f"{r['elapsed_s']:.1f}s" if "elapsed_s" in r else "",
+                  "note": r["error"] and f"error: {r['error']}" or r.get("note", "")} for r in rows]
+        _table(table, ["host", "method", "files", "bytes", "deleted", "time", "note"])
+        failed = len(group.failed)
+        click.echo(f"{len(group) - failed} ok, {failed} failed" + (" (dry run: nothing moved)" if dry_run else ""),
+                   err=bool(failed))
+    sys.exit(0 if group.all_ok else 1)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class _Bars:
+    """One progress line per host, redrawn in place (only on a terminal), once a host has a large
+    transfer (at least LARGE bytes); small syncs print only the summary."""
+
+    LARGE = 4 * 1024 * 1024
+
+    def __init__(self, hosts: list[str]):
+        import threading
+
+        self.hosts = hosts
+        self.state: dict[str, tuple[int, int]] = {}
+        self.lock = threading.Lock()
+        self.drawn = 0
+        self.last = 0.0
+
+    def update(self, host: str, done: int, total: int) -> None:
+        import time
+
+        with self.lock:
+            self.state[host] = (done, total)
+            if not any(t >= self.LARGE for _, t in self.state.values()):
+                return
+            now = time.monotonic()
+            if now - self.last < 0.1 and done < total:
+                return
+            self.last = now
+            self._draw()
+
+    def _draw(self) -> None:
+        width = max(len(h) for h in self.hosts)
+        lines = []
+        for h in self.hosts:
+            done, total = self.state.get(h, (0, 0))
+            frac = done / total if total else 0.0
+            bar = "#" * int(frac * 30)
+            lines.append(f"{h.ljust(width)} [{bar.ljust(30)}] {frac * 100:5.1f}% {_size(done)} / {_size(total)}")
+        if self.drawn:
+            click.echo(f"\x1b[{self.drawn}A", nl=False)
+        for line in lines:
+            click.echo("\x1b[2K" + line)
+        self.drawn = len(lines)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.drawn:
+                self._draw()
+
+
+@cli.group(name="data", cls=_Group)
+def data_cmd():
+    """Prepare dataset shards and push each host its own."""
+
+
+EXAMPLES["data"] = "clusterctl data push data/tiny --hosts inventory.yaml"
+
+
+@data_cmd.command(name="push")
+@click.argument("data_dir")
+@hosts_option
+@click.option("--name", metavar="NAME", help="Directory name on the hosts (default: DATA_DIR's name).")
+@click.option("--method", type=click.Choice(["auto", "rsync", "sftp"]), default="auto", show_default=True,
+              help="auto: rsync over ssh where both ends have it, else SFTP.")
+@click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
+@click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@click.option("--strict-host-keys", is_flag=True, help="Refuse hosts whose key is not in known_hosts yet.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
+def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeout, strict_host_keys, as_json):
+    """Send host i its shard i (+ val.bin, manifest), checked by sha256."""
+    from .shardpush import push_shards
+
+    cluster = _load(inventory_path)
+    bars = _Bars([h.name for h in cluster.hosts]) if sys.stdout.isatty() and not as_json else None
+    group = push_shards(cluster, data_dir, name=name, method=method, connect_timeout=connect_timeout,
+                        timeout=timeout, host_key_checking="strict" if strict_host_keys else None,
+                        progress=bars.update if bars else None)
+    if bars:
+        bars.close()
+    rows = []
+    for o in group.values():
+        r = o.value
+        row = {"host": o.host.name, "ok": o.ok, "error": _one_line(o.error) if o.error else None}
+        if r is not None:
+            row.update(dir=r.dir, ranks=r.ranks, sent=r.sent, sent_bytes=r.sent_bytes, unchanged=r.unchanged,
+                       removed=r.removed, method=r.method, elapsed_s=round(r.elapsed_s, 3))
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps({"ok": group.all_ok, "hosts": rows}, indent=2))
+    else:
+        _table([{"host": r["host"], "ranks": ",".join(map(str, r.get("ranks", []))),
+                 "sent": len(r.get("sent", [])), "bytes": _size(r.get("sent_bytes", 0)),
+                 "unchanged": len(r.get("unchanged", [])), "removed": len(r.get("removed", [])),
+                 "time": f"{r['elapsed_s']:.1f}s" if "elapsed_s" in r else "",
+                 "note": f"error: {r['error']}" if r["error"] else r.get("dir", "")} for r in rows],
+               ["host", "ranks", "sent", "bytes", "unchanged", "removed", "time", "note"])
+        failed = len(group.failed)
+        click.echo(f"{len(group) - failed} ok, {failed} failed", err=bool(failed))
+    sys.exit(0 if group.all_ok else 1)
+
+
 # ---- entry point ------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:

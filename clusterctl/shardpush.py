@@ -1,0 +1,201 @@
+"""`clusterctl data push`: each host gets only its own dataset shards, verified by sha256 on the host.
+
+Layout on a host (what the trainer is given as its data directory):
+
+    <workdir>/data/<name>/manifest.json                  the whole manifest (every shard's sha256)
+    <workdir>/data/<name>/val.bin                        held-out tokens, on every host
+    <workdir>/data/<name>/shard-0000R-of-0000N.bin       one per rank R the host runs (rank order =
+                                                         inventory order; a host with slots: 2 gets two)
+
+`name` is the data directory's base name unless given. Per host, in parallel:
+  1. one command hashes what the host already has; files whose sha256 matches the manifest are not sent;
+  2. the rest go to `<dir>/.incoming/` (rsync over ssh, or SFTP), atomically per file;
+  3. one command hashes each staged file ON the host, renames those that match into place (manifest.json
+     last, so a manifest never names a shard that is not there yet), deletes any that do not (an error),
+     and removes every other `shard-*-of-*.bin` there: another world size's, or another rank's.
+A manifest whose world_size differs from the inventory's is refused before anything moves.
+
+The manifest reader here only needs `world_size`, `shards[].file/sha256` and `val.file/sha256`; push_shards
+also takes an already-read manifest (a dict, or any object with those attributes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import remotefiles
+from .errors import ClusterctlError, EXIT_USAGE
+from .fanout import GroupResult, run_all
+from .inventory import Cluster, Host
+from .remote import Connector
+from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
+from .sshconfig import openssh_options
+from .sync import Progress
+
+MANIFEST = "manifest.json"
+STAGE = ".incoming"
+SHARD_NAME = r"shard-\d+-of-\d+\.bin"
+
+
+class ShardError(ClusterctlError):
+    exit_code = EXIT_USAGE
+
+
+class ShardVerifyError(ClusterctlError):
+    """A file's sha256 on the host is not the manifest's after the transfer."""
+
+
+@dataclass
+class HostPush:
+    host: str
+    dir: str
+    ranks: list[int]
+    sent: list[str] = field(default_factory=list)
+    sent_bytes: int = 0
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)       # stale shards deleted on the host
+    method: str = ""
+    elapsed_s: float = 0.0
+
+
+def read_manifest(data_dir: str) -> dict:
+    """manifest.json of a prepared data directory, checked for what a push needs."""
+    path = os.path.join(data_dir, MANIFEST)
+    if not os.path.isdir(data_dir):
+        raise ShardError(f"{data_dir}: no such directory")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ShardError(f"{path}: no manifest; prepare the data first with `clusterctl data prepare`") from None
+    except ValueError as e:
+        raise ShardError(f"{path}: not valid JSON ({e})") from None
+    try:
+        world = manifest["world_size"]
+        shards = [(s["file"], s["sha256"]) for s in manifest["shards"]]
+        manifest["val"]["file"], manifest["val"]["sha256"]
+    except (KeyError, TypeError):
+        raise ShardError(f"{path}: not a clusterctl manifest (needs world_size, shards[].file/sha256, "
+                         "val.file/sha256)") from None
+    if not isinstance(world, int) or world < 1 or len(shards) != world:
+        raise ShardError(f"{path}: world_size {world!r} does not match its {len(shards)} shards")
+    for name, _ in shards + [(manifest["val"]["file"], None)]:
+        if "/" in name or name.startswith("."):
+            raise ShardError(f"{path}: file name {name!r} must be a plain name in the data directory")
+    return manifest
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def files_for_host(manifest: Any, host: Host) -> list[tuple[str, str]]:
+    """(file, sha256) a host must hold, shards first, val.bin, manifest excluded."""
+    shards = _get(manifest, "shards")
+    val = _get(manifest, "val")
+    out = [(_get(shards[r], "file"), _get(shards[r], "sha256")) for r in host.ranks]
+    return out + [(_get(val, "file"), _get(val, "sha256"))]
+
+
+def push_shards(cluster: Cluster, data_dir: str, manifest: Any = None, name: str | None = None,
+                host_key_checking: str | None = None, connect_timeout: float = 10.0, timeout: float = 7200.0,
+                method: str = "auto", progress: Progress | None = None) -> GroupResult:
+    """Push data_dir's shards: host i (rank order) gets its ranks' shards, val and the manifest."""
+    data_dir = os.path.abspath(data_dir)
+    if manifest is None:
+        manifest = read_manifest(data_dir)
+    world = _get(manifest, "world_size")
+    if world != cluster.world_size:
+        raise ShardError(f"{data_dir} was prepared for world size {world}, but the inventory has "
+                         f"{cluster.world_size} ranks: run `clusterctl data prepare --world {cluster.world_size}`")
+    name = name or os.path.basename(data_dir.rstrip("/"))
+    if not name or "/" in name or name.startswith("."):
+        raise ShardError(f"--name {name!r} must be a plain directory name")
+    for host in cluster.hosts:
+        for file, _ in files_for_host(manifest, host):
+            if not os.path.isfile(os.path.join(data_dir, file)):
+                raise ShardError(f"{os.path.join(data_dir, file)}: missing (named by the manifest)")
+    manifest_sha = remotefiles.sha256_file(os.path.join(data_dir, MANIFEST))
+    connector = Connector(cluster, host_key_checking, connect_timeout)
+    rsync = shutil.which("rsync") if method != "sftp" else None
+
+    def one(host: Host) -> HostPush:
+        return _push_host(connector, host, data_dir, manifest, name, manifest_sha, rsync, progress)
+
+    return run_all(cluster.hosts, one, timeout + connect_timeout)
+
+
+def remote_dir(host: Host, name: str) -> str:
+    return posixpath.join(host.workdir, "data", name)
+
+
+def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Any, name: str, manifest_sha: str,
+               rsync: str | None, progress: Progress | None) -> HostPush:
+    start = time.monotonic()
+    wanted = files_for_host(manifest, host) + [(MANIFEST, manifest_sha)]
+    target_dir = remote_dir(host, name)
+    report = HostPush(host.name, target_dir, list(host.ranks))
+    with connector.transport(host) as transport:
+        have = remotefiles.call(transport, host.python, "scan", {
+            "root": target_dir, "paths": [f for f, _ in wanted], "hash": True, "dry": True})["files"]
+        send = [(f, sha) for f, sha in wanted if (have.get(f) or [None])[0] != sha]
+        report.unchanged = [f for f, _ in wanted if (f, _) not in send]
+        total = sum(os.path.getsize(os.path.join(data_dir, f)) for f, _ in send)
+        on_bytes = (lambda done: progress(host.name, min(done, total), total)) if progress else None
+        stage = posixpath.join(target_dir, STAGE)
+        if send:
+            report.method = _transfer(connector, transport, host, data_dir, [f for f, _ in send], stage, rsync,
+                                      on_bytes)
+        verdict = remotefiles.call(transport, host.python, "verify", {
+            "root": target_dir, "stage": STAGE, "files": send, "keep": [f for f, _ in wanted],
+            "stale": SHARD_NAME, "check": [f for f, _ in wanted]})
+    if verdict["bad"]:
+        raise ShardVerifyError(f"{host.name}: sha256 of {', '.join(verdict['bad'])} on the host does not match "
+                               "the manifest (the copy was deleted): the local file differs from its manifest "
+                               "entry, or was corrupted in transit")
+    missing = [f for f, sha in wanted if verdict["have"].get(f) != sha]
+    if missing:
+        raise ShardVerifyError(f"{host.name}: {', '.join(missing)} not in place in {target_dir} after the transfer")
+    report.sent = [f for f, _ in send]
+    report.sent_bytes = total
+    report.removed = verdict["stale"]
+    if progress:
+        progress(host.name, total, total)
+    report.elapsed_s = time.monotonic() - start
+    return report
+
+
+def _transfer(connector: Connector, transport, host: Host, data_dir: str, files: list[str], stage: str,
+              rsync: str | None, on_bytes) -> str:
+    """Copy files into the host's stage directory; rsync when both ends have it, else SFTP."""
+    if rsync and not host.local:
+        cluster = connector.cluster
+        identity = host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
+        rsh = ssh_command(openssh_options(cluster, connector.host_key_checking, connector.connect_timeout),
+                          host.user, host.port, identity, shutil.which("ssh") or "ssh")
+        try:
+            run_rsync(host.name, lambda lst: rsync_argv(rsync, data_dir, lst, stage, target=host.hostname or host.name,
+                                                        rsh=rsh, progress=supports_progress2(rsync)), files, on_bytes)
+            return "rsync"
+        except RsyncMissing:
+            pass
+    remotefiles.call(transport, host.python, "scan", {"root": stage})       # creates it, clears leftovers
+    done = 0
+
+    def count(n: int) -> None:
+        nonlocal done
+        done += n
+        if on_bytes:
+            on_bytes(done)
+
+    with remotefiles.Uploader(transport, count) as up:
+        for f in files:
+            src = os.path.join(data_dir, f)
+            up.put(src, posixpath.join(stage, f), os.stat(src).st_mode & 0o777)
+    return "sftp"
+

@@ -1,0 +1,263 @@
+"""`clusterctl sync`: mirror a project directory into every host's workdir, in parallel, incrementally.
+
+    plan = plan_sync("/path/project", SyncOptions(excludes=("*.ckpt",)))
+    group = sync_tree(cluster, plan, SyncOptions(...), progress=lambda host, done, total: ...)
+    group["h1"].value  ->  HostSync(method, moved, moved_bytes, deleted, ...)
+
+What ships is decided once, here (filelist.py: git, or the .gitignore rules, plus what never ships).
+Each host then gets it by rsync over ssh, with the exact OpenSSH options clusterctl uses everywhere, or —
+when this machine or the host has no rsync — over SFTP, comparing sha256 hashes the host computes for
+every file in one command. Either way every file lands atomically (temporary name, then rename).
+
+Incremental check: rsync's quick check (size + mtime), as plain `rsync -a`; `--checksum` compares content
+instead, so a file that was only touched is neither sent nor counted — at the price of reading every file
+on both ends each time (measured: +0.26 s for a 2,000-file, 4 MiB tree to 4 hosts, nearly doubling a
+no-change sync), hence opt-in. Without it a touched file is counted, though rsync's delta transfer sends
+only block checksums for it. The SFTP fallback always compares sha256 hashes.
+
+`--delete` removes files on the host that the project no longer has, except what the project's rules
+exclude (as rsync without --delete-excluded) and what clusterctl itself keeps in the workdir: `data/`
+(dataset shards, see shardpush.py), `runs/` and `.clusterctl/`.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import remotefiles
+from .errors import ClusterctlError, EXIT_USAGE
+from .fanout import GroupResult, run_all
+from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
+from .inventory import Cluster, Host
+from .remote import Connector
+from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
+from .sshconfig import openssh_options
+
+# kept on the host by --delete: clusterctl's own places in the workdir
+PROTECTED_TOP = ("data", "runs", ".clusterctl")
+PROTECTED_NAMES = tuple(p.strip("/") for p in BUILTIN_EXCLUDES if p.endswith("/") and not p.startswith("/"))
+
+Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total)
+
+
+class SyncError(ClusterctlError):
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    excludes: tuple[str, ...] = ()        # gitignore patterns, relative to the project root
+    delete: bool = False                  # remove host files the project no longer has
+    dry_run: bool = False                 # report what would move; move nothing
+    dest: str | None = None               # a directory relative to each host's workdir
+    method: str = "auto"                  # auto | rsync | sftp
+    checksum: bool = False                # compare content instead of size + mtime (rsync)
+    bwlimit_kbps: int | None = None
+    host_key_checking: str | None = None
+    connect_timeout: float = 10.0
+    timeout: float = 3600.0               # per host, the whole transfer
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    root: str
+    entries: tuple[Entry, ...]
+    selection: str                        # "git" or "gitignore"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries if e.link is None)
+
+
+@dataclass
+class HostSync:
+    host: str
+    dest: str
+    method: str                           # "rsync" or "sftp"
+    moved: list[str] = field(default_factory=list)
+    moved_bytes: int = 0
+    deleted: list[str] = field(default_factory=list)
+    wire_bytes: int | None = None
+    note: str = ""
+    elapsed_s: float = 0.0
+
+
+def plan_sync(path: str, options: SyncOptions = SyncOptions()) -> SyncPlan:
+    root = os.path.abspath(path)
+    entries, selection = select_files(root, options.excludes)
+    return SyncPlan(root, tuple(entries), selection)
+
+
+def destination(host: Host, dest: str | None) -> str:
+    """The host's workdir, or `dest` inside it. Refuses paths that would leave the workdir."""
+    if not dest:
+        return host.workdir
+    clean = posixpath.normpath(dest)
+    if dest.startswith(("/", "~")) or clean == ".." or clean.startswith("../"):
+        raise SyncError(f"--dest {dest!r} must be a path inside each host's workdir, like code/myproject")
+    return posixpath.join(host.workdir, clean) if clean != "." else host.workdir
+
+
+class _Session:
+    """What the per-host workers share: a Connector made once, when a host first needs paramiko, and the
+    local sha256 of every file (computed once, for the SFTP fallback)."""
+
+    def __init__(self, cluster: Cluster, plan: SyncPlan, options: SyncOptions):
+        self.cluster, self.plan, self.options = cluster, plan, options
+        self._lock = threading.Lock()
+        self._connector: Connector | None = None
+        self._hashes: dict[str, str] | None = None
+        self._rules: list[str] | None | bool = False
+
+    def connector(self) -> Connector:
+        with self._lock:
+            if self._connector is None:
+                self._connector = Connector(self.cluster, self.options.host_key_checking,
+                                            self.options.connect_timeout)
+            return self._connector
+
+    def exclusion_rules(self) -> list[str] | None:
+        with self._lock:
+            if self._rules is False:
+                self._rules = exclusion_rules(self.plan.root, self.plan.entries)
+            return self._rules
+
+    def hashes(self) -> dict[str, str]:
+        with self._lock:
+            if self._hashes is None:
+                self._hashes = {e.rel: remotefiles.sha256_file(os.path.join(self.plan.root, e.rel))
+                                for e in self.plan.entries if e.link is None}
+            return self._hashes
+
+
+def sync_tree(cluster: Cluster, plan: SyncPlan, options: SyncOptions = SyncOptions(),
+              progress: Progress | None = None) -> GroupResult:
+    """Sync plan's files to every host at once; host -> HostSync or the error that stopped it."""
+    if options.method not in ("auto", "rsync", "sftp"):
+        raise SyncError(f"unknown sync method {options.method!r} (auto, rsync or sftp)")
+    rsync = shutil.which("rsync")
+    if options.method == "rsync" and rsync is None:
+        raise SyncError("--method rsync: rsync is not installed on this machine")
+    for host in cluster.hosts:
+        destination(host, options.dest)          # bad --dest: one error before any transfer
+    session = _Session(cluster, plan, options)
+    return run_all(cluster.hosts, lambda host: _sync_host(session, host, rsync, progress),
+                   options.timeout + options.connect_timeout)
+
+
+def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progress | None) -> HostSync:
+    start = time.monotonic()
+    options, plan = session.options, session.plan
+    dest = destination(host, options.dest)
+    report = progress or (lambda *a: None)
+    total = plan.total_bytes
+    note = ""
+    result = None
+    if rsync and options.method != "sftp":
+        try:
+            result = _rsync_host(session, host, rsync, dest, lambda done: report(host.name, min(done, total), total))
+        except RsyncMissing:
+            if options.method == "rsync":
+                raise
+            note = "no rsync on the host: sent over SFTP"
+    elif options.method == "auto":
+        note = "no rsync on this machine: sent over SFTP"
+    if result is None:
+        result = _sftp_host(session, host, dest, report)
+        result.note = note
+    if options.delete:
+        result.deleted = _delete_extra(session, host, dest)
+    report(host.name, total, total)
+    result.elapsed_s = time.monotonic() - start
+    return result
+
+
+def _rsync_host(session: _Session, host: Host, rsync: str, dest: str, on_bytes) -> HostSync:
+    options, plan, cluster = session.options, session.plan, session.cluster
+    if host.local:
+        if not options.dry_run:
+            os.makedirs(os.path.expanduser(dest), exist_ok=True)
+        target, rsh, where = None, None, os.path.expanduser(dest)
+    else:
+        ssh_opts = openssh_options(cluster, options.host_key_checking, options.connect_timeout)
+        identity = host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
+        target = host.hostname or host.name
+        rsh = ssh_command(ssh_opts, host.user, host.port, identity, shutil.which("ssh") or "ssh")
+        where = dest
+
+    rules = session.exclusion_rules()
+
+    def argv(list_file: str) -> list[str]:
+        return rsync_argv(rsync, plan.root, list_file, where, target=target, rsh=rsh, checksum=options.checksum,
+                          dry_run=options.dry_run, bwlimit_kbps=options.bwlimit_kbps,
+                          progress=supports_progress2(rsync), excludes=rules is not None)
+
+    summary = run_rsync(host.name, argv, rules if rules is not None else [e.rel for e in plan.entries], on_bytes)
+    return HostSync(host.name, dest, "rsync", summary.moved, summary.moved_bytes, wire_bytes=summary.wire_bytes)
+
+
+def _parents(entries) -> list[str]:
+    dirs = set()
+    for e in entries:
+        d = posixpath.dirname(e.rel)
+        while d and d not in dirs:
+            dirs.add(d)
+            d = posixpath.dirname(d)
+    return sorted(dirs)
+
+
+def _sftp_host(session: _Session, host: Host, dest: str, report: Progress) -> HostSync:
+    options, plan = session.options, session.plan
+    hashes = session.hashes()
+    with session.connector().transport(host) as transport:
+        scan = remotefiles.call(transport, host.python, "scan", {
+            "root": dest, "paths": [e.rel for e in plan.entries], "dirs": _parents(plan.entries),
+            "hash": True, "dry": options.dry_run})["files"]
+        send, chmod = [], []
+        for e in plan.entries:
+            have = scan.get(e.rel)
+            want = f"link:{e.link}" if e.link is not None else hashes[e.rel]
+            if have is None or have[0] != want:
+                send.append(e)
+            elif e.link is None and have[1] != e.mode:
+                chmod.append(e)
+        total = sum(e.size for e in send if e.link is None)
+        done = 0
+
+        def on_bytes(n: int) -> None:
+            nonlocal done
+            done += n
+            report(host.name, done, total)
+
+        if not options.dry_run:
+            with remotefiles.Uploader(transport, on_bytes, options.bwlimit_kbps) as up:
+                for e in send:
+                    remote = posixpath.join(dest, e.rel)
+                    if e.link is not None:
+                        up.symlink(e.link, remote)
+                    else:
+                        up.put(os.path.join(plan.root, e.rel), remote, e.mode)
+                for e in chmod:
+                    up.chmod(posixpath.join(dest, e.rel), e.mode)
+    return HostSync(host.name, dest, "sftp", [e.rel for e in send], total)
+
+
+def _delete_extra(session: _Session, host: Host, dest: str) -> list[str]:
+    """Remove what the host has under dest that the project does not (see the module docstring)."""
+    options, plan = session.options, session.plan
+    with session.connector().transport(host) as transport:
+        tree = remotefiles.call(transport, host.python, "scan", {
+            "root": dest, "list": True, "dry": True, "prune_top": list(PROTECTED_TOP),
+            "prune_names": list(PROTECTED_NAMES)})["tree"]
+        local = {e.rel for e in plan.entries}
+        extra = [p for p in tree if p not in local]
+        keep = ignored_by_project(plan.root, plan.selection, extra, options.excludes)
+        doomed = [p for p in extra if p not in keep]
+        if not doomed or options.dry_run:
+            return doomed
+        return remotefiles.call(transport, host.python, "delete", {"root": dest, "paths": doomed})["deleted"]

@@ -1,0 +1,103 @@
+"""sync and shard push to a `local: true` host (this machine, no SSH): the core end to end, quickly."""
+import hashlib
+import json
+
+import pytest
+
+from clusterctl.inventory import parse
+from clusterctl.shardpush import ShardError, files_for_host, push_shards, read_manifest
+from clusterctl.sync import SyncError, SyncOptions, destination, plan_sync, sync_tree
+
+
+def local_cluster(tmp_path, slots=1):
+    return parse(f"hosts: [{{name: here, local: true, slots: {slots}, workdir: {json.dumps(str(tmp_path / 'w'))}}}]\n",
+                 "inv.yaml")
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_local_sync_is_incremental_and_dry_run_moves_nothing(tmp_path, method):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "a.py").write_text("a\n")
+    (src / "b.py").write_text("b\n")
+    cluster = local_cluster(tmp_path)
+    plan = plan_sync(str(src))
+    dry = sync_tree(cluster, plan, SyncOptions(method=method, dry_run=True))["here"].value
+    assert sorted(dry.moved) == ["b.py", "pkg/a.py"] and not (tmp_path / "w").exists()
+    first = sync_tree(cluster, plan, SyncOptions(method=method))["here"].value
+    assert sorted(first.moved) == ["b.py", "pkg/a.py"] and first.moved_bytes == 4
+    assert (tmp_path / "w" / "pkg" / "a.py").read_text() == "a\n"
+    assert sync_tree(cluster, plan, SyncOptions(method=method))["here"].value.moved == []
+    (src / "b.py").write_text("changed\n")
+    again = sync_tree(cluster, plan_sync(str(src)), SyncOptions(method=method))["here"].value
+    assert again.moved == ["b.py"] and (tmp_path / "w" / "b.py").read_text() == "changed\n"
+
+
+def test_dest_must_stay_inside_the_workdir(tmp_path):
+    host = local_cluster(tmp_path).hosts[0]
+    assert destination(host, "code/x") == str(tmp_path / "w" / "code" / "x")
+    assert destination(host, None) == str(tmp_path / "w")
+    for bad in ("../up", "/abs", "~/home", "a/../../b"):
+        with pytest.raises(SyncError):
+            destination(host, bad)
+
+
+def write_manifest(d, world):
+    d.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for r in range(world):
+        name = f"shard-{r:05d}-of-{world:05d}.bin"
+        (d / name).write_bytes(bytes([r]) * 100)
+        shards.append({"file": name, "tokens": 50, "sha256": hashlib.sha256(bytes([r]) * 100).hexdigest()})
+    (d / "val.bin").write_bytes(b"v" * 10)
+    m = {"format": 1, "world_size": world, "shards": shards,
+         "val": {"file": "val.bin", "tokens": 5, "sha256": hashlib.sha256(b"v" * 10).hexdigest()}}
+    (d / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def test_push_to_a_two_slot_host_gets_both_ranks_and_removes_stale_shards(tmp_path):
+    write_manifest(tmp_path / "tiny", 2)
+    cluster = local_cluster(tmp_path, slots=2)
+    stale = tmp_path / "w" / "data" / "tiny" / "shard-00000-of-00004.bin"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old")
+    first = push_shards(cluster, str(tmp_path / "tiny"))["here"].value
+    assert first.ranks == [0, 1] and first.removed == ["shard-00000-of-00004.bin"]
+    assert sorted(p.name for p in stale.parent.iterdir()) == [
+        "manifest.json", "shard-00000-of-00002.bin", "shard-00001-of-00002.bin", "val.bin"]
+    assert push_shards(cluster, str(tmp_path / "tiny"))["here"].value.sent == []
+
+
+def test_manifest_validation(tmp_path):
+    with pytest.raises(ShardError, match="no such directory"):
+        read_manifest(str(tmp_path / "nope"))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ShardError, match="clusterctl data prepare"):
+        read_manifest(str(tmp_path / "d"))
+    (tmp_path / "d" / "manifest.json").write_text("{")
+    with pytest.raises(ShardError, match="not valid JSON"):
+        read_manifest(str(tmp_path / "d"))
+    (tmp_path / "d" / "manifest.json").write_text('{"world_size": 2}')
+    with pytest.raises(ShardError, match="not a clusterctl manifest"):
+        read_manifest(str(tmp_path / "d"))
+    m = write_manifest(tmp_path / "e", 2)
+    m["shards"][1]["file"] = "../escape.bin"
+    (tmp_path / "e" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ShardError, match="plain name"):
+        read_manifest(str(tmp_path / "e"))
+
+
+def test_world_size_mismatch_names_the_fix(tmp_path):
+    write_manifest(tmp_path / "tiny", 3)
+    with pytest.raises(ShardError) as info:
+        push_shards(local_cluster(tmp_path, slots=2), str(tmp_path / "tiny"))
+    assert info.value.exit_code == 2 and "run `clusterctl data prepare --world 2`" in str(info.value)
+
+
+def test_files_for_host_accepts_a_manifest_object(tmp_path):
+    from types import SimpleNamespace as NS
+
+    m = NS(world_size=2, shards=[NS(file="s0", sha256="a"), NS(file="s1", sha256="b")], val=NS(file="v", sha256="c"))
+    host = local_cluster(tmp_path, slots=2).hosts[0]
+    assert files_for_host(m, host) == [("s0", "a"), ("s1", "b"), ("v", "c")]

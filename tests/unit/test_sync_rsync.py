@@ -1,0 +1,86 @@
+"""rsync argv and output parsing (pure), checked on canned output recorded from rsync 3.2/3.5."""
+import shlex
+import shutil
+import subprocess
+
+from clusterctl.rsync import MISSING_MARK, parse_item, parse_output, parse_progress, RsyncSummary, remote_rsync_path, \
+    rsync_argv, ssh_command
+
+# `rsync -lpt --files-from F --from0 --out-format='%i %l %n' --stats --info=progress2 src/ h1:.` (push)
+FIRST = (
+    "cL+++++++++ 5 link\n"
+    "<f+++++++++ 3 y.txt\n"
+    "\r              3  27%    0.00kB/s    0:00:00  \r              3  27%    0.00kB/s    0:00:00 (xfr#1, to-chk=2/4)\n"
+    "cd+++++++++ 4096 a/\n"
+    "<f+++++++++ 1048576 a/name with spaces.bin\n"
+    "\r      1,048,579 100%  2.93MB/s    0:00:00 (xfr#2, to-chk=0/4)\n"
+    "\n"
+    "Number of files: 4 (reg: 2, dir: 1, link: 1)\n"
+    "Number of regular files transferred: 2\n"
+    "Total file size: 1,048,584 bytes\n"
+    "Total bytes sent: 1,049,216\n"
+    "Total bytes received: 60\n"
+)
+TOUCHED = ".f..t...... 8 a/x.txt\n<f.st...... 9 b.py\n*deleting   0 gone\nTotal bytes sent: 175\n"
+
+
+def test_parse_first_sync():
+    s = parse_output(FIRST)
+    assert s.moved == ["link", "y.txt", "a/name with spaces.bin"]
+    assert s.moved_bytes == 3 + 1048576
+    assert s.wire_bytes == 1049216 and s.attrs_only == []
+
+
+def test_parse_attribute_only_changes_are_not_moves():
+    s = parse_output(TOUCHED)
+    assert s.moved == ["b.py"] and s.attrs_only == ["a/x.txt"] and s.wire_bytes == 175
+
+
+def test_parse_item_ignores_other_lines():
+    s = RsyncSummary()
+    assert not parse_item("sent 216 bytes  received 60 bytes", s)
+    assert not parse_item("", s)
+    assert s.moved == []
+
+
+def test_parse_progress():
+    assert parse_progress("      1,048,579 100%  2.93MB/s    0:00:00 (xfr#2, to-chk=0/4)") == 1048579
+    assert parse_progress("              3  27%    0.00kB/s    0:00:00") == 3
+    assert parse_progress("<f+++++++++ 3 y.txt") is None
+
+
+def test_argv_for_a_remote_host():
+    rsh = ssh_command(["-F", "/my configs/ssh_config", "-o", "BatchMode=yes"], "alice", 2222, "/k/id", ssh="/usr/bin/ssh")
+    argv = rsync_argv("rsync", "/src", "/tmp/list", "~/work dir", target="h1", rsh=rsh, checksum=True,
+                      bwlimit_kbps=100, progress=True)
+    assert argv[:5] == ["rsync", "-lpt", "--from0", "--files-from", "/tmp/list"]
+    assert {"--from0", "--checksum", "--bwlimit=100", "--info=progress2", "--stats"} <= set(argv)
+    assert argv[-2:] == ["/src/", "h1:."]
+    assert argv[argv.index("-e") + 1] == rsh
+    # rsync splits -e on spaces honouring quotes, as shlex does
+    assert shlex.split(rsh) == ["/usr/bin/ssh", "-F", "/my configs/ssh_config", "-o", "BatchMode=yes", "-l", "alice",
+                                "-p", "2222", "-i", "/k/id"]
+    assert "-o" not in argv[:argv.index("-e")] and "--dry-run" not in argv
+
+
+def test_argv_for_a_local_host():
+    argv = rsync_argv("rsync", "/src/", "/tmp/list", "/dst", dry_run=True)
+    assert argv[-3:] == ["--", "/src/", "/dst/"] and "-e" not in argv and "--dry-run" in argv
+
+
+def test_remote_rsync_path_quotes_a_hostile_workdir_and_reports_missing_rsync(tmp_path):
+    canary = tmp_path / "pwned"
+    dest = str(tmp_path / f"w $(touch {canary}) ';x")
+    script = remote_rsync_path(dest)
+    # run it through a real /bin/sh with a PATH that has mkdir but no rsync, as a host without rsync would
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mkdir").symlink_to(shutil.which("mkdir"))
+    r = subprocess.run(["/bin/sh", "-c", script + " --version"], capture_output=True, text=True,
+                       env={"PATH": str(bin_dir)}, cwd=tmp_path)
+    assert r.returncode != 0 and MISSING_MARK in r.stderr
+    assert not canary.exists()
+    assert (tmp_path / f"w $(touch {canary}) ';x").is_dir()
+    r = subprocess.run(["/bin/sh", "-c", remote_rsync_path("~/x") + " --version"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 0 and "rsync" in r.stdout and (tmp_path / "x").is_dir()
