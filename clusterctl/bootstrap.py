@@ -6,7 +6,9 @@ launcher and the script without a shell (macOS SIP would strip DYLD_* through /b
     so one parser serves mpirun and mlx.launch alike;
   - sends a heartbeat every HEARTBEAT seconds from a thread of the rank itself: a stopped or wedged process
     stops beating, a busy one does not;
-  - changes to the working directory (expanding ~ on the host, creating it if missing), runs the script as
+  - changes to its host's working directory (one per rank when the hosts' workdirs differ; ~ expanded on
+    the host; created if missing), puts <workdir>/.clusterctl/lib (where `run` ships clusterctl itself for
+    the bundled trainer) on sys.path when it exists, runs the script as
     __main__ with its arguments (or, when the script is "-m", the module named by the first argument, as
     `python -m` would, with the working directory first on sys.path), and reports the exit code.
 Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | exit.
@@ -15,9 +17,11 @@ Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | 
 MARK = "\x1eclusterctl "
 
 BOOTSTRAP = r'''
-import os, runpy, socket, sys, threading, time, traceback
+import json, os, runpy, socket, sys, threading, time, traceback
 run_id, workdir, beat, script, *args = sys.argv[1:]
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
+if workdir.startswith("["):
+    workdir = json.loads(workdir)[int(rank)]
 tag = ("\x1eclusterctl %s " % rank).encode()
 real_out = os.fdopen(os.dup(1), "wb", buffering=0)
 lock = threading.Lock()
@@ -55,6 +59,9 @@ try:
     wd = os.path.expanduser(workdir)
     os.makedirs(wd, exist_ok=True)
     os.chdir(wd)
+    lib = os.path.join(wd, ".clusterctl", "lib")
+    if os.path.isdir(lib):
+        sys.path.insert(0, lib)
     if script == "-m":
         module, *args = args
         sys.argv = [module, *args]

@@ -286,8 +286,13 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to wait for SSH.")
 @click.option("--launch-from", type=click.Choice(["auto", "here", "first-host"]), default="auto", show_default=True,
               help="Where mpirun / mlx.launch runs. auto: here when it is installed here, else the first host.")
+@click.option("--no-sync", is_flag=True,
+              help="Do not copy the current directory (the project) and clusterctl to the hosts first.")
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+              help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
+                   "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
 def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
-            hang_timeout, runs_dir, connect_timeout, launch_from):
+            hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, data_dir):
     """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -309,9 +314,16 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
     if inventory_path:
         cluster = _load(inventory_path)
     else:
-        cluster = parse("hosts: [{name: localhost, local: true, slots: 2}]\nlaunch: {backend: ring}\n",
-                        "(this machine)", base_dir=os.getcwd())
+        # this machine, working where run was started: a relative SCRIPT is the one here
+        cluster = parse(f"hosts: [{{name: localhost, local: true, slots: 2, workdir: {json.dumps(os.getcwd())}}}]\n"
+                        "launch: {backend: ring}\n", "(this machine)", base_dir=os.getcwd())
     backend = backend or cluster.launch.backend
+    extra_env = {}
+    if not dry_run:
+        extra_env = _stage(cluster, no_sync=no_sync, bundled=module is not None and module.startswith("clusterctl."),
+                           data_dir=data_dir, connect_timeout=connect_timeout)
+        if data_dir and module == "clusterctl.train":
+            program_args = [program_args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *program_args[1:]]
     connector = Connector(cluster, connect_timeout=connect_timeout)
     preflight = None
     if no_preflight:
@@ -345,7 +357,7 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
                    err=True)
     while True:
         launch = prepare(cluster, plan, script=program, args=program_args, backend=backend, runs_root=runs_dir,
-                         connect_timeout=connect_timeout, launcher=launcher, remote=remote)
+                         connect_timeout=connect_timeout, launcher=launcher, remote=remote, extra_env=extra_env)
         if dry_run:
             click.echo(json.dumps(launch.describe(), indent=2))
             return
@@ -373,6 +385,25 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
             for line in outcome.tail:
                 click.echo(f"  {line}", err=True)
     sys.exit(outcome.exit_code if 0 < outcome.exit_code < 256 else 1)
+
+
+def _stage(cluster, *, no_sync: bool, bundled: bool, data_dir: str | None, connect_timeout: float) -> dict:
+    """Copy what the job needs to the hosts before launching; returns the ranks' extra environment."""
+    from .stage import ship_clusterctl, stage_data, stage_project
+
+    env = {}
+    if not no_sync:
+        for what, group in (("project", stage_project(cluster, os.getcwd(), connect_timeout=connect_timeout)),
+                            ("clusterctl", ship_clusterctl(cluster, connect_timeout=connect_timeout)
+                             if bundled else None)):
+            if group is not None:
+                moved = sum(len(o.value.moved) for o in group.values())
+                size = sum(o.value.moved_bytes for o in group.values())
+                click.echo(f"sync: {what} to {len(group)} host(s): {moved} file(s), {_size(size)} moved in all",
+                           err=True)
+    if data_dir:
+        env["CLUSTERCTL_DATA_DIR"] = stage_data(cluster, data_dir, connect_timeout=connect_timeout)
+    return env
 
 
 # ---- init -------------------------------------------------------------------------------------

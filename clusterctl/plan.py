@@ -57,7 +57,9 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
             text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"
         if module is not None:
             env = " ".join(shlex.quote(f"{k}={v}") for k, v in host.env)
-            text += (f"\nif (cd {quote_path(host.workdir)} 2>/dev/null; env {env} {quote_path(host.python)} "
+            # as a rank imports it: from the workdir, with the clusterctl that `run` ships there first
+            text += (f"\nif (cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
+                     f"export PYTHONPATH; env {env} {quote_path(host.python)} "
                      f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)}) >/dev/null 2>&1; "
                      "then j module yes; else j module no; fi\n")
         with connector.transport(host) as t:
@@ -66,7 +68,7 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
             if not facts.get("python_path"):
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
-            if facts.get("script") != "yes":
+            if script is not None and facts.get("script") != "yes":
                 raise PreflightError(f"{host.name}: {where} does not exist there (copy it, or `clusterctl sync` "
                                      "when that lands; --no-preflight skips this check)")
             if module is not None and facts.get("module") != "yes":

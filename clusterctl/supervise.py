@@ -102,7 +102,8 @@ def rank_hosts(cluster: Cluster) -> list[str]:
 
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: str, runs_root: str,
-            connect_timeout: float = 10.0, launcher: list[str] | None = None, remote=None) -> Launch:
+            connect_timeout: float = 10.0, launcher: list[str] | None = None, remote=None,
+            extra_env: dict[str, str] | None = None) -> Launch:
     """Write the run directory (hostfile, ssh shim) and build the launcher command. With `remote` (the
     first host's transport) the launcher runs there: its files are copied to <workdir>/.clusterctl/runs/."""
     run_id = datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
@@ -110,8 +111,10 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     os.makedirs(run_dir, exist_ok=True)
     host0 = cluster.hosts[0]
     rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
-                "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
-    program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", host0.workdir, str(HEARTBEAT_S), script, *args]
+                "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    workdirs = [h.workdir for h in cluster.hosts for _ in range(h.slots)]
+    workdir = workdirs[0] if len(set(workdirs)) == 1 else json.dumps(workdirs)   # the bootstrap picks its rank's
+    program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", workdir, str(HEARTBEAT_S), script, *args]
     if remote is not None:
         return _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, backend, connect_timeout)
     env: dict[str, str] = {}

@@ -153,6 +153,9 @@ def test_dry_run_and_preflight(make_cluster, tmp_path):
     assert r.returncode == 1 and "h1: " in r.stderr and "missing.py does not exist there" in r.stderr
     cluster.stop_host(2)
     r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", cwd=tmp_path)
+    assert r.returncode == 1 and "could not copy the project" in r.stderr and "h2: " in r.stderr
+    assert "Connection refused" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", "--no-sync", cwd=tmp_path)
     assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -181,7 +184,7 @@ def test_launching_from_the_cached_plan_while_the_preflight_runs(make_cluster, t
     assert r.returncode == 1 and "missing.py does not exist there" in r.stderr, r.stderr
     assert job_processes(TOKEN.search(r.stderr).group(1)) == []
     cluster.stop_host(2)
-    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", cwd=tmp_path)
+    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", "--no-sync", cwd=tmp_path)
     assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr
     assert_nothing_left_on(cluster, TOKEN.search(r.stderr).group(1), [1])
 

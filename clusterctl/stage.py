@@ -1,0 +1,87 @@
+"""What `run` puts on the hosts before it launches, so a job needs nothing copied by hand:
+
+    stage_project(cluster, root, ...)   the project directory (`clusterctl sync`) into every host's workdir
+    ship_clusterctl(cluster, ...)       clusterctl itself into <workdir>/.clusterctl/lib on every other
+                                        machine, for the bundled trainer (the rank bootstrap puts that
+                                        directory on sys.path), so hosts need only python and mlx
+    stage_data(cluster, data_dir, ...)  each host only its own dataset shards (`clusterctl data push`)
+
+Each is incremental (a second run moves nothing) and raises StageError naming every host that failed.
+"""
+from __future__ import annotations
+
+import os
+
+from .errors import ClusterctlError
+from .fanout import GroupResult
+from .inventory import Cluster
+
+LIB_DIR = ".clusterctl/lib"          # relative to each host's workdir
+
+
+class StageError(ClusterctlError):
+    """Copying the project, clusterctl or the data to some host failed (exit 1)."""
+
+
+def _is_here(host, root: str) -> bool:
+    return host.local and os.path.realpath(os.path.expanduser(host.workdir)) == os.path.realpath(root)
+
+
+def _others(cluster: Cluster, keep) -> Cluster:
+    from dataclasses import replace
+    return replace(cluster, hosts=tuple(h for h in cluster.hosts if keep(h)))
+
+
+def _check(group: GroupResult, what: str) -> GroupResult:
+    if group.failed:
+        details = "; ".join(str(o.error) if str(o.error).startswith(name) else f"{name}: {o.error}"
+                            for name, o in group.failed.items())
+        raise StageError(f"could not copy {what}: {details} (--no-sync skips copying)")
+    return group
+
+
+def stage_project(cluster: Cluster, root: str, *, connect_timeout: float = 10.0,
+                  host_key_checking: str | None = None) -> GroupResult | None:
+    """Mirror the project at `root` into every host's workdir (not into itself on this machine). Refuses
+    a home directory or `/`: run from the project, or pass --no-sync."""
+    from .sync import SyncOptions, plan_sync, sync_tree
+
+    root = os.path.realpath(root)
+    if root in (os.path.realpath(os.path.expanduser("~")), "/"):
+        raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
+    targets = _others(cluster, lambda h: not _is_here(h, root))
+    if not targets.hosts:
+        return None
+    options = SyncOptions(connect_timeout=connect_timeout, host_key_checking=host_key_checking)
+    return _check(sync_tree(targets, plan_sync(root, options), options), f"the project {root}")
+
+
+def ship_clusterctl(cluster: Cluster, *, connect_timeout: float = 10.0,
+                    host_key_checking: str | None = None) -> GroupResult | None:
+    """clusterctl's own package, the version running here, into <workdir>/.clusterctl/lib/clusterctl on
+    every host that is not this machine (which runs the installed one)."""
+    from .sync import SyncOptions, plan_sync, sync_tree
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    targets = _others(cluster, lambda h: not h.local)
+    if not targets.hosts:
+        return None
+    options = SyncOptions(dest=f"{LIB_DIR}/clusterctl", connect_timeout=connect_timeout,
+                          host_key_checking=host_key_checking, delete=True)
+    return _check(sync_tree(targets, plan_sync(package, options), options), "clusterctl (for the bundled trainer)")
+
+
+def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0,
+               host_key_checking: str | None = None) -> str:
+    """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
+    should read. On this machine alone nothing moves: the ranks read data_dir itself."""
+    from .shardpush import push_shards, remote_dir
+
+    data_dir = os.path.abspath(data_dir)
+    if all(h.local for h in cluster.hosts):
+        return data_dir
+    _check(push_shards(cluster, data_dir, host_key_checking=host_key_checking, connect_timeout=connect_timeout),
+           f"the shards of {data_dir}")
+    # every rank works in its host's workdir, where push_shards put the data
+    return os.path.relpath(remote_dir(cluster.hosts[0], os.path.basename(data_dir.rstrip("/"))),
+                           cluster.hosts[0].workdir)

@@ -1,0 +1,62 @@
+"""What `clusterctl run` copies to the hosts before it launches: the project (the current directory) and,
+for a clusterctl module such as the bundled trainer, clusterctl itself."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.ssh
+
+
+def run(*args, cwd):
+    env = {**os.environ, "XDG_CACHE_HOME": os.path.join(os.path.dirname(cwd), ".cache")}   # not in the project
+    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
+                          timeout=180, cwd=cwd, env=env)
+
+
+def test_run_copies_the_project_to_every_host_first(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    if not cluster.private_roots:
+        pytest.skip("needs a private working root per host (unshare -m)")
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "__init__.py").write_text("")
+    (project / "pkg" / "helper.py").write_text("VALUE = 42\n")
+    (project / "main.py").write_text("import socket\nfrom pkg.helper import VALUE\nprint('value', VALUE)\n")
+    (project / ".gitignore").write_text("secret.txt\n")
+    (project / "secret.txt").write_text("not for the hosts\n")
+    r = run("main.py", "--hosts", str(cluster.inventory), cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert "sync: project to 2 host(s): 8 file(s)" in r.stderr    # main.py, pkg/*, .gitignore: 4 each
+    assert sorted(l for l in r.stdout.splitlines() if "value" in l) == \
+        ["[rank 0 h1] value 42", "[rank 1 h2] value 42"]
+    for i in (1, 2):                                  # each host's own private workdir holds the tree
+        assert cluster.ssh(i, f"cat {cluster.workdir}/pkg/helper.py").stdout == "VALUE = 42\n"
+        assert cluster.ssh(i, f"test -e {cluster.workdir}/secret.txt").returncode == 1
+    r = run("main.py", "--hosts", str(cluster.inventory), cwd=project)
+    assert r.returncode == 0 and "project to 2 host(s): 0 file(s)" in r.stderr, r.stderr   # nothing changed
+    (project / "main.py").unlink()
+    r = run("main.py", "--hosts", str(cluster.inventory), "--no-sync", cwd=project)
+    assert r.returncode == 0 and "sync:" not in r.stderr                 # the hosts' copy, untouched
+
+
+def test_a_clusterctl_module_runs_on_hosts_without_clusterctl(make_cluster, tmp_path):
+    """The hosts' python has no clusterctl installed (Debian's own python3): run ships the running
+    clusterctl into <workdir>/.clusterctl/lib and the ranks import it from there."""
+    cluster = make_cluster(2)
+    if not cluster.private_roots:
+        pytest.skip("needs a private working root per host (unshare -m)")
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system python3")
+    inventory = cluster.write_inventory(python="/usr/bin/python3")
+    assert cluster.ssh(1, "cd / && /usr/bin/python3 -c 'import clusterctl'").returncode != 0
+    project = tmp_path / "project"
+    project.mkdir()
+    r = run("-m", "clusterctl.bootstrap", "--hosts", str(inventory), "--backend", "mpi", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sync: clusterctl to 2 host(s)" in r.stderr
+    for i in (1, 2):
+        assert cluster.ssh(i, f"test -f {cluster.workdir}/.clusterctl/lib/clusterctl/train/fsdp.py").returncode == 0
+    r = run("-m", "clusterctl.bootstrap", "--hosts", str(inventory), "--backend", "mpi", "--no-sync", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr                        # still there from the first run
