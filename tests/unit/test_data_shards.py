@@ -147,3 +147,20 @@ def test_manifest_round_trips_through_json(tmp_path):
     m = prepare("embedded:30", 1, str(tmp_path))
     assert Manifest.from_dict(json.loads(m.to_json()), "x") == m
     assert shard_name(3, 12) == "shard-00003-of-00012.bin"
+
+
+def test_a_vocabulary_past_65535_gets_uint32_shards(tmp_path):
+    from clusterctl.data.loader import rank_tokens
+
+    class WideBytes(ByteTokenizer):          # byte ids, but an EOS id that needs 32 bits
+        vocab_size, eos_id = 70000, 69999
+
+        def spec(self):
+            return {"type": "byte"}
+    m = prepare("embedded:20", 1, str(tmp_path), tokenizer=WideBytes(), val_fraction=0)
+    assert m.dtype == "uint32" and m.vocab_size == 70000
+    train, _ = token_stream("embedded:20", 0)
+    expected = [69999 if t == 256 else t for t in train]
+    assert read_tokens(tmp_path / m.shards[0].file, "I") == expected
+    tokens, _ = rank_tokens(0, 1, data_dir=str(tmp_path))
+    assert tokens.window(0, len(tokens)).tolist() == expected
