@@ -180,7 +180,8 @@ def test_run_without_hosts_uses_this_machine_with_two_ring_ranks(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("import os, sys\nimport mlx.core as mx\ng = mx.distributed.init(backend='ring', strict=True)\n"
                       "print(g.rank(), g.size(), os.getcwd() == os.path.expanduser(sys.argv[1]), flush=True)\n")
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", str(script), "~/clusterctl", "--runs-dir",
+    # ranks work where run was started (a relative SCRIPT is the one here)
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", str(script), str(tmp_path), "--runs-dir",
                         str(tmp_path / "runs")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(r.stdout.splitlines()) == ["[rank 0 localhost] 0 2 True", "[rank 1 localhost] 1 2 True"]
