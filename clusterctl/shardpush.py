@@ -95,11 +95,16 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def files_for_host(manifest: Any, host: Host) -> list[tuple[str, str]]:
-    """(file, sha256) a host must hold, shards first, val.bin, manifest excluded."""
+    """(file, sha256) a host must hold: its ranks' shards, val.bin, the tokenizer.json of an HF-tokenized
+    dataset; the manifest is sent last, separately."""
     shards = _get(manifest, "shards")
     val = _get(manifest, "val")
     out = [(_get(shards[r], "file"), _get(shards[r], "sha256")) for r in host.ranks]
-    return out + [(_get(val, "file"), _get(val, "sha256"))]
+    out.append((_get(val, "file"), _get(val, "sha256")))
+    tokenizer = (manifest.get("tokenizer") if isinstance(manifest, dict) else getattr(manifest, "tokenizer", None)) or {}
+    if isinstance(tokenizer, dict) and tokenizer.get("path") and tokenizer.get("sha256"):
+        out.append((tokenizer["path"], tokenizer["sha256"]))   # an HF tokenizer.json the ranks need too
+    return out
 
 
 def push_shards(cluster: Cluster, data_dir: str, manifest: Any = None, name: str | None = None,

@@ -101,3 +101,12 @@ def test_files_for_host_accepts_a_manifest_object(tmp_path):
     m = NS(world_size=2, shards=[NS(file="s0", sha256="a"), NS(file="s1", sha256="b")], val=NS(file="v", sha256="c"))
     host = local_cluster(tmp_path, slots=2).hosts[0]
     assert files_for_host(m, host) == [("s0", "a"), ("s1", "b"), ("v", "c")]
+
+
+def test_an_hf_tokenized_dataset_sends_its_tokenizer_too(tmp_path):
+    m = {"world_size": 1, "shards": [{"file": "s0", "sha256": "a"}], "val": {"file": "v", "sha256": "c"},
+         "tokenizer": {"type": "hf", "path": "tokenizer.json", "sha256": "d"}}
+    host = local_cluster(tmp_path).hosts[0]
+    assert files_for_host(m, host) == [("s0", "a"), ("v", "c"), ("tokenizer.json", "d")]
+    m["tokenizer"] = {"type": "byte"}
+    assert files_for_host(m, host) == [("s0", "a"), ("v", "c")]
