@@ -66,7 +66,7 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
             if not facts.get("python_path"):
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
-            if facts.get("script") != "yes":
+            if script is not None and facts.get("script") != "yes":
                 raise PreflightError(f"{host.name}: {where} does not exist there (copy it, or `clusterctl sync` "
                                      "when that lands; --no-preflight skips this check)")
             if module is not None and facts.get("module") != "yes":
