@@ -21,7 +21,7 @@ from ..launch import find_mlx_launch
 from ..plan import LaunchPlan, discover, remember_plan
 from ..remote import Connector
 from ..supervise import prepare, supervise
-from .report import BenchError, collective_rows, p2p_matrix, p2p_pairs, parse_result
+from .report import BenchAborted, BenchError, collective_rows, p2p_matrix, p2p_pairs, parse_result
 
 WORKER = "clusterctl.bench.worker"
 BUDGET_S = 0.15          # timed seconds per size and implementation, beyond the warm-up op
@@ -57,10 +57,10 @@ class Bench:
 
     def collectives(self, sizes: list[int], ops: list[str], mpi4py: bool = True, *,
                     cluster: Cluster | None = None, if_include: str | None = None,
-                    budget_s: float = BUDGET_S, max_iters: int = MAX_ITERS) -> dict:
+                    budget_s: float = BUDGET_S, max_iters: int = MAX_ITERS, deadline_s: float | None = None) -> dict:
         """Time `ops` at every size. `cluster` / `if_include` override the launch settings (for --tune)."""
         spec = {"backend": self.backend, "ops": ops, "sizes": sizes, "mpi4py": mpi4py and self.backend == "mpi",
-                "budget_s": budget_s, "max_iters": max_iters, "deadline_s": self.deadline_s}
+                "budget_s": budget_s, "max_iters": max_iters, "deadline_s": min(deadline_s or self.deadline_s, self.deadline_s)}
         result = self.launch(spec, cluster, if_include)
         return {"world": result["world"], "backend": self.backend, "rows": collective_rows(result)}
 
@@ -81,6 +81,9 @@ class Bench:
                          backend=self.backend, runs_root=runs_root, connect_timeout=self.connect_timeout,
                          launcher=self.launcher, remote=self.remote)
         outcome = supervise(launch, self.connector, emit=lambda text, err: None, start_timeout=START_TIMEOUT_S)
+        if outcome.exit_code == 130 or outcome.exit_code > 128 and outcome.failed_rank is None:
+            shutil.rmtree(runs_root, ignore_errors=True)
+            raise BenchAborted(outcome.reason, outcome.exit_code)
         if outcome.exit_code != 0:
             last = f" ({outcome.tail[-1].strip()})" if outcome.tail else ""
             raise BenchError(f"{outcome.reason}{last}; logs in {launch.run_dir}")

@@ -24,6 +24,14 @@ class BenchError(ClusterctlError):
     """A benchmark could not run or its ranks did not report (exit 1)."""
 
 
+class BenchAborted(BenchError):
+    """The user stopped the launch (Ctrl-C, SIGTERM): no further launch may start."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class SizesError(BenchError):
     exit_code = 2
 

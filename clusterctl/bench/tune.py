@@ -6,23 +6,27 @@
     ring  connections_per_ip in {1, 2, 4, 8}. The ring's addresses are the hosts' `address:` keys, one per
           host; tuning does not rewrite those.
 
-A candidate that fails (an interface that leads nowhere makes MPI hang: the worker's deadline ends it)
-is reported, not fatal. With --write the winner is stored in the inventory by inventory_edit, which
+A candidate that fails is reported, not fatal: an interface that leads nowhere makes MPI hang, and so
+does Open MPI 4.1.4's TCP btl with btl_tcp_links 8 here (measured, from 256 KiB up; ompi#4963), so each
+launch carries a deadline (4x the first healthy candidate's wall time, at least 15 s) after which its
+ranks give up. With --write the winner is stored in the inventory by inventory_edit, which
 changes that one value and nothing else.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 
 from ..doctor.checks import interfaces
 from ..inventory_edit import write_setting
 from .measure import Bench
-from .report import BenchError
+from .report import BenchAborted, BenchError
 
 COUNTS = (1, 2, 4, 8)
-TUNE_DEADLINE_S = 60.0
+MIN_DEADLINE_S = 15.0
+TUNE_DEADLINE_S = 60.0   # per candidate: Open MPI 4.1's TCP btl can hang with many links (ompi#4963)
 
 
 @dataclass
@@ -62,6 +66,7 @@ def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[T
     """Measure every candidate; (all trials in order, the winner). Raises BenchError if none ran."""
     cluster = bench.cluster
     trials: list[Trial] = []
+    deadline = [TUNE_DEADLINE_S]
 
     def measure(setting: dict) -> Trial:
         trial = Trial(setting)
@@ -71,11 +76,17 @@ def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[T
         else:
             candidate = dataclasses.replace(cluster, launch=dataclasses.replace(
                 cluster.launch, connections_per_ip=setting["connections_per_ip"]))
+        started = time.monotonic()
         try:
             result = bench.collectives([nbytes], ["all_sum"], mpi4py=False, cluster=candidate,
-                                       if_include=setting.get("if_include"))
+                                       if_include=setting.get("if_include"), deadline_s=deadline[0])
             row = result["rows"][0]
             trial.busbw_gbs, trial.time_s = row["busbw_gbs"], row["time_s"]
+            if deadline[0] == TUNE_DEADLINE_S:
+                # a healthy candidate's wall time sets the others' deadline: a hang costs seconds, not a minute
+                deadline[0] = max(MIN_DEADLINE_S, 4 * (time.monotonic() - started))
+        except BenchAborted:
+            raise
         except BenchError as e:
             trial.error = str(e)
         trials.append(trial)
