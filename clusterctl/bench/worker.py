@@ -12,7 +12,7 @@ SPEC_JSON: {"backend": "mpi"|"ring", "ops": ["all_sum", "all_gather"], "sizes": 
 
 Timing, as nccl-tests does it: ops run back to back (mx.eval blocks until each collective is done) in
 loops timed as a whole after a warm-up op; a size's time per op is the median of SAMPLES loops, from the
-slowest rank. How many ops a loop holds adapts to the size (the budget) and is agreed by all ranks
+slowest rank; MLX's and mpi4py's loops alternate. How many ops a loop holds adapts to the size (the budget) and is agreed by all ranks
 (all_max of each rank's estimate), so no rank waits in a collective the others skipped.
 """
 from __future__ import annotations
@@ -67,23 +67,34 @@ def mpi4py_op(op: str, x, comm, world: int):
     return lambda: comm.Allgather([send, MPI.FLOAT], [recv, MPI.FLOAT])
 
 
-def timed(run, group, budget_s: float, max_iters: int) -> tuple[float, int]:
-    """(seconds per op, ops timed): SAMPLES back-to-back loops after a warm-up op, each loop's time over
-    its length; the median loop, from the slowest rank. How long a loop is is agreed by all ranks."""
+def loop_length(run, group, budget_s: float, max_iters: int) -> int:
+    """Ops per timed loop, from a warm-up op; agreed by all ranks (the largest estimate wins)."""
     start = time.perf_counter()
     for _ in range(WARMUP):
         run()
     estimate = (time.perf_counter() - start) / WARMUP
-    per_sample = int(min(max_iters, max(1, budget_s / SAMPLES / max(estimate, 1e-6))))
-    per_sample = int(agree_max(float(per_sample), group))
-    samples = []
+    per_loop = int(min(max_iters, max(1, budget_s / SAMPLES / max(estimate, 1e-6))))
+    return int(agree_max(float(per_loop), group))
+
+
+def timed_loop(run, group, length: int) -> float:
+    barrier(group)
+    t = time.perf_counter()
+    for _ in range(length):
+        run()
+    return (time.perf_counter() - t) / length
+
+
+def timed(impls: list, group, budget_s: float, max_iters: int) -> list[tuple[float, int]]:
+    """Per implementation (seconds per op, ops timed): SAMPLES loops of back-to-back ops, each loop's time
+    over its length; the median loop, from the slowest rank. The implementations' loops alternate, so a
+    burst of load on this shared machine hits both sides of a comparison alike."""
+    lengths = [loop_length(run, group, budget_s, max_iters) for run in impls]
+    samples: list[list[float]] = [[] for _ in impls]
     for _ in range(SAMPLES):
-        barrier(group)
-        t = time.perf_counter()
-        for _ in range(per_sample):
-            run()
-        samples.append((time.perf_counter() - t) / per_sample)
-    return agree_max(statistics.median(samples), group), SAMPLES * per_sample
+        for k, run in enumerate(impls):
+            samples[k].append(timed_loop(run, group, lengths[k]))
+    return [(agree_max(statistics.median(samples[k]), group), SAMPLES * lengths[k]) for k in range(len(impls))]
 
 
 def collectives(spec: dict, group, comm) -> list[dict]:
@@ -96,11 +107,11 @@ def collectives(spec: dict, group, comm) -> list[dict]:
             x = mx.ones((elems,), dtype=mx.float32)
             mx.eval(x)
             nbytes = x.nbytes if op == "all_sum" else x.nbytes * world
-            impls = [("mlx", mlx_op(op, x, group))]
+            impls = {"mlx": mlx_op(op, x, group)}
             if comm is not None:
-                impls.append(("mpi4py", mpi4py_op(op, x, comm, world)))
-            for impl, run in impls:
-                seconds, iters = timed(run, group, spec["budget_s"], spec["max_iters"])
+                impls["mpi4py"] = mpi4py_op(op, x, comm, world)
+            for impl, (seconds, iters) in zip(impls, timed(list(impls.values()), group, spec["budget_s"],
+                                                          spec["max_iters"])):
                 rows.append({"op": op, "impl": impl, "bytes": nbytes, "iters": iters, "time_s": seconds})
             if group.rank() == 0:
                 print(f"{op} {nbytes} bytes done", file=sys.stderr, flush=True)
