@@ -115,7 +115,7 @@ def headline(path: str) -> tuple[str, str, str]:
     name = record.get("benchmark") or os.path.basename(path)[:-5]
     try:
         text = SUMMARIES.get(name, _generic)(record)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
         text = f"(could not summarise: {type(e).__name__} {e}; see {os.path.basename(path)})"
     return name, str(record.get("date", "?"))[:10], text
 
