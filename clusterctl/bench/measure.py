@@ -84,6 +84,9 @@ class Bench:
         if outcome.exit_code == 130 or outcome.exit_code > 128 and outcome.failed_rank is None:
             shutil.rmtree(runs_root, ignore_errors=True)
             raise BenchAborted(outcome.reason, outcome.exit_code)
+        if outcome.exit_code == 124:      # the worker's watchdog (or the start timeout)
+            raise BenchError(f"no result within {spec['deadline_s']:g} s: the ranks hung and gave up "
+                             f"({outcome.reason}); logs in {launch.run_dir}")
         if outcome.exit_code != 0:
             last = f" ({outcome.tail[-1].strip()})" if outcome.tail else ""
             raise BenchError(f"{outcome.reason}{last}; logs in {launch.run_dir}")
