@@ -433,7 +433,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
               connect_timeout, timeout):
     """Measure all_sum / all_gather bandwidth across the cluster."""
     from .bench.measure import Bench
-    from .bench.report import parse_size, parse_sizes, render_matrix, render_table
+    from .bench.report import format_bytes, parse_size, parse_sizes, render_matrix, render_table
 
     if write and not tune:
         raise click.UsageError("--write stores what --tune found: give --tune too")
@@ -462,7 +462,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
         from .bench.tune import tune as run_tune
 
         nbytes = size_list[-1]
-        say(f"bench --tune: all_sum of {_size_text(nbytes)} on {cluster.world_size} ranks over {backend}")
+        say(f"bench --tune: all_sum of {format_bytes(nbytes)} on {cluster.world_size} ranks over {backend}")
         progress = (lambda t: say(f"  {describe(t.setting)}: " + (f"busbw {t.busbw_gbs:.3f} GB/s" if t.error is None
                                                                   else f"failed: {t.error}")))
         trials, best = run_tune(bench, nbytes, progress=progress)
@@ -473,7 +473,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
             click.echo(json.dumps(doc, indent=2))
         else:
             click.echo(f"best: {describe(best.setting)}: busbw {best.busbw_gbs:.3f} GB/s "
-                       f"({_size_text(nbytes)} all_sum, {cluster.world_size} ranks)")
+                       f"({format_bytes(nbytes)} all_sum, {cluster.world_size} ranks)")
         if write:
             say(f"wrote {', '.join(changed)} to {inventory_path}" if changed
                 else f"{inventory_path} already holds the best setting; unchanged")
@@ -481,11 +481,6 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     say(f"bench: {', '.join(op_list)} at {len(size_list)} sizes on {cluster.world_size} ranks over {backend}")
     doc.update(bench.collectives(size_list, op_list, mpi4py=not no_mpi4py))
     click.echo(json.dumps(doc, indent=2) if as_json else render_table(doc["rows"]), nl=as_json)
-
-
-def _size_text(nbytes: int) -> str:
-    from .bench.report import format_bytes
-    return format_bytes(nbytes)
 
 
 # ---- entry point ------------------------------------------------------------------------------
