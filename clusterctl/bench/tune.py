@@ -7,7 +7,7 @@
           host; tuning does not rewrite those.
 
 A candidate that fails is reported, not fatal: an interface that leads nowhere makes MPI hang, and so
-does Open MPI 4.1.4's TCP btl with btl_tcp_links 8 here (measured, from 256 KiB up; ompi#4963), so each
+does Open MPI 4.1.4's TCP btl with btl_tcp_links 8 here (measured, from 256 KiB up; cf. ompi#4963), so each
 launch carries a deadline (4x the first healthy candidate's wall time, at least 15 s) after which its
 ranks give up. With --write the winner is stored in the inventory by inventory_edit, which
 changes that one value and nothing else.
