@@ -12,20 +12,18 @@ all-to-all check grows as N^2 here, where on real hosts each machine does its ow
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from record import write_record  # noqa: E402
 from sshcluster import SSHCluster  # noqa: E402
 
 from clusterctl.doctor import DoctorOptions, run_doctor  # noqa: E402
@@ -86,15 +84,8 @@ def main() -> None:
         print(f"{size:>5} {m['checks']:>6} {m['shallow']:>7.2f}s {m['probe']:>6.2f}s {m['data-plane']:>8.2f}s "
               f"{m['deep']:>6.2f}s {m['raw']:>13.2f}s {m['shallow'] / m['raw']:>10.2f} "
               f"{m['shallow'] / base['shallow']:>10.2f}x")
-    record = {"benchmark": "doctor", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-              "python": platform.python_version(), "repeat": args.repeat, "connect_timeout_s": CONNECT_TIMEOUT_S,
-              "results": {str(k): {kk: round(vv, 3) for kk, vv in v.items()} for k, v in results.items()}}
-    out = os.path.join(HERE, "results", "doctor.json")
-    with open(out + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {os.path.relpath(out)}")
+    write_record("doctor", repeat=args.repeat, connect_timeout_s=CONNECT_TIMEOUT_S,
+                 results={str(k): {kk: round(vv, 3) for kk, vv in v.items()} for k, v in results.items()})
 
 
 if __name__ == "__main__":

@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+
+from record import write_record  # noqa: E402
 MiB = 1024**2
 
 
@@ -115,14 +115,7 @@ def main() -> None:
         print(f"{r['backend']:<6} {r['world']:>5} {r['reduce_scatter']:>14} {r['dp_params_state'] / MiB:>11.1f} MiB "
               f"{r['fsdp_params_state'] / MiB:>13.1f} MiB {r['params_state_ratio']:>5.2f} {r['state_ratio']:>11.2f} "
               f"{r['dp_peak'] / MiB:>5.1f} MiB {r['fsdp_peak'] / MiB:>5.1f} MiB {r['peak_ratio']:>5.2f}")
-    record = {"benchmark": "fsdp", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-              "steps": args.steps, "results": results}
-    out = os.path.join(HERE, "results", "fsdp.json")
-    with open(out + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {os.path.relpath(out)}")
+    write_record("fsdp", steps=args.steps, results=results)
 
 
 if __name__ == "__main__":

@@ -15,19 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from record import write_record  # noqa: E402
 from sshcluster import SSHCluster  # noqa: E402
 
 JOB = """\
@@ -86,14 +85,8 @@ def main() -> None:
         print(f"{backend:<8} {m['clusterctl run']:>13.2f}s {m['run, no cached plan']:>13.2f}s {g:>13.2f}s "
               f"{m['plain launcher']:>13.2f}s {m['clusterctl run'] / g:>13.2f} {m['run, no cached plan'] / g:>18.2f} "
               f"{m['clusterctl run'] / m['plain launcher']:>9.2f}")
-    record = {"benchmark": "launch", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}", "hosts": args.hosts,
-              "repeat": args.repeat, "results": {b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()}}
-    out = os.path.join(HERE, "results", "launch.json")
-    with open(out + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {os.path.relpath(out)}")
+    write_record("launch", hosts=args.hosts, repeat=args.repeat,
+                 results={b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()})
 
 
 def cluster_python() -> str:

@@ -26,6 +26,7 @@ HOST_KEY_POLICIES = ("accept-new", "strict")
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/clusterctl"
 DEFAULT_BTL_TCP_LINKS = 4
+DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default
 
 # Ansible's spellings, accepted so an existing Ansible inventory's host entries can be pasted in.
 ALIASES = {
@@ -41,7 +42,7 @@ HOST_KEYS = ("name", "hostname", "address", "user", "port", "identity_file", "py
 DEFAULTS_KEYS = tuple(k for k in HOST_KEYS if k not in ("name", "hostname", "address"))
 TOP_KEYS = ("defaults", "hosts", "mpi", "launch", "ssh_config", "host_key_checking")
 MPI_KEYS = ("btl_tcp_links", "if_include", "extra_args")
-LAUNCH_KEYS = ("backend",)
+LAUNCH_KEYS = ("backend", "connections_per_ip")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
@@ -91,6 +92,7 @@ class MPISettings:
 @dataclass(frozen=True)
 class LaunchSettings:
     backend: str = "mpi"
+    connections_per_ip: int = DEFAULT_CONNECTIONS_PER_IP   # ring: TCP connections per address and neighbour
 
 
 @dataclass(frozen=True)
@@ -377,7 +379,10 @@ class _Parser:
             if backend not in BACKENDS:
                 self.fail(entries["backend"][1], f"launch.backend must be one of {', '.join(BACKENDS)}, "
                           f"not '{backend}'")
-        return LaunchSettings(backend)
+        connections = DEFAULT_CONNECTIONS_PER_IP
+        if "connections_per_ip" in entries:
+            connections = self.integer(entries["connections_per_ip"][1], "launch.connections_per_ip", 1, 64)
+        return LaunchSettings(backend, connections)
 
 
 _MERGE = "tag:yaml.org,2002:merge"

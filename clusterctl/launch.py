@@ -61,6 +61,8 @@ def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: st
     """mlx.launch's command line. It does not put python in front of the program itself (0.32), hence
     --python; the JSON hostfile carries the hosts and their data-plane addresses."""
     argv = [*launcher, "--hostfile", hostfile, "--backend", backend, "--python", python]
+    if backend == "ring" and cluster.launch.connections_per_ip != 1:
+        argv += ["--connections-per-ip", str(cluster.launch.connections_per_ip)]
     if cwd:
         argv += ["--cwd", cwd]
     for key, value in env.items():

@@ -1,0 +1,183 @@
+"""The performance suite: run every benchmarks/bench_*.py, then refresh the summary in RESULTS.md.
+
+    .venv/bin/python benchmarks/run_all.py               # everything, settings that fit in 15 minutes
+    .venv/bin/python benchmarks/run_all.py --only bench_fsdp,bench_bench
+    .venv/bin/python benchmarks/run_all.py --summary-only   # rewrite the summary from results/*.json
+
+Benchmarks are found by glob, so a new bench_NAME.py joins the suite by existing. Each one runs in its
+own process (QUICK_ARGS trims the slow ones' repeats; the others run with their defaults), prints its
+table (passed through here), and writes results/NAME.json. RESULTS.md keeps its hand-written sections
+(how each benchmark works, what the figures mean); this script rewrites only the block between the
+SUMMARY markers at its top: the machine, the date, each benchmark's headline figures from its JSON,
+and how long it took. Ratios there were measured side by side within one run of a benchmark; absolute
+times are this machine's and say so.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_MD = os.path.join(HERE, "RESULTS.md")
+BEGIN, END = "<!-- SUMMARY: written by benchmarks/run_all.py -->", "<!-- END SUMMARY -->"
+# Fewer repeats than the benchmarks' defaults where those alone would take minutes; medians still.
+QUICK_ARGS = {"bench_doctor": ["--repeat", "2"], "bench_launch": ["--repeat", "3"], "bench_bench": ["--repeat", "3"]}
+TIMEOUT_S = 600
+
+
+def discover(only: set[str] | None = None) -> list[str]:
+    paths = sorted(glob.glob(os.path.join(HERE, "bench_*.py")))
+    names = [os.path.basename(p)[:-3] for p in paths]
+    if only:
+        unknown = only - set(names)
+        if unknown:
+            raise SystemExit(f"run_all: no benchmark named {', '.join(sorted(unknown))} (have: {', '.join(names)})")
+        names = [n for n in names if n in only]
+    return names
+
+
+def run(name: str) -> dict:
+    argv = [sys.executable, os.path.join(HERE, f"{name}.py"), *QUICK_ARGS.get(name, [])]
+    print(f"== {name}: {' '.join(argv[1:])}", flush=True)
+    start = time.monotonic()
+    try:
+        code = subprocess.run(argv, cwd=os.path.dirname(HERE), timeout=TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    elapsed = time.monotonic() - start
+    print(f"== {name}: {'ok' if code == 0 else f'FAILED ({code})'} in {elapsed:.0f} s", flush=True)
+    return {"name": name, "ok": code == 0, "exit": code, "seconds": round(elapsed, 1),
+            "args": QUICK_ARGS.get(name, [])}
+
+
+# ---- headline figures per benchmark (from its results/*.json) -------------------------------------
+
+def _doctor(r: dict) -> str:
+    sizes = sorted(r["results"], key=int)
+    small, big = r["results"][sizes[0]], r["results"][sizes[-1]]
+    return (f"{sizes[-1]} hosts: {big['shallow']:.2f} s absolute, {big['shallow'] / big['raw']:.2f}x the raw "
+            f"all-to-all ssh floor; {big['shallow'] / small['shallow']:.1f}x the time at {sizes[0]} hosts")
+
+
+def _launch(r: dict) -> str:
+    parts = [f"{b}: run {m['clusterctl run']:.2f} s abs., {m['clusterctl run'] / m['generated argv']:.2f}x the "
+             f"generated launcher argv" for b, m in r["results"].items()]
+    return f"{r.get('hosts', '?')} hosts; " + "; ".join(parts)
+
+
+def _fsdp(r: dict) -> str:
+    return "FSDP/DP params+state: " + ", ".join(f"{x['backend']} w{x['world']} {x['params_state_ratio']:.2f}"
+                                                for x in r["results"]) + \
+        "; peak: " + ", ".join(f"{x['peak_ratio']:.2f}" for x in r["results"])
+
+
+def _bench(r: dict) -> str:
+    size = r["bytes"] // 2**20
+    return f"all_sum {size} MiB, MLX/mpi4py busbw: " + ", ".join(
+        f"{h} hosts {m['ratio']:.2f} ({m['mlx']:.3f} vs {m['mpi4py']:.3f} GB/s abs.)" for h, m in r["results"].items())
+
+
+SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench}
+
+
+def _generic(r: dict) -> str:
+    """Any other benchmark: its first numeric figures, by path (ratios first)."""
+    leaves: list[tuple[str, float]] = []
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, bool):
+            return
+        if isinstance(value, (int, float)):
+            leaves.append((prefix, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, list):
+            for i, v in enumerate(value[:4]):
+                walk(f"{prefix}[{i}]", v)
+
+    walk("", r.get("results", r))
+    leaves.sort(key=lambda kv: "ratio" not in kv[0] and "speedup" not in kv[0])
+    return ", ".join(f"{k} {v:.3g}" for k, v in leaves[:6]) or "(no figures)"
+
+
+def headline(path: str) -> tuple[str, str, str]:
+    """(benchmark, date of its figures, headline) for one results/*.json."""
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    name = record.get("benchmark") or os.path.basename(path)[:-5]
+    try:
+        text = SUMMARIES.get(name, _generic)(record)
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
+        text = f"(could not summarise: {type(e).__name__} {e}; see {os.path.basename(path)})"
+    return name, str(record.get("date", "?"))[:10], text
+
+
+def summary(runs: list[dict], total_s: float | None) -> str:
+    lines = [BEGIN, "## Summary (latest figures)", ""]
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines.append(f"Written {when} on {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
+                 f"Python {platform.python_version()}. Reproduce: `.venv/bin/python benchmarks/run_all.py`"
+                 + (f" (this run: {total_s / 60:.1f} minutes)." if total_s is not None else "."))
+    lines += ["", "| benchmark | figures from | headline (ratios side by side in one run; \"abs.\" = absolute, "
+                  "this machine) | suite run |", "|---|---|---|---|"]
+    by_name = {r["name"]: r for r in runs}
+    for path in sorted(glob.glob(os.path.join(HERE, "results", "*.json"))):
+        name, date, text = headline(path)
+        r = by_name.get(f"bench_{name}")
+        status = "-" if r is None else (f"{r['seconds']:.0f} s" + ("" if r["ok"] else f", FAILED ({r['exit']})"))
+        lines.append(f"| {name} | {date} | {text} | {status} |")
+    missing = [r for r in runs if not r["ok"]]
+    if missing:
+        lines += ["", "Failed in this run (their rows above are older figures): "
+                  + ", ".join(r["name"] for r in missing) + "."]
+    lines += ["", "The sections below explain each benchmark; their tables are the figures recorded (and "
+                  "discussed) on the date in each heading.", END]
+    return "\n".join(lines)
+
+
+def write_results_md(block: str) -> None:
+    with open(RESULTS_MD, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        # first time: the summary goes after the introduction (the first paragraph after the title)
+        head, sep, rest = text.partition("\n## ")
+        text = head.rstrip("\n") + "\n\n" + block + "\n" + ("\n" + sep.lstrip("\n") + rest if sep else "")
+    tmp = RESULTS_MD + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, RESULTS_MD)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="Comma-separated benchmark names (bench_fsdp,...).")
+    parser.add_argument("--summary-only", action="store_true", help="Run nothing; rewrite the summary.")
+    args = parser.parse_args()
+    runs, total = [], None
+    if not args.summary_only:
+        start = time.monotonic()
+        names = discover(set(args.only.split(",")) if args.only else None)
+        runs = [run(name) for name in names]
+        total = time.monotonic() - start
+        print(f"{'benchmark':<16} {'result':<10} {'seconds':>8}")
+        for r in runs:
+            print(f"{r['name']:<16} {'ok' if r['ok'] else 'FAILED':<10} {r['seconds']:>8.0f}")
+        print(f"total {total / 60:.1f} minutes")
+    write_results_md(summary(runs, total))
+    print(f"wrote {os.path.relpath(RESULTS_MD)}")
+    if any(not r["ok"] for r in runs):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

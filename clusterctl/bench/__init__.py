@@ -1,0 +1,1 @@
+"""clusterctl bench: collective bandwidth over the real launcher (see measure.py, worker.py, tune.py)."""

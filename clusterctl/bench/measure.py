@@ -1,0 +1,102 @@
+"""Run the bench worker on every rank over the real launcher, the way `clusterctl run` does.
+
+    bench = Bench(cluster, backend="mpi")          # pre-flight: every host can import the worker
+    result = bench.collectives(sizes, ops)         # {"world", "rows": [...]} with bandwidths
+    p2p = bench.point_to_point(nbytes)             # {"hosts", "matrix"}
+
+Each measurement is one launch (prepare + supervise from clusterctl.supervise): rank 0's result line is
+read back from its log. Runs go to a temporary directory that is removed when they succeed and named in
+the error when they fail.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+from ..inventory import Cluster
+from ..launch import find_mlx_launch
+from ..plan import LaunchPlan, discover, remember_plan
+from ..remote import Connector
+from ..supervise import prepare, supervise
+from .report import BenchAborted, BenchError, collective_rows, p2p_matrix, p2p_pairs, parse_result
+
+WORKER = "clusterctl.bench.worker"
+BUDGET_S = 0.15          # timed seconds per size and implementation, beyond the warm-up op
+MAX_ITERS = 20          # per timed loop; SAMPLES loops per size
+START_TIMEOUT_S = 60.0
+P2P_ITERS = 5
+
+
+class Bench:
+    def __init__(self, cluster: Cluster, backend: str, connect_timeout: float = 10.0,
+                 deadline_s: float = 600.0, plan: LaunchPlan | None = None):
+        if backend not in ("mpi", "ring"):
+            raise BenchError(f"bench measures the mpi and ring backends, not {backend!r}")
+        self.cluster, self.backend, self.deadline_s = cluster, backend, deadline_s
+        self.connector = Connector(cluster, connect_timeout=connect_timeout)
+        self.connect_timeout = connect_timeout
+        if plan is None:
+            plan = discover(self.connector, module=WORKER)   # names the host that cannot import the worker
+            remember_plan(cluster, plan)
+        self.plan = plan
+        self.launcher = find_mlx_launch() if backend == "ring" else None
+        here = shutil.which("mpirun") is not None if backend == "mpi" else self.launcher is not None
+        self.remote = None
+        if not here:
+            if cluster.hosts[0].local:
+                raise BenchError("mpirun is not installed here" if backend == "mpi"
+                                 else "mlx.launch is not installed here (pip install mlx)")
+            self.remote = self.connector.transport(cluster.hosts[0])   # launch from the first host, as run does
+
+    @property
+    def rank_hosts(self) -> list[str]:
+        return [h.name for h in self.cluster.hosts for _ in range(h.slots)]
+
+    def collectives(self, sizes: list[int], ops: list[str], mpi4py: bool = True, *,
+                    cluster: Cluster | None = None, if_include: str | None = None,
+                    budget_s: float = BUDGET_S, max_iters: int = MAX_ITERS, deadline_s: float | None = None) -> dict:
+        """Time `ops` at every size. `cluster` / `if_include` override the launch settings (for --tune)."""
+        spec = {"backend": self.backend, "ops": ops, "sizes": sizes, "mpi4py": mpi4py and self.backend == "mpi",
+                "budget_s": budget_s, "max_iters": max_iters, "deadline_s": min(deadline_s or self.deadline_s, self.deadline_s)}
+        result = self.launch(spec, cluster, if_include)
+        return {"world": result["world"], "backend": self.backend, "rows": collective_rows(result)}
+
+    def point_to_point(self, nbytes: int, iters: int = P2P_ITERS) -> dict:
+        pairs = p2p_pairs(self.rank_hosts, self.backend)
+        if not pairs:
+            raise BenchError("--p2p needs at least two hosts")
+        spec = {"backend": self.backend, "p2p": {"bytes": nbytes, "pairs": pairs, "iters": iters},
+                "deadline_s": self.deadline_s}
+        result = self.launch(spec)
+        return {"backend": self.backend, "bytes": nbytes, **p2p_matrix(result, self.rank_hosts)}
+
+    def launch(self, spec: dict, cluster: Cluster | None = None, if_include: str | None = None) -> dict:
+        cluster = cluster or self.cluster
+        plan = self.plan if if_include is None else dataclasses.replace(self.plan, if_include=if_include)
+        runs_root = tempfile.mkdtemp(prefix="clusterctl-bench-")
+        launch = prepare(cluster, plan, script="-m", args=[WORKER, json.dumps(spec, separators=(",", ":"))],
+                         backend=self.backend, runs_root=runs_root, connect_timeout=self.connect_timeout,
+                         launcher=self.launcher, remote=self.remote)
+        outcome = supervise(launch, self.connector, emit=lambda text, err: None, start_timeout=START_TIMEOUT_S)
+        if outcome.exit_code == 130 or outcome.exit_code > 128 and outcome.failed_rank is None:
+            shutil.rmtree(runs_root, ignore_errors=True)
+            raise BenchAborted(outcome.reason, outcome.exit_code)
+        if outcome.exit_code == 124:      # the worker's watchdog (or the start timeout)
+            raise BenchError(f"no result within {spec['deadline_s']:g} s: the ranks hung and gave up "
+                             f"({outcome.reason}); logs in {launch.run_dir}")
+        if outcome.exit_code != 0:
+            last = f" ({outcome.tail[-1].strip()})" if outcome.tail else ""
+            raise BenchError(f"{outcome.reason}{last}; logs in {launch.run_dir}")
+        with open(os.path.join(launch.run_dir, "rank-0.log"), encoding="utf-8", errors="replace") as f:
+            try:
+                result = parse_result(f.read())
+            except BenchError as e:
+                raise BenchError(f"{e}; logs in {launch.run_dir}") from None
+        if result["world"] != cluster.world_size:
+            raise BenchError(f"the ranks formed a world of {result['world']}, the inventory has "
+                             f"{cluster.world_size}; logs in {launch.run_dir}")
+        shutil.rmtree(runs_root, ignore_errors=True)
+        return result

@@ -1,0 +1,143 @@
+"""`clusterctl bench --tune`: find the transport settings with the highest all_sum bus bandwidth.
+
+    mpi   btl_tcp_links in {1, 2, 4, 8} on the current interface (the plan's subnet, or MPI's own choice),
+          then the best count on every other subnet all hosts share (distinct addresses, not loopback):
+          a coordinate search, 4 + (subnets - 1) launches instead of their product.
+    ring  connections_per_ip in {1, 2, 4, 8}. The ring's addresses are the hosts' `address:` keys, one per
+          host; tuning does not rewrite those.
+
+A candidate that fails is reported, not fatal: an interface that leads nowhere makes MPI hang, and so
+does Open MPI 4.1.4's TCP btl with btl_tcp_links 8 here (measured, from 256 KiB up; cf. ompi#4963), so each
+launch carries a deadline (4x the first healthy candidate's wall time, at least 15 s) after which its
+ranks give up. With --write the winner is stored in the inventory by inventory_edit, which
+changes that one value and nothing else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+
+from ..doctor.checks import interfaces
+from ..inventory_edit import write_setting
+from .measure import Bench
+from .report import BenchAborted, BenchError
+
+COUNTS = (1, 2, 4, 8)
+MIN_DEADLINE_S = 15.0
+TUNE_DEADLINE_S = 60.0   # per candidate: Open MPI 4.1's TCP btl can hang with many links (ompi#4963)
+
+
+@dataclass
+class Trial:
+    setting: dict            # {"btl_tcp_links": 4, "if_include": "10.0.0.0/24"} or {"connections_per_ip": 2}
+    busbw_gbs: float | None = None
+    time_s: float | None = None
+    error: str | None = None
+
+
+def shared_subnets(iface_lines_by_host: list[list[str]]) -> list[str]:
+    """Subnets every host has an address in, each host with its own address there, loopback excluded
+    (every machine has 127.0.0.1: it joins nothing). Pure, from `ip -o -4 addr` / `ifconfig -a` lines."""
+    per_host = []
+    for lines in iface_lines_by_host:
+        nets = {}
+        for _, iface in interfaces(lines):
+            if not iface.ip.is_loopback and not iface.ip.is_link_local:
+                nets.setdefault(iface.network, iface.ip)
+        per_host.append(nets)
+    if not per_host:
+        return []
+    common = set(per_host[0]).intersection(*per_host[1:])
+    # the same address on every host (docker0's 172.17.0.1) is a private bridge on each, not a network
+    return sorted(str(n) for n in common if len({nets[n] for nets in per_host}) == len(per_host))
+
+
+def candidate_subnets(bench: Bench) -> list[str | None]:
+    current = bench.plan.if_include
+    group = bench.connector.run_everywhere("ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null", 30)
+    found = shared_subnets([o.value.stdout.splitlines() for o in group.values() if o.ok]) \
+        if not group.failed else []
+    return [current] + [s for s in found if s != current]
+
+
+def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[Trial], Trial]:
+    """Measure every candidate; (all trials in order, the winner). Raises BenchError if none ran."""
+    cluster = bench.cluster
+    trials: list[Trial] = []
+    deadline = [TUNE_DEADLINE_S]
+
+    def measure(setting: dict) -> Trial:
+        trial = Trial(setting)
+        if bench.backend == "mpi":
+            candidate = dataclasses.replace(cluster, mpi=dataclasses.replace(
+                cluster.mpi, btl_tcp_links=setting["btl_tcp_links"], if_include=setting["if_include"]))
+        else:
+            candidate = dataclasses.replace(cluster, launch=dataclasses.replace(
+                cluster.launch, connections_per_ip=setting["connections_per_ip"]))
+        started = time.monotonic()
+        try:
+            result = bench.collectives([nbytes], ["all_sum"], mpi4py=False, cluster=candidate,
+                                       if_include=setting.get("if_include"), deadline_s=deadline[0])
+            row = result["rows"][0]
+            trial.busbw_gbs, trial.time_s = row["busbw_gbs"], row["time_s"]
+            if deadline[0] == TUNE_DEADLINE_S:
+                # a healthy candidate's wall time sets the others' deadline: a hang costs seconds, not a minute
+                deadline[0] = max(MIN_DEADLINE_S, 4 * (time.monotonic() - started))
+        except BenchAborted:
+            raise
+        except BenchError as e:
+            trial.error = str(e)
+        trials.append(trial)
+        progress(trial)
+        return trial
+
+    if bench.backend == "mpi":
+        if "btl_tcp_links" in cluster.mpi.extra_args:
+            raise BenchError("mpi.extra_args sets --mca btl_tcp_links itself, which overrides "
+                             "mpi.btl_tcp_links: remove it there so --tune can try and store values")
+        subnets = candidate_subnets(bench)
+        for links in COUNTS:
+            measure({"btl_tcp_links": links, "if_include": subnets[0]})
+        best = _best(trials)
+        for subnet in subnets[1:]:
+            measure({"btl_tcp_links": best.setting["btl_tcp_links"], "if_include": subnet})
+    else:
+        for count in COUNTS:
+            measure({"connections_per_ip": count})
+    return trials, _best(trials)
+
+
+def _best(trials: list[Trial]) -> Trial:
+    ran = [t for t in trials if t.busbw_gbs is not None]
+    if not ran:
+        raise BenchError(f"every candidate failed; the first: {trials[0].error}")
+    return max(ran, key=lambda t: t.busbw_gbs)
+
+
+def describe(setting: dict) -> str:
+    parts = []
+    for key, value in setting.items():
+        if key == "if_include":
+            parts.append(f"if_include={value or '(MPI chooses)'}")
+        else:
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def store(inventory_path: str, bench: Bench, winner: Trial) -> list[str]:
+    """Write the winner into the inventory; returns what changed, as `section.key=value` strings."""
+    changed = []
+    if bench.backend == "ring":
+        if write_setting(inventory_path, "launch", "connections_per_ip", str(winner.setting["connections_per_ip"])):
+            changed.append(f"launch.connections_per_ip={winner.setting['connections_per_ip']}")
+        return changed
+    links = winner.setting["btl_tcp_links"]
+    if write_setting(inventory_path, "mpi", "btl_tcp_links", str(links)):
+        changed.append(f"mpi.btl_tcp_links={links}")
+    subnet = winner.setting.get("if_include")
+    if subnet and subnet != bench.plan.if_include:
+        if write_setting(inventory_path, "mpi", "if_include", json.dumps(subnet)):
+            changed.append(f"mpi.if_include={subnet}")
+    return changed

@@ -1,0 +1,96 @@
+"""Change one setting of an inventory file and nothing else: comments, order, quoting and blank lines stay.
+
+A YAML round trip through a parser would lose the user's comments and layout, so the edit is made in the
+text, at the place PyYAML's composer says the value sits (its start/end marks). A missing key is inserted
+as the first entry of its section (with the indentation of the section's entries); a missing section is
+appended at the end of the file. The result is parsed again before it is written (atomically), so an edit
+can never leave an inventory clusterctl refuses to read.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+import yaml
+
+from .atomic import write_text
+from .errors import InventoryError
+from .inventory import parse
+
+
+def set_setting(text: str, section: str, key: str, value: str, path: str = "inventory.yaml") -> str:
+    """`text` with `section.key` set to `value` (YAML scalar text, e.g. '4' or '"10.0.0.0/24"')."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        raise InventoryError(path, None, f"cannot edit: not valid YAML ({e})") from None
+    if not isinstance(root, yaml.MappingNode):
+        raise InventoryError(path, 1, "cannot edit: the inventory is not a mapping")
+    section_key, section_node = _entry(root, section)
+    if section_node is None:
+        return _append_section(text, section, key, value)
+    where = section_node.start_mark.line + 1
+    if isinstance(section_node, yaml.ScalarNode) and section_node.value in ("", "~", "null"):
+        # `mpi:` (or `mpi: ~`) with nothing under it: the entry goes on the next line
+        line_end = _line_end(text, section_key.end_mark.index)
+        head = (text[:section_node.start_mark.index] + text[section_node.end_mark.index:line_end]).rstrip(" ")
+        indent = " " * (section_key.start_mark.column + 2)
+        return head + f"\n{indent}{key}: {value}" + text[line_end:]
+    if not isinstance(section_node, yaml.MappingNode):
+        raise InventoryError(path, where, f"cannot edit: `{section}` is not a mapping")
+    key_node, value_node = _entry(section_node, key)
+    if value_node is not None:
+        if not isinstance(value_node, yaml.ScalarNode):
+            raise InventoryError(path, value_node.start_mark.line + 1, f"cannot edit: {section}.{key} is not a scalar")
+        between = text[key_node.end_mark.index:value_node.start_mark.index]
+        if between.strip() != ":" or value_node.start_mark.index < key_node.end_mark.index:
+            # an alias (*name) or a tag: the value's text lives elsewhere, or is not a plain scalar
+            raise InventoryError(path, key_node.start_mark.line + 1,
+                                 f"cannot edit {section}.{key}: its value is not written right after the key; "
+                                 f"set it by hand to {value}")
+        return text[:value_node.start_mark.index] + value + text[value_node.end_mark.index:]
+    if section_node.flow_style:
+        # {a: 1} -> {key: value, a: 1}; {} -> {key: value}
+        opening = section_node.start_mark.index + 1
+        rest = text[opening:]
+        if section_node.value:
+            return text[:opening] + f"{key}: {value}, " + rest.lstrip(" ")
+        return text[:opening] + f"{key}: {value}" + rest
+    first_key = section_node.value[0][0]
+    line_start = text.rfind("\n", 0, first_key.start_mark.index) + 1
+    if text[line_start:first_key.start_mark.index].strip():
+        raise InventoryError(path, where, f"cannot edit: `{section}` does not start on a line of its own")
+    indent = " " * first_key.start_mark.column
+    return text[:line_start] + f"{indent}{key}: {value}\n" + text[line_start:]
+
+
+def _entry(mapping: yaml.MappingNode, name: str) -> tuple[yaml.Node | None, yaml.Node | None]:
+    for key_node, value_node in mapping.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == name:
+            return key_node, value_node
+    return None, None
+
+
+def _line_end(text: str, index: int) -> int:
+    end = text.find("\n", index)
+    return len(text) if end < 0 else end
+
+
+def _append_section(text: str, section: str, key: str, value: str) -> str:
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + f"{section}:\n  {key}: {value}\n"
+
+
+def write_setting(path: str, section: str, key: str, value: str) -> bool:
+    """Set `section.key` in the inventory at `path` (a symlink's target is edited; the mode is kept).
+    Returns False when the file already says exactly that."""
+    real = os.path.realpath(path)
+    with open(real, encoding="utf-8") as f:
+        text = f.read()
+    new = set_setting(text, section, key, value, path)
+    if new == text:
+        return False
+    parse(new, path)   # never write an inventory we would refuse to read
+    write_text(real, new, mode=stat.S_IMODE(os.stat(real).st_mode))
+    return True
