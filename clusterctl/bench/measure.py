@@ -19,6 +19,7 @@ import tempfile
 from ..inventory import Cluster
 from ..launch import find_mlx_launch
 from ..plan import LaunchPlan, discover, remember_plan
+from ..stage import ship_clusterctl
 from ..remote import Connector
 from ..supervise import prepare, supervise
 from .report import BenchAborted, BenchError, collective_rows, p2p_matrix, p2p_pairs, parse_result
@@ -39,6 +40,8 @@ class Bench:
         self.connector = Connector(cluster, connect_timeout=connect_timeout)
         self.connect_timeout = connect_timeout
         if plan is None:
+            # the worker is part of clusterctl: ship this clusterctl to the hosts, as `run` does for its modules
+            ship_clusterctl(cluster, connect_timeout=connect_timeout)
             plan = discover(self.connector, module=WORKER)   # names the host that cannot import the worker
             remember_plan(cluster, plan)
         self.plan = plan
