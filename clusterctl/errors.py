@@ -65,3 +65,23 @@ class CommandFailed(ClusterctlError):
         tail = (result.stderr or result.stdout).strip().splitlines()
         why = f": {tail[-1]}" if tail else ""
         super().__init__(f"{host}: `{command}` exited {result.exit_code}{why}")
+
+
+# ---- data (clusterctl/data): every one is bad input for the command at hand, exit 2 ----------
+
+class DataError(ClusterctlError):
+    """A corpus, tokenizer or shard directory clusterctl cannot use."""
+
+    exit_code = EXIT_USAGE
+
+
+class SourceError(DataError):
+    """A corpus source that is missing, empty, malformed or of an unknown kind."""
+
+
+class TokenizerError(DataError):
+    """A tokenizer that cannot be loaded (missing file, missing `tokenizers` package, changed file)."""
+
+
+class ShardError(DataError):
+    """A shard directory that does not match its manifest.json, or a request it cannot serve."""
