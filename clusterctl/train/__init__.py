@@ -1,1 +1,1 @@
-"""The bundled MLX trainer: a small Llama-style LM trained data-parallel (DP) or fully sharded (FSDP)."""
+"""The bundled MLX trainer: data-parallel and fully sharded (FSDP) training."""
