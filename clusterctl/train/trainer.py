@@ -21,26 +21,20 @@ import time
 import mlx.core as mx
 
 from ..errors import ClusterctlError
-from . import checkpoint
+from . import checkpoint, collectives
 from .config import TrainConfig, default_out_dir, parse_args
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
 from .step import make_optimizer, make_step
 
 
-class WorldSizeError(ClusterctlError):
-    """MLX's distributed group is not the world the launcher started."""
-
-
 def init_world():
-    """Fail loudly when MLX silently fell back to a world of one (e.g. it could not load libmpi)."""
-    group = mx.distributed.init()
-    expected = os.environ.get("CLUSTERCTL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
-    if expected and int(expected) != group.size():
-        raise WorldSizeError(f"rank {group.rank()}: MLX's distributed group has {group.size()} rank(s) but the "
-                             f"launcher started {expected}; MLX could not join the others (check "
-                             f"MLX_MPI_LIBNAME / libmpi, or run `clusterctl doctor`)")
-    return group
+    """The world group, failing loudly when it is not the size the launcher started (MLX can silently fall
+    back to a world of one). The launcher's size is CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's."""
+    expected = None
+    if not os.environ.get("CLUSTERCTL_WORLD_SIZE") and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
+        expected = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    return collectives.init_world(expected=expected)
 
 
 def out_dir_for(config: TrainConfig, group) -> str:
@@ -63,7 +57,7 @@ def open_data(config: TrainConfig, rank: int, world: int):
         from ..data.shards import read_manifest
 
         manifest = read_manifest(config.data)
-        tokenizer, vocab_size = load_tokenizer(manifest.tokenizer), manifest.vocab_size
+        tokenizer, vocab_size = load_tokenizer(manifest.tokenizer, base_dir=config.data), manifest.vocab_size
     else:
         tokenizer = load_tokenizer(config.tokenizer)
         vocab_size = tokenizer.vocab_size
@@ -74,6 +68,14 @@ def open_data(config: TrainConfig, rank: int, world: int):
             raise ClusterctlError(f"rank {rank}: only {len(tokens)} {name} tokens, fewer than --block-size "
                                   f"{config.block_size} + 1")
     return tokenizer, vocab_size, train, val
+
+
+def portable_spec(tokenizer) -> dict:
+    """The tokenizer spec with an absolute path, so `clusterctl generate` finds it from any directory."""
+    spec = dict(tokenizer.spec())
+    if spec.get("path"):
+        spec["path"] = os.path.abspath(spec["path"])
+    return spec
 
 
 def micro_batches(loader, step: int, accum: int) -> tuple[mx.array, mx.array]:
@@ -157,7 +159,7 @@ def train(argv: list[str] | None = None) -> None:
     def save(step: int) -> None:
         state = {"config": config.training_dict(), "world_size": world, "strategy": config.strategy,
                  "rng": random_states(group), "data_position": {"step": step, "micro_batch": step * config.accum},
-                 "tokenizer": tokenizer.spec(), "vocab_size": vocab_size,
+                 "tokenizer": portable_spec(tokenizer), "vocab_size": vocab_size,
                  "model": ModelArgs.from_config(config, vocab_size).__dict__}
         path = checkpoint.save(out_dir, step, model, optimizer, state, group, keep=config.keep)
         if rank == 0:
