@@ -390,8 +390,9 @@ def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
     """Sample text from a checkpoint of the bundled trainer."""
     from .train.generate import generate_text
 
+    pieces = generate_text(checkpoint_dir, prompt, max_tokens, temperature, seed, top_k)
     click.echo(prompt, nl=False)
-    for piece in generate_text(checkpoint_dir, prompt, max_tokens, temperature, seed, top_k):
+    for piece in pieces:
         click.echo(piece, nl=False)
     click.echo()
 
