@@ -57,16 +57,16 @@ def init_world(backend: str = "any", expected: int | None = None) -> mx.distribu
         except ValueError:
             raise WorldSizeMismatch(f"CLUSTERCTL_WORLD_SIZE={os.environ['CLUSTERCTL_WORLD_SIZE']!r} "
                                     "is not an integer") from None
+    hint = (" (under mpirun MLX could not load libmpi: set MLX_MPI_LIBNAME or LD_LIBRARY_PATH/"
+            "DYLD_LIBRARY_PATH; `clusterctl doctor` checks it)")
     try:
         group = mx.distributed.init(backend=backend, strict=expected is not None and expected > 1)
     except RuntimeError as e:
-        raise WorldSizeMismatch(f"mx.distributed.init(backend={backend!r}) failed for a world of "
-                                f"{expected}: {e}") from None
+        raise WorldSizeMismatch(f"mx.distributed.init(backend={backend!r}) could not form the world of "
+                                f"{expected} the launcher started: {e}{hint if _under_mpirun() else ''}") from None
     if expected is not None and group.size() != expected:
-        hint = (" (MLX fell back to a world of 1: under mpirun it could not load libmpi; set MLX_MPI_LIBNAME "
-                "or LD_LIBRARY_PATH/DYLD_LIBRARY_PATH, see `clusterctl doctor`)" if group.size() == 1 else "")
         raise WorldSizeMismatch(f"mx.distributed.init(backend={backend!r}) gave a world of {group.size()}, "
-                                f"the launcher started {expected}{hint}")
+                                f"the launcher started {expected}{hint if group.size() == 1 else ''}")
     _WORLD[:] = [group]
     return group
 
@@ -163,7 +163,7 @@ def _everyone(group, flag: bool) -> bool:
 def _mpi():
     """mpi4py's MPI module when MLX has initialised MPI in this process, else None (never initialises
     MPI itself, and never loads libmpi outside an MPI launch)."""
-    if not any(v in os.environ for v in _MPI_LAUNCHER_VARS):
+    if not _under_mpirun():
         return None
     try:
         import mpi4py
@@ -173,6 +173,10 @@ def _mpi():
     except ImportError:
         return None
     return MPI if MPI.Is_initialized() and not MPI.Is_finalized() else None
+
+
+def _under_mpirun() -> bool:
+    return any(v in os.environ for v in _MPI_LAUNCHER_VARS)
 
 
 def _candidate_comm(group):
