@@ -397,6 +397,75 @@ def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
     click.echo()
 
 
+# ---- data -------------------------------------------------------------------------------------
+
+@command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)
+def data_cmd():
+    """Dataset shards: tokenize a corpus into one shard per rank."""
+
+
+@data_cmd.command("prepare")
+@click.argument("source")
+@click.option("--world", type=int, required=True, metavar="N", help="Number of ranks: one shard each.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Directory for the shards, val.bin and manifest.json (replaced if it holds a dataset).")
+@click.option("--tokenizer", default="byte", show_default=True, metavar="byte|PATH",
+              help="byte (no downloads) or a local Hugging Face tokenizer.json (needs `tokenizers`).")
+@click.option("--val-fraction", default=0.01, show_default=True, type=float,
+              help="Share of documents held out in val.bin (every 1/F-th document).")
+@click.option("--json", "as_json", is_flag=True, help="Print manifest.json instead of a summary.")
+def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, as_json):
+    """Tokenize SOURCE once into N equal shards plus manifest.json.
+
+    SOURCE: `embedded` (the built-in stories; `embedded:COUNT[:SEED]`), a .txt file (documents separated
+    by blank lines), a .jsonl file ("text" field), a directory of those, or hf:NAME[:SPLIT] (a dataset
+    already in the local Hugging Face cache; needs `datasets`).
+    """
+    import time
+
+    from .data.shards import prepare
+
+    bars = _ProgressBars() if sys.stderr.isatty() and not as_json else None
+    start = time.monotonic()
+    try:
+        manifest = prepare(source, world, out_dir, tokenizer=tokenizer, val_fraction=val_fraction, progress=bars)
+    finally:
+        if bars:
+            bars.close()
+    elapsed = time.monotonic() - start
+    if as_json:
+        click.echo(manifest.to_json(), nl=False)
+        return
+    total = manifest.tokens_per_shard * manifest.world_size + manifest.dropped_tokens + manifest.val.tokens
+    click.echo(f"{out_dir}: {manifest.world_size} shards of {manifest.tokens_per_shard:,} {manifest.dtype} tokens "
+               f"({manifest.tokenizer['type']} tokenizer, vocab {manifest.vocab_size}), val.bin "
+               f"{manifest.val.tokens:,} tokens, {manifest.dropped_tokens:,} dropped")
+    click.echo(f"{total:,} tokens in {elapsed:.1f} s ({total / max(elapsed, 1e-9):,.0f} tokens/s)")
+
+
+class _ProgressBars:
+    """prepare()'s progress callback as click progress bars on stderr, one per phase."""
+
+    LABELS = {"tokenize": "tokenizing", "write": "writing shards"}
+
+    def __init__(self):
+        self.phase, self.bar, self.done = None, None, 0
+
+    def __call__(self, phase, done, total):
+        if phase != self.phase:
+            self.close()
+            self.phase, self.done = phase, 0
+            self.bar = click.progressbar(length=total, label=self.LABELS.get(phase, phase), file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
 # ---- entry point ------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> None:

@@ -190,7 +190,7 @@ def _open_hf(spec: str):
     try:
         import datasets
     except ImportError:
-        raise SourceError(f"{spec}: Hugging Face datasets need the `datasets` package: pip install datasets") from None
+        raise SourceError(f"{spec}: reading a Hugging Face dataset needs the `datasets` package: pip install datasets") from None
     try:
         if os.path.isdir(name):
             ds = datasets.load_from_disk(name)

@@ -24,8 +24,10 @@ from .stories import DEFAULT_STORIES
 from .shards import ITEMSIZE, dtype_for, read_manifest
 from .tokenizer import load_tokenizer
 
-# Validation documents when reading a corpus directly (no shards): the same rule prepare uses.
+# Validation documents when reading a corpus directly (no shards): the same rule prepare uses, capped so
+# that every rank holding the shared val set stays cheap on a large corpus.
 VAL_FRACTION = 0.01
+VAL_MAX_DOCUMENTS = 200
 _CODES = {"uint16": "H", "uint32": "I" if array("I").itemsize == 4 else "L"}
 
 
@@ -119,9 +121,14 @@ def rank_tokens(rank: int, world: int, data_dir: str | None = None, source: str 
         source = f"embedded:{DEFAULT_STORIES}:{seed}"
     dtype = dtype_for(tok.vocab_size)
     train, val = array(_CODES[dtype]), array(_CODES[dtype])
-    want = (lambda k: is_val(k, VAL_FRACTION) or k % world == rank)
+    def held_out(k):
+        return is_val(k, VAL_FRACTION) and int((k + 1) * VAL_FRACTION) <= VAL_MAX_DOCUMENTS
+
+    def want(k):    # every val document past the cap is skipped by all ranks, as prepare keeps it out of train
+        return held_out(k) or (k % world == rank and not is_val(k, VAL_FRACTION))
+
     for k, text in open_source(source).documents(want):
-        out = val if is_val(k, VAL_FRACTION) else train
+        out = val if held_out(k) else train
         out.extend(tok.encode(text))
         out.append(tok.eos_id)
     if not train:

@@ -32,7 +32,7 @@ from typing import Callable
 from ..atomic import write_text
 from ..errors import ShardError, SourceError
 from .corpus import is_val, open_source
-from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from .tokenizer import ByteTokenizer, HFTokenizer, file_sha256, load_tokenizer
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -148,7 +148,7 @@ def verify_file(data_dir: str, info: TokenFileInfo, dtype: str, checksum: bool =
     if size != info.tokens * ITEMSIZE[dtype]:
         raise ShardError(f"{path}: {size} bytes, the manifest says {info.tokens} {dtype} tokens "
                          f"({info.tokens * ITEMSIZE[dtype]} bytes): truncated or corrupted")
-    if checksum and _sha256_of(path) != info.sha256:
+    if checksum and file_sha256(path) != info.sha256:
         raise ShardError(f"{path}: sha256 differs from the manifest: corrupted")
 
 
@@ -195,7 +195,7 @@ def prepare(source: str, world: int, out_dir: str, tokenizer=None, val_fraction:
         os.truncate(train_path, per_shard * size)
         os.replace(train_path, os.path.join(staging, shard_name(0, world)))
         shards.append(TokenFileInfo(shard_name(0, world), per_shard,
-                                    _sha256_of(os.path.join(staging, shard_name(0, world)))))
+                                    file_sha256(os.path.join(staging, shard_name(0, world)))))
         report("write", per_shard * world, per_shard * world)
         spec = tok.spec()
         if isinstance(tok, HFTokenizer):
@@ -204,7 +204,7 @@ def prepare(source: str, world: int, out_dir: str, tokenizer=None, val_fraction:
             spec = {**spec, "path": TOKENIZER_FILE}
         manifest = Manifest(FORMAT, spec, tok.vocab_size, dtype, world, per_shard, train - per_shard * world,
                             _describe(source, src.kind), tuple(reversed(shards)),
-                            TokenFileInfo(VAL_FILE, val, _sha256_of(val_path)))
+                            TokenFileInfo(VAL_FILE, val, file_sha256(val_path)))
         _publish(staging, out_dir, manifest)
         return manifest
     finally:
@@ -271,14 +271,6 @@ def _copy_range(src: str, start: int, length: int, dst: str) -> str:
             h.update(block)
             fout.write(block)
             left -= len(block)
-    return h.hexdigest()
-
-
-def _sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(COPY_BLOCK), b""):
-            h.update(block)
     return h.hexdigest()
 
 

@@ -108,7 +108,7 @@ def load_tokenizer(spec: str | dict | None, base_dir: str | None = None) -> Byte
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(4 << 20), b""):
             h.update(block)
     return h.hexdigest()
 
