@@ -172,7 +172,7 @@ def train(argv: list[str] | None = None) -> None:
         reporter.add(loss, grad_norm)
         done = step + 1
         last = done == config.steps
-        if done % config.report_every == 0 or last:
+        if done % config.report_every == 0 or last or step == start:   # the first step shows the start
             reporter.report(done, config.steps, optimizer.learning_rate.item())
         with reporter.paused():
             if (config.eval_every and done % config.eval_every == 0) or last:
