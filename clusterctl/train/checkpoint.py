@@ -41,12 +41,13 @@ def optimizer_file(strategy: str, rank: int) -> str:
     return f"optimizer-rank-{rank}.safetensors" if strategy == "fsdp" else "optimizer.safetensors"
 
 
-def _barrier(group) -> None:
+def barrier(group) -> None:
     if group.size() > 1:
         mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
 
 
-def _from_rank0(value: int, group) -> int:
+def int_from_rank0(value: int, group) -> int:
+    """Rank 0's `value` on every rank (a non-negative int below 2**31)."""
     if group.size() == 1:
         return value
     mine = mx.array(value if group.rank() == 0 else 0, dtype=mx.int32)
@@ -58,14 +59,14 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
     rank, strategy = group.rank(), state["strategy"]
     root = Path(out_dir) / "checkpoints"
     final = root / step_dir_name(step)
-    nonce = _from_rank0(int.from_bytes(os.urandom(3), "little"), group)
+    nonce = int_from_rank0(int.from_bytes(os.urandom(3), "little"), group)
     tmp = root / f".{final.name}.tmp-{nonce:06x}"
     writer = False
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         writer = True
-    _barrier(group)
+    barrier(group)
     if rank != 0:
         root.mkdir(parents=True, exist_ok=True)
         try:                        # succeeds only for the first rank on a disk rank 0 does not share
@@ -73,14 +74,14 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
             writer = True
         except FileExistsError:
             pass
-    _barrier(group)
+    barrier(group)
     if strategy == "fsdp":
         _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
     if writer:
         mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
         if strategy != "fsdp":
             _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
-    _barrier(group)                 # every shard is on disk before the directory becomes visible
+    barrier(group)                 # every shard is on disk before the directory becomes visible
     if writer:
         write_text(str(tmp / "state.json"), json.dumps({"format": FORMAT, "step": step, **state}, indent=1))
         if final.exists():          # left by an earlier run that got further before it was stopped
@@ -88,7 +89,7 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
         os.replace(tmp, final)
         write_text(str(root / "latest"), final.name + "\n")
         _prune(root, keep, final.name)
-    _barrier(group)
+    barrier(group)
     return final
 
 

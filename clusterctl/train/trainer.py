@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 
 from ..errors import ClusterctlError
 from . import checkpoint, collectives
-from .config import TrainConfig, default_out_dir, parse_args
+from .config import ConfigError, TrainConfig, default_out_dir, parse_args
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
 from .step import make_optimizer, make_step
@@ -44,7 +45,7 @@ def out_dir_for(config: TrainConfig, group) -> str:
         return os.environ["CLUSTERCTL_RUN_DIR"]
     # Every rank must pick the same ./runs/train-<timestamp>: use rank 0's clock.
     epoch = 1_600_000_000
-    now = checkpoint._from_rank0(int(time.time()) - epoch, group) + epoch
+    now = checkpoint.int_from_rank0(int(time.time()) - epoch, group) + epoch
     return default_out_dir(time.localtime(now))
 
 
@@ -114,12 +115,32 @@ def restore_random_state(key: list[int]) -> None:
     mx.random.seed((int(key[0]) << 32) | int(key[1]))
 
 
+def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
+    """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
+    checkpoint.load_model(ckpt, model)
+    checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
+    keys = resumed["rng"]
+    if len(keys) == world:
+        restore_random_state(keys[rank])
+    else:      # DP on another world size: the data split changes too, so the batches differ from here
+        mx.random.seed(rank_seed(config.seed, rank))
+        if rank == 0:
+            print(f"note: {ckpt} was written by {len(keys)} rank(s), this run has {world}: it continues from "
+                  f"the same parameters and optimizer state, not the same batches", flush=True)
+    return resumed["step"]
+
+
 def train(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     group = init_world()
     rank, world = group.rank(), group.size()
+    if config.resume == "latest" and not config.out and not os.environ.get("CLUSTERCTL_RUN_DIR"):
+        raise ConfigError("--resume latest needs --out DIR (the run to continue)")
     out_dir = out_dir_for(config, group)
     resumed, ckpt = None, None
+    if not config.resume and list(Path(out_dir, "checkpoints").glob("step-*")):
+        raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
+                          f"{out_dir}, or train into another --out")
     if config.resume:
         ckpt = checkpoint.resolve(config.resume, out_dir)
         resumed = checkpoint.read_state(ckpt)
@@ -132,15 +153,14 @@ def train(argv: list[str] | None = None) -> None:
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
     model = Transformer(ModelArgs.from_config(config, vocab_size))
     optimizer = make_optimizer(config)
-    start = 0
     if resumed:
-        checkpoint.load_model(ckpt, model)
-        checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
-        start = resumed["step"]
-        keys = resumed["rng"]
-        restore_random_state(keys[rank]) if len(keys) == world else mx.random.seed(rank_seed(config.seed, rank))
+        start = restore(ckpt, resumed, model, optimizer, config, rank, world)
     else:
-        mx.random.seed(rank_seed(config.seed, rank))
+        start = 0
+        mx.random.seed(rank_seed(config.seed, rank))   # each rank's own stream (dropout) from here
+    if start >= config.steps:
+        raise ConfigError(f"{ckpt} is at step {start} and --steps is {config.steps}: nothing to train "
+                          f"(pass a larger --steps)")
     mx.eval(model.parameters(), optimizer.state)
     step_fn = make_step(model, optimizer, config, group)
 

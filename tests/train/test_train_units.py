@@ -18,7 +18,7 @@ from clusterctl.train.generate import generate_text, load, sample_tokens
 from clusterctl.train.metrics import Reporter
 from clusterctl.train.model import ModelArgs, Transformer, count_parameters
 from clusterctl.train.step import lr_schedule, make_dp_step, make_optimizer
-from clusterctl.train.trainer import random_states, restore_random_state
+from clusterctl.train.trainer import main, random_states, restore_random_state
 
 TINY = dict(n_layers=2, dim=16, n_heads=2, mlp_dim=32, block_size=8)
 VOCAB = 257
@@ -271,3 +271,22 @@ def test_generate_command(saved_run):
     r = subprocess.run([sys.executable, "-m", "clusterctl", "generate", "--checkpoint", str(empty), "--prompt", "x"],
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: no checkpoint in {empty}\n")
+
+
+# ---- the trainer's refusals (in process, one rank) --------------------------------------------
+
+def test_trainer_refuses_to_overwrite_a_run_or_resume_past_its_end(tmp_path, capsys):
+    flags = ["--n-layers", "1", "--dim", "16", "--n-heads", "2", "--mlp-dim", "16", "--block-size", "16",
+             "--batch-size", "2", "--steps", "2", "--eval-batches", "1", "--out", str(tmp_path)]
+    assert main(flags) == 0
+    assert (tmp_path / "checkpoints" / "step-000002" / "state.json").is_file()
+    capsys.readouterr()
+    assert main(flags) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path} already holds checkpoints: continue it with --resume "
+                                       f"latest --out {tmp_path}, or train into another --out\n")
+    assert main(flags + ["--resume", "latest"]) == 2
+    assert "is at step 2 and --steps is 2: nothing to train" in capsys.readouterr().err
+    assert main(flags + ["--resume", "latest", "--steps", "3"]) == 0
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl") if '"loss"' in line] == [1, 2, 3]
+    assert main(["--resume", "latest"]) == 2
+    assert capsys.readouterr().err.endswith("error: --resume latest needs --out DIR (the run to continue)\n")
