@@ -35,7 +35,8 @@ start = time.perf_counter()
 m = prepare(source, world, out, tokenizer=None if tok == "byte" else tok)
 elapsed = time.perf_counter() - start
 tokens = m.tokens_per_shard * m.world_size + m.dropped_tokens + m.val.tokens
-print(json.dumps({"elapsed_s": elapsed, "tokens": tokens, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"elapsed_s": elapsed, "tokens": tokens, "peak_rss_mb": peak_mb}))
 """
 
 

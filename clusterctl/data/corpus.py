@@ -190,7 +190,12 @@ def _open_hf(spec: str):
     try:
         import datasets
     except ImportError:
-        raise SourceError(f"{spec}: reading a Hugging Face dataset needs the `datasets` package: pip install datasets") from None
+        raise SourceError(f"{spec}: reading a Hugging Face dataset needs the `datasets` package: "
+                          f"pip install datasets") from None
+    # If `datasets` was imported before us the variables came too late; its config flags still count.
+    for flag in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        if hasattr(datasets, "config") and hasattr(datasets.config, flag):
+            setattr(datasets.config, flag, True)
     try:
         if os.path.isdir(name):
             ds = datasets.load_from_disk(name)

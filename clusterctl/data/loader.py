@@ -18,7 +18,7 @@ from array import array
 
 import mlx.core as mx
 
-from ..errors import ShardError
+from ..errors import ShardError, SourceError
 from .corpus import is_val, open_source
 from .stories import DEFAULT_STORIES
 from .shards import ITEMSIZE, dtype_for, read_manifest
@@ -100,7 +100,8 @@ def rank_tokens(rank: int, world: int, data_dir: str | None = None, source: str 
                 tokenizer=None, seed: int = 0) -> tuple[TokenFile | TokenArray, TokenFile | TokenArray]:
     """(train, val) for this rank. With `data_dir`: the rank's prepared shard and val.bin, checked against
     manifest.json (world size, tokenizer, length). Without: documents k % world == rank of `source`
-    (`embedded` generates only those; `seed` picks the embedded corpus's seed), and as val the held-out documents every rank shares."""
+    (`embedded` generates only those; `seed` is the embedded corpus's seed), and as val the held-out
+    documents (prepare's rule, at most VAL_MAX_DOCUMENTS) that every rank shares."""
     if not isinstance(world, int) or world < 1 or not 0 <= rank < world:
         raise ShardError(f"rank {rank} of world size {world}: need 0 <= rank < world")
     if data_dir is not None:
@@ -121,6 +122,7 @@ def rank_tokens(rank: int, world: int, data_dir: str | None = None, source: str 
         source = f"embedded:{DEFAULT_STORIES}:{seed}"
     dtype = dtype_for(tok.vocab_size)
     train, val = array(_CODES[dtype]), array(_CODES[dtype])
+
     def held_out(k):
         return is_val(k, VAL_FRACTION) and int((k + 1) * VAL_FRACTION) <= VAL_MAX_DOCUMENTS
 
@@ -128,11 +130,13 @@ def rank_tokens(rank: int, world: int, data_dir: str | None = None, source: str 
         return held_out(k) or (k % world == rank and not is_val(k, VAL_FRACTION))
 
     for k, text in open_source(source).documents(want):
+        if not text:
+            continue        # as prepare does: an empty document adds no EOS either
         out = val if held_out(k) else train
         out.extend(tok.encode(text))
         out.append(tok.eos_id)
     if not train:
-        raise ShardError(f"{source}: no training documents for rank {rank} of {world}")
+        raise SourceError(f"{source}: no training documents for rank {rank} of {world}")
     return TokenArray(train, dtype), TokenArray(val, dtype)
 
 

@@ -59,3 +59,23 @@ def test_empty_corpus_and_missing_options(tmp_path):
     r = clusterctl("data", "prepare", "embedded")
     assert r.returncode == 2 and "Missing option '--world'" in r.stderr
     assert not os.path.exists(tmp_path / "o") or os.listdir(tmp_path / "o") == []
+
+
+def test_progress_bars_only_on_a_terminal(tmp_path):
+    import pty
+    master, slave = pty.openpty()
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", "embedded:3000", "--world", "2",
+                        "--out", str(tmp_path / "d")], stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120)
+    os.close(slave)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:       # EIO: the terminal's other side is closed and everything is read
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    assert r.returncode == 0 and "shards of" in r.stdout
+    assert b"tokenizing" in drawn and b"writing shards" in drawn and b"100%" in drawn
