@@ -5,7 +5,11 @@
 1. memory: per-rank peak memory (MLX's get_peak_memory and the process's peak RSS, max over ranks) at
    world 1, 2, 4, training from `clusterctl data prepare` shards (each rank memory-maps its own shard,
    clusterctl.data.loader.rank_tokens) against a whole-dataset-per-rank loader (every rank reads every
-   shard into one mx.array, as a naive loader does). Goal: sharded at world 4 <= 1.1x world 1.
+   shard into one mx.array, as a naive loader does), and a baseline run (same launcher, model and steps,
+   a few KB of tokens). Resident memory is split into anonymous (private) and file-backed: a mapped shard
+   is file-backed page cache, and Linux may map whole large folios per fault, so its file RSS can reach
+   the shard's size while the private memory stays flat.
+   Goal: sharded at world 4 <= 1.1x world 1.
 2. averaging: DP step time with nn.average_gradients (bucketed: a few all_sums) against a per-tensor
    all_sum over the gradient tree (the seeds' `tree_map(lambda g: all_sum(g) / N, grads)`), on a model of
    many small tensors, both compiled, interleaved, at world 2 over mpi and ring.
@@ -68,7 +72,7 @@ def rank_reports(out_dir: str, world: int) -> list[dict]:
 def memory_worker(mode: str, data_dir: str, steps: int, out_dir: str) -> None:
     import mlx.core as mx
 
-    from clusterctl.data.loader import BatchLoader, rank_tokens
+    from clusterctl.data.loader import BatchLoader, TokenArray, rank_tokens
     from clusterctl.data.shards import read_manifest
     from clusterctl.train.config import parse_args
     from clusterctl.train.model import ModelArgs, Transformer
@@ -81,8 +85,10 @@ def memory_worker(mode: str, data_dir: str, steps: int, out_dir: str) -> None:
     manifest = read_manifest(data_dir)
     if mode == "sharded":
         tokens, _ = rank_tokens(rank, world, data_dir=data_dir)
-    else:   # every rank holds the whole dataset: all shards, as one array
+    elif mode == "whole":   # every rank holds the whole dataset: all shards, as one array
         tokens = WholeDataset(data_dir, manifest)
+    else:                   # baseline: the same process and launcher with almost no data
+        tokens = TokenArray(list(range(256)) * 64)
     mx.random.seed(0)
     model = Transformer(ModelArgs.from_config(config, manifest.vocab_size))
     optimizer = make_optimizer(config)
@@ -92,7 +98,18 @@ def memory_worker(mode: str, data_dir: str, steps: int, out_dir: str) -> None:
         mx.eval(step(*micro_batches(loader, s, 1)), model.state, optimizer.state)
     report(out_dir, rank, {"mlx_peak_mb": mx.get_peak_memory() / 2**20,
                            "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                           "tokens_held": len(tokens)})
+                           **rss_parts(), "tokens_held": len(tokens)})
+
+
+def rss_parts() -> dict:
+    """Resident memory now, split: anonymous (private: what a rank really costs) and file-backed (mapped
+    page cache: clean, shared, reclaimable; a memory-mapped shard shows up here)."""
+    parts = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                parts[line.split(":")[0].replace("Rss", "").lower() + "_rss_mb"] = int(line.split()[1]) / 1024
+    return parts
 
 
 class WholeDataset:
@@ -186,7 +203,7 @@ def bench_memory(tmp, stories, steps) -> list[dict]:
         data_dir = os.path.join(tmp, f"shards-{world}")
         manifest = prepare(f"embedded:{stories}", world, data_dir)
         row = {"world": world, "dataset_tokens": manifest.tokens_per_shard * world}
-        for mode in ("sharded", "whole"):
+        for mode in ("baseline", "sharded", "whole"):
             out = tempfile.mkdtemp(dir=tmp)
             launch(mpirun(world) + [sys.executable, __file__, "--worker", "memory", mode, data_dir, str(steps), out],
                    world)
@@ -194,14 +211,18 @@ def bench_memory(tmp, stories, steps) -> list[dict]:
             row[f"{mode}_mlx_peak_mb"] = max(r["mlx_peak_mb"] for r in reps)
             row[f"{mode}_rss_peak_mb"] = max(r["rss_peak_mb"] for r in reps)
             row[f"{mode}_tokens_per_rank"] = max(r["tokens_held"] for r in reps)
+            row[f"{mode}_anon_rss_mb"] = max(r.get("anon_rss_mb", 0.0) for r in reps)
+            row[f"{mode}_file_rss_mb"] = max(r.get("file_rss_mb", 0.0) for r in reps)
         rows.append(row)
         shutil.rmtree(data_dir)
     for row in rows:
         for mode in ("sharded", "whole"):
-            for kind in ("mlx_peak_mb", "rss_peak_mb"):
+            for kind in ("mlx_peak_mb", "rss_peak_mb", "anon_rss_mb"):
                 row[f"{mode}_{kind}_vs_world1"] = row[f"{mode}_{kind}"] / rows[0][f"{mode}_{kind}"]
         for kind in ("mlx_peak_mb", "rss_peak_mb"):
             row[f"whole_over_sharded_{kind}"] = row[f"whole_{kind}"] / row[f"sharded_{kind}"]
+        for mode in ("sharded", "whole"):   # what the data costs above the same process without data
+            row[f"{mode}_data_rss_mb"] = row[f"{mode}_rss_peak_mb"] - row["baseline_rss_peak_mb"]
     return rows
 
 
@@ -245,14 +266,16 @@ def main() -> None:
         averaging = bench_averaging(tmp, args.steps)
         throughput = bench_throughput(tmp, args.steps)
 
-    print("per-rank peak memory (max over ranks), MB; ratios against world 1")
-    print(f"{'world':>5} {'tokens':>11} {'sharded mlx':>11} {'sharded rss':>11} {'whole mlx':>9} {'whole rss':>9} "
-          f"{'sharded mlx x':>13} {'sharded rss x':>13} {'whole/sharded mlx':>17} {'whole/sharded rss':>17}")
+    print("per-rank memory (max over ranks), MB. mlx = mx.get_peak_memory(); anon / file = resident anonymous /")
+    print("file-backed memory at the end (Linux); x = against world 1")
+    print(f"{'world':>5} {'tokens':>11} | {'base anon':>9} | {'sharded mlx':>11} {'anon':>6} {'file':>6} | "
+          f"{'whole mlx':>9} {'anon':>6} {'file':>6} | {'sharded mlx x':>13} {'anon x':>6} | {'whole/sharded mlx':>17} {'anon':>5}")
     for r in memory:
-        print(f"{r['world']:>5} {r['dataset_tokens']:>11,} {r['sharded_mlx_peak_mb']:>11.1f} "
-              f"{r['sharded_rss_peak_mb']:>11.1f} {r['whole_mlx_peak_mb']:>9.1f} {r['whole_rss_peak_mb']:>9.1f} "
-              f"{r['sharded_mlx_peak_mb_vs_world1']:>13.2f} {r['sharded_rss_peak_mb_vs_world1']:>13.2f} "
-              f"{r['whole_over_sharded_mlx_peak_mb']:>17.2f} {r['whole_over_sharded_rss_peak_mb']:>17.2f}")
+        print(f"{r['world']:>5} {r['dataset_tokens']:>11,} | {r['baseline_anon_rss_mb']:>9.1f} | "
+              f"{r['sharded_mlx_peak_mb']:>11.1f} {r['sharded_anon_rss_mb']:>6.1f} {r['sharded_file_rss_mb']:>6.1f} | "
+              f"{r['whole_mlx_peak_mb']:>9.1f} {r['whole_anon_rss_mb']:>6.1f} {r['whole_file_rss_mb']:>6.1f} | "
+              f"{r['sharded_mlx_peak_mb_vs_world1']:>13.2f} {r['sharded_anon_rss_mb_vs_world1']:>6.2f} | "
+              f"{r['whole_over_sharded_mlx_peak_mb']:>17.2f} {r['whole_anon_rss_mb'] / r['sharded_anon_rss_mb']:>5.2f}")
     print("\nDP step time, world 2: bucketed average_gradients vs per-tensor all_sum")
     for r in averaging:
         print(f"{r['backend']:>5} {r['tensors']} tensors: bucketed {r['bucketed_step_s'] * 1e3:.2f} ms, per-tensor "
