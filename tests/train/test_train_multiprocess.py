@@ -152,6 +152,21 @@ def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, tmp_pa
         assert "holds FSDP optimizer shards for 2 ranks; cannot resume on 1" in r.stderr
 
 
+def test_training_from_prepared_shards_reads_each_ranks_own_shard(tmp_path):
+    from clusterctl.data.shards import prepare
+
+    manifest = prepare("embedded:300", 2, str(tmp_path / "shards"))
+    r = run(mpirun(2) + train_cmd("--data", str(tmp_path / "shards"), "--steps", "3", "--eval-every", "0",
+                                  "--out", str(tmp_path / "run")), world=2)
+    assert f"{manifest.tokens_per_shard:,} training tokens on rank 0" in r.stdout
+    assert sorted(losses(tmp_path / "run")) == [1, 3]
+    state = json.load(open(tmp_path / "run" / "checkpoints" / "step-000003" / "state.json"))
+    assert state["tokenizer"] == {"type": "byte"} and state["world_size"] == 2
+    r = subprocess.run(train_cmd("--data", str(tmp_path / "shards"), "--steps", "3", "--out", str(tmp_path / "one")),
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "prepared for world size 2, this run has 1" in r.stderr, r.stderr
+
+
 # ---- learning on the embedded corpus, world size check ----------------------------------------
 
 def test_loss_falls_30_percent_on_the_embedded_corpus_over_ring(tmp_path):
