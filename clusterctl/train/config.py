@@ -103,11 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     """One flag per field. Defaults are SUPPRESSed so we can tell a flag given from one left out."""
     parser = argparse.ArgumentParser(
         prog="python -m clusterctl.train", argument_default=argparse.SUPPRESS,
-        description="Train a small Llama-style language model with MLX, on one or many ranks.")
+        description="Train a small Llama-style language model with MLX, on one or many ranks.",
+        epilog="Launch on 2 ranks: mlx.launch -n 2 --backend ring -- python -m clusterctl.train ... | "
+               "mpirun -np 2 python -m clusterctl.train ... | clusterctl run (see README.md).")
     for f in fields(TrainConfig):
         kind = _base_type(f.type)
+        metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind)
         parser.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind,
-                            choices=f.metadata.get("choices"), metavar=f.metadata.get("metavar"),
+                            choices=f.metadata.get("choices"), metavar=metavar,
                             help=f"{f.metadata['help']} (default: {f.default})")
     return parser
 
