@@ -152,6 +152,34 @@ def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, tmp_pa
         assert "holds FSDP optimizer shards for 2 ranks; cannot resume on 1" in r.stderr
 
 
+def test_ranks_on_separate_disks_each_keep_a_checkpoint_they_can_resume_from(tmp_path):
+    """Rank 1 runs in its own mount namespace where --out is another directory (a host without a shared
+    disk): it must write its own full copy (model, its FSDP optimizer shard, state.json, latest), and the
+    run must resume from the two copies exactly."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to give one rank its own disk")
+    out, other_disk, whole = tmp_path / "out", tmp_path / "host1", tmp_path / "whole"
+    out.mkdir()
+    other_disk.mkdir()
+    args = ["--strategy", "fsdp", "--ckpt-every", "2", "--eval-every", "0", "--report-every", "1"]
+    bind = f'mount --bind {other_disk} {out} && exec "$0" "$@"'
+
+    def separate(*more):
+        mpi = mpirun(1)
+        return (mpi + train_cmd(*args, *more, "--out", str(out)) + [":", "-np", "1", "unshare", "-m", "--propagation",
+                "private", "sh", "-c", bind] + train_cmd(*args, *more, "--out", str(out)))
+
+    run(separate("--steps", "4"), world=2)
+    for disk, rank in ((out, 0), (other_disk, 1)):
+        assert sorted(os.listdir(disk / "checkpoints" / "step-000004")) == [
+            "model.safetensors", f"optimizer-rank-{rank}.safetensors", "state.json"]
+        assert (disk / "checkpoints" / "latest").read_text() == "step-000004\n"
+    assert not (other_disk / "metrics.jsonl").exists()       # only rank 0 reports
+    run(separate("--steps", "6", "--resume", "latest"), world=2)
+    run(mpirun(2) + train_cmd(*args, "--steps", "6", "--out", str(whole)), world=2)
+    assert losses(out) == losses(whole)
+
+
 def test_training_from_prepared_shards_reads_each_ranks_own_shard(tmp_path):
     from clusterctl.data.shards import prepare
 
