@@ -85,7 +85,8 @@ def make_dp_step(model, optimizer, config, group):
 
 def make_fsdp_step(model, optimizer, config, group):
     """Sharded optimizer state: the gradient computation is compiled; fsdp_apply_gradients reduce-scatters
-    the gradients, updates this rank's slices and gathers the parameters back."""
+    the gradients, updates this rank's slices and gathers the parameters back. It stays outside
+    mx.compile because on mpi its reduce-scatter goes through mpi4py, which evaluates eagerly."""
     from .fsdp import fsdp_apply_gradients
 
     state = [model.state, mx.random.state]
