@@ -443,6 +443,27 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
     click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
 
 
+# ---- generate -----------------------------------------------------------------------------------
+
+@command('clusterctl generate --checkpoint runs/train-1 --prompt "Once upon a time"')
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              metavar="DIR", help="A run directory, its checkpoints/ or one step-N directory (latest wins).")
+@click.option("--prompt", default="", help="Text to continue (default: start a new document).")
+@click.option("--max-tokens", default=200, show_default=True, help="Tokens to generate at most.")
+@click.option("--temperature", default=0.8, show_default=True, help="Sampling temperature; 0 is greedy.")
+@click.option("--top-k", default=0, show_default=True, help="Sample from the k likeliest tokens (0: all).")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed.")
+def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
+    """Sample text from a checkpoint of the bundled trainer."""
+    from .train.generate import generate_text
+
+    pieces = generate_text(checkpoint_dir, prompt, max_tokens, temperature, seed, top_k)
+    click.echo(prompt, nl=False)
+    for piece in pieces:
+        click.echo(piece, nl=False)
+    click.echo()
+
+
 # ---- data -------------------------------------------------------------------------------------
 
 @command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)

@@ -1,0 +1,157 @@
+"""Checkpoints: <out>/checkpoints/step-000123/{model.safetensors, optimizer.safetensors, state.json}.
+
+FSDP writes optimizer-rank-K.safetensors per rank instead of optimizer.safetensors (each rank holds only
+its slices of the optimizer state). A checkpoint is assembled in a hidden temporary directory and renamed
+into place, then `checkpoints/latest` (a one-line file naming it) is replaced atomically, so a run killed
+at any moment leaves only whole checkpoints behind.
+
+Ranks that do not share rank 0's filesystem (separate hosts without a shared disk) each write a full copy
+on their own disk: in DP every rank holds the whole state, and in FSDP every rank holds the full
+parameters and its own optimizer shard, so every host can resume from its local copy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..atomic import write_text
+from ..errors import ClusterctlError
+
+FORMAT = 1
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ClusterctlError):
+    """A checkpoint that cannot be found, read, or resumed with these settings."""
+
+    exit_code = 2
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def optimizer_file(strategy: str, rank: int) -> str:
+    return f"optimizer-rank-{rank}.safetensors" if strategy == "fsdp" else "optimizer.safetensors"
+
+
+def barrier(group) -> None:
+    if group.size() > 1:
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+
+
+def int_from_rank0(value: int, group) -> int:
+    """Rank 0's `value` on every rank (a non-negative int below 2**31)."""
+    if group.size() == 1:
+        return value
+    mine = mx.array(value if group.rank() == 0 else 0, dtype=mx.int32)
+    return int(mx.distributed.all_sum(mine, group=group, stream=mx.cpu).item())
+
+
+def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: int = 0) -> Path:
+    """Every rank calls this at the same step. `state` is the JSON part (config, rng, data position...)."""
+    rank, strategy = group.rank(), state["strategy"]
+    root = Path(out_dir) / "checkpoints"
+    final = root / step_dir_name(step)
+    nonce = int_from_rank0(int.from_bytes(os.urandom(3), "little"), group)
+    tmp = root / f".{final.name}.tmp-{nonce:06x}"
+    writer = False
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        writer = True
+    barrier(group)
+    if rank != 0:
+        root.mkdir(parents=True, exist_ok=True)
+        try:                        # succeeds only for the first rank on a disk rank 0 does not share
+            tmp.mkdir()
+            writer = True
+        except FileExistsError:
+            pass
+    barrier(group)
+    if strategy == "fsdp":
+        _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
+    if writer:
+        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+        if strategy != "fsdp":
+            _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
+    barrier(group)                 # every shard is on disk before the directory becomes visible
+    if writer:
+        write_text(str(tmp / "state.json"), json.dumps({"format": FORMAT, "step": step, **state}, indent=1))
+        if final.exists():          # left by an earlier run that got further before it was stopped
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        write_text(str(root / "latest"), final.name + "\n")
+        _prune(root, keep, final.name)
+    barrier(group)
+    return final
+
+
+def _save_tree(path: Path, tree) -> None:
+    mx.save_safetensors(str(path), dict(tree_flatten(tree)))
+
+
+def _prune(root: Path, keep: int, newest: str) -> None:
+    steps = sorted(p for p in root.iterdir() if STEP_DIR.match(p.name))
+    old = steps[:-keep] if keep else []
+    stale_tmp = [p for p in root.iterdir() if p.name.startswith(".step-") and ".tmp-" in p.name]
+    for path in old + stale_tmp:
+        if path.name != newest:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def resolve(resume: str, out_dir: str | None) -> Path:
+    """'latest' (in out_dir), a run directory, its checkpoints/ directory, or a step directory."""
+    if resume == "latest":
+        if not out_dir:
+            raise CheckpointError("--resume latest needs --out DIR (or $CLUSTERCTL_RUN_DIR)")
+        path = Path(out_dir)
+    else:
+        path = Path(resume)
+    if (path / "state.json").is_file():
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    pointer = root / "latest"
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if (named / "state.json").is_file():
+            return named
+    complete = sorted(p for p in root.glob("step-*") if STEP_DIR.match(p.name) and (p / "state.json").is_file())
+    if not complete:
+        raise CheckpointError(f"no checkpoint in {path}")
+    return complete[-1]
+
+
+def read_state(ckpt: Path) -> dict:
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{ckpt}: cannot read state.json ({e})") from None
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{ckpt}: checkpoint format {state.get('format')!r}, expected {FORMAT}")
+    return state
+
+
+def check_compatible(state: dict, strategy: str, world: int, ckpt: Path) -> None:
+    if state["strategy"] != strategy:
+        raise CheckpointError(f"{ckpt} was written with --strategy {state['strategy']}; resume with the same")
+    if strategy == "fsdp" and state["world_size"] != world:
+        raise CheckpointError(f"{ckpt} holds FSDP optimizer shards for {state['world_size']} ranks; "
+                              f"cannot resume on {world} (use the same world size)")
+
+
+def load_model(ckpt: Path, model) -> None:
+    model.load_weights(str(ckpt / "model.safetensors"))
+
+
+def load_optimizer(ckpt: Path, optimizer, strategy: str, rank: int) -> None:
+    path = ckpt / optimizer_file(strategy, rank)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing")
+    optimizer.state = tree_unflatten(list(mx.load(str(path)).items()))

@@ -1,0 +1,174 @@
+"""The trainer's configuration: one frozen dataclass whose field help becomes the argparse flags.
+
+Precedence, highest first: command-line flags > `--config FILE.yaml` > the checkpoint's config (when
+resuming) > the defaults below. argparse, not click: the trainer runs under mpirun / mlx.launch with only
+the standard library, mlx and yaml.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field, fields
+
+from ..errors import ClusterctlError
+
+# Options that describe this invocation rather than the training run; never taken from a checkpoint.
+RUN_OPTIONS = ("out", "resume", "config")
+
+
+class ConfigError(ClusterctlError):
+    """A bad flag, config file or combination of settings."""
+
+    exit_code = 2
+
+
+def _opt(default, help: str, **extra):
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # model
+    n_layers: int = _opt(4, "Transformer blocks.")
+    dim: int = _opt(256, "Model (embedding) width.")
+    n_heads: int = _opt(4, "Attention heads; must divide --dim.")
+    mlp_dim: int = _opt(512, "Hidden width of the SwiGLU MLP.")
+    block_size: int = _opt(256, "Context length in tokens (the length of every training sequence).")
+    rope_theta: float = _opt(10000.0, "RoPE base frequency.")
+    dropout: float = _opt(0.0, "Dropout on attention and MLP outputs (uses the saved random state).")
+    # optimisation
+    steps: int = _opt(1000, "Optimizer steps to train for (every rank runs exactly this many).")
+    batch_size: int = _opt(16, "Sequences per micro-batch PER RANK (global batch = this x accum x world).")
+    accum: int = _opt(1, "Micro-batches whose gradients are summed into one optimizer step.")
+    lr: float = _opt(1e-3, "Peak learning rate (AdamW).")
+    warmup: int = _opt(50, "Linear warm-up steps from 0 to --lr.")
+    min_lr: float = _opt(1e-4, "Learning rate at the end of the cosine decay.")
+    weight_decay: float = _opt(0.1, "AdamW decoupled weight decay.")
+    beta1: float = _opt(0.9, "AdamW beta1.")
+    beta2: float = _opt(0.95, "AdamW beta2.")
+    max_norm: float = _opt(1.0, "Clip the global gradient norm to this (0 turns clipping off).")
+    strategy: str = _opt("dp", "dp: replicated model, averaged gradients; fsdp: optimizer state and "
+                               "gradients sharded over the ranks.", choices=("dp", "fsdp"))
+    seed: int = _opt(0, "Seed for initialisation, data order and dropout; a run is a function of it.")
+    # data
+    data: str | None = _opt(None, "A directory from `clusterctl data prepare` (each rank reads only its "
+                                  "shard); overrides --source.", metavar="DIR")
+    source: str = _opt("embedded", "Without --data: 'embedded' (the built-in story corpus), a .txt/.jsonl "
+                                   "file or a directory of them; each rank tokenizes only its share.")
+    tokenizer: str | None = _opt(None, "Without --data: 'byte' (default) or a local tokenizer.json.",
+                                 metavar="PATH")
+    # evaluation, reporting, checkpoints
+    eval_every: int = _opt(100, "Held-out loss every N steps (0: only at the end).", metavar="N")
+    eval_batches: int = _opt(4, "Batches per rank for each held-out loss.", metavar="N")
+    report_every: int = _opt(10, "Rank 0 prints and logs a metrics line every N steps.", metavar="N")
+    ckpt_every: int = _opt(200, "Checkpoint every N steps (0: only at the end).", metavar="N")
+    keep: int = _opt(3, "Checkpoints to keep (0: keep all).", metavar="N")
+    out: str | None = _opt(None, "Run directory for metrics.jsonl and checkpoints/ (default: "
+                                 "$CLUSTERCTL_RUN_DIR, else ./runs/train-<timestamp>).", metavar="DIR")
+    resume: str | None = _opt(None, "Continue from a checkpoint: 'latest' (in --out), a run directory "
+                                    "or a checkpoints/step-N directory.", metavar="DIR|latest")
+    config: str | None = _opt(None, "A YAML file of these settings (flags still win).", metavar="FILE")
+
+    def __post_init__(self):
+        for name in ("n_layers", "dim", "n_heads", "mlp_dim", "block_size", "steps", "batch_size", "accum",
+                     "eval_batches", "report_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{flag(name)} must be at least 1, not {getattr(self, name)}")
+        for name in ("warmup", "eval_every", "ckpt_every", "keep"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{flag(name)} must not be negative")
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise ConfigError(f"--dim {self.dim} must split into --n-heads {self.n_heads} heads of even size")
+        if self.strategy not in ("dp", "fsdp"):
+            raise ConfigError(f"--strategy must be dp or fsdp, not {self.strategy!r}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError("--dropout must be in [0, 1)")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError("need 0 <= --min-lr <= --lr and --lr > 0")
+        if self.max_norm < 0:
+            raise ConfigError("--max-norm must not be negative")
+
+    def training_dict(self) -> dict:
+        """The settings that define the run (saved in checkpoints), without the per-invocation options."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_OPTIONS}
+
+
+def flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per field. Defaults are SUPPRESSed so we can tell a flag given from one left out."""
+    parser = argparse.ArgumentParser(
+        prog="python -m clusterctl.train", argument_default=argparse.SUPPRESS,
+        description="Train a small Llama-style language model with MLX, on one or many ranks.",
+        epilog="Launch on 2 ranks: mlx.launch -n 2 --backend ring -- python -m clusterctl.train ... | "
+               "mpirun -np 2 python -m clusterctl.train ... | clusterctl run (see README.md).")
+    for f in fields(TrainConfig):
+        kind = _base_type(f.type)
+        metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind)
+        parser.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind,
+                            choices=f.metadata.get("choices"), metavar=metavar,
+                            help=f"{f.metadata['help']} (default: {f.default})")
+    return parser
+
+
+def _base_type(annotation) -> type:
+    text = annotation if isinstance(annotation, str) else annotation.__name__
+    return {"int": int, "float": float}.get(text.split("|")[0].strip(), str)
+
+
+def from_mapping(values: dict, where: str) -> dict:
+    """Check a mapping's keys and value types against the fields; returns it with values converted."""
+    known = {f.name: f for f in fields(TrainConfig)}
+    out = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"{where}: unknown setting {key!r}")
+        kind = _base_type(known[name].type)
+        if value is None:
+            out[name] = None
+            continue
+        if kind is str and not isinstance(value, str) or kind is int and (isinstance(value, bool) or
+                                                                          not isinstance(value, int)):
+            raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
+        try:
+            out[name] = kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}") from None
+    return out
+
+
+def load_yaml(path: str) -> dict:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    return from_mapping(values, path)
+
+
+def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None) -> TrainConfig:
+    """flags > --config file > checkpoint config > defaults."""
+    given = vars(build_parser().parse_args(argv))
+    merged: dict = {}
+    if checkpoint_config:
+        merged.update({k: v for k, v in from_mapping(checkpoint_config, "checkpoint").items()
+                       if k not in RUN_OPTIONS})
+    if given.get("config"):
+        merged.update(load_yaml(given["config"]))
+    merged.update(given)
+    return TrainConfig(**merged)
+
+
+def default_out_dir(when: time.struct_time) -> str:
+    return os.path.join("runs", "train-" + time.strftime("%Y%m%d-%H%M%S", when))

@@ -1,0 +1,88 @@
+"""What rank 0 prints and logs: one line per report interval, the same fields in <out>/metrics.jsonl.
+
+Every rank takes part in a report (the peak-memory maximum is a collective), so all ranks call `report`
+at the same steps; only rank 0 prints and writes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+
+import mlx.core as mx
+
+from ..atomic import write_text
+
+
+def max_over_ranks(value: float, group) -> float:
+    """The largest `value` on any rank, reduced on the CPU stream (no GPU work is queued behind it)."""
+    if group.size() == 1:
+        return value
+    return mx.distributed.all_max(mx.array(value, dtype=mx.float32), group=group, stream=mx.cpu).item()
+
+
+class Reporter:
+    def __init__(self, out_dir: str, group, tokens_per_step: int, start_step: int):
+        self.group = group
+        self.is_main = group.rank() == 0
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.tokens_per_step = tokens_per_step      # global: batch x block x accum x world
+        self.losses: list[mx.array] = []
+        self.norms: list[mx.array] = []
+        self.last_step = start_step
+        self.last_time = time.perf_counter()
+        if self.is_main:
+            os.makedirs(out_dir, exist_ok=True)
+            self._forget_after(start_step)
+
+    def _forget_after(self, step: int) -> None:
+        """On resume, drop lines a killed run logged past its checkpoint, so the file is one curve."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8") as f:
+            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        write_text(self.path, "".join(kept))
+
+    def add(self, loss: mx.array, grad_norm: mx.array) -> None:
+        self.losses.append(loss)
+        self.norms.append(grad_norm)
+
+    def report(self, step: int, total_steps: int, lr: float) -> dict:
+        """Mean loss and grad norm over the steps since the last report; global tokens/s over that span."""
+        elapsed = time.perf_counter() - self.last_time
+        peak_mb = max_over_ranks(mx.get_peak_memory() / 2**20, self.group)
+        record = {
+            "step": step,
+            "loss": mx.stack(self.losses).mean().item(),
+            "lr": lr,
+            "tokens_per_s": self.tokens_per_step * (step - self.last_step) / max(elapsed, 1e-9),
+            "peak_mem_mb": peak_mb,
+            "grad_norm": mx.stack(self.norms).mean().item(),
+        }
+        self.losses, self.norms = [], []
+        self.last_step, self.last_time = step, time.perf_counter()
+        if self.is_main:
+            print(f"step {step:>{len(str(total_steps))}}/{total_steps} | loss {record['loss']:.4f} | "
+                  f"lr {lr:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak mem {peak_mb:,.1f} MB | "
+                  f"grad norm {record['grad_norm']:.3f}", flush=True)
+            self.write(record)
+        return record
+
+    def evaluation(self, step: int, val_loss: float) -> None:
+        if self.is_main:
+            print(f"step {step} | held-out loss {val_loss:.4f}", flush=True)
+            self.write({"step": step, "val_loss": val_loss})
+
+    @contextmanager
+    def paused(self):
+        """Time spent inside (evaluation, checkpoints) does not count against training throughput."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.last_time += time.perf_counter() - start
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")

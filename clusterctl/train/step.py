@@ -1,0 +1,106 @@
+"""The optimizer, its learning-rate schedule, and the one compiled training step for each strategy.
+
+A step takes the micro-batches of one optimizer step stacked as (accum, B, L) token arrays, sums their
+gradients, combines them across ranks (DP: `nn.average_gradients`, bucketed all_sum; FSDP: the sharded
+reduce-scatter update in fsdp.py), clips the global norm and applies AdamW. It returns (loss, grad_norm),
+the loss being the mean over every rank's micro-batches.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_map, tree_reduce
+
+from .model import loss_fn
+
+
+def lr_schedule(config):
+    """Linear warm-up to `lr` over `warmup` steps (step 0 already trains), then cosine decay to `min_lr`
+    at the last step. `step` is the optimizer's count of steps taken so far."""
+    warmup, peak, floor = config.warmup, config.lr, config.min_lr
+    decay_steps = max(config.steps - warmup - 1, 1)
+
+    def schedule(step):
+        step = mx.array(step).astype(mx.float32)
+        warm = peak * (step + 1) / max(warmup, 1)
+        progress = mx.clip((step - warmup) / decay_steps, 0.0, 1.0)
+        cosine = floor + 0.5 * (1.0 + mx.cos(math.pi * progress)) * (peak - floor)
+        return mx.where(step < warmup, warm, cosine)
+
+    return schedule
+
+
+def make_optimizer(config) -> optim.AdamW:
+    return optim.AdamW(learning_rate=lr_schedule(config), betas=[config.beta1, config.beta2],
+                       weight_decay=config.weight_decay, bias_correction=True)
+
+
+def global_norm(grads) -> mx.array:
+    return mx.sqrt(tree_reduce(lambda acc, g: acc + g.astype(mx.float32).square().sum(), grads, 0.0))
+
+
+def accumulated_grads(model, x: mx.array, y: mx.array):
+    """Mean loss and gradients over the micro-batches x[i], y[i] (one forward/backward each)."""
+    value_and_grad = nn.value_and_grad(model, loss_fn)
+    accum = x.shape[0]
+    loss, grads = value_and_grad(model, x[0], y[0])
+    for i in range(1, accum):
+        more_loss, more_grads = value_and_grad(model, x[i], y[i])
+        loss = loss + more_loss
+        grads = tree_map(mx.add, grads, more_grads)
+    if accum > 1:
+        loss = loss / accum
+        grads = tree_map(lambda g: g / accum, grads)
+    return loss, grads
+
+
+def _mean_over_ranks(value: mx.array, group) -> mx.array:
+    if group.size() == 1:
+        return value
+    return mx.distributed.all_sum(value, group=group) / group.size()
+
+
+def make_dp_step(model, optimizer, config, group):
+    """Replicated data parallelism, compiled as one function over model, optimizer and random state."""
+    optimizer.init(model.trainable_parameters())
+    state = [model.state, optimizer.state, mx.random.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step(x, y):
+        loss, grads = accumulated_grads(model, x, y)
+        grads = nn.average_gradients(grads, group=group)
+        if config.max_norm > 0:
+            grads, norm = optim.clip_grad_norm(grads, config.max_norm)
+        else:
+            norm = global_norm(grads)
+        optimizer.update(model, grads)
+        return _mean_over_ranks(loss, group), norm
+
+    return step
+
+
+def make_fsdp_step(model, optimizer, config, group):
+    """Sharded optimizer state: the gradient computation is compiled; fsdp_apply_gradients reduce-scatters
+    the gradients, updates this rank's slices and gathers the parameters back. It stays outside
+    mx.compile because on mpi its reduce-scatter goes through mpi4py, which evaluates eagerly."""
+    from .fsdp import fsdp_apply_gradients
+
+    state = [model.state, mx.random.state]
+    grads_of = mx.compile(partial(accumulated_grads, model), inputs=state, outputs=state)
+
+    def step(x, y):
+        loss, grads = grads_of(x, y)
+        parameters, norm = fsdp_apply_gradients(grads, model.trainable_parameters(), optimizer,
+                                                fsdp_group=group, max_norm=config.max_norm or math.inf)
+        model.update(parameters)
+        return _mean_over_ranks(loss, group), norm
+
+    return step
+
+
+def make_step(model, optimizer, config, group):
+    return (make_fsdp_step if config.strategy == "fsdp" else make_dp_step)(model, optimizer, config, group)

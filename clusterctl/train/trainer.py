@@ -1,0 +1,213 @@
+"""The bundled trainer: a small Llama-style LM, data-parallel (dp) or fully sharded (fsdp), in MLX.
+
+Launch (every rank runs this same program; rank 0 reports):
+
+    python -m clusterctl.train --steps 300                                    # one process
+    mlx.launch -n 2 --backend ring -- python -m clusterctl.train --steps 300  # 2 ranks, ring (TCP)
+    mpirun -np 2 python -m clusterctl.train --strategy fsdp                   # 2 ranks, MPI
+    clusterctl run --hosts inventory.yaml -- --data shards/ --steps 2000      # a cluster (see README)
+
+Resume after a crash or kill with `--resume latest --out DIR` (or `--resume DIR`); the continued run's loss
+at each step equals what the uninterrupted run's would have been: the data position is the step (batches
+are a pure function of seed, rank and step), and the checkpoint holds the parameters, the AdamW state and
+step count, and every rank's random state.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..errors import ClusterctlError
+from . import checkpoint, collectives
+from .config import ConfigError, TrainConfig, default_out_dir, parse_args
+from .metrics import Reporter
+from .model import ModelArgs, Transformer, count_parameters, loss_fn
+from .step import make_optimizer, make_step
+
+
+def init_world():
+    """The world group, failing loudly when it is not the size the launcher started (MLX can silently fall
+    back to a world of one). The launcher's size is CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's."""
+    expected = None
+    if not os.environ.get("CLUSTERCTL_WORLD_SIZE") and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
+        expected = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    return collectives.init_world(expected=expected)
+
+
+def out_dir_for(config: TrainConfig, group) -> str:
+    if config.out:
+        return config.out
+    if os.environ.get("CLUSTERCTL_RUN_DIR"):
+        return os.environ["CLUSTERCTL_RUN_DIR"]
+    # Every rank must pick the same ./runs/train-<timestamp>: use rank 0's clock.
+    epoch = 1_600_000_000
+    now = checkpoint.int_from_rank0(int(time.time()) - epoch, group) + epoch
+    return default_out_dir(time.localtime(now))
+
+
+def open_data(config: TrainConfig, rank: int, world: int):
+    """(tokenizer, vocab_size, train tokens, val tokens) for this rank: its shard, or its share of a corpus."""
+    from ..data.loader import rank_tokens
+    from ..data.tokenizer import load_tokenizer
+
+    if config.data:
+        from ..data.shards import read_manifest
+
+        manifest = read_manifest(config.data)
+        tokenizer, vocab_size = load_tokenizer(manifest.tokenizer, base_dir=config.data), manifest.vocab_size
+    else:
+        tokenizer = load_tokenizer(config.tokenizer)
+        vocab_size = tokenizer.vocab_size
+    train, val = rank_tokens(rank, world, data_dir=config.data, source=config.source, tokenizer=tokenizer,
+                             seed=config.seed)
+    for name, tokens in (("training", train), ("held-out", val)):
+        if len(tokens) <= config.block_size:
+            raise ClusterctlError(f"rank {rank}: only {len(tokens)} {name} tokens, fewer than --block-size "
+                                  f"{config.block_size} + 1")
+    return tokenizer, vocab_size, train, val
+
+
+def portable_spec(tokenizer) -> dict:
+    """The tokenizer spec with an absolute path, so `clusterctl generate` finds it from any directory."""
+    spec = dict(tokenizer.spec())
+    if spec.get("path"):
+        spec["path"] = os.path.abspath(spec["path"])
+    return spec
+
+
+def micro_batches(loader, step: int, accum: int) -> tuple[mx.array, mx.array]:
+    """The `accum` micro-batches of optimizer step `step`, stacked as (accum, B, L)."""
+    pairs = [loader.batch(step * accum + i) for i in range(accum)]
+    return mx.stack([x for x, _ in pairs]), mx.stack([y for _, y in pairs])
+
+
+def evaluate(model, loader, batches: int, group) -> float:
+    """Mean held-out loss over `batches` fixed batches per rank, averaged over the ranks."""
+    model.eval()
+    total = mx.array(0.0)
+    for i in range(batches):
+        x, y = loader.batch(i)
+        total = total + loss_fn(model, x, y)
+    model.train()
+    if group.size() > 1:
+        total = mx.distributed.all_sum(total, group=group)
+    return (total / (batches * group.size())).item()
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Each rank's own random stream (dropout) after the shared initialisation."""
+    return (seed + 1) * 1_000_003 + rank
+
+
+def random_states(group) -> list[list[int]]:
+    """Every rank's MLX random key, [hi, lo] per rank, in rank order."""
+    key = mx.random.state[0].astype(mx.uint32)
+    keys = mx.distributed.all_gather(key[None], group=group, stream=mx.cpu) if group.size() > 1 else key[None]
+    return keys.tolist()
+
+
+def restore_random_state(key: list[int]) -> None:
+    # mx.random.seed(s) sets the key to [s >> 32, s & 0xffffffff], so this restores a saved key exactly.
+    mx.random.seed((int(key[0]) << 32) | int(key[1]))
+
+
+def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
+    """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
+    checkpoint.load_model(ckpt, model)
+    checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
+    keys = resumed["rng"]
+    if len(keys) == world:
+        restore_random_state(keys[rank])
+    else:      # DP on another world size: the data split changes too, so the batches differ from here
+        mx.random.seed(rank_seed(config.seed, rank))
+        if rank == 0:
+            print(f"note: {ckpt} was written by {len(keys)} rank(s), this run has {world}: it continues from "
+                  f"the same parameters and optimizer state, not the same batches", flush=True)
+    return resumed["step"]
+
+
+def train(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    group = init_world()
+    rank, world = group.rank(), group.size()
+    if config.resume == "latest" and not config.out and not os.environ.get("CLUSTERCTL_RUN_DIR"):
+        raise ConfigError("--resume latest needs --out DIR (the run to continue)")
+    out_dir = out_dir_for(config, group)
+    resumed, ckpt = None, None
+    if not config.resume and list(Path(out_dir, "checkpoints").glob("step-*")):
+        raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
+                          f"{out_dir}, or train into another --out")
+    if config.resume:
+        ckpt = checkpoint.resolve(config.resume, out_dir)
+        resumed = checkpoint.read_state(ckpt)
+        config = parse_args(argv, resumed["config"])           # flags still win over the checkpoint
+        checkpoint.check_compatible(resumed, config.strategy, world, ckpt)
+        if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
+            out_dir = str(ckpt.parent.parent)                  # keep writing into the run that was resumed
+
+    tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
+    mx.random.seed(config.seed)                                # identical initial parameters on every rank
+    model = Transformer(ModelArgs.from_config(config, vocab_size))
+    optimizer = make_optimizer(config)
+    if resumed:
+        start = restore(ckpt, resumed, model, optimizer, config, rank, world)
+    else:
+        start = 0
+        mx.random.seed(rank_seed(config.seed, rank))   # each rank's own stream (dropout) from here
+    if start >= config.steps:
+        raise ConfigError(f"{ckpt} is at step {start} and --steps is {config.steps}: nothing to train "
+                          f"(pass a larger --steps)")
+    mx.eval(model.parameters(), optimizer.state)
+    step_fn = make_step(model, optimizer, config, group)
+
+    from ..data.loader import BatchLoader
+
+    train_batches = BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, rank)
+    val_batches = BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank)
+    tokens_per_step = config.batch_size * config.block_size * config.accum * world
+    reporter = Reporter(out_dir, group, tokens_per_step, start)
+    if rank == 0:
+        print(f"{config.strategy} on {world} rank(s): {count_parameters(model) / 1e6:.2f}M parameters, "
+              f"{len(train_tokens):,} training tokens on rank 0, {tokens_per_step:,} tokens per step, "
+              f"steps {start + 1}..{config.steps}, run directory {out_dir}"
+              + (f", resumed from {ckpt}" if ckpt else ""), flush=True)
+
+    def save(step: int) -> None:
+        state = {"config": config.training_dict(), "world_size": world, "strategy": config.strategy,
+                 "rng": random_states(group), "data_position": {"step": step, "micro_batch": step * config.accum},
+                 "tokenizer": portable_spec(tokenizer), "vocab_size": vocab_size,
+                 "model": ModelArgs.from_config(config, vocab_size).__dict__}
+        path = checkpoint.save(out_dir, step, model, optimizer, state, group, keep=config.keep)
+        if rank == 0:
+            print(f"step {step} | checkpoint {path}", flush=True)
+
+    for step in range(start, config.steps):
+        x, y = micro_batches(train_batches, step, config.accum)
+        loss, grad_norm = step_fn(x, y)
+        mx.eval(loss, grad_norm, model.state, optimizer.state)
+        reporter.add(loss, grad_norm)
+        done = step + 1
+        last = done == config.steps
+        if done % config.report_every == 0 or last or step == start:   # the first step shows the start
+            reporter.report(done, config.steps, optimizer.learning_rate.item())
+        with reporter.paused():
+            if (config.eval_every and done % config.eval_every == 0) or last:
+                reporter.evaluation(done, evaluate(model, val_batches, config.eval_batches, group))
+            if (config.ckpt_every and done % config.ckpt_every == 0) or last:
+                save(done)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        train(argv)
+    except ClusterctlError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
+    return 0

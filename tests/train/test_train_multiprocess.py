@@ -1,0 +1,224 @@
+"""The trainer in real multi-process runs on this machine: mpirun -np 2 (mpi backend) and mlx.launch -n 2
+(ring backend). Tiny models; each test takes seconds.
+
+Tolerances:
+* DP equivalence: 2 ranks x batch b against 1 rank x batch 2b after 10 AdamW steps (lr 1e-2, clipping
+  active): the gradient is the same mean, summed in another order (each rank's mean, then all_sum / 2),
+  so float32 rounding differs in the last bits and AdamW carries it along: measured <= 3.2e-6 absolute
+  on weights of order 1. 5e-5 catches any real error (a rank training on its own gradients alone is off
+  by ~1e-2). Losses and grad norms must agree to 1e-5 relative, which also catches a missing 1/N (with
+  AdamW and clipping the parameters alone would not show a gradient scaled by N).
+* Resume after kill -9: exact equality of every later step's loss and grad norm (CPU, same world size,
+  same operations in the same order).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+import pytest
+
+from clusterctl.launch import find_mlx_launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+ENV = {**os.environ, "PYTHONPATH": REPO}
+ENV.pop("CLUSTERCTL_WORLD_SIZE", None)
+ENV.pop("CLUSTERCTL_RUN_DIR", None)
+TINY = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
+        "--batch-size", "4", "--warmup", "5"]
+
+
+def mpirun(n: int, forward=("PYTHONPATH", "CLUSTERCTL_WORLD_SIZE")) -> list[str]:
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed (tests/run.sh installs openmpi-bin)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", *root, "--oversubscribe", "-np", str(n)] + [a for name in forward for a in ("-x", name)]
+
+
+def ring(n: int) -> list[str]:
+    mlx_launch = find_mlx_launch()
+    assert mlx_launch, "mlx.launch not found beside the test python"
+    return mlx_launch + ["-n", str(n), "--backend", "ring", "--env", f"PYTHONPATH={REPO}",
+                         "--env", f"CLUSTERCTL_WORLD_SIZE={n}", "--"]
+
+
+def run(argv, world=1, timeout=180) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                       env={**ENV, "CLUSTERCTL_WORLD_SIZE": str(world)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def train_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "clusterctl.train", *TINY, *args]
+
+
+def losses(run_dir) -> dict[int, tuple[float, float]]:
+    """step -> (loss, grad norm) from metrics.jsonl (one curve: a resumed run drops what it repeats)."""
+    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == sorted(set(steps)), steps
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in records if "loss" in r}
+
+
+# ---- DP equivalence ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_rank_reference(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("dp1") / "params.safetensors")
+    run([sys.executable, os.path.join(HERE, "dp_worker.py"), out])
+    return out
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "ring"])
+def test_two_ranks_match_one_rank_with_the_double_batch(launcher, one_rank_reference, tmp_path):
+    out = str(tmp_path / "params.safetensors")
+    run((mpirun(2) if launcher == "mpi" else ring(2)) + [sys.executable, os.path.join(HERE, "dp_worker.py"), out],
+        world=2)
+    ref, got = mx.load(one_rank_reference), mx.load(out)
+    assert set(ref) == set(got) and len(ref) == 2 * 9 + 2
+    diff = max(mx.abs(ref[k] - got[k]).max().item() for k in ref)
+    assert diff <= 5e-5, diff
+    ref_log, got_log = json.load(open(one_rank_reference + ".json")), json.load(open(out + ".json"))
+    assert (ref_log["world"], got_log["world"]) == (1, 2)
+    assert got_log["losses"] == pytest.approx(ref_log["losses"], rel=1e-5)
+    assert got_log["norms"] == pytest.approx(ref_log["norms"], rel=1e-5)
+    assert max(ref_log["norms"]) > 0.5      # above --max-norm 0.5: clipping took part
+
+
+# ---- resume after kill -9 ---------------------------------------------------------------------
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, tmp_path):
+    STEPS = 60     # the kill comes at step 12 or so: room to spare on a faster machine
+    args = ["--strategy", strategy, "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
+            "--ckpt-every", "10", "--dropout", "0.1", "--accum", "2"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run(mpirun(2) + train_cmd(*args, "--out", str(whole)), world=2)
+
+    launcher = subprocess.Popen(mpirun(2) + train_cmd(*args, "--out", str(killed)), env={**ENV, "CLUSTERCTL_WORLD_SIZE": "2"},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    latest, metrics = killed / "checkpoints" / "latest", killed / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while True:    # kill -9 every rank once a checkpoint exists and training has gone past it
+            assert launcher.poll() is None, "the run finished before it could be killed: " + launcher.stdout.read()
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            if latest.exists() and metrics.exists():
+                ckpt_step = int(latest.read_text().strip().split("-")[1])
+                if max(losses(killed), default=0) >= ckpt_step + 2:
+                    break
+            time.sleep(0.02)
+        ranks = children(launcher.pid)
+        assert len(ranks) == 2, ranks
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode != 0
+    assert max(losses(killed)) < STEPS
+    r = run(mpirun(2) + train_cmd("--resume", "latest", "--out", str(killed)), world=2)
+    assert f"steps {ckpt_step + 1}..{STEPS}" in r.stdout and "resumed from" in r.stdout
+    expected, got = losses(whole), losses(killed)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert {s: got[s] for s in range(ckpt_step + 1, STEPS + 1)} == {s: expected[s] for s in range(ckpt_step + 1, STEPS + 1)}
+    if strategy == "fsdp":
+        step_dir = killed / "checkpoints" / f"step-{STEPS:06d}"
+        assert {"optimizer-rank-0.safetensors", "optimizer-rank-1.safetensors"} <= set(os.listdir(step_dir))
+        r = subprocess.run(train_cmd("--resume", "latest", "--out", str(killed), "--steps", str(STEPS + 10)),
+                           capture_output=True, text=True, env=ENV, timeout=120)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert "holds FSDP optimizer shards for 2 ranks; cannot resume on 1" in r.stderr
+
+
+def test_ranks_on_separate_disks_each_keep_a_checkpoint_they_can_resume_from(tmp_path):
+    """Rank 1 runs in its own mount namespace where --out is another directory (a host without a shared
+    disk): it must write its own full copy (model, its FSDP optimizer shard, state.json, latest), and the
+    run must resume from the two copies exactly."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to give one rank its own disk")
+    out, other_disk, whole = tmp_path / "out", tmp_path / "host1", tmp_path / "whole"
+    out.mkdir()
+    other_disk.mkdir()
+    args = ["--strategy", "fsdp", "--ckpt-every", "2", "--eval-every", "0", "--report-every", "1"]
+    bind = f'mount --bind {other_disk} {out} && exec "$0" "$@"'
+
+    def separate(*more):
+        mpi = mpirun(1)
+        return (mpi + train_cmd(*args, *more, "--out", str(out)) + [":", "-np", "1", "unshare", "-m", "--propagation",
+                "private", "sh", "-c", bind] + train_cmd(*args, *more, "--out", str(out)))
+
+    run(separate("--steps", "4"), world=2)
+    for disk, rank in ((out, 0), (other_disk, 1)):
+        assert sorted(os.listdir(disk / "checkpoints" / "step-000004")) == [
+            "model.safetensors", f"optimizer-rank-{rank}.safetensors", "state.json"]
+        assert (disk / "checkpoints" / "latest").read_text() == "step-000004\n"
+    assert not (other_disk / "metrics.jsonl").exists()       # only rank 0 reports
+    run(separate("--steps", "6", "--resume", "latest"), world=2)
+    run(mpirun(2) + train_cmd(*args, "--steps", "6", "--out", str(whole)), world=2)
+    assert losses(out) == losses(whole)
+
+
+def test_training_from_prepared_shards_reads_each_ranks_own_shard(tmp_path):
+    from clusterctl.data.shards import prepare
+
+    manifest = prepare("embedded:300", 2, str(tmp_path / "shards"))
+    r = run(mpirun(2) + train_cmd("--data", str(tmp_path / "shards"), "--steps", "3", "--eval-every", "0",
+                                  "--out", str(tmp_path / "run")), world=2)
+    assert f"{manifest.tokens_per_shard:,} training tokens on rank 0" in r.stdout
+    assert sorted(losses(tmp_path / "run")) == [1, 3]
+    state = json.load(open(tmp_path / "run" / "checkpoints" / "step-000003" / "state.json"))
+    assert state["tokenizer"] == {"type": "byte"} and state["world_size"] == 2
+    r = subprocess.run(train_cmd("--data", str(tmp_path / "shards"), "--steps", "3", "--out", str(tmp_path / "one")),
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "prepared for world size 2, this run has 1" in r.stderr, r.stderr
+
+
+# ---- learning on the embedded corpus, world size check ----------------------------------------
+
+def test_loss_falls_30_percent_on_the_embedded_corpus_over_ring(tmp_path):
+    run(ring(2) + train_cmd("--steps", "60", "--lr", "3e-3", "--report-every", "1", "--eval-every", "30",
+                            "--ckpt-every", "0", "--out", str(tmp_path)), world=2)
+    curve = losses(tmp_path)
+    first, last = curve[1][0], sum(curve[s][0] for s in range(56, 61)) / 5
+    assert last <= 0.7 * first, (first, last)
+    held_out = [json.loads(line)["val_loss"] for line in open(tmp_path / "metrics.jsonl") if "val_loss" in line]
+    assert len(held_out) == 2 and held_out[-1] <= 0.7 * first
+
+
+@pytest.mark.parametrize("world_from", ["CLUSTERCTL_WORLD_SIZE", "mpirun"])
+def test_ranks_that_cannot_join_the_world_fail_loudly(world_from, tmp_path):
+    """MLX cannot load libmpi here (a wrong MLX_MPI_LIBNAME): every rank must stop with one line, not train
+    alone as a world of one."""
+    forward = ["PYTHONPATH", "MLX_MPI_LIBNAME"] + (["CLUSTERCTL_WORLD_SIZE"] if world_from != "mpirun" else [])
+    argv = mpirun(2, forward) + train_cmd("--steps", "1", "--out", str(tmp_path))
+    env = {**ENV, "MLX_MPI_LIBNAME": "libmpi-not-here.so"}    # ENV has no CLUSTERCTL_WORLD_SIZE
+    if world_from != "mpirun":
+        env["CLUSTERCTL_WORLD_SIZE"] = "2"
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0
+    output = r.stdout + r.stderr
+    assert output.count("could not form the world of 2 the launcher started") == 2, output
+    assert "Traceback" not in output and not os.path.exists(tmp_path / "metrics.jsonl")

@@ -1,0 +1,292 @@
+"""Unit tests of the trainer's parts in one process: model, config precedence, schedule, accumulation,
+checkpoints, random state, metrics, generation. Real MLX throughout, tiny models."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+from click.testing import CliRunner
+from mlx.utils import tree_flatten
+
+from clusterctl.cli import cli
+from clusterctl.train import checkpoint
+from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args
+from clusterctl.train.generate import generate_text, load, sample_tokens
+from clusterctl.train.metrics import Reporter
+from clusterctl.train.model import ModelArgs, Transformer, count_parameters
+from clusterctl.train.step import lr_schedule, make_dp_step, make_optimizer
+from clusterctl.train.trainer import main, random_states, restore_random_state
+
+TINY = dict(n_layers=2, dim=16, n_heads=2, mlp_dim=32, block_size=8)
+VOCAB = 257
+
+
+def tiny(**overrides) -> TrainConfig:
+    return TrainConfig(**{**TINY, "steps": 20, "warmup": 2, "batch_size": 2, **overrides})
+
+
+def group():
+    return mx.distributed.init()
+
+
+def batch(step, config, rows=None):
+    t = mx.random.randint(0, VOCAB, (config.accum, rows or config.batch_size, config.block_size + 1),
+                          key=mx.random.key(step))
+    return t[..., :-1], t[..., 1:]
+
+
+def trained(config, steps=3):
+    mx.random.seed(config.seed)
+    model = Transformer(ModelArgs.from_config(config, VOCAB))
+    optimizer = make_optimizer(config)
+    step = make_dp_step(model, optimizer, config, group())
+    for s in range(steps):
+        mx.eval(step(*batch(s, config)), model.state, optimizer.state)
+    return model, optimizer, step
+
+
+def flat(tree):
+    return dict(tree_flatten(tree))
+
+
+# ---- model ------------------------------------------------------------------------------------
+
+def test_model_shapes_and_tied_embedding():
+    args = ModelArgs(vocab_size=VOCAB, **TINY)
+    model = Transformer(args)
+    logits = model(mx.zeros((3, 8), dtype=mx.int32))
+    assert logits.shape == (3, 8, VOCAB)
+    names = set(flat(model.parameters()))
+    assert "embedding.weight" in names and not any("output" in n or "lm_head" in n for n in names)
+    d, h, L = 16, 32, 2
+    per_layer = 4 * d * d + 3 * d * h + 2 * d      # attention, SwiGLU, two RMSNorm weights
+    assert count_parameters(model) == VOCAB * d + L * per_layer + d
+
+
+def test_default_sizes_are_the_issues():
+    c = TrainConfig()
+    assert (c.n_layers, c.dim, c.n_heads, c.mlp_dim, c.block_size) == (4, 256, 4, 512, 256)
+
+
+def test_kv_cache_matches_the_full_forward_pass():
+    mx.random.seed(1)
+    model = Transformer(ModelArgs(vocab_size=VOCAB, **TINY))
+    tokens = mx.random.randint(0, VOCAB, (2, 7))
+    full = model(tokens)
+    cache = model.new_cache()
+    first = model(tokens[:, :5], cache)
+    rest = [model(tokens[:, i:i + 1], cache) for i in range(5, 7)]
+    got = mx.concatenate([first] + rest, axis=1)
+    assert mx.allclose(got, full, atol=1e-5).item()
+
+
+# ---- config -----------------------------------------------------------------------------------
+
+def test_every_field_is_a_flag_with_help():
+    help_text = build_parser().format_help()
+    for flag in ("--n-layers", "--dim", "--steps", "--batch-size", "--accum", "--lr", "--warmup", "--min-lr",
+                 "--weight-decay", "--max-norm", "--strategy", "--data", "--source", "--tokenizer", "--seed",
+                 "--eval-every", "--eval-batches", "--report-every", "--ckpt-every", "--out", "--resume",
+                 "--config"):
+        assert flag in help_text
+    assert "Sequences per micro-batch PER RANK" in help_text
+
+
+def test_precedence_flags_over_file_over_checkpoint_over_defaults(tmp_path):
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("lr: 0.005\nsteps: 77\nbatch-size: 3\n")
+    checkpoint_config = {"lr": 0.02, "steps": 11, "dim": 64, "warmup": 9, "out": "ignored"}
+    c = parse_args(["--config", str(cfg), "--lr", "0.001"], checkpoint_config)
+    assert c.lr == 0.001                 # flag
+    assert (c.steps, c.batch_size) == (77, 3)   # file
+    assert (c.dim, c.warmup) == (64, 9)  # checkpoint
+    assert c.n_layers == 4 and c.out is None    # default; run options never come from a checkpoint
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nonsense_key: 1\n", "unknown setting 'nonsense_key'"),
+    ("steps: many\n", "steps must be int"),
+    ("- a list\n", "expected a mapping"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        parse_args(["--config", str(path)])
+
+
+def test_inconsistent_sizes_are_refused():
+    with pytest.raises(ConfigError, match="heads of even size"):
+        parse_args(["--dim", "30", "--n-heads", "4"])
+    with pytest.raises(ConfigError, match="--steps must be at least 1"):
+        parse_args(["--steps", "0"])
+
+
+# ---- schedule and step ------------------------------------------------------------------------
+
+def test_lr_warms_up_then_decays_to_min_lr_at_the_last_step():
+    c = tiny(steps=100, warmup=10, lr=1e-3, min_lr=1e-4)
+    lr = [lr_schedule(c)(mx.array(s)).item() for s in range(100)]
+    assert lr[0] == pytest.approx(1e-4) and lr[9] == pytest.approx(1e-3)
+    assert lr[10] == pytest.approx(1e-3) and lr[99] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(lr[10:], lr[11:]))
+    assert lr[55] == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi * 45 / 89)) * 9e-4, rel=1e-5)
+
+
+def test_accumulating_two_half_batches_equals_one_whole_batch():
+    whole, halves = tiny(batch_size=4, accum=1), tiny(batch_size=2, accum=2)
+    models = []
+    for config in (whole, halves):
+        mx.random.seed(0)
+        model = Transformer(ModelArgs.from_config(config, VOCAB))
+        optimizer = make_optimizer(config)
+        step = make_dp_step(model, optimizer, config, group())
+        for s in range(4):
+            x, y = batch(s, whole)     # the same 4 rows, split into 2 micro-batches for `halves`
+            mx.eval(step(x.reshape(config.accum, config.batch_size, -1), y.reshape(config.accum, config.batch_size, -1)),
+                    model.state, optimizer.state)
+        models.append(flat(model.parameters()))
+    assert max(mx.abs(models[0][k] - models[1][k]).max().item() for k in models[0]) < 1e-5
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+def save(tmp_path, model, optimizer, config, step, keep=0):
+    state = {"config": config.training_dict(), "world_size": 1, "strategy": config.strategy,
+             "rng": random_states(group()), "tokenizer": {"type": "byte"}, "vocab_size": VOCAB,
+             "model": ModelArgs.from_config(config, VOCAB).__dict__}
+    return checkpoint.save(str(tmp_path), step, model, optimizer, state, group(), keep=keep)
+
+
+def test_checkpoint_round_trip_continues_identically(tmp_path):
+    config = tiny()
+    model, optimizer, step = trained(config)
+    path = save(tmp_path, model, optimizer, config, 3)
+    assert sorted(os.listdir(path)) == ["model.safetensors", "optimizer.safetensors", "state.json"]
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step-000003\n"
+    assert not [p for p in os.listdir(tmp_path / "checkpoints") if ".tmp-" in p]
+
+    mx.random.seed(99)                 # different initial weights: loading must replace them all
+    fresh = Transformer(ModelArgs.from_config(config, VOCAB))
+    fresh_opt = make_optimizer(config)
+    checkpoint.load_model(path, fresh)
+    checkpoint.load_optimizer(path, fresh_opt, "dp", 0)
+    for k, v in flat(model.parameters()).items():
+        assert mx.array_equal(v, flat(fresh.parameters())[k]).item()
+    assert fresh_opt.state["step"].item() == 3
+    fresh_step = make_dp_step(fresh, fresh_opt, config, group())
+    for s in (3, 4):
+        a, b = step(*batch(s, config)), fresh_step(*batch(s, config))
+        mx.eval(a, b, model.state, fresh.state, optimizer.state, fresh_opt.state)
+        assert a[0].item() == b[0].item() and a[1].item() == b[1].item()
+
+
+def test_resolve_finds_the_latest_whole_checkpoint(tmp_path):
+    config = tiny()
+    model, optimizer, _ = trained(config, steps=1)
+    for s in (1, 2, 3, 4):
+        save(tmp_path, model, optimizer, config, s, keep=2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p for p in os.listdir(root) if p.startswith("step-")) == ["step-000003", "step-000004"]
+    (root / ".step-000005.tmp-abcdef").mkdir()            # a checkpoint killed half-written
+    (root / "step-000009").mkdir()                         # no state.json: never complete
+    for where in (str(tmp_path), str(root), str(root / "step-000004")):
+        assert checkpoint.resolve(where, None).name == "step-000004"
+    assert checkpoint.resolve("latest", str(tmp_path)).name == "step-000004"
+    (root / "latest").write_text("step-000003\n")
+    assert checkpoint.resolve(str(tmp_path), None).name == "step-000003"
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in"):
+        checkpoint.resolve(str(tmp_path / "nothing"), None)
+
+
+def test_fsdp_checkpoint_refuses_another_world_size():
+    state = {"strategy": "fsdp", "world_size": 2}
+    with pytest.raises(checkpoint.CheckpointError, match="shards for 2 ranks; cannot resume on 1"):
+        checkpoint.check_compatible(state, "fsdp", 1, "ckpt")
+    with pytest.raises(checkpoint.CheckpointError, match="--strategy fsdp"):
+        checkpoint.check_compatible(state, "dp", 2, "ckpt")
+    checkpoint.check_compatible({"strategy": "dp", "world_size": 2}, "dp", 1, "ckpt")   # DP may change size
+
+
+def test_random_state_restores_exactly():
+    mx.random.seed(5)
+    mx.random.uniform(shape=(3,))
+    key = random_states(group())[0]
+    expected = mx.random.uniform(shape=(4,))
+    mx.random.seed(123)
+    restore_random_state(key)
+    assert mx.array_equal(mx.random.uniform(shape=(4,)), expected).item()
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+
+def test_reporter_writes_the_fields_and_forgets_lines_past_a_resumed_checkpoint(tmp_path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))
+    reporter = Reporter(str(tmp_path), group(), tokens_per_step=100, start_step=5)
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    for loss in (2.0, 4.0):
+        reporter.add(mx.array(loss), mx.array(0.5))
+    record = reporter.report(7, 10, 1e-3)
+    assert record["loss"] == 3.0 and record["grad_norm"] == 0.5 and record["peak_mem_mb"] > 0
+    assert record["tokens_per_s"] > 0
+    assert json.loads(metrics.read_text().splitlines()[-1]) == record
+    assert "step  7/10 | loss 3.0000 | lr 1.00e-03 |" in capsys.readouterr().out
+
+
+# ---- generation -------------------------------------------------------------------------------
+
+@pytest.fixture
+def saved_run(tmp_path):
+    config = tiny()
+    model, optimizer, _ = trained(config, steps=2)
+    save(tmp_path, model, optimizer, config, 2)
+    return tmp_path
+
+
+def test_sampling_is_seeded_and_runs_past_the_block_size(saved_run):
+    model, tokenizer, state = load(str(saved_run))
+    assert state["step"] == 2 and tokenizer.vocab_size == VOCAB
+    long = list(sample_tokens(model, [256, 65], max_tokens=3 * 8, temperature=1.0, seed=3))
+    assert len(long) == 24 and all(0 <= t < VOCAB for t in long)
+    assert long == list(sample_tokens(model, [256, 65], max_tokens=24, temperature=1.0, seed=3))
+    assert long != list(sample_tokens(model, [256, 65], max_tokens=24, temperature=1.0, seed=4))
+    greedy = list(sample_tokens(model, [256, 65], max_tokens=5, temperature=0, seed=0))
+    logits = model(mx.array([[256, 65]]))[0, -1]
+    assert greedy[0] == mx.argmax(logits).item()
+    text = "".join(generate_text(str(saved_run), "ab", max_tokens=10, temperature=0))
+    assert len(text.encode()) <= 10
+
+
+def test_generate_command(saved_run):
+    r = CliRunner().invoke(cli, ["generate", "--checkpoint", str(saved_run), "--prompt", "Once", "--max-tokens",
+                                 "5", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("Once")
+    empty = saved_run / "empty"
+    empty.mkdir()
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "generate", "--checkpoint", str(empty), "--prompt", "x"],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: no checkpoint in {empty}\n")
+
+
+# ---- the trainer's refusals (in process, one rank) --------------------------------------------
+
+def test_trainer_refuses_to_overwrite_a_run_or_resume_past_its_end(tmp_path, capsys):
+    flags = ["--n-layers", "1", "--dim", "16", "--n-heads", "2", "--mlp-dim", "16", "--block-size", "16",
+             "--batch-size", "2", "--steps", "2", "--eval-batches", "1", "--out", str(tmp_path)]
+    assert main(flags) == 0
+    assert (tmp_path / "checkpoints" / "step-000002" / "state.json").is_file()
+    capsys.readouterr()
+    assert main(flags) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path} already holds checkpoints: continue it with --resume "
+                                       f"latest --out {tmp_path}, or train into another --out\n")
+    assert main(flags + ["--resume", "latest"]) == 2
+    assert "is at step 2 and --steps is 2: nothing to train" in capsys.readouterr().err
+    assert main(flags + ["--resume", "latest", "--steps", "3"]) == 0
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl") if '"loss"' in line] == [1, 2, 3]
+    assert main(["--resume", "latest"]) == 2
+    assert capsys.readouterr().err.endswith("error: --resume latest needs --out DIR (the run to continue)\n")
