@@ -110,7 +110,10 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
     os.makedirs(run_dir, exist_ok=True)
     host0 = cluster.hosts[0]
-    rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": run_dir,
+    # On other machines this machine's path means nothing: there the run directory is runs/<id> in the
+    # host's workdir (the bootstrap makes it absolute), where the bundled trainer keeps its checkpoints.
+    rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else f"runs/{run_id}"
+    rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
                 "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     workdirs = [h.workdir for h in cluster.hosts for _ in range(h.slots)]
     workdir = workdirs[0] if len(set(workdirs)) == 1 else json.dumps(workdirs)   # the bootstrap picks its rank's

@@ -1,6 +1,7 @@
 """What `clusterctl run` copies to the hosts before it launches: the project (the current directory) and,
 for a clusterctl module such as the bundled trainer, clusterctl itself."""
 import os
+import re
 import subprocess
 import sys
 
@@ -60,3 +61,32 @@ def test_a_clusterctl_module_runs_on_hosts_without_clusterctl(make_cluster, tmp_
         assert cluster.ssh(i, f"test -f {cluster.workdir}/.clusterctl/lib/clusterctl/train/fsdp.py").returncode == 0
     r = run("-m", "clusterctl.bootstrap", "--hosts", str(inventory), "--backend", "mpi", "--no-sync", cwd=project)
     assert r.returncode == 0, r.stdout + r.stderr                        # still there from the first run
+
+
+TINY = ["--n-layers", "1", "--dim", "32", "--mlp-dim", "64", "--n-heads", "2", "--block-size", "32",
+        "--batch-size", "4", "--steps", "6", "--report-every", "3", "--eval-every", "6", "--ckpt-every", "6"]
+
+
+def test_the_bundled_trainer_on_the_cluster_reads_each_hosts_own_shard(make_cluster, tmp_path):
+    """`run --data DIR` without a script: host i receives only shard i, the bundled trainer trains on it,
+    and rank 0's host keeps the run's metrics and checkpoints in <workdir>/runs/<id>/."""
+    cluster = make_cluster(2)
+    if not cluster.private_roots:
+        pytest.skip("needs a private working root per host (unshare -m)")
+    data = tmp_path / "tiny"
+    prep = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", "embedded:300", "--world", "2",
+                           "--out", str(data)], capture_output=True, text=True, timeout=120)
+    assert prep.returncode == 0, prep.stderr
+    project = tmp_path / "project"
+    project.mkdir()
+    r = run("--hosts", str(cluster.inventory), "--data", str(data), "--", *TINY, cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[rank 0 h1] dp on 2 rank(s)" in r.stdout and "[rank 0 h1] step 6/6" in r.stdout
+    for i in (1, 2):     # only its own shard (and what every rank needs) is on each host
+        ls = cluster.ssh(i, f"ls {cluster.workdir}/data/tiny").stdout.split()
+        assert ls == sorted([f"shard-0000{i - 1}-of-00002.bin", "val.bin", "manifest.json"]), ls
+    run_id = re.search(r"run (\d{8}-\d{6}-[0-9a-f]{6})", r.stderr).group(1)
+    metrics = cluster.ssh(1, f"cat {cluster.workdir}/runs/{run_id}/metrics.jsonl")
+    assert metrics.returncode == 0 and '"step": 6' in metrics.stdout
+    assert cluster.ssh(1, f"test -f {cluster.workdir}/runs/{run_id}/checkpoints/step-000006/model.safetensors"
+                       ).returncode == 0
