@@ -89,6 +89,22 @@ for fd, orig in saved.items():
     os.dup2(orig, fd)
 for t in pumps:
     t.join(2)
+if os.environ.get("OMPI_COMM_WORLD_SIZE") == "1":
+    # MLX 0.32 leaves an MPI world of one initialised but never finalises it, and mpirun then fails the
+    # job ("exiting improperly"). Finalise it here, through the libmpi MLX already loaded (never another).
+    import ctypes
+    for name in (os.environ.get("MLX_MPI_LIBNAME"), "libmpi.so.40", "libmpi.so", "libmpi.40.dylib", "libmpi.dylib"):
+        try:
+            lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD) if name else None
+        except OSError:
+            continue
+        if lib is not None:
+            up, down = ctypes.c_int(0), ctypes.c_int(0)
+            lib.MPI_Initialized(ctypes.byref(up))
+            lib.MPI_Finalized(ctypes.byref(down))
+            if up.value and not down.value:
+                lib.MPI_Finalize()
+            break
 emit("exit", str(code).encode())
 sys.exit(code)   # a normal exit: atexit handlers run and MLX finalises MPI (mpirun aborts ranks that do not)
 '''

@@ -236,3 +236,15 @@ def test_launching_from_the_first_host(make_cluster, tmp_path, backend):
             cwd=tmp_path)
     assert r.returncode == 5 and "rank 2 on h3 exited 5" in r.stderr and "could not confirm" not in r.stderr
     assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
+
+
+def test_a_world_of_one_over_mpirun(make_cluster, tmp_path):
+    """mpirun -np 1 fails any MLX script on its own (MLX 0.32 never finalises an MPI world of one); the
+    bootstrap finalises it, so a one-host inventory runs like any other."""
+    cluster = make_cluster(1)
+    script = tmp_path / "one.py"
+    script.write_text("import mlx.core as mx\ng = mx.distributed.init(backend='mpi')\n"
+                      "mx.eval(mx.distributed.all_sum(mx.ones(2), group=g))\nprint('world', g.size())\n")
+    r = run(str(script), "--hosts", str(cluster.inventory), "--backend", "mpi", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[rank 0 h1] world 1" in r.stdout and "exiting improperly" not in r.stdout + r.stderr
