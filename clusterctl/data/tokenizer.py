@@ -45,13 +45,13 @@ class HFTokenizer:
     name = "hf"
 
     def __init__(self, path: str):
+        if not os.path.isfile(path):    # the first thing to fix, whether or not `tokenizers` is installed
+            raise TokenizerError(f"{path}: no such tokenizer file")
         try:
             from tokenizers import Tokenizer
         except ImportError:
             raise TokenizerError(f"{path}: reading a tokenizer.json needs the `tokenizers` package: "
                                  f"pip install tokenizers") from None
-        if not os.path.isfile(path):
-            raise TokenizerError(f"{path}: no such tokenizer file")
         self.path = os.path.abspath(path)
         self.sha256 = file_sha256(path)
         try:
