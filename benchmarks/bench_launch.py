@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_launch.py [--hosts 4] [--repeat 5]
 
-For each backend (mpi: mpirun; ring: mlx.launch) four commands run a tiny MLX job (init + all_sum), in
-turn, --repeat times: `clusterctl run` as users run it again and again (launching from the plan cached by
-the previous run while the pre-flight verifies it beside the job; supervision, per-rank logs); `clusterctl
-run` with no cached plan (the first launch on a cluster: the pre-flight comes first); the exact launcher
+For each backend (mpi: mpirun; ring: mlx.launch) five commands run a tiny MLX job (init + all_sum), in
+turn, --repeat times: `clusterctl run --no-sync` as users run it again and again (launching from the plan
+cached by the previous run while the pre-flight verifies it beside the job; supervision, per-rank logs);
+the same with its default project sync (nothing changed: one rsync round trip per host); `clusterctl
+run --no-sync` with no cached plan (the first launch on a cluster: the pre-flight comes first); the exact launcher
 argv `run` generated (from its launch.json, bootstrap included); and the plain launcher with the script
 alone (no bootstrap). Medians and ratios are from the same interleaved runs. Writes
 benchmarks/results/launch.json.
@@ -55,36 +56,42 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         cluster = SSHCluster(os.path.join(tmp, "cluster"), args.hosts).start()
         try:
-            script = os.path.join(tmp, "job.py")
+            project = os.path.join(tmp, "project")     # what run syncs: the job alone
+            os.makedirs(project)
+            script = os.path.join(project, "job.py")
             with open(script, "w") as f:
                 f.write(JOB)
             for backend in ("mpi", "ring"):
-                run = [sys.executable, "-m", "clusterctl", "run", script, backend, "--hosts", str(cluster.inventory),
-                       "--backend", backend, "--runs-dir", os.path.join(tmp, "runs")]
+                synced = [sys.executable, "-m", "clusterctl", "run", script, backend, "--hosts",
+                          str(cluster.inventory), "--backend", backend, "--runs-dir", os.path.join(tmp, "runs")]
+                run = synced + ["--no-sync"]
                 cache = {"XDG_CACHE_HOME": os.path.join(tmp, "cache")}
-                timed(run, env=cache, cwd=tmp)                                  # warm-up (host keys, caches)
+                timed(synced, env=cache, cwd=project)                           # warm-up (host keys, caches)
                 runs_dir = os.path.join(tmp, "runs")
                 launch = json.load(open(os.path.join(runs_dir, sorted(os.listdir(runs_dir))[-1], "launch.json")))
                 raw = launch["argv"]
                 plain = raw[: raw.index("--") + 1] + ([cluster_python(), script, backend] if backend == "mpi"
                                                       else [script, backend])
-                times = {"clusterctl run": [], "run, no cached plan": [], "generated argv": [], "plain launcher": []}
+                times = {"clusterctl run": [], "run, no cached plan": [], "run + sync (no change)": [],
+                         "generated argv": [], "plain launcher": []}
                 for _ in range(args.repeat):
-                    times["clusterctl run"].append(timed(run, env=cache, cwd=tmp))
+                    times["clusterctl run"].append(timed(run, env=cache, cwd=project))
+                    times["run + sync (no change)"].append(timed(synced, env=cache, cwd=project))
                     shutil.rmtree(cache["XDG_CACHE_HOME"])
-                    times["run, no cached plan"].append(timed(run, env=cache, cwd=tmp))
+                    times["run, no cached plan"].append(timed(run, env=cache, cwd=project))
                     times["generated argv"].append(timed(raw, env=launch["launcher_env"], cwd=tmp))
                     times["plain launcher"].append(timed(plain, env=launch["launcher_env"], cwd=tmp))
                 results[backend] = {k: statistics.median(v) for k, v in times.items()}
         finally:
             cluster.stop_all()
-    print(f"{'backend':<8} {'clusterctl run':>14} {'no cached plan':>14} {'generated argv':>14} {'plain launcher':>14} "
-          f"{'run/generated':>13} {'uncached/generated':>18} {'run/plain':>9}")
+    print(f"{'backend':<8} {'clusterctl run':>14} {'no cached plan':>14} {'run + sync':>14} {'generated argv':>14} "
+          f"{'plain launcher':>14} {'run/generated':>13} {'uncached/gen.':>13} {'synced/gen.':>11} {'run/plain':>9}")
     for backend, m in results.items():
         g = m["generated argv"]
-        print(f"{backend:<8} {m['clusterctl run']:>13.2f}s {m['run, no cached plan']:>13.2f}s {g:>13.2f}s "
-              f"{m['plain launcher']:>13.2f}s {m['clusterctl run'] / g:>13.2f} {m['run, no cached plan'] / g:>18.2f} "
-              f"{m['clusterctl run'] / m['plain launcher']:>9.2f}")
+        print(f"{backend:<8} {m['clusterctl run']:>13.2f}s {m['run, no cached plan']:>13.2f}s "
+              f"{m['run + sync (no change)']:>13.2f}s {g:>13.2f}s {m['plain launcher']:>13.2f}s "
+              f"{m['clusterctl run'] / g:>13.2f} {m['run, no cached plan'] / g:>13.2f} "
+              f"{m['run + sync (no change)'] / g:>11.2f} {m['clusterctl run'] / m['plain launcher']:>9.2f}")
     write_record("launch", hosts=args.hosts, repeat=args.repeat,
                  results={b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()})
 
