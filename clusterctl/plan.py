@@ -69,8 +69,8 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
             if script is not None and facts.get("script") != "yes":
-                raise PreflightError(f"{host.name}: {where} does not exist there (copy it, or `clusterctl sync` "
-                                     "when that lands; --no-preflight skips this check)")
+                raise PreflightError(f"{host.name}: {where} does not exist there (run copies the current directory "
+                                     "unless --no-sync; or `clusterctl sync`; --no-preflight skips this check)")
             if module is not None and facts.get("module") != "yes":
                 raise PreflightError(f"{host.name}: {host.python} cannot import {module} there (install it on "
                                      "that host; --no-preflight skips this check)")

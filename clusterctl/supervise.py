@@ -333,7 +333,14 @@ class LocalLauncher:
         return self.proc.poll()
 
     def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
+        # Popen.wait(timeout) polls with sleeps of up to 50 ms; a blocking wait in a thread returns the
+        # moment the launcher exits.
+        waiter = threading.Thread(target=self.proc.wait, daemon=True)
+        waiter.start()
+        waiter.join(timeout)
+        if self.proc.returncode is None:
+            raise subprocess.TimeoutExpired(self.proc.args, timeout)
+        return self.proc.returncode
 
     @property
     def returncode(self) -> int | None:
