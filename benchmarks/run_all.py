@@ -84,7 +84,30 @@ def _bench(r: dict) -> str:
         f"{h} hosts {m['ratio']:.2f} ({m['mlx']:.3f} vs {m['mpi4py']:.3f} GB/s abs.)" for h, m in r["results"].items())
 
 
-SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench}
+def _sync(r: dict) -> str:
+    q = r["ratios"]
+    return (f"{r['files']} files to {r['hosts']} hosts vs {r['hosts']} parallel rsync -a: first sync "
+            f"{q['first: cli / rsync']:.2f}x (in-process {q['first: core / rsync']:.2f}x), no-change re-sync "
+            f"{q['again: cli / rsync']:.2f}x (in-process {q['again: core / rsync']:.2f}x)")
+
+
+def _prepare(r: dict) -> str:
+    return "tokens/s abs.: " + ", ".join(f"{x['source']} ({x['tokenizer']}) {x['tokens_per_s'] / 1e6:.1f} M"
+                                          for x in r["rows"])
+
+
+def _train(r: dict) -> str:
+    mem = {m["world"]: m for m in r["memory"]}
+    w1, w4 = mem[min(mem)], mem[max(mem)]
+    avg = ", ".join(f"{a['backend']} {a['per_tensor_over_bucketed']:.2f}x" for a in r["averaging"])
+    tps = ", ".join(f"w{t['world']} {t['tokens_per_s']:,.0f}" for t in r["throughput"])
+    return (f"sharded loading, MLX peak per rank at world {w4['world']} vs {w1['world']}: "
+            f"{w4['sharded_mlx_peak_mb'] / w1['sharded_mlx_peak_mb']:.2f}x; per-tensor / bucketed step time: {avg}; "
+            f"tokens/s abs.: {tps}")
+
+
+SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
+             "prepare": _prepare, "train": _train}
 
 
 def _generic(r: dict) -> str:

@@ -35,10 +35,10 @@ def test_headlines_known_and_generic(bench_dir):
     (bench_dir / "results" / "bench.json").write_text(json.dumps(bench))
     assert run_all.headline(str(bench_dir / "results" / "bench.json")) == (
         "bench", "2026-11-21", "all_sum 64 MiB, MLX/mpi4py busbw: 2 hosts 0.80 (0.200 vs 0.250 GB/s abs.)")
-    other = {"benchmark": "sync", "date": "2026-11-22", "results": {"seconds": 3.0, "speedup_vs_rsync": 1.25}}
-    (bench_dir / "results" / "sync.json").write_text(json.dumps(other))
-    name, date, text = run_all.headline(str(bench_dir / "results" / "sync.json"))
-    assert (name, date) == ("sync", "2026-11-22") and text == "speedup_vs_rsync 1.25, seconds 3"
+    other = {"benchmark": "newbench", "date": "2026-11-22", "results": {"seconds": 3.0, "speedup_vs_rsync": 1.25}}
+    (bench_dir / "results" / "newbench.json").write_text(json.dumps(other))
+    name, date, text = run_all.headline(str(bench_dir / "results" / "newbench.json"))
+    assert (name, date) == ("newbench", "2026-11-22") and text == "speedup_vs_rsync 1.25, seconds 3"
     (bench_dir / "results" / "doctor.json").write_text(json.dumps({"benchmark": "doctor", "results": {}}))
     assert "could not summarise" in run_all.headline(str(bench_dir / "results" / "doctor.json"))[2]
 
