@@ -107,6 +107,14 @@ def files_for_host(manifest: Any, host: Host) -> list[tuple[str, str]]:
     return out
 
 
+def check_world(data_dir: str, manifest: Any, cluster: Cluster) -> None:
+    """A dataset prepared for another world size is refused before anything moves or launches."""
+    world = _get(manifest, "world_size")
+    if world != cluster.world_size:
+        raise ShardError(f"{data_dir} was prepared for world size {world}, but the inventory has "
+                         f"{cluster.world_size} ranks: run `clusterctl data prepare --world {cluster.world_size}`")
+
+
 def push_shards(cluster: Cluster, data_dir: str, manifest: Any = None, name: str | None = None,
                 host_key_checking: str | None = None, connect_timeout: float = 10.0, timeout: float = 7200.0,
                 method: str = "auto", progress: Progress | None = None) -> GroupResult:
@@ -114,10 +122,7 @@ def push_shards(cluster: Cluster, data_dir: str, manifest: Any = None, name: str
     data_dir = os.path.abspath(data_dir)
     if manifest is None:
         manifest = read_manifest(data_dir)
-    world = _get(manifest, "world_size")
-    if world != cluster.world_size:
-        raise ShardError(f"{data_dir} was prepared for world size {world}, but the inventory has "
-                         f"{cluster.world_size} ranks: run `clusterctl data prepare --world {cluster.world_size}`")
+    check_world(data_dir, manifest, cluster)
     name = name or os.path.basename(data_dir.rstrip("/"))
     if not name or "/" in name or name.startswith("."):
         raise ShardError(f"--name {name!r} must be a plain directory name")

@@ -75,10 +75,11 @@ def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0
                host_key_checking: str | None = None) -> str:
     """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
     should read. On this machine alone nothing moves: the ranks read data_dir itself."""
-    from .shardpush import push_shards, remote_dir
+    from .shardpush import check_world, push_shards, read_manifest, remote_dir
 
     data_dir = os.path.abspath(data_dir)
     if all(h.local for h in cluster.hosts):
+        check_world(data_dir, read_manifest(data_dir), cluster)     # as push_shards would, before launching
         return data_dir
     _check(push_shards(cluster, data_dir, host_key_checking=host_key_checking, connect_timeout=connect_timeout),
            f"the shards of {data_dir}")

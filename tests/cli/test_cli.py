@@ -224,3 +224,13 @@ def test_the_readme_main_job_as_written_learns(tmp_path):
     steps = int(flags[flags.index("--steps") + 1])
     assert [m["step"] for m in records if "loss" in m][-1] == steps
     assert losses[-1] <= 0.7 * losses[0] and held_out[-1] <= 0.7 * losses[0], (losses, held_out)
+
+
+def test_run_refuses_shards_of_another_world_size_before_launching(tmp_path):
+    prep = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", "embedded:60", "--world", "3",
+                           "--out", str(tmp_path / "d3")], capture_output=True, text=True, timeout=60)
+    assert prep.returncode == 0, prep.stderr
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--data", str(tmp_path / "d3"), "--", "--steps", "2"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().endswith("run `clusterctl data prepare --world 2`"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()   # nothing launched
