@@ -288,11 +288,13 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
               help="Where mpirun / mlx.launch runs. auto: here when it is installed here, else the first host.")
 @click.option("--no-sync", is_flag=True,
               help="Do not copy the current directory (the project) and clusterctl to the hosts first.")
+@click.option("--no-fetch", is_flag=True,
+              help="Leave what the job wrote in its run directory on the first host (default: copy it here).")
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
 def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
-            hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, data_dir):
+            hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, no_fetch, data_dir):
     """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -374,6 +376,8 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
         remember_plan(cluster, plan)
     if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
         remember_plan(cluster, preflight.result())
+    if not no_fetch and not cluster.hosts[0].local:
+        _fetch(connector, launch)
     if outcome.exit_code == 0:
         click.echo(f"run {launch.run_id}: {outcome.reason}", err=True)
         return
@@ -385,6 +389,24 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
             for line in outcome.tail:
                 click.echo(f"  {line}", err=True)
     sys.exit(outcome.exit_code if 0 < outcome.exit_code < 256 else 1)
+
+
+def _fetch(connector, launch) -> None:
+    """Bring home what the job left in its run directory on the first host (checkpoints, metrics)."""
+    from paramiko import SSHException
+
+    from .stage import fetch_run_dir
+
+    host = connector.cluster.hosts[0]
+    try:
+        files, size = fetch_run_dir(connector, launch.run_id, launch.run_dir)
+    except (OSError, ClusterctlError, SSHException) as e:
+        click.secho(f"run {launch.run_id}: could not copy {host.workdir}/runs/{launch.run_id}/ from {host.name} "
+                    f"({_one_line(e)}); it is still there", fg="yellow", err=True)
+        return
+    if files:
+        click.echo(f"run {launch.run_id}: copied {files} file(s), {_size(size)} from {host.name}:"
+                   f"{host.workdir}/runs/{launch.run_id}/ into {launch.run_dir}", err=True)
 
 
 def _stage(cluster, *, no_sync: bool, bundled: bool, data_dir: str | None, connect_timeout: float) -> dict:

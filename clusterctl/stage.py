@@ -5,6 +5,8 @@
                                         machine, for the bundled trainer (the rank bootstrap puts that
                                         directory on sys.path), so hosts need only python and mlx
     stage_data(cluster, data_dir, ...)  each host only its own dataset shards (`clusterctl data push`)
+and after the job:
+    fetch_run_dir(connector, run_id, ...)  what the job wrote in runs/<id>/ on the first host, brought home
 
 Each is incremental (a second run moves nothing) and raises StageError naming every host that failed.
 """
@@ -86,3 +88,45 @@ def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0
     # every rank works in its host's workdir, where push_shards put the data
     return os.path.relpath(remote_dir(cluster.hosts[0], os.path.basename(data_dir.rstrip("/"))),
                            cluster.hosts[0].workdir)
+
+
+def fetch_run_dir(connector, run_id: str, local_dir: str) -> tuple[int, int]:
+    """After a run on other machines: copy what the job wrote into its run directory on the first host
+    (<workdir>/runs/<id>/: the bundled trainer's metrics.jsonl and checkpoints) into the local run
+    directory, so `clusterctl generate --checkpoint runs/<id>` works here. Every file lands under a
+    temporary name first. Returns (files, bytes); (0, 0) when the job wrote nothing there."""
+    import stat
+
+    from .remotefiles import sftp_path
+
+    host = connector.cluster.hosts[0]
+    files = size = 0
+    with connector.transport(host) as transport:
+        sftp = transport.connect().open_sftp()
+        try:
+            stack = [(f"{sftp_path(host.workdir).rstrip('/')}/runs/{run_id}", local_dir)]
+            while stack:
+                remote, local = stack.pop()
+                try:
+                    entries = sftp.listdir_attr(remote)
+                except FileNotFoundError:
+                    continue
+                os.makedirs(local, exist_ok=True)
+                for entry in entries:
+                    if entry.filename.startswith("."):     # a checkpoint still being written, temp files
+                        continue
+                    source, target = f"{remote}/{entry.filename}", os.path.join(local, entry.filename)
+                    if stat.S_ISDIR(entry.st_mode or 0):
+                        stack.append((source, target))
+                    elif stat.S_ISREG(entry.st_mode or 0):
+                        tmp = os.path.join(local, f".{entry.filename}.fetch-{os.getpid()}")
+                        try:
+                            sftp.get(source, tmp)
+                            os.replace(tmp, target)
+                        finally:
+                            if os.path.exists(tmp):
+                                os.unlink(tmp)
+                        files, size = files + 1, size + (entry.st_size or 0)
+        finally:
+            sftp.close()
+    return files, size

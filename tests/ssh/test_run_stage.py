@@ -90,3 +90,10 @@ def test_the_bundled_trainer_on_the_cluster_reads_each_hosts_own_shard(make_clus
     assert metrics.returncode == 0 and '"step": 6' in metrics.stdout
     assert cluster.ssh(1, f"test -f {cluster.workdir}/runs/{run_id}/checkpoints/step-000006/model.safetensors"
                        ).returncode == 0
+    # and run brought them home: the local run directory has the metrics and a checkpoint generate can use
+    local = project / "runs" / run_id
+    assert "copied" in r.stderr and (local / "metrics.jsonl").read_text() == metrics.stdout
+    assert (local / "rank-0.log").is_file() and (local / "checkpoints" / "step-000006" / "model.safetensors").is_file()
+    g = subprocess.run([sys.executable, "-m", "clusterctl", "generate", "--checkpoint", str(local), "--prompt", "Once",
+                        "--max-tokens", "8"], capture_output=True, text=True, timeout=120)
+    assert g.returncode == 0 and g.stdout.startswith("Once"), g.stderr
