@@ -296,8 +296,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, no_fetch, data_dir):
     """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    from .fanout import in_background
     from .launch import find_mlx_launch
     from .inventory import parse
     from .plan import LaunchPlan, cached_plan, discover, remember_plan
@@ -341,7 +340,7 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
         else:
             # Launch at once from the plan the last verified launch used; the pre-flight checks it meanwhile
             # and stops the job with the failing host named, or launches again if the hosts changed.
-            preflight = ThreadPoolExecutor(1, thread_name_prefix="preflight").submit(verify)
+            preflight = in_background(verify)
     import shutil
 
     launcher = find_mlx_launch() if backend != "mpi" else None
@@ -410,22 +409,30 @@ def _fetch(connector, launch) -> None:
 
 
 def _stage(cluster, *, no_sync: bool, bundled: bool, data_dir: str | None, connect_timeout: float) -> dict:
-    """Copy what the job needs to the hosts before launching; returns the ranks' extra environment."""
+    """Copy what the job needs to the hosts before launching, the project, clusterctl and the shards at
+    once (they are independent); returns the ranks' extra environment."""
+    from concurrent.futures import wait
+
+    from .fanout import in_background
     from .stage import ship_clusterctl, stage_data, stage_project
 
-    env = {}
+    jobs = {}
     if not no_sync:
-        for what, group in (("project", stage_project(cluster, os.getcwd(), connect_timeout=connect_timeout)),
-                            ("clusterctl", ship_clusterctl(cluster, connect_timeout=connect_timeout)
-                             if bundled else None)):
-            if group is not None:
-                moved = sum(len(o.value.moved) for o in group.values())
-                size = sum(o.value.moved_bytes for o in group.values())
-                click.echo(f"sync: {what} to {len(group)} host(s): {moved} file(s), {_size(size)} moved in all",
-                           err=True)
+        jobs["project"] = in_background(stage_project, cluster, os.getcwd(), connect_timeout=connect_timeout)
+        if bundled:
+            jobs["clusterctl"] = in_background(ship_clusterctl, cluster, connect_timeout=connect_timeout)
     if data_dir:
-        env["CLUSTERCTL_DATA_DIR"] = stage_data(cluster, data_dir, connect_timeout=connect_timeout)
-    return env
+        jobs["data"] = in_background(stage_data, cluster, data_dir, connect_timeout=connect_timeout)
+    wait(jobs.values())
+    for future in jobs.values():      # the first failure, after every copy has ended
+        future.result()
+    for what in ("project", "clusterctl"):
+        group = jobs[what].result() if what in jobs else None
+        if group is not None:
+            moved = sum(len(o.value.moved) for o in group.values())
+            size = sum(o.value.moved_bytes for o in group.values())
+            click.echo(f"sync: {what} to {len(group)} host(s): {moved} file(s), {_size(size)} moved in all", err=True)
+    return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
 
 
 # ---- init -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ abandoned (its transport's own timeouts end it soon after) rather than waited fo
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
@@ -97,3 +98,20 @@ def run_all(hosts: Sequence[Host], fn: Callable[[Host], T], deadline: float) -> 
             slots.setdefault(host.name, HostOutcome(host, error=DeadlineExceeded(host.name, deadline),
                                                     elapsed_s=time.monotonic() - start))
         return GroupResult([slots[h.name] for h in hosts])
+
+
+def in_background(fn: Callable[..., T], *args, **kwargs) -> "Future[T]":
+    """fn(*args, **kwargs) in a daemon thread, as a Future. Unlike ThreadPoolExecutor's workers, which
+    the interpreter joins at exit, it never holds up an exit (Ctrl-C while an SSH probe or a copy runs)."""
+    future: Future = Future()
+
+    def work() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(e)
+
+    threading.Thread(target=work, name=f"background-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return future

@@ -46,3 +46,18 @@ def test_hosts_run_concurrently():
     group = run_all(HOSTS, lambda h: (time.sleep(0.5), Result(0, "", ""))[1], deadline=5)
     assert group.all_ok
     assert time.monotonic() - start < 1.5
+
+
+def test_in_background_hands_back_the_result_or_the_error_and_never_holds_up_exit():
+    import threading
+    from clusterctl.fanout import in_background
+
+    assert in_background(lambda a, b=0: a + b, 2, b=3).result(timeout=5) == 5
+    failed = in_background(lambda: 1 / 0)
+    assert isinstance(failed.exception(timeout=5), ZeroDivisionError)
+    release = threading.Event()
+    slow = in_background(release.wait)
+    [thread] = [t for t in threading.enumerate() if t.name == "background-wait"]
+    assert thread.daemon and not slow.done()       # a daemon: the interpreter does not join it at exit
+    release.set()
+    assert slow.result(timeout=5) is True
