@@ -11,7 +11,6 @@ file under its final name. Leftover temporary files of an interrupted upload are
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -145,12 +144,6 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
                             result) from None
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def sftp_path(path: str) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import remotefiles
+from .digest import file_sha256
 from .errors import ClusterctlError, EXIT_USAGE
 from .fanout import GroupResult, run_all
 from .inventory import Cluster, Host
@@ -130,7 +131,7 @@ def push_shards(cluster: Cluster, data_dir: str, manifest: Any = None, name: str
         for file, _ in files_for_host(manifest, host):
             if not os.path.isfile(os.path.join(data_dir, file)):
                 raise ShardError(f"{os.path.join(data_dir, file)}: missing (named by the manifest)")
-    manifest_sha = remotefiles.sha256_file(os.path.join(data_dir, MANIFEST))
+    manifest_sha = file_sha256(os.path.join(data_dir, MANIFEST))
     connector = Connector(cluster, host_key_checking, connect_timeout)
     rsync = shutil.which("rsync") if method != "sftp" else None
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import remotefiles
+from .digest import file_sha256
 from .errors import ClusterctlError, EXIT_USAGE
 from .fanout import GroupResult, run_all
 from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
@@ -130,7 +131,7 @@ class _Session:
     def hashes(self) -> dict[str, str]:
         with self._lock:
             if self._hashes is None:
-                self._hashes = {e.rel: remotefiles.sha256_file(os.path.join(self.plan.root, e.rel))
+                self._hashes = {e.rel: file_sha256(os.path.join(self.plan.root, e.rel))
                                 for e in self.plan.entries if e.link is None}
             return self._hashes
 

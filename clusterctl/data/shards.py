@@ -32,7 +32,8 @@ from typing import Callable
 from ..atomic import write_text
 from ..errors import ShardError, SourceError
 from .corpus import is_val, open_source
-from .tokenizer import ByteTokenizer, HFTokenizer, file_sha256, load_tokenizer
+from ..digest import file_sha256
+from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 FORMAT = 1
 MANIFEST = "manifest.json"

@@ -6,9 +6,9 @@ so the trainer decodes with exactly the tokenizer the shards were made with.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 
+from ..digest import file_sha256
 from ..errors import TokenizerError
 
 # Tried in this order when a tokenizer.json names its end-of-document token; GPT-2 / Llama / others.
@@ -105,12 +105,6 @@ def load_tokenizer(spec: str | dict | None, base_dir: str | None = None) -> Byte
     return tok
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(4 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _ints(ids):
