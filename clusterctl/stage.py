@@ -49,11 +49,11 @@ def stage_project(cluster: Cluster, root: str, *, connect_timeout: float = 10.0,
     from .sync import SyncOptions, plan_sync, sync_tree
 
     root = os.path.realpath(root)
-    if root in (os.path.realpath(os.path.expanduser("~")), "/"):
-        raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
     targets = _others(cluster, lambda h: not _is_here(h, root))
     if not targets.hosts:
         return None
+    if root in (os.path.realpath(os.path.expanduser("~")), "/"):
+        raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
     options = SyncOptions(connect_timeout=connect_timeout, host_key_checking=host_key_checking)
     return _check(sync_tree(targets, plan_sync(root, options), options), f"the project {root}")
 

@@ -234,3 +234,21 @@ def test_run_refuses_shards_of_another_world_size_before_launching(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().endswith("run `clusterctl data prepare --world 2`"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()   # nothing launched
+
+
+def test_run_here_from_the_home_directory_copies_nothing(tmp_path):
+    """Only copying a home directory to other hosts is refused; running here from it copies nothing."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "hi.py").write_text("print('hi from home')\n")
+    env = {**os.environ, "HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "hi.py"], capture_output=True, text=True,
+                       timeout=120, cwd=home, env=env)
+    assert r.returncode == 0 and "[rank 1 localhost] hi from home" in r.stdout, r.stdout + r.stderr
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(f"hosts: [{{name: here, local: true, slots: 2, workdir: {json.dumps(str(tmp_path / 'w'))}}}]\n"
+                         "launch: {backend: ring}\n")
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "hi.py", "--hosts", str(inventory)],
+                       capture_output=True, text=True, timeout=120, cwd=home, env=env)
+    assert r.returncode == 1 and "not copying" in r.stderr and "--no-sync" in r.stderr, r.stderr
+    assert not (tmp_path / "w").exists()
