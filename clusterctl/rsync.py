@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .errors import ClusterctlError, ConnectError
+from .sshconfig import login_args
 from .transport import quote_path, remote_command
 
 MISSING_MARK = "clusterctl: rsync is not installed on this host"
@@ -54,14 +55,7 @@ def ssh_command(ssh_options: Sequence[str], user: str | None, port: int | None, 
                 ssh: str = "ssh") -> str:
     """rsync's `-e`: rsync splits it on spaces but honours quotes, so shlex quoting survives paths with
     spaces."""
-    argv = [ssh, *ssh_options]
-    if user:
-        argv += ["-l", user]
-    if port:
-        argv += ["-p", str(port)]
-    if identity:
-        argv += ["-i", identity]
-    return shlex.join(argv)
+    return shlex.join([ssh, *ssh_options, *login_args(user, port, identity)])
 
 
 def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str | None = None,

@@ -52,18 +52,24 @@ def parse_ssh_G(text: str) -> dict[str, list[str]]:
     return out
 
 
-def ssh_G_argv(alias: str, *, user: str | None, port: int | None, identity_file: str | None,
-               config_file: str | None, ssh: str = "ssh") -> list[str]:
-    argv = [ssh, "-G"]
-    if config_file:
-        argv += ["-F", config_file]
+def login_args(user: str | None, port: int | None, identity_file: str | None) -> list[str]:
+    """ssh's -l / -p / -i for what the inventory sets (nothing for what it leaves to ~/.ssh/config)."""
+    argv: list[str] = []
     if user:
         argv += ["-l", user]
     if port:
         argv += ["-p", str(port)]
     if identity_file:
         argv += ["-i", identity_file]
-    return argv + ["--", alias]
+    return argv
+
+
+def ssh_G_argv(alias: str, *, user: str | None, port: int | None, identity_file: str | None,
+               config_file: str | None, ssh: str = "ssh") -> list[str]:
+    argv = [ssh, "-G"]
+    if config_file:
+        argv += ["-F", config_file]
+    return argv + login_args(user, port, identity_file) + ["--", alias]
 
 
 def target_from_ssh_G(alias: str, values: dict[str, list[str]], config_file: str | None) -> SSHTarget:
