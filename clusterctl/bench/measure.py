@@ -4,7 +4,7 @@
     result = bench.collectives(sizes, ops)         # {"world", "rows": [...]} with bandwidths
     p2p = bench.point_to_point(nbytes)             # {"hosts", "matrix"}
 
-Each measurement is one launch (prepare + supervise from clusterctl.supervise): rank 0's result line is
+Each measurement is one launch (prepare + supervise from clusterctl.launch.supervise): rank 0's result line is
 read back from its log. Runs go to a temporary directory that is removed when they succeed and named in
 the error when they fail.
 """
@@ -17,11 +17,11 @@ import shutil
 import tempfile
 
 from ..inventory import Cluster
-from ..launch import find_mlx_launch
-from ..plan import LaunchPlan, discover, remember_plan
-from ..stage import ship_clusterctl
-from ..remote import Connector
-from ..supervise import prepare, supervise
+from ..launch.backends import find_mlx_launch
+from ..launch.plan import LaunchPlan, discover, remember_plan
+from ..transfer.stage import ship_clusterctl
+from ..hosts.connector import Connector
+from ..launch.supervise import prepare, supervise
 from .report import BenchAborted, BenchError, collective_rows, p2p_matrix, p2p_pairs, parse_result
 
 WORKER = "clusterctl.bench.worker"

@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import ClusterctlError
-from ..fanout import run_all
+from ..hosts.fanout import run_all
 from ..inventory import Cluster, Host
-from ..remote import Connector
-from ..sshconfig import openssh_options, rsh_agent
+from ..hosts.connector import Connector
+from ..hosts.sshconfig import openssh_options, rsh_agent
 from . import checks, smoke
 from .checks import HostProbe
-from .probe import DataplaneSpec, dataplane_command, parse_probe, probe_script
+from ..hosts.probe import DataplaneSpec, dataplane_command, parse_probe, probe_script
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
@@ -153,7 +153,7 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
     if not (mpi_wanted or ring_wanted):
         return skipped
 
-    from ..plan import plan_from_probes
+    from ..launch.plan import plan_from_probes
 
     plan = plan_from_probes(cluster, probes)
     libmpi = checks.choose_libmpi(probes[0].facts)

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..inventory import Cluster, Host
-from .probe import MESH_MARKER, Facts
+from ..hosts.probe import MESH_MARKER, Facts
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 CLOCK_SKEW_WARN_S = 5.0

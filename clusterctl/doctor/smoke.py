@@ -13,9 +13,9 @@ from typing import Mapping
 
 from ..errors import ClusterctlError
 from ..inventory import Cluster
-from ..hostfile import render as render_hostfile
-from ..launch import find_mlx_launch, mlx_launch_argv, mpirun_argv, write_ssh_shim
-from ..transport import LocalTransport, Result
+from ..launch.hostfile import render as render_hostfile
+from ..launch.backends import find_mlx_launch, mlx_launch_argv, mpirun_argv, write_ssh_shim
+from ..hosts.transport import LocalTransport, Result
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 SMOKE_PROGRAM = r"""

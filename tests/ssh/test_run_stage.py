@@ -54,12 +54,12 @@ def test_a_clusterctl_module_runs_on_hosts_without_clusterctl(make_cluster, tmp_
     assert cluster.ssh(1, "cd / && /usr/bin/python3 -c 'import clusterctl'").returncode != 0
     project = tmp_path / "project"
     project.mkdir()
-    r = run("-m", "clusterctl.bootstrap", "--hosts", str(inventory), "--backend", "mpi", cwd=project)
+    r = run("-m", "clusterctl.launch.bootstrap", "--hosts", str(inventory), "--backend", "mpi", cwd=project)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "sync: clusterctl to 2 host(s)" in r.stderr
     for i in (1, 2):
         assert cluster.ssh(i, f"test -f {cluster.workdir}/.clusterctl/lib/clusterctl/train/fsdp.py").returncode == 0
-    r = run("-m", "clusterctl.bootstrap", "--hosts", str(inventory), "--backend", "mpi", "--no-sync", cwd=project)
+    r = run("-m", "clusterctl.launch.bootstrap", "--hosts", str(inventory), "--backend", "mpi", "--no-sync", cwd=project)
     assert r.returncode == 0, r.stdout + r.stderr                        # still there from the first run
 
 

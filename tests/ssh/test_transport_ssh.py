@@ -7,9 +7,9 @@ import time
 import pytest
 
 from clusterctl.errors import CommandTimeout, ConnectError, InventoryError
-from clusterctl.fanout import DeadlineExceeded
+from clusterctl.hosts.fanout import DeadlineExceeded
 from clusterctl.inventory import load
-from clusterctl.remote import Connector
+from clusterctl.hosts.connector import Connector
 
 pytestmark = pytest.mark.ssh
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from clusterctl.launch import find_mlx_launch
+from clusterctl.launch.backends import find_mlx_launch
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

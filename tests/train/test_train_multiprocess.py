@@ -22,7 +22,7 @@ import time
 import mlx.core as mx
 import pytest
 
-from clusterctl.launch import find_mlx_launch
+from clusterctl.launch.backends import find_mlx_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

@@ -6,12 +6,12 @@ import subprocess
 
 from clusterctl.doctor import checks
 from clusterctl.doctor.checks import HostProbe
-from clusterctl.doctor.probe import DataplaneSpec, Facts, dataplane_command, parse_probe, probe_script
+from clusterctl.hosts.probe import DataplaneSpec, Facts, dataplane_command, parse_probe, probe_script
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
 from clusterctl.doctor.smoke import judge, ring_ready
-from clusterctl.hostfile import render as render_hostfile
+from clusterctl.launch.hostfile import render as render_hostfile
 from clusterctl.inventory import parse
-from clusterctl.transport import Result
+from clusterctl.hosts.transport import Result
 
 # A macOS Mac Studio's `ifconfig -a` (trimmed), with two Thunderbolt ports in bridge0.
 MACOS_IFCONFIG = """\

@@ -7,7 +7,7 @@ import pytest
 from clusterctl.errors import InventoryError
 from clusterctl.inventory import load, parse
 from clusterctl.inventory_edit import set_setting, write_setting
-from clusterctl.launch import mlx_launch_argv
+from clusterctl.launch.backends import mlx_launch_argv
 
 INVENTORY = """\
 # my cluster: keep this comment

@@ -4,9 +4,9 @@ import subprocess
 
 import pytest
 
-from clusterctl.filelist import IgnoreRules, SyncSourceError, exclusion_rules, ignored_by_project, select_files, \
+from clusterctl.transfer.filelist import IgnoreRules, SyncSourceError, exclusion_rules, ignored_by_project, select_files, \
     translate
-from clusterctl.rsync import rsync_argv
+from clusterctl.transfer.rsync import rsync_argv
 
 
 @pytest.mark.parametrize("patterns,path,is_dir,excluded", [

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from clusterctl.inventory import parse
-from clusterctl.shardpush import ShardError, files_for_host, push_shards, read_manifest
-from clusterctl.sync import SyncError, SyncOptions, destination, plan_sync, sync_tree
+from clusterctl.transfer.shards import ShardError, files_for_host, push_shards, read_manifest
+from clusterctl.transfer.sync import SyncError, SyncOptions, destination, plan_sync, sync_tree
 
 
 def local_cluster(tmp_path, slots=1):

@@ -3,7 +3,7 @@ import shlex
 import shutil
 import subprocess
 
-from clusterctl.rsync import MISSING_MARK, parse_item, parse_output, parse_progress, RsyncSummary, remote_rsync_path, \
+from clusterctl.transfer.rsync import MISSING_MARK, parse_item, parse_output, parse_progress, RsyncSummary, remote_rsync_path, \
     rsync_argv, ssh_command
 
 # `rsync -lpt --files-from F --from0 --out-format='%i %l %n' --stats --info=progress2 src/ h1:.` (push)

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from clusterctl.errors import CommandTimeout
-from clusterctl.transport import LocalTransport, quote_path, remote_command, shell_command
+from clusterctl.hosts.transport import LocalTransport, quote_path, remote_command, shell_command
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", '"; touch {canary}; "',
            "a b\tc", "x\ntouch {canary}", "${{IFS}}touch${{IFS}}{canary}", "\\'; touch {canary} #"]

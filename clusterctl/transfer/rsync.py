@@ -21,9 +21,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .errors import ClusterctlError, ConnectError
-from .sshconfig import login_args
-from .transport import quote_path, remote_command
+from ..errors import ClusterctlError, ConnectError
+from ..hosts.sshconfig import login_args
+from ..hosts.transport import quote_path, remote_command
 
 MISSING_MARK = "clusterctl: rsync is not installed on this host"
 OUT_FORMAT = "%i %l %n"            # itemized changes, file length, name

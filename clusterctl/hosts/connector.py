@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from .fanout import GroupResult, run_all
-from .inventory import Cluster, Host
+from ..inventory import Cluster, Host
 from .sshconfig import SSHTarget, resolve_cluster
 from .transport import DEFAULT_CONNECT_TIMEOUT_S, Transport, for_host
 

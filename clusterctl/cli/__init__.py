@@ -14,8 +14,8 @@ import traceback
 
 import click
 
-from .atomic import write_text
-from .errors import ClusterctlError
+from ..atomic import write_text
+from ..errors import ClusterctlError
 
 EXAMPLES: dict[str, str] = {}
 EXIT_INTERRUPTED = 130
@@ -63,7 +63,7 @@ hosts_option = click.option("--hosts", "inventory_path", required=True, type=cli
 
 
 def _load(inventory_path: str):
-    from .inventory import load
+    from ..inventory import load
     return load(inventory_path)
 
 
@@ -74,7 +74,7 @@ def _load(inventory_path: str):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
 def hosts_cmd(inventory_path, as_json):
     """Show the resolved hosts: inventory + defaults + ~/.ssh/config."""
-    from .sshconfig import resolve_cluster
+    from ..hosts.sshconfig import resolve_cluster
 
     cluster = _load(inventory_path)
     targets = resolve_cluster(cluster)
@@ -118,7 +118,7 @@ def _table(rows: list[dict], columns: list[str]) -> None:
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_keys, as_json, argv):
     """Run a command on every host in parallel and show each host's output."""
-    from .remote import Connector
+    from ..hosts.connector import Connector
 
     if bool(script) == bool(argv):
         raise click.UsageError("give either a command after -- or --sh SCRIPT")
@@ -178,8 +178,8 @@ def _one_line(error: BaseException) -> str:
 @click.option("--strict-host-keys", is_flag=True, help="Refuse hosts whose key is not in known_hosts yet.")
 def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, strict_host_keys):
     """Check SSH all-to-all, PATH, MPI and the data plane of a cluster."""
-    from .doctor import DoctorOptions, run_doctor
-    from .doctor.report import render_table
+    from ..doctor import DoctorOptions, run_doctor
+    from ..doctor.report import render_table
 
     cluster = _load(inventory_path)
     report = run_doctor(cluster, DoctorOptions(connect_timeout=connect_timeout, deep=deep,
@@ -209,7 +209,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
     """Write an Open MPI, MPICH or mlx.launch hostfile (and the launch line)."""
     import shlex
 
-    from .hostfile import render
+    from ..launch.hostfile import render
 
     if print_command and not program:
         raise click.UsageError("--print-command needs the script: ... --print-command -- SCRIPT [ARGS]")
@@ -222,8 +222,8 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
     cluster = _load(inventory_path)
     plan = None
     if print_command:
-        from .plan import discover
-        from .remote import Connector
+        from ..launch.plan import discover
+        from ..hosts.connector import Connector
         plan = discover(Connector(cluster, connect_timeout=connect_timeout))
     text_template = None
     if template:
@@ -237,8 +237,8 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
     else:
         click.echo(text, nl=False)
     if print_command:
-        from .launch import mlx_launch_argv, mpirun_argv
-        from .sshconfig import rsh_agent
+        from ..launch.backends import mlx_launch_argv, mpirun_argv
+        from ..hosts.sshconfig import rsh_agent
 
         python = cluster.hosts[0].python
         if fmt == "openmpi":
@@ -249,8 +249,8 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
         else:
             import shutil
 
-            from .launch import find_mlx_launch, write_ssh_shim
-            from .sshconfig import openssh_options
+            from ..launch.backends import find_mlx_launch, write_ssh_shim
+            from ..hosts.sshconfig import openssh_options
 
             ssh = shutil.which("ssh")
             if ssh is None:
@@ -296,12 +296,12 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, no_fetch, data_dir):
     """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
-    from .fanout import in_background
-    from .launch import find_mlx_launch
-    from .inventory import parse
-    from .plan import LaunchPlan, cached_plan, discover, remember_plan
-    from .remote import Connector
-    from .supervise import prepare, supervise
+    from ..hosts.fanout import in_background
+    from ..launch.backends import find_mlx_launch
+    from ..inventory import parse
+    from ..launch.plan import LaunchPlan, cached_plan, discover, remember_plan
+    from ..hosts.connector import Connector
+    from ..launch.supervise import prepare, supervise
 
     if script is not None and script.startswith("-"):
         args, script = (script, *args), None     # `run -- --steps 100`: arguments for the default program
@@ -394,7 +394,7 @@ def _fetch(connector, launch) -> None:
     """Bring home what the job left in its run directory on the first host (checkpoints, metrics)."""
     from paramiko import SSHException
 
-    from .stage import fetch_run_dir
+    from ..transfer.stage import fetch_run_dir
 
     host = connector.cluster.hosts[0]
     try:
@@ -413,8 +413,8 @@ def _stage(cluster, *, no_sync: bool, bundled: bool, data_dir: str | None, conne
     once (they are independent); returns the ranks' extra environment."""
     from concurrent.futures import wait
 
-    from .fanout import in_background
-    from .stage import ship_clusterctl, stage_data, stage_project
+    from ..hosts.fanout import in_background
+    from ..transfer.stage import ship_clusterctl, stage_data, stage_project
 
     jobs = {}
     if not no_sync:
@@ -449,8 +449,8 @@ def _stage(cluster, *, no_sync: bool, bundled: bool, data_dir: str | None, conne
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init_cmd(names, output, user, python, workdir, addresses, backend, force):
     """Write a starter inventory for the given hosts."""
-    from .inventory import parse
-    from .resources import render, template_text
+    from ..inventory import parse
+    from ..resources import render, template_text
 
     if addresses and len(addresses) != len(names):
         raise click.UsageError(f"{len(addresses)} --address values for {len(names)} hosts")
@@ -484,7 +484,7 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
 def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
     """Sample text from a checkpoint of the bundled trainer."""
-    from .train.generate import generate_text
+    from ..train.generate import generate_text
 
     pieces = generate_text(checkpoint_dir, prompt, max_tokens, temperature, seed, top_k)
     click.echo(prompt, nl=False)
@@ -519,7 +519,7 @@ def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, as_json):
     """
     import time
 
-    from .data.shards import prepare
+    from ..data.shards import prepare
 
     bars = _ProgressBars() if sys.stderr.isatty() and not as_json else None
     start = time.monotonic()
@@ -584,7 +584,7 @@ class _ProgressBars:
 def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, checksum, bwlimit, connect_timeout,
              timeout, strict_host_keys, as_json):
     """Mirror a project directory into every host's workdir."""
-    from .sync import SyncOptions, plan_sync, sync_tree
+    from ..transfer.sync import SyncOptions, plan_sync, sync_tree
 
     cluster = _load(inventory_path)
     options = SyncOptions(excludes=tuple(excludes), delete=delete, dry_run=dry_run, dest=dest, method=method,
@@ -696,7 +696,7 @@ class _Bars:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
 def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeout, strict_host_keys, as_json):
     """Send host i its shard i (+ val.bin, manifest), checked by sha256."""
-    from .shardpush import push_shards
+    from ..transfer.shards import push_shards
 
     cluster = _load(inventory_path)
     bars = _Bars([h.name for h in cluster.hosts]) if sys.stdout.isatty() and not as_json else None
@@ -747,8 +747,8 @@ def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeo
 def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, p2p_size, as_json,
               connect_timeout, timeout):
     """Measure all_sum / all_gather bandwidth across the cluster."""
-    from .bench.measure import Bench
-    from .bench.report import format_bytes, parse_size, parse_sizes, render_matrix, render_table
+    from ..bench.measure import Bench
+    from ..bench.report import format_bytes, parse_size, parse_sizes, render_matrix, render_table
 
     if write and not tune:
         raise click.UsageError("--write stores what --tune found: give --tune too")
@@ -773,8 +773,8 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
         click.echo(json.dumps(doc, indent=2) if as_json else render_matrix(doc["p2p"]), nl=as_json)
         return
     if tune:
-        from .bench.tune import describe, store
-        from .bench.tune import tune as run_tune
+        from ..bench.tune import describe, store
+        from ..bench.tune import tune as run_tune
 
         nbytes = size_list[-1]
         say(f"bench --tune: all_sum of {format_bytes(nbytes)} on {cluster.world_size} ranks over {backend}")
@@ -831,7 +831,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
     return __version__
 
 

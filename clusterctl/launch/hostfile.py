@@ -11,9 +11,9 @@ import json
 import string
 from typing import Mapping
 
-from .errors import ClusterctlError
-from .inventory import Cluster
-from .resources import template_text
+from ..errors import ClusterctlError
+from ..inventory import Cluster
+from ..resources import template_text
 
 FORMATS = {"openmpi": "hostfile.openmpi.tmpl", "mpich": "hostfile.mpich.tmpl", "mlx": "hostfile.mlx.json.tmpl"}
 
@@ -72,5 +72,5 @@ def _render_mlx(cluster: Cluster, text: str, backend: str, env: Mapping[str, str
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
     return __version__

@@ -27,16 +27,16 @@ from datetime import datetime
 from typing import Callable
 
 from .bootstrap import BOOTSTRAP, parse_line
-from .errors import ClusterctlError
-from .fanout import run_all
+from ..errors import ClusterctlError
+from ..hosts.fanout import run_all
 from .hostfile import render as render_hostfile
-from .inventory import Cluster
-from .atomic import write_text as _write
-from .launch import mlx_launch_argv, mpirun_argv, ssh_shim, write_ssh_shim
+from ..inventory import Cluster
+from ..atomic import write_text as _write
+from .backends import mlx_launch_argv, mpirun_argv, ssh_shim, write_ssh_shim
 from .plan import LaunchPlan
-from .remote import Connector
-from .sshconfig import openssh_options, rsh_agent
-from .transport import stop_process_group
+from ..hosts.connector import Connector
+from ..hosts.sshconfig import openssh_options, rsh_agent
+from ..hosts.transport import stop_process_group
 
 HEARTBEAT_S = 1.0
 FINISH_TIMEOUT_S = 30.0
@@ -184,7 +184,7 @@ class RemoteLauncher:
     channel makes the host's watchdog (transport.remote_command) kill the launcher's whole tree."""
 
     def __init__(self, transport, command: str, lines: queue.Queue):
-        from .transport import remote_command
+        from ..hosts.transport import remote_command
 
         self.transport = transport
         self.chan = transport.connect().get_transport().open_session(timeout=transport.connect_timeout)

@@ -27,8 +27,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .errors import CommandTimeout, ConnectError
-from .inventory import Host
+from ..errors import CommandTimeout, ConnectError
+from ..inventory import Host
 from .sshconfig import SSHTarget
 
 KILL_GRACE_S = 2.0

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
-from .errors import ClusterctlError
-from .inventory import Host
+from ..errors import ClusterctlError
+from ..inventory import Host
 from .transport import Result
 
 T = TypeVar("T")

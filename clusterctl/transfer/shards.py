@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import remotefiles
-from .digest import file_sha256
-from .errors import ClusterctlError, EXIT_USAGE
-from .fanout import GroupResult, run_all
-from .inventory import Cluster, Host
-from .remote import Connector
+from ..digest import file_sha256
+from ..errors import ClusterctlError, EXIT_USAGE
+from ..hosts.fanout import GroupResult, run_all
+from ..inventory import Cluster, Host
+from ..hosts.connector import Connector
 from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
-from .sshconfig import openssh_options
+from ..hosts.sshconfig import openssh_options
 from .sync import Progress
 
 MANIFEST = "manifest.json"

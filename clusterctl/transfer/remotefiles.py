@@ -17,8 +17,8 @@ import time
 import uuid
 from typing import Callable
 
-from .errors import CommandFailed
-from .transport import LocalTransport, Transport
+from ..errors import CommandFailed
+from ..hosts.transport import LocalTransport, Transport
 
 TMP_MARK = ".clusterctl-tmp-"
 ARG_LIMIT = 60_000         # larger requests travel as an uploaded file, not an argument

@@ -16,8 +16,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 
-from .errors import InventoryError
-from .inventory import Cluster, Host
+from ..errors import InventoryError
+from ..inventory import Cluster, Host
 
 # OpenSSH's default identities, in the order it tries them, used when no IdentityFile is configured.
 DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ecdsa_sk", "~/.ssh/id_ed25519",

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import remotefiles
-from .digest import file_sha256
-from .errors import ClusterctlError, EXIT_USAGE
-from .fanout import GroupResult, run_all
+from ..digest import file_sha256
+from ..errors import ClusterctlError, EXIT_USAGE
+from ..hosts.fanout import GroupResult, run_all
 from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
-from .inventory import Cluster, Host
-from .remote import Connector
+from ..inventory import Cluster, Host
+from ..hosts.connector import Connector
 from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
-from .sshconfig import openssh_options
+from ..hosts.sshconfig import openssh_options
 
 # kept on the host by --delete: clusterctl's own places in the workdir
 PROTECTED_TOP = ("data", "runs", ".clusterctl")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from .errors import ClusterctlError
-from .fanout import GroupResult
-from .inventory import Cluster
+from ..errors import ClusterctlError
+from ..hosts.fanout import GroupResult
+from ..inventory import Cluster
 
 LIB_DIR = ".clusterctl/lib"          # relative to each host's workdir
 
@@ -77,7 +77,7 @@ def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0
                host_key_checking: str | None = None) -> str:
     """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
     should read. On this machine alone nothing moves: the ranks read data_dir itself."""
-    from .shardpush import check_world, push_shards, read_manifest, remote_dir
+    from .shards import check_world, push_shards, read_manifest, remote_dir
 
     data_dir = os.path.abspath(data_dir)
     if all(h.local for h in cluster.hosts):

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .errors import ClusterctlError, EXIT_USAGE
+from ..errors import ClusterctlError, EXIT_USAGE
 
 # Never shipped: VCS metadata, virtualenvs, run logs, caches, bytecode. `/runs/` is anchored: only the
 # project's top-level runs/ (where `clusterctl run` writes) is excluded, not a package named runs.

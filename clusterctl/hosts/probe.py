@@ -15,7 +15,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from ..transport import quote_path
+from .transport import quote_path
 
 MESH_MARKER = "clusterctl-mesh-ok"
 

@@ -11,7 +11,7 @@ import shutil
 import sys
 from typing import Mapping, Sequence
 
-from .inventory import Cluster
+from ..inventory import Cluster
 
 
 def mca_settings(cluster: Cluster, rsh_agent: str, if_include: str | None) -> dict[str, str]:
@@ -72,7 +72,7 @@ def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: st
 
 def write_ssh_shim(directory: str, ssh: str, options: Sequence[str]) -> str:
     """Write the shim as `directory/ssh` (executable) and return `directory`, to put first on a PATH."""
-    from .atomic import write_text
+    from ..atomic import write_text
 
     os.makedirs(directory, exist_ok=True)
     write_text(os.path.join(directory, "ssh"), ssh_shim(ssh, options), mode=0o755)

@@ -9,15 +9,15 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from .doctor import checks
-from .doctor.checks import HostProbe
-from .doctor.probe import parse_probe, probe_script
-from .errors import ClusterctlError, ConnectError
-from .fanout import run_all
-from .inventory import Cluster
-from .remote import Connector
-from .transport import quote_path
-from .atomic import write_text
+from ..doctor import checks
+from ..doctor.checks import HostProbe
+from ..hosts.probe import parse_probe, probe_script
+from ..errors import ClusterctlError, ConnectError
+from ..hosts.fanout import run_all
+from ..inventory import Cluster
+from ..hosts.connector import Connector
+from ..hosts.transport import quote_path
+from ..atomic import write_text
 
 
 @dataclass(frozen=True)
