@@ -1,16 +1,31 @@
-"""The exceptions the core raises. The CLI turns each into one line and an exit code.
+"""Every exception clusterctl raises, and every exit code. The CLI turns a ClusterctlError into one line
+and its `exit_code`; nothing else in clusterctl exits.
 
-Exit codes (documented in README.md):
-    0  success
-    1  a command ran and failed on at least one host (fan-out), or an unexpected internal error
-    2  bad input: usage errors, malformed inventories, unknown hosts
-    3  could not connect to a host (SSH)
+Exit codes (documented in README.md, "Exit codes"):
+    0    success
+    1    a command ran and failed on at least one host (fan-out), a job failed, or an internal error
+    2    bad input: usage errors, malformed inventories, datasets, checkpoints, flags
+    3    could not connect to a host (SSH)
+    124  a job was stopped by its start or hang timeout
+    130  interrupted (Ctrl-C); 128 + N for another signal N
+A job whose rank exits N (1 to 255) makes `clusterctl run` exit N.
+
+This module imports nothing: the trainer and the data loader, which run on the hosts with the standard
+library and mlx only, import it too.
 """
 from __future__ import annotations
 
+EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONNECT = 3
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+
+
+def exit_for_signal(signum: int) -> int:
+    """The shell's convention for a process ended by signal N."""
+    return 128 + signum
 
 
 class ClusterctlError(Exception):
@@ -19,10 +34,16 @@ class ClusterctlError(Exception):
     exit_code = EXIT_FAILED
 
 
-class InventoryError(ClusterctlError):
-    """A malformed inventory; carries the file and 1-based line so the message reads `file:line: what`."""
+class BadInput(ClusterctlError):
+    """Base of the errors that mean: the input to the command at hand cannot be used (exit 2)."""
 
     exit_code = EXIT_USAGE
+
+
+# ---- inventories, templates, usage ------------------------------------------------------------
+
+class InventoryError(BadInput):
+    """A malformed inventory; carries the file and 1-based line so the message reads `file:line: what`."""
 
     def __init__(self, path: str, line: int | None, message: str):
         self.path = path
@@ -32,14 +53,26 @@ class InventoryError(ClusterctlError):
         super().__init__(f"{where}: {message}")
 
 
+class TemplateError(BadInput):
+    """A hostfile template with a placeholder we have no value for, or that renders to bad JSON."""
+
+
+class UsageError(BadInput):
+    """A combination of options or arguments the core refuses (the CLI shows it like click's own)."""
+
+
+# ---- reaching hosts ---------------------------------------------------------------------------
+
 class ConnectError(ClusterctlError):
-    """SSH could not reach or log in to a host. `detail` is what the SSH layer said, unabridged."""
+    """SSH could not reach or log in to a host. `detail` is what the SSH layer said, unabridged; `reason`
+    is a stable word for code to act on (see hosts.transport.CONNECT_REASONS), never parsed from text."""
 
     exit_code = EXIT_CONNECT
 
-    def __init__(self, host: str, detail: str):
+    def __init__(self, host: str, detail: str, reason: str = "other"):
         self.host = host
         self.detail = detail
+        self.reason = reason
         super().__init__(f"{host}: {detail}")
 
 
@@ -67,12 +100,43 @@ class CommandFailed(ClusterctlError):
         super().__init__(f"{host}: `{command}` exited {result.exit_code}{why}")
 
 
-# ---- data (clusterctl/data): every one is bad input for the command at hand, exit 2 ----------
+class DeadlineExceeded(ClusterctlError):
+    """A host's part of a fan-out did not finish within the fan-out's deadline."""
 
-class DataError(ClusterctlError):
+    def __init__(self, host: str, deadline: float):
+        self.host = host
+        super().__init__(f"{host}: no result within the {deadline:g}s deadline")
+
+
+# ---- moving files -----------------------------------------------------------------------------
+
+class SyncError(BadInput):
+    """Bad sync options (a --dest outside the workdir, an unknown method, no rsync for --method rsync)."""
+
+
+class SyncSourceError(BadInput):
+    """A project directory sync cannot read (missing, not a directory, git failing)."""
+
+
+class RsyncMissing(ClusterctlError):
+    """The host has no rsync on its non-interactive PATH (the caller falls back to SFTP)."""
+
+
+class RsyncFailed(ClusterctlError):
+    def __init__(self, host: str, code: int, stderr: str):
+        self.host, self.code, self.stderr = host, code, stderr
+        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        super().__init__(f"{host}: rsync exited {code}: {lines[-1] if lines else 'no message'}")
+
+
+class StageError(ClusterctlError):
+    """Copying the project, clusterctl or the data to some host before a run failed (exit 1)."""
+
+
+# ---- data (clusterctl/data, data push): bad input for the command at hand, exit 2 ---------------
+
+class DataError(BadInput):
     """A corpus, tokenizer or shard directory clusterctl cannot use."""
-
-    exit_code = EXIT_USAGE
 
 
 class SourceError(DataError):
@@ -85,3 +149,60 @@ class TokenizerError(DataError):
 
 class ShardError(DataError):
     """A shard directory that does not match its manifest.json, or a request it cannot serve."""
+
+
+class ShardVerifyError(ClusterctlError):
+    """A file's sha256 on the host is not the manifest's after the transfer (exit 1)."""
+
+
+# ---- launching and running jobs ---------------------------------------------------------------
+
+class LaunchError(ClusterctlError):
+    """The launch cannot be built here (no launcher installed, no ssh client on the launching host)."""
+
+
+class PreflightError(ClusterctlError):
+    """A host is not ready for the launch: python, the script or the module is missing there (exit 1)."""
+
+
+class SignalReceived(Exception):
+    """SIGTERM or SIGHUP reached `run`: raised in the main thread to stop the job like Ctrl-C does.
+    Not a ClusterctlError: it is caught by the supervisor, never shown as an error."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+# ---- the bundled trainer (runs on the hosts) ----------------------------------------------------
+
+class ConfigError(BadInput):
+    """A bad trainer flag, config file or combination of settings."""
+
+
+class CheckpointError(BadInput):
+    """A checkpoint that cannot be found, read, or resumed with these settings."""
+
+
+class WorldSizeMismatch(ClusterctlError):
+    """MLX's distributed group does not have the size the launcher started."""
+
+
+# ---- bench --------------------------------------------------------------------------------------
+
+class BenchError(ClusterctlError):
+    """A benchmark could not run or its ranks did not report (exit 1)."""
+
+
+class BenchAborted(BenchError):
+    """The user stopped the launch (Ctrl-C, SIGTERM): no further launch may start."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class SizesError(BenchError):
+    """A --sizes or --p2p-size value that is not a size."""
+
+    exit_code = EXIT_USAGE

@@ -22,7 +22,8 @@ from ..launch.plan import LaunchPlan, discover, remember_plan
 from ..transfer.stage import ship_clusterctl
 from ..hosts.connector import Connector
 from ..launch.supervise import prepare, supervise
-from .report import BenchAborted, BenchError, collective_rows, p2p_matrix, p2p_pairs, parse_result
+from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, BenchAborted, BenchError, exit_for_signal
+from .report import collective_rows, p2p_matrix, p2p_pairs, parse_result
 
 WORKER = "clusterctl.bench.worker"
 BUDGET_S = 0.15          # timed seconds per size and implementation, beyond the warm-up op
@@ -84,10 +85,10 @@ class Bench:
                          backend=self.backend, runs_root=runs_root, connect_timeout=self.connect_timeout,
                          launcher=self.launcher, remote=self.remote)
         outcome = supervise(launch, self.connector, emit=lambda text, err: None, start_timeout=START_TIMEOUT_S)
-        if outcome.exit_code == 130 or outcome.exit_code > 128 and outcome.failed_rank is None:
+        if outcome.exit_code == EXIT_INTERRUPTED or outcome.exit_code > exit_for_signal(0) and outcome.failed_rank is None:
             shutil.rmtree(runs_root, ignore_errors=True)
             raise BenchAborted(outcome.reason, outcome.exit_code)
-        if outcome.exit_code == 124:      # the worker's watchdog (or the start timeout)
+        if outcome.exit_code == EXIT_TIMEOUT:      # the worker's watchdog (or the start timeout)
             raise BenchError(f"no result within {spec['deadline_s']:g} s: the ranks hung and gave up "
                              f"({outcome.reason}); logs in {launch.run_dir}")
         if outcome.exit_code != 0:

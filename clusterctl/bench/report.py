@@ -11,29 +11,13 @@ from __future__ import annotations
 import json
 import re
 
-from ..errors import ClusterctlError
+from ..errors import BenchError, SizesError
 
 RESULT_MARK = "CLUSTERCTL_BENCH_RESULT "   # rank 0's result line: this + one JSON document
 
 UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 MAX_BYTES = 4 * 1024**3
 GB = 1e9
-
-
-class BenchError(ClusterctlError):
-    """A benchmark could not run or its ranks did not report (exit 1)."""
-
-
-class BenchAborted(BenchError):
-    """The user stopped the launch (Ctrl-C, SIGTERM): no further launch may start."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class SizesError(BenchError):
-    exit_code = 2
 
 
 _SIZE = re.compile(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*\Z", re.IGNORECASE)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..doctor.checks import interfaces
 from ..inventory_edit import write_setting
 from .measure import Bench
-from .report import BenchAborted, BenchError
+from ..errors import BenchAborted, BenchError
 
 COUNTS = (1, 2, 4, 8)
 MIN_DEADLINE_S = 15.0

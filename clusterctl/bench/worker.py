@@ -27,6 +27,7 @@ import time
 import mlx.core as mx
 
 from clusterctl.bench.report import RESULT_MARK
+from clusterctl.errors import EXIT_TIMEOUT
 WARMUP = 1
 SAMPLES = 3
 
@@ -147,7 +148,7 @@ def watchdog(seconds: float) -> None:
     def expire():
         time.sleep(seconds)
         print(f"bench: still running after {seconds:g}s; giving up", file=sys.stderr, flush=True)
-        os._exit(124)     # a rank stuck in a collective cannot be unwound; the launcher stops the rest
+        os._exit(EXIT_TIMEOUT)     # a rank stuck in a collective cannot be unwound; the launcher stops the rest
 
     threading.Thread(target=expire, daemon=True).start()
 

@@ -80,8 +80,8 @@ class Manifest:
     def from_dict(cls, d, where: str) -> "Manifest":
         def bad(what: str):
             return ShardError(f"{where}: {what} (re-run clusterctl data prepare)")
-        if not isinstance(d, dict):
-            raise bad("not a JSON object")
+        if not isinstance(d, dict) or "format" not in d:
+            raise bad("not a clusterctl manifest (no format field)")
         if d.get("format") != FORMAT:
             raise bad(f"format {d.get('format')!r}, this clusterctl reads format {FORMAT}")
         ints = ("vocab_size", "world_size", "tokens_per_shard", "dropped_tokens")
@@ -98,7 +98,8 @@ class Manifest:
             if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or \
                     not isinstance(entry.get("tokens"), int) or not isinstance(entry.get("sha256"), str) or \
                     os.path.basename(entry["file"]) != entry["file"]:
-                raise bad(f"malformed file entry {entry!r}")
+                raise bad(f"malformed file entry {entry!r}: each needs file, tokens and sha256, and the file "
+                          "must be a plain name in the data directory")
             return TokenFileInfo(entry["file"], entry["tokens"], entry["sha256"])
 
         shards = tuple(info(e) for e in d.get("shards") or [])
@@ -120,14 +121,20 @@ def dtype_for(vocab_size: int) -> str:
 
 
 def read_manifest(data_dir: str) -> Manifest:
+    """manifest.json of a prepared data directory, validated: the one reader for the trainer, the loader,
+    `data push` and `run --data`."""
     path = os.path.join(data_dir, MANIFEST)
+    if not os.path.isdir(data_dir):
+        raise ShardError(f"{data_dir}: no such directory")
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
     except FileNotFoundError:
         raise ShardError(f"{data_dir}: no {MANIFEST} (make one with: clusterctl data prepare SOURCE --world N "
                          f"--out {data_dir})") from None
-    except (OSError, ValueError) as e:
+    except ValueError as e:
+        raise ShardError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
         raise ShardError(f"{path}: unreadable: {e}") from None
     return Manifest.from_dict(d, path)
 

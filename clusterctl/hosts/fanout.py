@@ -12,17 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
-from ..errors import ClusterctlError
+from ..errors import DeadlineExceeded
 from ..inventory import Host
 from .transport import Result
 
 T = TypeVar("T")
-
-
-class DeadlineExceeded(ClusterctlError):
-    def __init__(self, host: str, deadline: float):
-        self.host = host
-        super().__init__(f"{host}: no result within the {deadline:g}s deadline")
 
 
 @dataclass(frozen=True)

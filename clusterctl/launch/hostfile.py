@@ -11,15 +11,11 @@ import json
 import string
 from typing import Mapping
 
-from ..errors import ClusterctlError
+from ..errors import TemplateError
 from ..inventory import Cluster
 from ..resources import template_text
 
 FORMATS = {"openmpi": "hostfile.openmpi.tmpl", "mpich": "hostfile.mpich.tmpl", "mlx": "hostfile.mlx.json.tmpl"}
-
-
-class TemplateError(ClusterctlError):
-    exit_code = 2
 
 
 def render(cluster: Cluster, fmt: str, template: str | None = None, *, backend: str | None = None,

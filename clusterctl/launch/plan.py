@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..doctor import checks
 from ..doctor.checks import HostProbe
 from ..hosts.probe import parse_probe, probe_script
-from ..errors import ClusterctlError, ConnectError
+from ..errors import ConnectError, PreflightError
 from ..hosts.fanout import run_all
 from ..inventory import Cluster
 from ..hosts.connector import Connector
@@ -115,6 +115,3 @@ def remember_plan(cluster: Cluster, plan: LaunchPlan) -> None:
     except OSError:
         pass   # a cache we cannot write only costs the next launch a pre-flight round trip
 
-
-class PreflightError(ClusterctlError):
-    """A host is not ready for the launch (exit 1)."""

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Callable
 
 from .bootstrap import BOOTSTRAP, parse_line
-from ..errors import ClusterctlError
+from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, ClusterctlError, LaunchError, SignalReceived, exit_for_signal
 from ..hosts.fanout import run_all
 from .hostfile import render as render_hostfile
 from ..inventory import Cluster
@@ -40,12 +40,7 @@ from ..hosts.transport import stop_process_group
 
 HEARTBEAT_S = 1.0
 FINISH_TIMEOUT_S = 30.0
-EXIT_INTERRUPTED = 130
 TAIL_LINES = 10
-
-
-class LaunchError(ClusterctlError):
-    pass
 
 
 @dataclass
@@ -277,8 +272,8 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
                 outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
     except KeyboardInterrupt:
         outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank")
-    except _Terminated as e:
-        outcome = Outcome(128 + e.signum, f"{signal.Signals(e.signum).name} received: stopped every rank")
+    except SignalReceived as e:
+        outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank")
     except ClusterctlError as e:   # the pre-flight failed: stop the job, then say why
         preflight_error = e
         outcome = Outcome(1, str(e))
@@ -301,15 +296,10 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     return outcome
 
 
-class _Terminated(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
-
-
 def _stop_on_signals() -> dict:
     """SIGTERM and SIGHUP (a closed terminal) stop the job like Ctrl-C does, instead of leaving it running."""
     def handler(signum, frame):
-        raise _Terminated(signum)
+        raise SignalReceived(signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -416,12 +406,12 @@ def _check_timeouts(ranks, started_at, start_timeout, hang_timeout) -> Outcome |
         silent = [r for r in ranks if not r.started]
         if silent:
             names = ", ".join(f"rank {r.rank} on {r.host}" for r in silent)
-            return Outcome(124, f"start timeout: no sign of {names} after {start_timeout:g}s", failed_rank=silent[0].rank)
+            return Outcome(EXIT_TIMEOUT, f"start timeout: no sign of {names} after {start_timeout:g}s", failed_rank=silent[0].rank)
     if hang_timeout:
         hung = [r for r in ranks if r.started and r.exit_code is None and now - r.last_seen > hang_timeout]
         if hung:
             names = ", ".join(f"rank {r.rank} on {r.host}" for r in hung)
-            return Outcome(124, f"hang timeout: no output and no heartbeat from {names} for {hang_timeout:g}s",
+            return Outcome(EXIT_TIMEOUT, f"hang timeout: no output and no heartbeat from {names} for {hang_timeout:g}s",
                            failed_rank=hung[0].rank)
     return None
 

@@ -21,16 +21,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import write_text
-from ..errors import ClusterctlError
+from ..errors import CheckpointError
 
 FORMAT = 1
 STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(ClusterctlError):
-    """A checkpoint that cannot be found, read, or resumed with these settings."""
-
-    exit_code = 2
 
 
 def step_dir_name(step: int) -> str:

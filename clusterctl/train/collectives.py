@@ -24,7 +24,7 @@ import os
 
 import mlx.core as mx
 
-from clusterctl.errors import ClusterctlError
+from clusterctl.errors import WorldSizeMismatch
 
 METHODS = ("identity", "native", "mpi4py", "all_sum")
 
@@ -38,10 +38,6 @@ _MPI_TYPE_NAMES = {mx.float32: "FLOAT", mx.float64: "DOUBLE", mx.int32: "INT32_T
                    mx.uint32: "UINT32_T", mx.uint64: "UINT64_T"}
 _BUFFER_FORMATS = {mx.float32: "f", mx.float64: "d", mx.int32: "i", mx.int64: "q", mx.uint32: "I",
                    mx.uint64: "Q"}
-
-
-class WorldSizeMismatch(ClusterctlError):
-    """MLX's distributed group does not have the size the launcher started."""
 
 
 def init_world(backend: str = "any", expected: int | None = None) -> mx.distributed.Group:

@@ -12,16 +12,10 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 
-from ..errors import ClusterctlError
+from ..errors import ConfigError
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
 RUN_OPTIONS = ("out", "resume", "config")
-
-
-class ConfigError(ClusterctlError):
-    """A bad flag, config file or combination of settings."""
-
-    exit_code = 2
 
 
 def _opt(default, help: str, **extra):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..errors import ClusterctlError
+from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from . import checkpoint, collectives
 from .config import ConfigError, TrainConfig, default_out_dir, parse_args
 from .metrics import Reporter
@@ -209,5 +209,5 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_INTERRUPTED
     return 0

@@ -19,17 +19,13 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..errors import ClusterctlError, EXIT_USAGE
+from ..errors import SyncSourceError
 
 # Never shipped: VCS metadata, virtualenvs, run logs, caches, bytecode. `/runs/` is anchored: only the
 # project's top-level runs/ (where `clusterctl run` writes) is excluded, not a package named runs.
 BUILTIN_EXCLUDES = (".git/", ".hg/", ".svn/", ".venv/", "venv/", "/runs/", "__pycache__/", ".pytest_cache/",
                     ".mypy_cache/", ".ruff_cache/", "*.pyc", ".clusterctl/")
 GIT_TIMEOUT_S = 60
-
-
-class SyncSourceError(ClusterctlError):
-    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

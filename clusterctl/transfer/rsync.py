@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..errors import ClusterctlError, ConnectError
+from ..errors import ConnectError, RsyncFailed, RsyncMissing
 from ..hosts.sshconfig import login_args
 from ..hosts.transport import quote_path, remote_command
 
@@ -29,17 +29,6 @@ MISSING_MARK = "clusterctl: rsync is not installed on this host"
 OUT_FORMAT = "%i %l %n"            # itemized changes, file length, name
 IO_TIMEOUT_S = 120                 # rsync --timeout: a stalled connection ends the transfer
 PARTIAL_OK = (24,)                 # "some source files vanished": the rest was transferred
-
-
-class RsyncMissing(ClusterctlError):
-    """The host has no rsync on its non-interactive PATH."""
-
-
-class RsyncFailed(ClusterctlError):
-    def __init__(self, host: str, code: int, stderr: str):
-        self.host, self.code, self.stderr = host, code, stderr
-        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-        super().__init__(f"{host}: rsync exited {code}: {lines[-1] if lines else 'no message'}")
 
 
 # ---- pure: argv ---------------------------------------------------------------------------------

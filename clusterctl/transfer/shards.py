@@ -15,8 +15,8 @@ Layout on a host (what the trainer is given as its data directory):
      and removes every other `shard-*-of-*.bin` there: another world size's, or another rank's.
 A manifest whose world_size differs from the inventory's is refused before anything moves.
 
-The manifest reader here only needs `world_size`, `shards[].file/sha256` and `val.file/sha256`; push_shards
-also takes an already-read manifest (a dict, or any object with those attributes).
+The manifest is read and validated by the data package's reader (clusterctl.data.shards.read_manifest), the
+same one the trainer uses; push_shards also takes an already-read Manifest.
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ import posixpath
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from . import remotefiles
 from ..digest import file_sha256
-from ..errors import ClusterctlError, EXIT_USAGE
+from ..data.shards import MANIFEST, SHARD_NAME, Manifest, read_manifest
+from ..errors import ShardError, ShardVerifyError
 from ..hosts.fanout import GroupResult, run_all
 from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
@@ -38,17 +38,7 @@ from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_pr
 from ..hosts.sshconfig import openssh_options
 from .sync import Progress
 
-MANIFEST = "manifest.json"
 STAGE = ".incoming"
-SHARD_NAME = r"shard-\d+-of-\d+\.bin"
-
-
-class ShardError(ClusterctlError):
-    exit_code = EXIT_USAGE
-
-
-class ShardVerifyError(ClusterctlError):
-    """A file's sha256 on the host is not the manifest's after the transfer."""
 
 
 @dataclass
@@ -64,59 +54,26 @@ class HostPush:
     elapsed_s: float = 0.0
 
 
-def read_manifest(data_dir: str) -> dict:
-    """manifest.json of a prepared data directory, checked for what a push needs."""
-    path = os.path.join(data_dir, MANIFEST)
-    if not os.path.isdir(data_dir):
-        raise ShardError(f"{data_dir}: no such directory")
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise ShardError(f"{path}: no manifest; prepare the data first with `clusterctl data prepare`") from None
-    except ValueError as e:
-        raise ShardError(f"{path}: not valid JSON ({e})") from None
-    try:
-        world = manifest["world_size"]
-        shards = [(s["file"], s["sha256"]) for s in manifest["shards"]]
-        manifest["val"]["file"], manifest["val"]["sha256"]
-    except (KeyError, TypeError):
-        raise ShardError(f"{path}: not a clusterctl manifest (needs world_size, shards[].file/sha256, "
-                         "val.file/sha256)") from None
-    if not isinstance(world, int) or world < 1 or len(shards) != world:
-        raise ShardError(f"{path}: world_size {world!r} does not match its {len(shards)} shards")
-    for name, _ in shards + [(manifest["val"]["file"], None)]:
-        if "/" in name or name.startswith("."):
-            raise ShardError(f"{path}: file name {name!r} must be a plain name in the data directory")
-    return manifest
-
-
-def _get(obj: Any, key: str) -> Any:
-    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
-
-
-def files_for_host(manifest: Any, host: Host) -> list[tuple[str, str]]:
+def files_for_host(manifest: Manifest, host: Host) -> list[tuple[str, str]]:
     """(file, sha256) a host must hold: its ranks' shards, val.bin, the tokenizer.json of an HF-tokenized
     dataset; the manifest is sent last, separately."""
-    shards = _get(manifest, "shards")
-    val = _get(manifest, "val")
-    out = [(_get(shards[r], "file"), _get(shards[r], "sha256")) for r in host.ranks]
-    out.append((_get(val, "file"), _get(val, "sha256")))
-    tokenizer = (manifest.get("tokenizer") if isinstance(manifest, dict) else getattr(manifest, "tokenizer", None)) or {}
-    if isinstance(tokenizer, dict) and tokenizer.get("path") and tokenizer.get("sha256"):
+    out = [(manifest.shards[r].file, manifest.shards[r].sha256) for r in host.ranks]
+    out.append((manifest.val.file, manifest.val.sha256))
+    tokenizer = manifest.tokenizer or {}
+    if tokenizer.get("path") and tokenizer.get("sha256"):
         out.append((tokenizer["path"], tokenizer["sha256"]))   # an HF tokenizer.json the ranks need too
     return out
 
 
-def check_world(data_dir: str, manifest: Any, cluster: Cluster) -> None:
+def check_world(data_dir: str, manifest: Manifest, cluster: Cluster) -> None:
     """A dataset prepared for another world size is refused before anything moves or launches."""
-    world = _get(manifest, "world_size")
+    world = manifest.world_size
     if world != cluster.world_size:
         raise ShardError(f"{data_dir} was prepared for world size {world}, but the inventory has "
                          f"{cluster.world_size} ranks: run `clusterctl data prepare --world {cluster.world_size}`")
 
 
-def push_shards(cluster: Cluster, data_dir: str, manifest: Any = None, name: str | None = None,
+def push_shards(cluster: Cluster, data_dir: str, manifest: Manifest | None = None, name: str | None = None,
                 host_key_checking: str | None = None, connect_timeout: float = 10.0, timeout: float = 7200.0,
                 method: str = "auto", progress: Progress | None = None) -> GroupResult:
     """Push data_dir's shards: host i (rank order) gets its ranks' shards, val and the manifest."""
@@ -145,7 +102,7 @@ def remote_dir(host: Host, name: str) -> str:
     return posixpath.join(host.workdir, "data", name)
 
 
-def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Any, name: str, manifest_sha: str,
+def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Manifest, name: str, manifest_sha: str,
                rsync: str | None, progress: Progress | None) -> HostPush:
     start = time.monotonic()
     wanted = files_for_host(manifest, host) + [(MANIFEST, manifest_sha)]
@@ -164,7 +121,7 @@ def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Any, n
                                       on_bytes)
         verdict = remotefiles.call(transport, host.python, "verify", {
             "root": target_dir, "stage": STAGE, "files": send, "keep": [f for f, _ in wanted],
-            "stale": SHARD_NAME, "check": [f for f, _ in wanted]})
+            "stale": SHARD_NAME.pattern, "check": [f for f, _ in wanted]})
     if verdict["bad"]:
         raise ShardVerifyError(f"{host.name}: sha256 of {', '.join(verdict['bad'])} on the host does not match "
                                "the manifest (the copy was deleted): the local file differs from its manifest "

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ClusterctlError
+from ..errors import StageError
 from ..hosts.fanout import GroupResult
 from ..inventory import Cluster
 
 LIB_DIR = ".clusterctl/lib"          # relative to each host's workdir
-
-
-class StageError(ClusterctlError):
-    """Copying the project, clusterctl or the data to some host failed (exit 1)."""
 
 
 def _is_here(host, root: str) -> bool:

@@ -31,7 +31,7 @@ from typing import Callable
 
 from . import remotefiles
 from ..digest import file_sha256
-from ..errors import ClusterctlError, EXIT_USAGE
+from ..errors import SyncError
 from ..hosts.fanout import GroupResult, run_all
 from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
 from ..inventory import Cluster, Host
@@ -44,10 +44,6 @@ PROTECTED_TOP = ("data", "runs", ".clusterctl")
 PROTECTED_NAMES = tuple(p.strip("/") for p in BUILTIN_EXCLUDES if p.endswith("/") and not p.startswith("/"))
 
 Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total)
-
-
-class SyncError(ClusterctlError):
-    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ def write_manifest(d, world):
         (d / name).write_bytes(bytes([r]) * 100)
         shards.append({"file": name, "tokens": 50, "sha256": hashlib.sha256(bytes([r]) * 100).hexdigest()})
     (d / "val.bin").write_bytes(b"v" * 10)
-    m = {"format": 1, "world_size": world, "shards": shards,
+    m = {"format": 1, "tokenizer": {"type": "byte"}, "vocab_size": 256, "dtype": "uint16", "world_size": world,
+         "tokens_per_shard": 50, "dropped_tokens": 0, "source": "test", "shards": shards,
          "val": {"file": "val.bin", "tokens": 5, "sha256": hashlib.sha256(b"v" * 10).hexdigest()}}
     (d / "manifest.json").write_text(json.dumps(m))
     return m
@@ -98,15 +99,18 @@ def test_world_size_mismatch_names_the_fix(tmp_path):
 def test_files_for_host_accepts_a_manifest_object(tmp_path):
     from types import SimpleNamespace as NS
 
-    m = NS(world_size=2, shards=[NS(file="s0", sha256="a"), NS(file="s1", sha256="b")], val=NS(file="v", sha256="c"))
+    m = NS(world_size=2, shards=[NS(file="s0", sha256="a"), NS(file="s1", sha256="b")], val=NS(file="v", sha256="c"),
+           tokenizer={"type": "byte"})
     host = local_cluster(tmp_path, slots=2).hosts[0]
     assert files_for_host(m, host) == [("s0", "a"), ("s1", "b"), ("v", "c")]
 
 
 def test_an_hf_tokenized_dataset_sends_its_tokenizer_too(tmp_path):
-    m = {"world_size": 1, "shards": [{"file": "s0", "sha256": "a"}], "val": {"file": "v", "sha256": "c"},
-         "tokenizer": {"type": "hf", "path": "tokenizer.json", "sha256": "d"}}
+    from types import SimpleNamespace as NS
+
+    m = NS(world_size=1, shards=[NS(file="s0", sha256="a")], val=NS(file="v", sha256="c"),
+           tokenizer={"type": "hf", "path": "tokenizer.json", "sha256": "d"})
     host = local_cluster(tmp_path).hosts[0]
     assert files_for_host(m, host) == [("s0", "a"), ("v", "c"), ("tokenizer.json", "d")]
-    m["tokenizer"] = {"type": "byte"}
+    m.tokenizer = {"type": "byte"}
     assert files_for_host(m, host) == [("s0", "a"), ("v", "c")]

@@ -51,8 +51,8 @@ def test_remote_wrapper_kills_the_process_tree_when_stdin_closes(tmp_path):
     proc = subprocess.Popen(["/bin/sh", "-c", remote_command(script, grace=0.5)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 5
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while not (marker.exists() and marker.read_text().endswith("\n")) and time.monotonic() < deadline:
+        time.sleep(0.02)     # the shell creates the file before `echo` writes the pid into it
     child = int(marker.read_text())
     time.sleep(0.3)
     assert proc.poll() is None, "the command must keep running while stdin is open"
