@@ -60,7 +60,7 @@ def ship_clusterctl(cluster: Cluster, *, connect_timeout: float = 10.0,
     every host that is not this machine (which runs the installed one)."""
     from .sync import SyncOptions, plan_sync, sync_tree
 
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # clusterctl/, above transfer/
     targets = _others(cluster, lambda h: not h.local)
     if not targets.hosts:
         return None
