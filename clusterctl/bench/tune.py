@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..doctor.checks import interfaces
+from ..hosts.facts import shared_subnets
 from ..inventory_edit import write_setting
 from .measure import Bench
 from ..errors import BenchAborted, BenchError
@@ -35,23 +35,6 @@ class Trial:
     busbw_gbs: float | None = None
     time_s: float | None = None
     error: str | None = None
-
-
-def shared_subnets(iface_lines_by_host: list[list[str]]) -> list[str]:
-    """Subnets every host has an address in, each host with its own address there, loopback excluded
-    (every machine has 127.0.0.1: it joins nothing). Pure, from `ip -o -4 addr` / `ifconfig -a` lines."""
-    per_host = []
-    for lines in iface_lines_by_host:
-        nets = {}
-        for _, iface in interfaces(lines):
-            if not iface.ip.is_loopback and not iface.ip.is_link_local:
-                nets.setdefault(iface.network, iface.ip)
-        per_host.append(nets)
-    if not per_host:
-        return []
-    common = set(per_host[0]).intersection(*per_host[1:])
-    # the same address on every host (docker0's 172.17.0.1) is a private bridge on each, not a network
-    return sorted(str(n) for n in common if len({nets[n] for nets in per_host}) == len(per_host))
 
 
 def candidate_subnets(bench: Bench) -> list[str | None]:

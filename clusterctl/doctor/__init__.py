@@ -20,8 +20,9 @@ from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
 from ..hosts.sshconfig import openssh_options, rsh_agent
 from . import checks, smoke
-from .checks import HostProbe
-from ..hosts.probe import DataplaneSpec, dataplane_command, parse_probe, probe_script
+from ..hosts.facts import choose_libmpi, ring_port
+from ..launch.plan import plan_from_probes
+from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
@@ -93,7 +94,7 @@ def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
                 message = str(outcome.error)
                 if isinstance(outcome.error, ClusterctlError) and message.startswith(f"{name}: "):
                     message = message[len(name) + 2:]
-                probes.append(HostProbe(outcome.host, error=message))
+                probes.append(HostProbe(outcome.host, error=message, error_reason=getattr(outcome.error, "reason", None)))
             else:
                 probes.append(outcome.value)
         t0 = time.monotonic()
@@ -115,8 +116,8 @@ def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict
 
     def run(host: Host):
         p = by_name[host.name]
-        spec = DataplaneSpec(p.host.name, p.host.address, checks.ring_port(p.host), budget,
-                             tuple((q.host.name, q.host.address, checks.ring_port(q.host)) for q in live
+        spec = DataplaneSpec(p.host.name, p.host.address, ring_port(p.host), budget,
+                             tuple((q.host.name, q.host.address, ring_port(q.host)) for q in live
                                    if q is not p))
         return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
 
@@ -153,10 +154,8 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
     if not (mpi_wanted or ring_wanted):
         return skipped
 
-    from ..launch.plan import plan_from_probes
-
     plan = plan_from_probes(cluster, probes)
-    libmpi = checks.choose_libmpi(probes[0].facts)
+    libmpi = choose_libmpi(probes[0].facts)
     python = cluster.hosts[0].python
     jobs = []
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -1,13 +1,12 @@
 """Pure functions: parsed probe facts in, doctor findings out. Tested on canned outputs."""
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections import Counter
-from dataclasses import dataclass
 
-from ..inventory import Cluster, Host
-from ..hosts.probe import MESH_MARKER, Facts
+from ..inventory import Cluster
+from ..hosts.facts import bridge_members, choose_libmpi, libmpi_env, ring_port, shared_subnet
+from ..hosts.probe import MESH_MARKER, Facts, HostProbe
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 CLOCK_SKEW_WARN_S = 5.0
@@ -15,41 +14,29 @@ DISK_WARN_BYTES = 5 << 30
 DISK_FAIL_BYTES = 512 << 20
 
 
-@dataclass
-class HostProbe:
-    """One host's probe: reached or not, and what it printed."""
-
-    host: Host
-    facts: Facts | None = None
-    error: str | None = None          # why the controller could not run the probe
-    connect_ms: float | None = None
-    sent_at: float = 0.0              # controller's wall clock around the probe, for clock skew
-    received_at: float = 0.0
-
-
 # ---- controller -> host ---------------------------------------------------------------------------
 
 def controller_ssh(p: HostProbe, describe: str) -> Finding:
     if p.error is not None:
-        return Finding("ssh", p.host.name, FAIL, p.error, _connect_fix(p.error, p.host.name))
+        return Finding("ssh", p.host.name, FAIL, p.error, _connect_fix(p.error_reason, p.host.name))
     how = "this machine (no SSH)" if p.host.local else describe
     took = f" in {p.connect_ms:.0f} ms" if p.connect_ms is not None else ""
     return Finding("ssh", p.host.name, PASS, f"reached {how}{took}")
 
 
-def _connect_fix(error: str, name: str) -> str:
-    e = error.lower()
-    if "refused our keys" in e or "password" in e:
-        return f"install your public key on {name}: ssh-copy-id {name} (clusterctl never types passwords)"
-    if "host key changed" in e:
-        return "if the host was reinstalled: ssh-keygen -R <host> and connect again; otherwise investigate"
-    if "resolve" in e:
-        return f"make {name} resolvable: fix DNS, /etc/hosts, or HostName in ~/.ssh/config"
-    if "refused" in e:
-        return f"start sshd on {name} (macOS: System Settings > General > Sharing > Remote Login)"
-    if "unknown" in e and "strict" in e:
-        return f"connect once with `ssh {name}` to review and record its host key"
-    return f"check that {name} is powered on, awake and on the network; try `ssh -v {name}`"
+_CONNECT_FIXES = {   # by ConnectError.reason (hosts.transport.CONNECT_REASONS)
+    "auth": "install your public key on {name}: ssh-copy-id {name} (clusterctl never types passwords)",
+    "encrypted-key": "add the key to your ssh-agent (ssh-add KEY) so clusterctl can use it without a prompt",
+    "host-key-changed": "if the host was reinstalled: ssh-keygen -R <host> and connect again; otherwise investigate",
+    "resolve": "make {name} resolvable: fix DNS, /etc/hosts, or HostName in ~/.ssh/config",
+    "refused": "start sshd on {name} (macOS: System Settings > General > Sharing > Remote Login)",
+    "unknown-host-key": "connect once with `ssh {name}` to review and record its host key",
+}
+
+
+def _connect_fix(reason: str | None, name: str) -> str:
+    default = "check that {name} is powered on, awake and on the network; try `ssh -v {name}`"
+    return _CONNECT_FIXES.get(reason or "", default).format(name=name)
 
 
 # ---- all-to-all SSH -----------------------------------------------------------------------------
@@ -207,17 +194,6 @@ def _majority(counts: Counter, by_host: dict[str, str], probes: list[HostProbe])
 
 # ---- libmpi and the environment `run` will use ------------------------------------------------------
 
-def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
-    """What `run` exports so that MLX finds this libmpi (passed with mpirun -x, which SIP cannot strip)."""
-    var = "DYLD_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
-    return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
-
-
-def choose_libmpi(f: Facts) -> str | None:
-    found = f.all("libmpi")
-    return found[0] if found else None
-
-
 def libmpi(p: HostProbe, backend: str) -> list[Finding]:
     f = p.facts
     if f is None:
@@ -292,59 +268,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
     return out
 
 
-def bridge_members(iface_lines: list[str]) -> list[str]:
-    """Interfaces that ifconfig lists as `member:` of bridge0."""
-    members, current = [], None
-    for line in iface_lines:
-        if line and not line[0].isspace():
-            current = line.split(":", 1)[0]
-        elif current == "bridge0":
-            m = re.match(r"\s*member:\s*(\S+)", line)
-            if m:
-                members.append(m.group(1))
-    return members
-
-
 # ---- data plane --------------------------------------------------------------------------------
-
-def interfaces(iface_lines: list[str]) -> list[tuple[str, ipaddress.IPv4Interface]]:
-    """(interface name, address/prefix) from `ip -o -4 addr show` or macOS `ifconfig -a` lines."""
-    out, current = [], None
-    for line in iface_lines:
-        m = re.match(r"\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+/\d+)", line)
-        if m:
-            out.append((m.group(1), ipaddress.IPv4Interface(m.group(2))))
-            continue
-        if line and not line[0].isspace():
-            current = line.split(":", 1)[0]
-            continue
-        m = re.match(r"\s*inet\s+(\d+\.\d+\.\d+\.\d+)\s+netmask\s+(0x[0-9a-fA-F]+|\d+\.\d+\.\d+\.\d+)", line)
-        if m and current:
-            mask = m.group(2)
-            if mask.startswith("0x"):
-                mask = str(ipaddress.IPv4Address(int(mask, 16)))
-            out.append((current, ipaddress.IPv4Interface(f"{m.group(1)}/{mask}")))
-    return out
-
-
-def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
-    """The subnet every host's `address` sits in, by each host's own netmask (not interface names)."""
-    nets = []
-    for p in probes:
-        if p.facts is None or not p.host.address:
-            return None
-        addr = ipaddress.IPv4Address(p.host.address)
-        ifaces = interfaces(p.facts.all("iface"))
-        # the interface that holds the address itself, else one whose subnet contains it (loopback)
-        mine = [i.network for _, i in ifaces if i.ip == addr] or \
-               [i.network for _, i in ifaces if addr in i.network]
-        if not mine:
-            return None
-        nets.append(mine[0])
-    if not nets or any(n != nets[0] for n in nets):
-        return None
-    return nets[0]
-
 
 def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
     """TCP from every host to every other host's address and ring port; the subnet `run` pins MPI to."""
@@ -392,9 +316,3 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
                            "mpi.if_include in the inventory"))
     return out
 
-
-RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default: the ring listens on this + rank
-
-
-def ring_port(host: Host) -> int:
-    return RING_STARTING_PORT + host.rank

@@ -15,6 +15,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from ..inventory import Host
 from .transport import quote_path
 
 MESH_MARKER = "clusterctl-mesh-ok"
@@ -247,3 +248,16 @@ def parse_probe(stdout: str) -> Facts:
         elif isinstance(key, str):
             facts.values.setdefault(key, []).append(str(obj.get("value", "")))
     return facts
+
+
+@dataclass
+class HostProbe:
+    """One host's probe: reached or not, and what it printed."""
+
+    host: Host
+    facts: Facts | None = None
+    error: str | None = None          # why the controller could not run the probe
+    error_reason: str | None = None   # ConnectError.reason when it could not connect
+    connect_ms: float | None = None
+    sent_at: float = 0.0              # controller's wall clock around the probe, for clock skew
+    received_at: float = 0.0

@@ -228,7 +228,7 @@ class SSHTransport(Transport):
                 try:
                     client.get_host_keys().load(path)
                 except (OSError, paramiko.SSHException) as e:
-                    raise ConnectError(self.host, f"cannot read known_hosts file {path}: {e}") from None
+                    raise ConnectError(self.host, f"cannot read known_hosts file {path}: {e}", "known-hosts") from None
         if self.host_key_checking == "strict":
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         else:
@@ -244,7 +244,8 @@ class SSHTransport(Transport):
                            channel_timeout=self.connect_timeout, sock=sock)
         except Exception as e:  # paramiko raises a zoo of types; each becomes one clear sentence
             client.close()
-            raise ConnectError(self.host, describe_connect_error(e, t, keys)) from None
+            reason, detail = describe_connect_error(e, t, keys)
+            raise ConnectError(self.host, detail, reason) from None
         transport = client.get_transport()
         transport.set_keepalive(15)
         self._client = client
@@ -291,7 +292,7 @@ class SSHTransport(Transport):
                     raise CommandTimeout(self.host, _short(command), timeout,
                                          out.decode(errors="replace"), err.decode(errors="replace"))
                 if not self._alive():
-                    raise ConnectError(self.host, "the SSH connection dropped while the command ran")
+                    raise ConnectError(self.host, "the SSH connection dropped while the command ran", "dropped")
                 select.select([channel], [], [], min(remaining, 0.5))
             return Result(channel.recv_exit_status(), out.decode(errors="replace"),
                           err.decode(errors="replace"))
@@ -343,41 +344,46 @@ class AcceptNewPolicy:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-def describe_connect_error(e: BaseException, t: SSHTarget, keys: list[str]) -> str:
-    """One sentence for why SSH failed, with the underlying message and what to do about it."""
+# Why a connection failed, as a word code can act on (doctor picks its fix by it); the sentence is for people.
+CONNECT_REASONS = ("resolve", "host-key-changed", "encrypted-key", "auth", "refused", "timeout", "unknown-host-key",
+                   "no-banner", "known-hosts", "dropped", "other")
+
+
+def describe_connect_error(e: BaseException, t: SSHTarget, keys: list[str]) -> tuple[str, str]:
+    """(reason, one sentence): why SSH failed, with the underlying message and what to do about it."""
     import paramiko
 
     where = f"{t.user}@{t.hostname}:{t.port}"
     if isinstance(e, socket.gaierror):
-        return f"cannot resolve host name '{t.hostname}' ({e.strerror}); check DNS, /etc/hosts or HostName " \
-               "in your ssh config"
+        return "resolve", (f"cannot resolve host name '{t.hostname}' ({e.strerror}); check DNS, /etc/hosts or "
+                           "HostName in your ssh config")
     if isinstance(e, paramiko.BadHostKeyException):
-        return (f"HOST KEY CHANGED for {where}: got {e.key.get_name()} {e.key.get_base64()[:16]}..., "
-                f"known_hosts has another. If the machine was reinstalled, remove the old key with "
-                f"`ssh-keygen -R {_known_hosts_name(t)}`; otherwise someone may be intercepting the connection")
+        return "host-key-changed", (
+            f"HOST KEY CHANGED for {where}: got {e.key.get_name()} {e.key.get_base64()[:16]}..., known_hosts has "
+            f"another. If the machine was reinstalled, remove the old key with `ssh-keygen -R {_known_hosts_name(t)}`; "
+            "otherwise someone may be intercepting the connection")
     if isinstance(e, paramiko.PasswordRequiredException):
-        return f"a private key is encrypted and no ssh-agent holds it; run `ssh-add {keys[0] if keys else ''}`"
+        return "encrypted-key", f"a private key is encrypted and no ssh-agent holds it; run `ssh-add {keys[0] if keys else ''}`"
     if isinstance(e, paramiko.AuthenticationException):
         tried = ", ".join(keys) if keys else "no key files (and the ssh-agent)"
-        return (f"{where} refused our keys (tried {tried}); it would ask for a password, and clusterctl never "
-                f"does. Fix: ssh-copy-id -i KEY {t.user}@{t.hostname}" + (f" -p {t.port}" if t.port != 22 else ""))
-    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"connection refused at {t.hostname}:{t.port} (is sshd running? Remote Login on a Mac)"
-    if isinstance(e, ConnectionRefusedError):
-        return f"connection refused at {t.hostname}:{t.port} (is sshd running? Remote Login on a Mac)"
+        return "auth", (f"{where} refused our keys (tried {tried}); it would ask for a password, and clusterctl "
+                        f"never does. Fix: ssh-copy-id -i KEY {t.user}@{t.hostname}" + (f" -p {t.port}" if t.port != 22 else ""))
+    if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
+        return "refused", f"connection refused at {t.hostname}:{t.port} (is sshd running? Remote Login on a Mac)"
     if isinstance(e, (socket.timeout, TimeoutError)):
-        return f"no answer from {t.hostname}:{t.port} within the connect timeout (host down, asleep or firewalled?)"
+        return "timeout", (f"no answer from {t.hostname}:{t.port} within the connect timeout (host down, asleep or "
+                           "firewalled?)")
     if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
-        return (f"host key of {t.hostname}:{t.port} is unknown and host_key_checking is strict; connect once "
-                f"with `ssh {t.alias}` to review and record it")
+        return "unknown-host-key", (f"host key of {t.hostname}:{t.port} is unknown and host_key_checking is strict; "
+                                    f"connect once with `ssh {t.alias}` to review and record it")
     if isinstance(e, paramiko.SSHException) and ("no existing session" in str(e).lower()
                                                   or "banner" in str(e).lower()):
         # paramiko says either, depending on where the silence hit
-        return (f"{t.hostname}:{t.port} accepted the connection but SSH never got going (no banner or key "
-                f"exchange within the connect timeout): sshd hung, overloaded, or the machine asleep?")
+        return "no-banner", (f"{t.hostname}:{t.port} accepted the connection but SSH never got going (no banner or "
+                             "key exchange within the connect timeout): sshd hung, overloaded, or the machine asleep?")
     if isinstance(e, OSError) and e.strerror:
-        return f"cannot connect to {t.hostname}:{t.port}: {e.strerror}"
-    return f"cannot connect to {where}: {type(e).__name__}: {e}"
+        return "other", f"cannot connect to {t.hostname}:{t.port}: {e.strerror}"
+    return "other", f"cannot connect to {where}: {type(e).__name__}: {e}"
 
 
 def _known_hosts_name(t: SSHTarget) -> str:

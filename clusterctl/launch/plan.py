@@ -9,9 +9,8 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from ..doctor import checks
-from ..doctor.checks import HostProbe
-from ..hosts.probe import parse_probe, probe_script
+from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
+from ..hosts.probe import HostProbe, parse_probe, probe_script
 from ..errors import ConnectError, PreflightError
 from ..hosts.fanout import run_all
 from ..inventory import Cluster
@@ -29,10 +28,10 @@ class LaunchPlan:
 def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
     first = probes[0]
     env = dict(cluster.hosts[0].env_dict)
-    libmpi = checks.choose_libmpi(first.facts) if first.facts is not None else None
+    libmpi = choose_libmpi(first.facts) if first.facts is not None else None
     if libmpi:
-        env = {**checks.libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
-    subnet = checks.shared_subnet(probes)
+        env = {**libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
+    subnet = shared_subnet(probes)
     return LaunchPlan(env, cluster.mpi.if_include or (str(subnet) if subnet else None))
 
 

@@ -20,7 +20,6 @@ same one the trainer uses; push_shards also takes an already-read Manifest.
 """
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import shutil

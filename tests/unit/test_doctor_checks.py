@@ -5,7 +5,8 @@ import shlex
 import subprocess
 
 from clusterctl.doctor import checks
-from clusterctl.doctor.checks import HostProbe
+from clusterctl.hosts import facts as host_facts
+from clusterctl.hosts.probe import HostProbe
 from clusterctl.hosts.probe import DataplaneSpec, Facts, dataplane_command, parse_probe, probe_script
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
 from clusterctl.doctor.smoke import judge, ring_ready
@@ -110,12 +111,12 @@ def test_probe_script_without_peers_is_valid_sh():
 
 
 def test_interfaces_from_macos_ifconfig_and_linux_ip():
-    mac = checks.interfaces(MACOS_IFCONFIG.splitlines())
+    mac = host_facts.interfaces(MACOS_IFCONFIG.splitlines())
     assert ("bridge0", ipaddress.IPv4Interface("192.168.10.2/24")) in mac
     assert ("en0", ipaddress.IPv4Interface("10.0.1.23/24")) in mac
-    linux = checks.interfaces(LINUX_IP.splitlines())
+    linux = host_facts.interfaces(LINUX_IP.splitlines())
     assert linux == [("lo", ipaddress.IPv4Interface("127.0.0.1/8")), ("eth0", ipaddress.IPv4Interface("192.168.10.3/24"))]
-    assert checks.bridge_members(MACOS_IFCONFIG.splitlines()) == ["en2", "en3"]
+    assert host_facts.bridge_members(MACOS_IFCONFIG.splitlines()) == ["en2", "en3"]
 
 
 def test_shared_subnet_matches_by_subnet_not_interface_name():
@@ -124,9 +125,9 @@ def test_shared_subnet_matches_by_subnet_not_interface_name():
     lines = {1: MACOS_IFCONFIG.replace("192.168.10.2", "192.168.10.1"), 2: MACOS_IFCONFIG.replace("bridge0", "en5"),
              3: LINUX_IP, 4: LINUX_IP.replace("192.168.10.3", "192.168.10.4")}
     probes = [probe(i, cluster, iface=lines[i].splitlines()) for i in range(1, 5)]
-    assert checks.shared_subnet(probes) == ipaddress.IPv4Network("192.168.10.0/24")
+    assert host_facts.shared_subnet(probes) == ipaddress.IPv4Network("192.168.10.0/24")
     probes[3] = probe(4, cluster, iface=LINUX_IP.replace("192.168.10.3/24", "10.9.9.4/24").splitlines())
-    assert checks.shared_subnet(probes) is None
+    assert host_facts.shared_subnet(probes) is None
 
 
 def test_mesh_findings_name_the_pair_and_the_fix():
@@ -180,9 +181,9 @@ def test_software_checks_on_the_non_interactive_path():
 
 
 def test_libmpi_env_is_dyld_on_macos_and_ld_on_linux():
-    assert checks.libmpi_env("Darwin", "/opt/homebrew/lib/libmpi.dylib") == {
+    assert host_facts.libmpi_env("Darwin", "/opt/homebrew/lib/libmpi.dylib") == {
         "DYLD_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}
-    assert checks.libmpi_env("Linux", "/usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so")["LD_LIBRARY_PATH"] == \
+    assert host_facts.libmpi_env("Linux", "/usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so")["LD_LIBRARY_PATH"] == \
         "/usr/lib/x86_64-linux-gnu/openmpi/lib"
     assert checks.libmpi(probe(1, os="Linux"), "mpi")[0].status == FAIL
 

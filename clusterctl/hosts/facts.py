@@ -1,0 +1,98 @@
+"""Facts about hosts, derived from what their probes printed (pure functions, tested on canned outputs):
+their IPv4 interfaces and the subnets they share, where libmpi is and what MLX needs to load it, the
+ports the ring backend listens on, macOS's Thunderbolt bridge. Both the launch plan and doctor read them.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from ..inventory import Host
+from .probe import Facts, HostProbe
+
+
+def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
+    """What `run` exports so that MLX finds this libmpi (passed with mpirun -x, which SIP cannot strip)."""
+    var = "DYLD_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
+    return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
+
+
+def choose_libmpi(f: Facts) -> str | None:
+    found = f.all("libmpi")
+    return found[0] if found else None
+
+
+def bridge_members(iface_lines: list[str]) -> list[str]:
+    """Interfaces that ifconfig lists as `member:` of bridge0."""
+    members, current = [], None
+    for line in iface_lines:
+        if line and not line[0].isspace():
+            current = line.split(":", 1)[0]
+        elif current == "bridge0":
+            m = re.match(r"\s*member:\s*(\S+)", line)
+            if m:
+                members.append(m.group(1))
+    return members
+
+
+def interfaces(iface_lines: list[str]) -> list[tuple[str, ipaddress.IPv4Interface]]:
+    """(interface name, address/prefix) from `ip -o -4 addr show` or macOS `ifconfig -a` lines."""
+    out, current = [], None
+    for line in iface_lines:
+        m = re.match(r"\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+/\d+)", line)
+        if m:
+            out.append((m.group(1), ipaddress.IPv4Interface(m.group(2))))
+            continue
+        if line and not line[0].isspace():
+            current = line.split(":", 1)[0]
+            continue
+        m = re.match(r"\s*inet\s+(\d+\.\d+\.\d+\.\d+)\s+netmask\s+(0x[0-9a-fA-F]+|\d+\.\d+\.\d+\.\d+)", line)
+        if m and current:
+            mask = m.group(2)
+            if mask.startswith("0x"):
+                mask = str(ipaddress.IPv4Address(int(mask, 16)))
+            out.append((current, ipaddress.IPv4Interface(f"{m.group(1)}/{mask}")))
+    return out
+
+
+def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
+    """The subnet every host's `address` sits in, by each host's own netmask (not interface names)."""
+    nets = []
+    for p in probes:
+        if p.facts is None or not p.host.address:
+            return None
+        addr = ipaddress.IPv4Address(p.host.address)
+        ifaces = interfaces(p.facts.all("iface"))
+        # the interface that holds the address itself, else one whose subnet contains it (loopback)
+        mine = [i.network for _, i in ifaces if i.ip == addr] or \
+               [i.network for _, i in ifaces if addr in i.network]
+        if not mine:
+            return None
+        nets.append(mine[0])
+    if not nets or any(n != nets[0] for n in nets):
+        return None
+    return nets[0]
+
+
+RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default: the ring listens on this + rank
+
+
+def ring_port(host: Host) -> int:
+    return RING_STARTING_PORT + host.rank
+
+
+def shared_subnets(iface_lines_by_host: list[list[str]]) -> list[str]:
+    """Subnets every host has an address in, each host with its own address there, loopback excluded
+    (every machine has 127.0.0.1: it joins nothing). Pure, from `ip -o -4 addr` / `ifconfig -a` lines."""
+    per_host = []
+    for lines in iface_lines_by_host:
+        nets = {}
+        for _, iface in interfaces(lines):
+            if not iface.ip.is_loopback and not iface.ip.is_link_local:
+                nets.setdefault(iface.network, iface.ip)
+        per_host.append(nets)
+    if not per_host:
+        return []
+    common = set(per_host[0]).intersection(*per_host[1:])
+    # the same address on every host (docker0's 172.17.0.1) is a private bridge on each, not a network
+    return sorted(str(n) for n in common if len({nets[n] for nets in per_host}) == len(per_host))
