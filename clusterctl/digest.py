@@ -1,5 +1,5 @@
 """sha256 of a file, read in blocks: the one content hash clusterctl compares (sync's SFTP fallback, shard
-manifests, tokenizer files). Hosts compute the same with the standard library (remotefiles.HELPER)."""
+manifests, tokenizer files). Hosts compute the same with the standard library (hosts/scripts/filehelper.py)."""
 from __future__ import annotations
 
 import hashlib

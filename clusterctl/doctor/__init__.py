@@ -76,10 +76,8 @@ def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
         sent = time.time()
         transport = transports[host.name] = connector.transport(host)
         t0 = time.monotonic()
-        connect = getattr(transport, "connect", None)
-        if connect is not None:
-            connect()
-        connect_ms = (time.monotonic() - t0) * 1000 if connect is not None else None
+        transport.open()
+        connect_ms = None if transport.is_local else (time.monotonic() - t0) * 1000
         result = transport.run(script, timeout=options.connect_timeout + PROBE_SLACK_S)
         return HostProbe(host, parse_probe(result.stdout), connect_ms=connect_ms, sent_at=sent,
                          received_at=time.time())

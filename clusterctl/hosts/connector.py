@@ -1,4 +1,5 @@
-"""Glue between an inventory and transports: open the right transport for each host and fan out."""
+"""Glue between an inventory and transports: open the right transport for each host (local or SSH) and fan
+out one command to every host."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -6,7 +7,8 @@ from typing import Mapping, Sequence
 from .fanout import GroupResult, run_all
 from ..inventory import Cluster, Host
 from .sshconfig import SSHTarget, resolve_cluster
-from .transport import DEFAULT_CONNECT_TIMEOUT_S, Transport, for_host
+from .ssh import SSHTransport
+from .transport import DEFAULT_CONNECT_TIMEOUT_S, LocalTransport, Transport
 
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.
 DEADLINE_SLACK_S = 5.0
@@ -37,3 +39,13 @@ class Connector:
         if deadline is None:
             deadline = self.connect_timeout + timeout + DEADLINE_SLACK_S
         return run_all(hosts if hosts is not None else self.cluster.hosts, one, deadline)
+
+
+def for_host(host: Host, target: SSHTarget | None = None, host_key_checking: str = "accept-new",
+             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> Transport:
+    """The transport for an inventory host: local for `local: true`, SSH otherwise."""
+    if host.local:
+        return LocalTransport(host.name)
+    if target is None:
+        raise ValueError(f"{host.name}: an SSH host needs its resolved SSHTarget")
+    return SSHTransport(target, host_key_checking, connect_timeout)

@@ -17,7 +17,6 @@ import queue
 import secrets
 import shlex
 import signal
-import subprocess
 import threading
 import time
 from collections import deque
@@ -36,7 +35,7 @@ from .backends import mlx_launch_argv, mpirun_argv, ssh_shim, write_ssh_shim
 from .plan import LaunchPlan
 from ..hosts.connector import Connector
 from ..hosts.sshconfig import openssh_options, rsh_agent
-from ..hosts.transport import stop_process_group
+from ..hosts.transport import LocalTransport
 
 HEARTBEAT_S = 1.0
 FINISH_TIMEOUT_S = 30.0
@@ -166,55 +165,12 @@ def _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, b
         # Copied only when the launch really starts: a dry run writes nothing on any host.
         for name, dest, mode in uploads:
             remote.put(os.path.join(run_dir, name), dest, mode=mode)
-        return RemoteLauncher(remote, command, lines)
+        return remote.stream(command, lines)   # closing its channel kills the launcher's tree there
 
     launch = Launch(run_id, run_dir, backend, argv, {}, rank_env, rank_hosts(cluster), start=start)
     described = {**launch.describe(), "launcher_host": host0.name, "remote_command": command}
     _write(os.path.join(run_dir, "launch.json"), json.dumps(described, indent=2) + "\n")
     return launch
-
-
-class RemoteLauncher:
-    """The launcher on the first host over SSH. Its output streams back over the channel; closing the
-    channel makes the host's watchdog (transport.remote_command) kill the launcher's whole tree."""
-
-    def __init__(self, transport, command: str, lines: queue.Queue):
-        from ..hosts.transport import remote_command
-
-        self.transport = transport
-        self.chan = transport.connect().get_transport().open_session(timeout=transport.connect_timeout)
-        self.chan.exec_command(remote_command(command))
-        self.returncode: int | None = None
-        self.readers = [threading.Thread(target=self._pump, args=(is_err, lines), daemon=True) for is_err in (False, True)]
-        for t in self.readers:
-            t.start()
-
-    def _pump(self, is_err: bool, lines: queue.Queue) -> None:
-        recv = self.chan.recv_stderr if is_err else self.chan.recv
-        rest = b""
-        while True:
-            data = recv(65536)
-            if not data:
-                break
-            *complete, rest = (rest + data).split(b"\n")
-            for line in complete:
-                lines.put((is_err, line.decode(errors="replace").rstrip("\r")))
-        if rest:
-            lines.put((is_err, rest.decode(errors="replace").rstrip("\r")))
-
-    def poll(self) -> int | None:
-        if self.returncode is None and self.chan.exit_status_ready():
-            self.returncode = self.chan.recv_exit_status()
-        return self.returncode
-
-    def wait(self, timeout: float) -> int:
-        if not self.chan.status_event.wait(timeout):
-            raise TimeoutError
-        return self.poll()
-
-    def stop(self) -> None:
-        self.chan.close()
-        self.transport.close()
 
 
 def _which(name: str) -> str:
@@ -245,7 +201,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
     launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
     lines: queue.Queue = queue.Queue()
-    proc = launch.start(lines) if launch.start is not None else LocalLauncher(launch.argv, launch.env, lines)
+    proc = launch.start(lines) if launch.start is not None else LocalTransport().stream(launch.argv, lines, launch.env)
     readers = proc.readers
     started_at = time.monotonic()
     outcome: Outcome | None = None
@@ -308,43 +264,6 @@ def _stop_on_signals() -> dict:
     return previous
 
 
-class LocalLauncher:
-    """The launcher as a process on this machine, in its own process group."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, **env}, start_new_session=True)
-        self.readers = [threading.Thread(target=_read, args=(stream, is_err, lines), daemon=True)
-                        for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
-        for t in self.readers:
-            t.start()
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def wait(self, timeout: float) -> int:
-        # Popen.wait(timeout) polls with sleeps of up to 50 ms; a blocking wait in a thread returns the
-        # moment the launcher exits.
-        waiter = threading.Thread(target=self.proc.wait, daemon=True)
-        waiter.start()
-        waiter.join(timeout)
-        if self.proc.returncode is None:
-            raise subprocess.TimeoutExpired(self.proc.args, timeout)
-        return self.proc.returncode
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    def stop(self) -> None:
-        stop_process_group(self.proc)
-
-
-def _read(stream, is_err: bool, lines: queue.Queue) -> None:
-    for raw in iter(stream.readline, b""):
-        lines.put((is_err, raw.decode(errors="replace").rstrip("\r\n")))
-
-
 def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | None:
     parsed = parse_line(line)
     if parsed is None or not 0 <= parsed[0] < len(ranks):
@@ -378,7 +297,7 @@ def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outc
     to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize)."""
     try:
         proc.wait(timeout=FINISH_TIMEOUT_S)
-    except (subprocess.TimeoutExpired, TimeoutError):
+    except TimeoutError:
         return Outcome(1, f"every rank finished but the launcher did not exit within {FINISH_TIMEOUT_S:g}s")
     for t in readers:
         t.join(5)

@@ -89,40 +89,16 @@ def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0
 def fetch_run_dir(connector, run_id: str, local_dir: str) -> tuple[int, int]:
     """After a run on other machines: copy what the job wrote into its run directory on the first host
     (<workdir>/runs/<id>/: the bundled trainer's metrics.jsonl and checkpoints) into the local run
-    directory, so `clusterctl generate --checkpoint runs/<id>` works here. Every file lands under a
-    temporary name first. Returns (files, bytes); (0, 0) when the job wrote nothing there."""
-    import stat
-
-    from .remotefiles import sftp_path
-
+    directory, so `clusterctl generate --checkpoint runs/<id>` works here. Names starting with "." (a
+    checkpoint still being written, temporary files) are left out; every file lands atomically. Returns
+    (files, bytes); (0, 0) when the job wrote nothing there."""
     host = connector.cluster.hosts[0]
+    remote = f"{host.workdir.rstrip('/')}/runs/{run_id}"
     files = size = 0
-    with connector.transport(host) as transport:
-        sftp = transport.connect().open_sftp()
-        try:
-            stack = [(f"{sftp_path(host.workdir).rstrip('/')}/runs/{run_id}", local_dir)]
-            while stack:
-                remote, local = stack.pop()
-                try:
-                    entries = sftp.listdir_attr(remote)
-                except FileNotFoundError:
-                    continue
-                os.makedirs(local, exist_ok=True)
-                for entry in entries:
-                    if entry.filename.startswith("."):     # a checkpoint still being written, temp files
-                        continue
-                    source, target = f"{remote}/{entry.filename}", os.path.join(local, entry.filename)
-                    if stat.S_ISDIR(entry.st_mode or 0):
-                        stack.append((source, target))
-                    elif stat.S_ISREG(entry.st_mode or 0):
-                        tmp = os.path.join(local, f".{entry.filename}.fetch-{os.getpid()}")
-                        try:
-                            sftp.get(source, tmp)
-                            os.replace(tmp, target)
-                        finally:
-                            if os.path.exists(tmp):
-                                os.unlink(tmp)
-                        files, size = files + 1, size + (entry.st_size or 0)
-        finally:
-            sftp.close()
+    with connector.transport(host) as transport, transport.files() as session:
+        for rel, nbytes in list(session.walk(remote)):
+            target = os.path.join(local_dir, *rel.split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            session.get(f"{remote}/{rel}", target)
+            files, size = files + 1, size + nbytes
     return files, size

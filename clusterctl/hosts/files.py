@@ -1,0 +1,196 @@
+"""Files on a host, the same way whether the host is this machine or a machine over SFTP:
+
+    with transport.files() as files:
+        files.makedirs("~/work/data")
+        files.put("shard.bin", "~/work/data/shard.bin", mode=0o644, on_bytes=count)
+        for rel, size in files.walk("~/work/runs/abc"): files.get(...)
+
+Every write lands under a temporary name beside its destination and is renamed into place (a POSIX rename
+is atomic), so no reader, here or on the host, ever sees a half-written file under its final name; a
+failed or interrupted copy removes its temporary file. Paths on a host may start with `~/` (its home).
+"""
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from typing import Callable, Iterator
+
+from ..atomic import replacing
+
+TMP_MARK = ".clusterctl-tmp-"      # temporary names on hosts: NAME.clusterctl-tmp-XXXXXXXX
+CHUNK = 1 << 20
+
+OnBytes = Callable[[int], None]   # called with the size of every chunk written
+
+
+def sftp_path(path: str) -> str:
+    """SFTP sessions start in the home directory, where `~/x` is `x`."""
+    if path == "~":
+        return "."
+    return path[2:] if path.startswith("~/") else path
+
+
+def host_temp_name(path: str) -> str:
+    return f"{path}{TMP_MARK}{uuid.uuid4().hex[:8]}"
+
+
+def _mode_of(local: str, mode: int | None) -> int:
+    return mode if mode is not None else os.stat(local).st_mode & 0o7777
+
+
+class FileSession:
+    """The file operations a transport offers (base of LocalFiles and SFTPFiles)."""
+
+    def put(self, local: str, remote: str, mode: int | None = None, on_bytes: OnBytes | None = None) -> None:
+        """Copy `local` to `remote` (its directory exists) atomically; `mode` defaults to the local one."""
+        raise NotImplementedError
+
+    def get(self, remote: str, local: str) -> None:
+        """Copy `remote` to `local` on this machine atomically."""
+        raise NotImplementedError
+
+    def symlink(self, target: str, remote: str) -> None:
+        """Create or replace the symlink `remote` -> `target` atomically."""
+        raise NotImplementedError
+
+    def chmod(self, remote: str, mode: int) -> None:
+        raise NotImplementedError
+
+    def makedirs(self, remote: str) -> None:
+        """`mkdir -p`."""
+        raise NotImplementedError
+
+    def walk(self, remote: str) -> Iterator[tuple[str, int]]:
+        """(path relative to `remote`, size) of every regular file below `remote`, leaving out names that
+        start with "." (files being written, temporary files); nothing when `remote` does not exist."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _copy(src, dst, on_bytes: OnBytes | None) -> None:
+    while block := src.read(CHUNK):
+        dst.write(block)
+        if on_bytes:
+            on_bytes(len(block))
+
+
+class LocalFiles(FileSession):
+    """This machine's file system (`~` is this user's home)."""
+
+    def put(self, local, remote, mode=None, on_bytes=None):
+        dest = os.path.expanduser(remote)
+        with replacing(dest, host_temp_name(dest)) as tmp:     # the name host-side cleanups know
+            with open(local, "rb") as src, open(tmp, "wb") as dst:
+                _copy(src, dst, on_bytes)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.chmod(tmp, _mode_of(local, mode))
+
+    def get(self, remote, local):
+        with replacing(local) as tmp:
+            with open(os.path.expanduser(remote), "rb") as src, open(tmp, "wb") as dst:
+                _copy(src, dst, None)
+            os.chmod(tmp, os.stat(os.path.expanduser(remote)).st_mode & 0o7777)
+
+    def symlink(self, target, remote):
+        dest = os.path.expanduser(remote)
+        with replacing(dest, host_temp_name(dest)) as tmp:
+            os.symlink(target, tmp)
+
+    def chmod(self, remote, mode):
+        os.chmod(os.path.expanduser(remote), mode)
+
+    def makedirs(self, remote):
+        os.makedirs(os.path.expanduser(remote), exist_ok=True)
+
+    def walk(self, remote):
+        root = os.path.expanduser(remote)
+        for directory, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(files):
+                full = os.path.join(directory, name)
+                if not name.startswith(".") and os.path.isfile(full) and not os.path.islink(full):
+                    yield os.path.relpath(full, root), os.path.getsize(full)
+
+
+class SFTPFiles(FileSession):
+    """A host's file system over one SFTP session (paramiko's SFTPClient)."""
+
+    def __init__(self, sftp):
+        self.sftp = sftp
+
+    def _replace(self, remote: str, write: Callable[[str], None]) -> None:
+        """write(tmp) under a temporary name, then rename it onto `remote`; remove it on any failure."""
+        tmp = sftp_path(host_temp_name(remote))
+        try:
+            write(tmp)
+            self.sftp.posix_rename(tmp, sftp_path(remote))
+        except BaseException:
+            try:
+                self.sftp.remove(tmp)
+            except (OSError, EOFError):
+                pass
+            raise
+
+    def put(self, local, remote, mode=None, on_bytes=None):
+        def write(tmp: str) -> None:
+            with open(local, "rb") as src, self.sftp.open(tmp, "wb") as dst:
+                dst.set_pipelined(True)
+                _copy(src, dst, on_bytes)
+            self.sftp.chmod(tmp, _mode_of(local, mode))
+        self._replace(remote, write)
+
+    def get(self, remote, local):
+        with replacing(local) as tmp:
+            self.sftp.get(sftp_path(remote), tmp)
+
+    def symlink(self, target, remote):
+        self._replace(remote, lambda tmp: self.sftp.symlink(target, tmp))
+
+    def chmod(self, remote, mode):
+        self.sftp.chmod(sftp_path(remote), mode)
+
+    def makedirs(self, remote):
+        path = sftp_path(remote).rstrip("/") or "/"
+        try:
+            if stat.S_ISDIR(self.sftp.stat(path).st_mode or 0):
+                return
+        except FileNotFoundError:
+            pass
+        parent = os.path.dirname(path)
+        if parent and parent != path:
+            self.makedirs(parent)
+        try:
+            self.sftp.mkdir(path)
+        except OSError:
+            if not stat.S_ISDIR(self.sftp.stat(path).st_mode or 0):   # made meanwhile by someone else: fine
+                raise
+
+    def walk(self, remote):
+        stack = [(sftp_path(remote).rstrip("/"), "")]
+        while stack:
+            directory, rel = stack.pop()
+            try:
+                entries = self.sftp.listdir_attr(directory)
+            except FileNotFoundError:
+                continue
+            for entry in sorted(entries, key=lambda e: e.filename):
+                if entry.filename.startswith("."):
+                    continue
+                mode = entry.st_mode or 0
+                if stat.S_ISDIR(mode):
+                    stack.append((f"{directory}/{entry.filename}", f"{rel}{entry.filename}/"))
+                elif stat.S_ISREG(mode):
+                    yield f"{rel}{entry.filename}", entry.st_size or 0
+
+    def close(self):
+        self.sftp.close()
