@@ -39,7 +39,20 @@ def _mode_of(local: str, mode: int | None) -> int:
     return mode if mode is not None else os.stat(local).st_mode & 0o7777
 
 
-class FileSession:
+class Closeable:
+    """close() when a `with` block ends (transports and file sessions)."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class FileSession(Closeable):
     """The file operations a transport offers (base of LocalFiles and SFTPFiles)."""
 
     def put(self, local: str, remote: str, mode: int | None = None, on_bytes: OnBytes | None = None) -> None:
@@ -65,15 +78,6 @@ class FileSession:
         """(path relative to `remote`, size) of every regular file below `remote`, leaving out names that
         start with "." (files being written, temporary files); nothing when `remote` does not exist."""
         raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _copy(src, dst, on_bytes: OnBytes | None) -> None:

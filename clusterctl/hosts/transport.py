@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..errors import CommandTimeout
-from .files import FileSession, LocalFiles
+from .files import Closeable, FileSession, LocalFiles
 
 KILL_GRACE_S = 2.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -119,7 +119,7 @@ class Process:
         raise NotImplementedError
 
 
-class Transport:
+class Transport(Closeable):
     """Base of LocalTransport and SSHTransport (hosts/ssh.py)."""
 
     host: str
@@ -150,15 +150,6 @@ class Transport:
     def get(self, remote_path: str, local_path: str) -> None:
         with self.files() as files:
             files.get(remote_path, local_path)
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class LocalTransport(Transport):
