@@ -100,6 +100,11 @@ def _expand(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def usable_identity(host: Host) -> str | None:
+    """The inventory's identity_file when it exists here; OpenSSH (ssh -G, -i) would drop a missing one."""
+    return host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
+
+
 def resolve(host: Host, config_file: str | None = None, inventory_path: str | None = None) -> SSHTarget:
     """Where `ssh host.name` goes, with the inventory's explicit settings applied on top.
     A host OpenSSH cannot resolve is an InventoryError at the host's line of `inventory_path`."""
@@ -109,7 +114,7 @@ def resolve(host: Host, config_file: str | None = None, inventory_path: str | No
     if config_file is not None and not os.path.isfile(config_file):
         raise InventoryError(config_file, None, "ssh_config file does not exist")
     ssh = shutil.which("ssh")
-    identity = host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
+    identity = usable_identity(host)
     if ssh:
         argv = ssh_G_argv(alias, user=host.user, port=host.port, identity_file=identity,
                           config_file=config_file, ssh=ssh)

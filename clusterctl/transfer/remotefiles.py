@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
-from typing import Callable
 
 from ..errors import CommandFailed
-from ..hosts.files import FileSession
 from ..hosts.scripts import script_text
 from ..hosts.transport import Transport
 
@@ -47,42 +44,3 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
     except (ValueError, IndexError):
         raise CommandFailed(transport.host, f"{python} (clusterctl file helper: {op}): no JSON answer",
                             result) from None
-
-
-class Uploader:
-    """Uploads over one file session of a transport (SFTP, or plain copies for this machine), each atomic
-    (hosts/files.py), with a byte callback and an optional bandwidth limit."""
-
-    def __init__(self, transport: Transport, on_bytes: Callable[[int], None] | None = None,
-                 bwlimit_kbps: int | None = None):
-        self.transport = transport
-        self.on_bytes = on_bytes or (lambda n: None)
-        self.bwlimit = bwlimit_kbps * 1024 if bwlimit_kbps else None
-        self.files: FileSession | None = None
-        self._start = time.monotonic()
-        self._sent = 0
-
-    def __enter__(self):
-        self.files = self.transport.files()
-        return self
-
-    def __exit__(self, *exc):
-        self.files.close()
-
-    def _count(self, n: int) -> None:
-        self._sent += n
-        self.on_bytes(n)
-        if self.bwlimit:
-            ahead = self._sent / self.bwlimit - (time.monotonic() - self._start)
-            if ahead > 0:
-                time.sleep(ahead)
-
-    def put(self, local: str, remote: str, mode: int) -> None:
-        """Copy `local` to `remote` (its parent exists) via a temporary name and a rename."""
-        self.files.put(local, remote, mode, on_bytes=self._count)
-
-    def symlink(self, target: str, remote: str) -> None:
-        self.files.symlink(target, remote)
-
-    def chmod(self, remote: str, mode: int) -> None:
-        self.files.chmod(remote, mode)

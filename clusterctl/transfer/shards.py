@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -33,9 +32,8 @@ from ..errors import ShardError, ShardVerifyError
 from ..hosts.fanout import GroupResult, run_all
 from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
-from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
-from ..hosts.sshconfig import openssh_options
 from .sync import Progress
+from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
 
 STAGE = ".incoming"
 
@@ -89,10 +87,10 @@ def push_shards(cluster: Cluster, data_dir: str, manifest: Manifest | None = Non
                 raise ShardError(f"{os.path.join(data_dir, file)}: missing (named by the manifest)")
     manifest_sha = file_sha256(os.path.join(data_dir, MANIFEST))
     connector = Connector(cluster, host_key_checking, connect_timeout)
-    rsync = shutil.which("rsync") if method != "sftp" else None
+    rsync = local_rsync(method)
 
     def one(host: Host) -> HostPush:
-        return _push_host(connector, host, data_dir, manifest, name, manifest_sha, rsync, progress)
+        return _push_host(connector, host, data_dir, manifest, name, manifest_sha, method, rsync, progress)
 
     return run_all(cluster.hosts, one, timeout + connect_timeout)
 
@@ -102,7 +100,7 @@ def remote_dir(host: Host, name: str) -> str:
 
 
 def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Manifest, name: str, manifest_sha: str,
-               rsync: str | None, progress: Progress | None) -> HostPush:
+               method: str, rsync: str | None, progress: Progress | None) -> HostPush:
     start = time.monotonic()
     wanted = files_for_host(manifest, host) + [(MANIFEST, manifest_sha)]
     target_dir = remote_dir(host, name)
@@ -116,8 +114,8 @@ def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Manife
         on_bytes = (lambda done: progress(host.name, min(done, total), total)) if progress else None
         stage = posixpath.join(target_dir, STAGE)
         if send:
-            report.method = _transfer(connector, transport, host, data_dir, [f for f, _ in send], stage, rsync,
-                                      on_bytes)
+            report.method = _transfer(connector, transport, host, data_dir, [f for f, _ in send], stage, method,
+                                      rsync, on_bytes)
         verdict = remotefiles.call(transport, host.python, "verify", {
             "root": target_dir, "stage": STAGE, "files": send, "keep": [f for f, _ in wanted],
             "stale": SHARD_NAME.pattern, "check": [f for f, _ in wanted]})
@@ -138,31 +136,27 @@ def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Manife
 
 
 def _transfer(connector: Connector, transport, host: Host, data_dir: str, files: list[str], stage: str,
-              rsync: str | None, on_bytes) -> str:
+              method: str, rsync: str | None, on_bytes) -> str:
     """Copy files into the host's stage directory; rsync when both ends have it, else SFTP."""
-    if rsync and not host.local:
-        cluster = connector.cluster
-        identity = host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
-        rsh = ssh_command(openssh_options(cluster, connector.host_key_checking, connector.connect_timeout),
-                          host.user, host.port, identity, shutil.which("ssh") or "ssh")
-        try:
-            run_rsync(host.name, lambda lst: rsync_argv(rsync, data_dir, lst, stage, target=host.hostname or host.name,
-                                                        rsh=rsh, progress=supports_progress2(rsync)), files, on_bytes)
-            return "rsync"
-        except RsyncMissing:
-            pass
-    remotefiles.call(transport, host.python, "scan", {"root": stage})       # creates it, clears leftovers
-    done = 0
+    def with_rsync() -> None:
+        to = rsync_target(connector.cluster, host, stage, connector.host_key_checking, connector.connect_timeout)
+        rsync_push(rsync, data_dir, files, to, on_bytes=on_bytes)
 
-    def count(n: int) -> None:
-        nonlocal done
-        done += n
-        if on_bytes:
-            on_bytes(done)
+    def with_sftp() -> None:
+        remotefiles.call(transport, host.python, "scan", {"root": stage})       # creates it, clears leftovers
+        done = 0
 
-    with remotefiles.Uploader(transport, count) as up:
-        for f in files:
-            src = os.path.join(data_dir, f)
-            up.put(src, posixpath.join(stage, f), os.stat(src).st_mode & 0o777)
-    return "sftp"
+        def count(n: int) -> None:
+            nonlocal done
+            done += n
+            if on_bytes:
+                on_bytes(done)
 
+        with Uploader(transport, count) as up:
+            for f in files:
+                src = os.path.join(data_dir, f)
+                up.put(src, posixpath.join(stage, f), os.stat(src).st_mode & 0o777)
+
+    # this machine as a host: plain copies (hashed and renamed by the same helper as on any host)
+    _, used, _ = rsync_else_sftp(method, None if host.local else rsync, with_rsync, with_sftp)
+    return used

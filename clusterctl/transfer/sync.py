@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,8 +35,7 @@ from ..hosts.fanout import GroupResult, run_all
 from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
 from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
-from .rsync import RsyncMissing, rsync_argv, run_rsync, ssh_command, supports_progress2
-from ..hosts.sshconfig import openssh_options
+from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
 
 # kept on the host by --delete: clusterctl's own places in the workdir
 PROTECTED_TOP = ("data", "runs", ".clusterctl")
@@ -135,11 +133,7 @@ class _Session:
 def sync_tree(cluster: Cluster, plan: SyncPlan, options: SyncOptions = SyncOptions(),
               progress: Progress | None = None) -> GroupResult:
     """Sync plan's files to every host at once; host -> HostSync or the error that stopped it."""
-    if options.method not in ("auto", "rsync", "sftp"):
-        raise SyncError(f"unknown sync method {options.method!r} (auto, rsync or sftp)")
-    rsync = shutil.which("rsync")
-    if options.method == "rsync" and rsync is None:
-        raise SyncError("--method rsync: rsync is not installed on this machine")
+    rsync = local_rsync(options.method)
     for host in cluster.hosts:
         destination(host, options.dest)          # bad --dest: one error before any transfer
     session = _Session(cluster, plan, options)
@@ -149,24 +143,15 @@ def sync_tree(cluster: Cluster, plan: SyncPlan, options: SyncOptions = SyncOptio
 
 def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progress | None) -> HostSync:
     start = time.monotonic()
-    options, plan = session.options, session.plan
+    options = session.options
     dest = destination(host, options.dest)
     report = progress or (lambda *a: None)
-    total = plan.total_bytes
-    note = ""
-    result = None
-    if rsync and options.method != "sftp":
-        try:
-            result = _rsync_host(session, host, rsync, dest, lambda done: report(host.name, min(done, total), total))
-        except RsyncMissing:
-            if options.method == "rsync":
-                raise
-            note = "no rsync on the host: sent over SFTP"
-    elif options.method == "auto":
-        note = "no rsync on this machine: sent over SFTP"
-    if result is None:
-        result = _sftp_host(session, host, dest, report)
-        result.note = note
+    total = session.plan.total_bytes
+    result, _, note = rsync_else_sftp(
+        options.method, rsync,
+        lambda: _rsync_host(session, host, rsync, dest, lambda done: report(host.name, min(done, total), total)),
+        lambda: _sftp_host(session, host, dest, report))
+    result.note = note
     if options.delete:
         result.deleted = _delete_extra(session, host, dest)
     report(host.name, total, total)
@@ -175,26 +160,12 @@ def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progr
 
 
 def _rsync_host(session: _Session, host: Host, rsync: str, dest: str, on_bytes) -> HostSync:
-    options, plan, cluster = session.options, session.plan, session.cluster
-    if host.local:
-        if not options.dry_run:
-            os.makedirs(os.path.expanduser(dest), exist_ok=True)
-        target, rsh, where = None, None, os.path.expanduser(dest)
-    else:
-        ssh_opts = openssh_options(cluster, options.host_key_checking, options.connect_timeout)
-        identity = host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
-        target = host.hostname or host.name
-        rsh = ssh_command(ssh_opts, host.user, host.port, identity, shutil.which("ssh") or "ssh")
-        where = dest
-
+    options, plan = session.options, session.plan
+    to = rsync_target(session.cluster, host, dest, options.host_key_checking, options.connect_timeout)
     rules = session.exclusion_rules()
-
-    def argv(list_file: str) -> list[str]:
-        return rsync_argv(rsync, plan.root, list_file, where, target=target, rsh=rsh, checksum=options.checksum,
-                          dry_run=options.dry_run, bwlimit_kbps=options.bwlimit_kbps,
-                          progress=supports_progress2(rsync), excludes=rules is not None)
-
-    summary = run_rsync(host.name, argv, rules if rules is not None else [e.rel for e in plan.entries], on_bytes)
+    summary = rsync_push(rsync, plan.root, rules if rules is not None else [e.rel for e in plan.entries], to,
+                         excludes=rules is not None, checksum=options.checksum, dry_run=options.dry_run,
+                         bwlimit_kbps=options.bwlimit_kbps, on_bytes=on_bytes)
     return HostSync(host.name, dest, "rsync", summary.moved, summary.moved_bytes, wire_bytes=summary.wire_bytes)
 
 
@@ -232,7 +203,7 @@ def _sftp_host(session: _Session, host: Host, dest: str, report: Progress) -> Ho
             report(host.name, done, total)
 
         if not options.dry_run:
-            with remotefiles.Uploader(transport, on_bytes, options.bwlimit_kbps) as up:
+            with Uploader(transport, on_bytes, options.bwlimit_kbps) as up:
                 for e in send:
                     remote = posixpath.join(dest, e.rel)
                     if e.link is not None:
