@@ -21,7 +21,6 @@ import yaml
 
 from .errors import InventoryError
 
-BACKENDS = ("mpi", "ring", "jaccl")
 HOST_KEY_POLICIES = ("accept-new", "strict")
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/clusterctl"
@@ -91,8 +90,9 @@ class MPISettings:
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    backend: str = "mpi"
+    backend: str = "mpi"              # a name in clusterctl.launch.backends.REGISTRY (checked there, at this line)
     connections_per_ip: int = DEFAULT_CONNECTIONS_PER_IP   # ring: TCP connections per address and neighbour
+    backend_line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,13 @@ class Cluster:
     @property
     def world_size(self) -> int:
         return sum(h.slots for h in self.hosts)
+
+    @classmethod
+    def this_machine(cls, workdir: str, slots: int = 1, backend: str = "mpi") -> "Cluster":
+        """A cluster of this machine alone (no SSH), working in `workdir`, with the interpreter running
+        clusterctl as its python: what `clusterctl run` uses without an inventory."""
+        host = Host(name="localhost", rank=0, line=1, python=sys.executable, workdir=workdir, slots=slots, local=True)
+        return cls("(this machine)", (host,), launch=LaunchSettings(backend=backend))
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -373,16 +380,15 @@ class _Parser:
 
     def launch(self, node: yaml.Node) -> LaunchSettings:
         entries = self.mapping(node, "launch", LAUNCH_KEYS)
-        backend = "mpi"
+        backend, line = "mpi", None
         if "backend" in entries:
+            # which names exist is the launch backends' business (clusterctl.launch.backends.validated)
             backend = self.string(entries["backend"][1], "launch.backend")
-            if backend not in BACKENDS:
-                self.fail(entries["backend"][1], f"launch.backend must be one of {', '.join(BACKENDS)}, "
-                          f"not '{backend}'")
+            line = entries["backend"][1].start_mark.line + 1
         connections = DEFAULT_CONNECTIONS_PER_IP
         if "connections_per_ip" in entries:
             connections = self.integer(entries["connections_per_ip"][1], "launch.connections_per_ip", 1, 64)
-        return LaunchSettings(backend, connections)
+        return LaunchSettings(backend, connections, line)
 
 
 _MERGE = "tag:yaml.org,2002:merge"

@@ -1,4 +1,6 @@
-"""Change one setting of an inventory file and nothing else: comments, order, quoting and blank lines stay.
+"""Writing inventories: a starter one for `clusterctl init`, and one setting changed in an existing one.
+
+Change one setting of an inventory file and nothing else: comments, order, quoting and blank lines stay.
 
 A YAML round trip through a parser would lose the user's comments and layout, so the edit is made in the
 text, at the place PyYAML's composer says the value sits (its start/end marks). A missing key is inserted
@@ -8,14 +10,36 @@ can never leave an inventory clusterctl refuses to read.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 
 import yaml
 
 from .atomic import write_text
-from .errors import InventoryError
+from .errors import InventoryError, UsageError
 from .inventory import parse
+from .resources import render, template_text
+
+
+def starter_inventory(names: list[str], *, user: str | None, python: str, workdir: str, addresses: list[str],
+                      backend: str, date: str, path: str = "inventory.yaml") -> str:
+    """The text `clusterctl init` writes: templates/inventory.yaml.tmpl with these hosts, validated."""
+    if addresses and len(addresses) != len(names):
+        raise UsageError(f"{len(addresses)} --address values for {len(names)} hosts")
+    q = json.dumps   # a JSON string is a valid YAML scalar: names and paths stay literal
+    defaults = [f"  python: {q(python)}", f"  workdir: {q(workdir)}"]
+    if user:
+        defaults.insert(0, f"  user: {q(user)}")
+    host_lines = []
+    for i, name in enumerate(names):
+        host_lines.append(f"  - name: {q(name)}")
+        if addresses:
+            host_lines.append(f"    address: {q(addresses[i])}")
+    text = render(template_text("inventory.yaml.tmpl"), date=date, defaults="\n".join(defaults),
+                  hosts="\n".join(host_lines), backend=backend)
+    parse(text, path)   # never write an inventory we would refuse to read
+    return text
 
 
 def set_setting(text: str, section: str, key: str, value: str, path: str = "inventory.yaml") -> str:

@@ -4,7 +4,7 @@
     result = bench.collectives(sizes, ops)         # {"world", "rows": [...]} with bandwidths
     p2p = bench.point_to_point(nbytes)             # {"hosts", "matrix"}
 
-Each measurement is one launch (prepare + supervise from clusterctl.launch.supervise): rank 0's result line is
+Each measurement is one launch (launch.job.prepare + launch.supervise.supervise, as `run` does): rank 0's result line is
 read back from its log. Runs go to a temporary directory that is removed when they succeed and named in
 the error when they fail.
 """
@@ -17,11 +17,14 @@ import shutil
 import tempfile
 
 from ..inventory import Cluster
-from ..launch.backends import find_mlx_launch
+from ..errors import UsageError
+from ..launch import backends
+from ..launch.job import prepare
+from ..launch.launchers import choose_site
 from ..launch.plan import LaunchPlan, discover, remember_plan
 from ..transfer.stage import ship_clusterctl
 from ..hosts.connector import Connector
-from ..launch.supervise import prepare, supervise
+from ..launch.supervise import supervise
 from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, BenchAborted, BenchError, exit_for_signal
 from .report import collective_rows, p2p_matrix, p2p_pairs, parse_result
 
@@ -35,8 +38,9 @@ P2P_ITERS = 5
 class Bench:
     def __init__(self, cluster: Cluster, backend: str, connect_timeout: float = 10.0,
                  deadline_s: float = 600.0, plan: LaunchPlan | None = None):
-        if backend not in ("mpi", "ring"):
-            raise BenchError(f"bench measures the mpi and ring backends, not {backend!r}")
+        if backend not in backends.names(benchmarked=True):
+            raise BenchError(f"bench measures the {' and '.join(backends.names(benchmarked=True))} backends, "
+                             f"not {backend!r}")
         self.cluster, self.backend, self.deadline_s = cluster, backend, deadline_s
         self.connector = Connector(cluster, connect_timeout=connect_timeout)
         self.connect_timeout = connect_timeout
@@ -46,14 +50,10 @@ class Bench:
             plan = discover(self.connector, module=WORKER)   # names the host that cannot import the worker
             remember_plan(cluster, plan)
         self.plan = plan
-        self.launcher = find_mlx_launch() if backend == "ring" else None
-        here = shutil.which("mpirun") is not None if backend == "mpi" else self.launcher is not None
-        self.remote = None
-        if not here:
-            if cluster.hosts[0].local:
-                raise BenchError("mpirun is not installed here" if backend == "mpi"
-                                 else "mlx.launch is not installed here (pip install mlx)")
-            self.remote = self.connector.transport(cluster.hosts[0])   # launch from the first host, as run does
+        try:       # here, or the first host when the launcher is not installed here, as run does
+            self.site = choose_site(cluster, backends.get(backend), "auto", self.connector)
+        except UsageError as e:
+            raise BenchError(str(e)) from None
 
     @property
     def rank_hosts(self) -> list[str]:
@@ -63,7 +63,7 @@ class Bench:
                     cluster: Cluster | None = None, if_include: str | None = None,
                     budget_s: float = BUDGET_S, max_iters: int = MAX_ITERS, deadline_s: float | None = None) -> dict:
         """Time `ops` at every size. `cluster` / `if_include` override the launch settings (for --tune)."""
-        spec = {"backend": self.backend, "ops": ops, "sizes": sizes, "mpi4py": mpi4py and self.backend == "mpi",
+        spec = {"backend": self.backend, "ops": ops, "sizes": sizes, "mpi4py": mpi4py and backends.get(self.backend).mpi4py_reference,
                 "budget_s": budget_s, "max_iters": max_iters, "deadline_s": min(deadline_s or self.deadline_s, self.deadline_s)}
         result = self.launch(spec, cluster, if_include)
         return {"world": result["world"], "backend": self.backend, "rows": collective_rows(result)}
@@ -82,8 +82,8 @@ class Bench:
         plan = self.plan if if_include is None else dataclasses.replace(self.plan, if_include=if_include)
         runs_root = tempfile.mkdtemp(prefix="clusterctl-bench-")
         launch = prepare(cluster, plan, script="-m", args=[WORKER, json.dumps(spec, separators=(",", ":"))],
-                         backend=self.backend, runs_root=runs_root, connect_timeout=self.connect_timeout,
-                         launcher=self.launcher, remote=self.remote)
+                         backend=backends.get(self.backend), runs_root=runs_root, site=self.site,
+                         connect_timeout=self.connect_timeout)
         outcome = supervise(launch, self.connector, emit=lambda text, err: None, start_timeout=START_TIMEOUT_S)
         if outcome.exit_code == EXIT_INTERRUPTED or outcome.exit_code > exit_for_signal(0) and outcome.failed_rank is None:
             shutil.rmtree(runs_root, ignore_errors=True)

@@ -14,13 +14,12 @@ changes that one value and nothing else.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from dataclasses import dataclass
 
 from ..hosts.facts import shared_subnets
 from ..inventory_edit import write_setting
+from ..launch import backends
 from .measure import Bench
 from ..errors import BenchAborted, BenchError
 
@@ -47,18 +46,13 @@ def candidate_subnets(bench: Bench) -> list[str | None]:
 
 def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[Trial], Trial]:
     """Measure every candidate; (all trials in order, the winner). Raises BenchError if none ran."""
-    cluster = bench.cluster
+    cluster, backend = bench.cluster, backends.get(bench.backend)
     trials: list[Trial] = []
     deadline = [TUNE_DEADLINE_S]
 
     def measure(setting: dict) -> Trial:
         trial = Trial(setting)
-        if bench.backend == "mpi":
-            candidate = dataclasses.replace(cluster, mpi=dataclasses.replace(
-                cluster.mpi, btl_tcp_links=setting["btl_tcp_links"], if_include=setting["if_include"]))
-        else:
-            candidate = dataclasses.replace(cluster, launch=dataclasses.replace(
-                cluster.launch, connections_per_ip=setting["connections_per_ip"]))
+        candidate = backend.with_setting(cluster, setting)
         started = time.monotonic()
         try:
             result = bench.collectives([nbytes], ["all_sum"], mpi4py=False, cluster=candidate,
@@ -76,19 +70,22 @@ def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[T
         progress(trial)
         return trial
 
-    if bench.backend == "mpi":
-        if "btl_tcp_links" in cluster.mpi.extra_args:
-            raise BenchError("mpi.extra_args sets --mca btl_tcp_links itself, which overrides "
-                             "mpi.btl_tcp_links: remove it there so --tune can try and store values")
+    key = backend.tune_count
+    if key is None:
+        raise BenchError(f"--tune has nothing to vary on the {backend.name} backend")
+    conflict = backend.tune_conflict(cluster)
+    if conflict:
+        raise BenchError(conflict)
+    if backend.tune_subnets:
         subnets = candidate_subnets(bench)
-        for links in COUNTS:
-            measure({"btl_tcp_links": links, "if_include": subnets[0]})
+        for count in COUNTS:
+            measure({key: count, "if_include": subnets[0]})
         best = _best(trials)
         for subnet in subnets[1:]:
-            measure({"btl_tcp_links": best.setting["btl_tcp_links"], "if_include": subnet})
+            measure({key: best.setting[key], "if_include": subnet})
     else:
         for count in COUNTS:
-            measure({"connections_per_ip": count})
+            measure({key: count})
     return trials, _best(trials)
 
 
@@ -112,15 +109,7 @@ def describe(setting: dict) -> str:
 def store(inventory_path: str, bench: Bench, winner: Trial) -> list[str]:
     """Write the winner into the inventory; returns what changed, as `section.key=value` strings."""
     changed = []
-    if bench.backend == "ring":
-        if write_setting(inventory_path, "launch", "connections_per_ip", str(winner.setting["connections_per_ip"])):
-            changed.append(f"launch.connections_per_ip={winner.setting['connections_per_ip']}")
-        return changed
-    links = winner.setting["btl_tcp_links"]
-    if write_setting(inventory_path, "mpi", "btl_tcp_links", str(links)):
-        changed.append(f"mpi.btl_tcp_links={links}")
-    subnet = winner.setting.get("if_include")
-    if subnet and subnet != bench.plan.if_include:
-        if write_setting(inventory_path, "mpi", "if_include", json.dumps(subnet)):
-            changed.append(f"mpi.if_include={subnet}")
+    for section, key, value in backends.get(bench.backend).inventory_lines(winner.setting, bench.plan):
+        if write_setting(inventory_path, section, key, value):
+            changed.append(f"{section}.{key}={value.strip(chr(34))}")
     return changed

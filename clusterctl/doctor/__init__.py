@@ -18,7 +18,8 @@ from ..errors import ClusterctlError
 from ..hosts.fanout import run_all
 from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
-from ..hosts.sshconfig import openssh_options, rsh_agent
+from ..hosts.sshconfig import openssh_options
+from ..launch import backends
 from . import checks, smoke
 from ..hosts.facts import choose_libmpi, ring_port
 from ..launch.plan import plan_from_probes
@@ -57,7 +58,7 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
     for p in probes:
         findings += checks.disk(p) + checks.clock(p) + checks.macos(p, cluster)
     t0 = time.monotonic()
-    findings += _deep(cluster, probes, findings, ssh_options, options)
+    findings += _deep(cluster, probes, findings, options)
     phases["smoke"] = time.monotonic() - t0
     return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start, phases)
 
@@ -126,13 +127,11 @@ def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict
             p.facts.dataplane = parse_probe(outcome.value.stdout).dataplane
 
 
-def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ssh_options: list[str],
-          options: DoctorOptions) -> list[Finding]:
-    import shutil
-
-    mpi_wanted = cluster.launch.backend == "mpi" or shutil.which("mpirun") is not None
+def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], options: DoctorOptions) -> list[Finding]:
+    mpirun_here = backends.get("mpi").launcher_here() is not None
+    mpi_wanted = cluster.launch.backend == "mpi" or mpirun_here
     ring_wanted = smoke.ring_ready(cluster)
-    deep = options.deep if options.deep is not None else (shutil.which("mpirun") is not None or ring_wanted)
+    deep = options.deep if options.deep is not None else (mpirun_here or ring_wanted)
     if not deep:
         return []
     broken = [p.host.name for p in probes if p.facts is None]
@@ -154,15 +153,9 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], ss
 
     plan = plan_from_probes(cluster, probes)
     libmpi = choose_libmpi(probes[0].facts)
-    python = cluster.hosts[0].python
-    jobs = []
+    names = [name for name, on in (("mpi", mpi_wanted), ("ring", ring_wanted)) if on]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        if mpi_wanted:
-            jobs.append(pool.submit(
-                smoke.mpi_smoke, cluster, python=python, env=plan.env,
-                rsh_agent=rsh_agent(cluster, options.host_key_checking, options.connect_timeout),
-                if_include=plan.if_include, timeout=options.smoke_timeout, libmpi_hint=libmpi))
-        if ring_wanted:
-            jobs.append(pool.submit(smoke.ring_smoke, cluster, python=python, env=cluster.hosts[0].env_dict,
-                                    ssh_options=ssh_options, timeout=options.smoke_timeout))
+        jobs = [pool.submit(smoke.run_smoke, cluster, backends.get(name), plan, timeout=options.smoke_timeout,
+                            connect_timeout=options.connect_timeout, host_key_checking=options.host_key_checking,
+                            libmpi_hint=libmpi if name == "mpi" else None) for name in names]
         return skipped + [j.result() for j in jobs]

@@ -1,5 +1,5 @@
-"""The deep checks: a one-line MLX program launched for real across the cluster, through mpirun (mpi
-backend) and through mlx.launch (ring backend). Each rank inits with strict=True, all_sums rank+1, and
+"""The deep checks: a one-line MLX program launched for real across the cluster by a backend's own
+launcher (mpirun for mpi, mlx.launch for ring), exactly as `run` launches. Each rank inits with strict=True, all_sums rank+1, and
 prints one JSON line; the check fails unless every rank saw the full world size and the right sum — which
 is exactly what catches MLX quietly falling back to a world of one when it cannot load libmpi."""
 from __future__ import annotations
@@ -9,12 +9,11 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Mapping
 
-from ..errors import ClusterctlError
+from ..errors import ClusterctlError, LaunchError
 from ..inventory import Cluster
-from ..launch.hostfile import render as render_hostfile
-from ..launch.backends import find_mlx_launch, mlx_launch_argv, mpirun_argv, write_ssh_shim
+from ..launch.backends import Backend, Where, write_files
+from ..launch.plan import LaunchPlan
 from ..hosts.transport import LocalTransport, Result
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
@@ -74,44 +73,26 @@ def judge(check: str, result: Result | None, error: BaseException | None, world:
                    "run `clusterctl doctor` again; if it persists, launch by hand with --verbose")
 
 
-def mpi_smoke(cluster: Cluster, *, python: str, env: Mapping[str, str], rsh_agent: str,
-              if_include: str | None, timeout: float, libmpi_hint: str | None) -> Finding:
-    """mpirun on this machine over the real hostfile."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        return Finding("mpi-smoke", CLUSTER, WARN, "not run: no mpirun on this machine",
-                       "install Open MPI here too, or run clusterctl doctor from one of the hosts")
-    with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
-        hostfile = os.path.join(tmp, "hostfile")
-        with open(hostfile, "w") as f:
-            f.write(render_hostfile(cluster, "openmpi"))
-        argv = mpirun_argv(cluster, hostfile=hostfile, program=[python, "-c", SMOKE_PROGRAM, "mpi",
-                                                                 str(cluster.world_size)],
-                           env=env, rsh_agent=rsh_agent, if_include=if_include, as_root=os.geteuid() == 0,
-                           mpirun=mpirun)
-        return _run(cluster, "mpi-smoke", "mpirun", argv, {}, timeout, libmpi_hint)
-
-
-def ring_smoke(cluster: Cluster, *, python: str, env: Mapping[str, str], ssh_options: list[str],
-               timeout: float) -> Finding:
-    """mlx.launch on this machine with a JSON hostfile of the hosts' addresses; ssh through a shim that
-    adds the inventory's OpenSSH options (mlx.launch runs plain `ssh` from PATH)."""
-    launcher = find_mlx_launch()
+def run_smoke(cluster: Cluster, backend: Backend, plan: LaunchPlan, *, timeout: float, connect_timeout: float,
+              host_key_checking: str | None = None, libmpi_hint: str | None = None) -> Finding:
+    """The smoke program on every rank, launched from this machine exactly as `run` would launch it
+    (the backend's own command line, hostfile and ssh options), then judged."""
+    check = f"{backend.name}-smoke"
+    launcher = backend.launcher_here()
     if launcher is None:
-        return Finding("ring-smoke", CLUSTER, WARN, "not run: mlx.launch is not installed on this machine",
-                       "pip install mlx here as well")
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        return Finding("ring-smoke", CLUSTER, WARN, "not run: no OpenSSH client on this machine", None)
+        return Finding(check, CLUSTER, WARN, f"not run: {backend.launcher_name} is not installed on this machine",
+                       backend.install_hint)
     with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
-        shim_dir = write_ssh_shim(os.path.join(tmp, "ssh"), ssh, ssh_options)
-        hostfile = os.path.join(tmp, "hosts.json")
-        with open(hostfile, "w") as f:
-            f.write(render_hostfile(cluster, "mlx", backend="ring", env=env))
-        argv = mlx_launch_argv(cluster, hostfile=hostfile, backend="ring", python=python, env={},
-                               program=["-c", SMOKE_PROGRAM, "ring", str(cluster.world_size)], launcher=launcher)
-        path = shim_dir + os.pathsep + os.environ.get("PATH", "")
-        return _run(cluster, "ring-smoke", "mlx.launch", argv, {"PATH": path}, timeout, None)
+        where = Where(tmp, shutil.which("ssh"), os.geteuid() == 0, launcher)
+        program = [cluster.hosts[0].python, "-c", SMOKE_PROGRAM, backend.name, str(cluster.world_size)]
+        try:
+            command = backend.command(cluster, plan, program=program, rank_env=plan.env, where=where,
+                                      connect_timeout=connect_timeout, host_key_checking=host_key_checking)
+        except LaunchError as e:
+            return Finding(check, CLUSTER, WARN, f"not run: {e}", None)
+        write_files(command)
+        env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
+        return _run(cluster, check, backend.launcher_name, command.argv, env, timeout, libmpi_hint)
 
 
 def ring_ready(cluster: Cluster) -> bool:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 import stat
 import uuid
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..atomic import replacing
+from ..errors import ConnectError
 
 TMP_MARK = ".clusterctl-tmp-"      # temporary names on hosts: NAME.clusterctl-tmp-XXXXXXXX
 CHUNK = 1 << 20
@@ -127,17 +129,26 @@ class LocalFiles(FileSession):
 
 
 class SFTPFiles(FileSession):
-    """A host's file system over one SFTP session (paramiko's SFTPClient)."""
+    """A host's file system over one SFTP session (paramiko's SFTPClient). The SSH layer's own exception
+    types (`dropped`: a channel that died mid-transfer) become a ConnectError naming the host."""
 
-    def __init__(self, sftp):
-        self.sftp = sftp
+    def __init__(self, sftp, host: str, dropped: tuple[type[BaseException], ...] = ()):
+        self.sftp, self.host, self.dropped = sftp, host, dropped
+
+    @contextmanager
+    def _guard(self):
+        try:
+            yield
+        except self.dropped as e:
+            raise ConnectError(self.host, f"the SFTP session broke off: {e}", "dropped") from None
 
     def _replace(self, remote: str, write: Callable[[str], None]) -> None:
         """write(tmp) under a temporary name, then rename it onto `remote`; remove it on any failure."""
         tmp = sftp_path(host_temp_name(remote))
         try:
-            write(tmp)
-            self.sftp.posix_rename(tmp, sftp_path(remote))
+            with self._guard():
+                write(tmp)
+                self.sftp.posix_rename(tmp, sftp_path(remote))
         except BaseException:
             try:
                 self.sftp.remove(tmp)
@@ -154,16 +165,21 @@ class SFTPFiles(FileSession):
         self._replace(remote, write)
 
     def get(self, remote, local):
-        with replacing(local) as tmp:
+        with replacing(local) as tmp, self._guard():
             self.sftp.get(sftp_path(remote), tmp)
 
     def symlink(self, target, remote):
         self._replace(remote, lambda tmp: self.sftp.symlink(target, tmp))
 
     def chmod(self, remote, mode):
-        self.sftp.chmod(sftp_path(remote), mode)
+        with self._guard():
+            self.sftp.chmod(sftp_path(remote), mode)
 
     def makedirs(self, remote):
+        with self._guard():
+            self._makedirs(remote)
+
+    def _makedirs(self, remote):
         path = sftp_path(remote).rstrip("/") or "/"
         try:
             if stat.S_ISDIR(self.sftp.stat(path).st_mode or 0):
@@ -172,7 +188,7 @@ class SFTPFiles(FileSession):
             pass
         parent = os.path.dirname(path)
         if parent and parent != path:
-            self.makedirs(parent)
+            self._makedirs(parent)
         try:
             self.sftp.mkdir(path)
         except OSError:
@@ -184,7 +200,8 @@ class SFTPFiles(FileSession):
         while stack:
             directory, rel = stack.pop()
             try:
-                entries = self.sftp.listdir_attr(directory)
+                with self._guard():
+                    entries = self.sftp.listdir_attr(directory)
             except FileNotFoundError:
                 continue
             for entry in sorted(entries, key=lambda e: e.filename):

@@ -127,7 +127,15 @@ class SSHTransport(Transport):
         return self._connect().get_transport().open_session(timeout=self.connect_timeout)
 
     def files(self) -> SFTPFiles:
-        return SFTPFiles(self._connect().open_sftp())
+        import paramiko
+
+        client = self._connect()
+        try:
+            sftp = client.open_sftp()
+        except paramiko.SSHException as e:
+            raise ConnectError(self.host, f"cannot open an SFTP session: {e} (sshd needs `Subsystem sftp`)",
+                               "other") from None
+        return SFTPFiles(sftp, self.host, dropped=(paramiko.SSHException, EOFError))
 
     def stream(self, command, lines, env=None) -> Process:
         text = command if isinstance(command, str) else shlex.join(command)

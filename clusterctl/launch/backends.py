@@ -1,18 +1,246 @@
-"""Pure builders for launcher command lines: mpirun and mlx.launch (hostfiles: hostfile.py).
+"""The launch backends, one registry entry each: how a job starts on every rank for MLX's `mpi`, `ring`
+and `jaccl` backends. Everything that differs between backends is here; the rest of clusterctl asks the
+registry (`get(name)`, `names()`), never compares backend names.
 
-One source of truth for every `--mca`: clusterctl's own settings, with any `--mca KEY VALUE` in the
-inventory's mpi.extra_args replacing ours for the same KEY instead of repeating it.
+    backend = get("ring")
+    command = backend.command(cluster, plan, program=[...], rank_env={...}, where=Where(dir, ssh, as_root, launcher))
+    command.argv, command.files, command.path_prepend       # what to write where, and what to run
+
+A backend entry says: which MLX backend it is, which launcher starts the ranks (mpirun or mlx.launch),
+where that launcher is on this machine or on a host, which hostfile it reads, its command line, what
+`bench --tune` may vary and how a chosen setting is written to the inventory. Adding a backend is adding
+an entry to REGISTRY (and its tests).
+
+Below the registry, the pure builders: mpirun's and mlx.launch's command lines. One source of truth for
+every `--mca`: clusterctl's own settings, with any `--mca KEY VALUE` in the inventory's mpi.extra_args
+replacing ours for the same KEY instead of repeating it.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shlex
 import shutil
 import sys
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from ..inventory import Cluster
+from ..atomic import write_text
+from ..errors import InventoryError, LaunchError, UsageError
+from ..hosts.sshconfig import openssh_options, rsh_agent
+from ..inventory import Cluster, load
+from .hostfile import render as render_hostfile
+from .plan import LaunchPlan
 
+
+@dataclass(frozen=True)
+class Where:
+    """The machine a launcher runs on, as the backend needs to know it."""
+
+    dir: str                          # a directory there for the launch's files (hostfile, ssh shim)
+    ssh: str | None                   # that machine's OpenSSH client
+    as_root: bool                     # the launching user is root (mpirun refuses root without a flag)
+    launcher: list[str] | None        # the launcher's argv prefix there (see Backend.launcher_here/_on_host)
+    name: str = "this machine"        # for messages
+
+
+@dataclass
+class LauncherCommand:
+    argv: list[str]
+    files: list[tuple[str, str, int | None]] = field(default_factory=list)   # (path, text, mode) to write first
+    path_prepend: str | None = None   # a directory to put first on the launcher's PATH (mlx.launch's ssh shim)
+
+
+class Backend:
+    """One way of starting ranks. Subclasses fill in the launcher; instances are the registry entries."""
+
+    name: str                         # MLX's backend name (`mx.distributed.init(backend=name)`)
+    launcher_name: str                # for messages: "mpirun", "mlx.launch"
+    hostfile_format: str              # hostfile.FORMATS key
+    hostfile_name: str                # its file name in a run directory
+    benchmarked = False               # `clusterctl bench` measures it
+    install_hint: str                 # how to install the launcher on this machine
+    tune_count: str | None = None     # the count `bench --tune` varies (1, 2, 4, 8) ...
+    tune_subnets = False              # ... and whether it also tries every subnet the hosts share
+    mpi4py_reference = False          # bench can time raw mpi4py beside MLX on it
+    neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
+
+    def launcher_here(self) -> list[str] | None:
+        """The launcher's argv prefix on this machine, None when it is not installed here."""
+        raise NotImplementedError
+
+    def launcher_on_host(self, python: str) -> list[str]:
+        """The launcher's argv prefix on a host whose python is `python` (doctor checked it is there)."""
+        raise NotImplementedError
+
+    def command(self, cluster: Cluster, plan: LaunchPlan, *, program: Sequence[str], rank_env: Mapping[str, str],
+                where: Where, connect_timeout: float, host_key_checking: str | None = None,
+                hostfile: str | None = None) -> LauncherCommand:
+        """The launcher's command line for `program` (python and its arguments, python first) on every
+        rank, each rank getting rank_env. The hostfile is written into where.dir unless `hostfile` names
+        one that exists already. `host_key_checking` overrides the inventory's policy for the ssh the
+        launcher runs."""
+        raise NotImplementedError
+
+    def hostfile(self, cluster: Cluster) -> str:
+        return render_hostfile(cluster, self.hostfile_format, backend=self.name, env={})
+
+    def with_setting(self, cluster: Cluster, setting: Mapping[str, object]) -> Cluster:
+        """`cluster` with a `bench --tune` candidate applied."""
+        raise NotImplementedError
+
+    def tune_conflict(self, cluster: Cluster) -> str | None:
+        """Why `bench --tune` cannot vary the setting in this inventory, if it cannot."""
+        return None
+
+    def inventory_lines(self, setting: Mapping[str, object], plan: LaunchPlan) -> list[tuple[str, str, str]]:
+        """(section, key, YAML value) that store a tuned setting in the inventory (what `plan` already
+        uses without the inventory saying so is not written)."""
+        raise NotImplementedError
+
+
+class MPIBackend(Backend):
+    """MLX's `mpi` backend, started by Open MPI's mpirun over an Open MPI hostfile. mpirun's daemons ssh
+    to the hosts with our OpenSSH options (plm_rsh_agent); every variable reaches python through `-x`."""
+
+    name, launcher_name, hostfile_format, hostfile_name = "mpi", "mpirun", "openmpi", "hostfile"
+    benchmarked, tune_count, tune_subnets, mpi4py_reference = True, "btl_tcp_links", True, True
+    install_hint = ("install Open MPI here too (macOS: brew install open-mpi; Debian: apt install openmpi-bin), or "
+                    "run clusterctl from one of the hosts")
+
+    def launcher_here(self):
+        return ["mpirun"] if shutil.which("mpirun") else None
+
+    def launcher_on_host(self, python):
+        return ["mpirun"]
+
+    def command(self, cluster, plan, *, program, rank_env, where, connect_timeout, host_key_checking=None,
+                hostfile=None):
+        files = []
+        if hostfile is None:
+            hostfile = os.path.join(where.dir, self.hostfile_name)
+            files.append((hostfile, self.hostfile(cluster), None))
+        argv = mpirun_argv(cluster, hostfile=hostfile, program=program, env=rank_env,
+                           rsh_agent=rsh_agent(cluster, host_key_checking, connect_timeout),
+                           if_include=plan.if_include, as_root=where.as_root,
+                           mpirun=(where.launcher or ["mpirun"])[0])
+        return LauncherCommand(argv, files)
+
+    def with_setting(self, cluster, setting):
+        return dataclasses.replace(cluster, mpi=dataclasses.replace(
+            cluster.mpi, btl_tcp_links=setting["btl_tcp_links"], if_include=setting["if_include"]))
+
+    def tune_conflict(self, cluster):
+        if "btl_tcp_links" in cluster.mpi.extra_args:
+            return ("mpi.extra_args sets --mca btl_tcp_links itself, which overrides mpi.btl_tcp_links: remove it "
+                    "there so --tune can try and store values")
+        return None
+
+    def inventory_lines(self, setting, plan):
+        lines = [("mpi", "btl_tcp_links", str(setting["btl_tcp_links"]))]
+        if setting.get("if_include") and setting["if_include"] != plan.if_include:
+            lines.append(("mpi", "if_include", json.dumps(setting["if_include"])))
+        return lines
+
+
+# mlx.launch's own entry point, for a host where only python (with mlx) is known to be installed
+MLX_LAUNCH_MODULE = "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"
+
+
+class MLXLaunchBackend(Backend):
+    """MLX's own launcher, mlx.launch, for the `ring` (TCP) and `jaccl` (Thunderbolt RDMA) backends, over
+    its JSON hostfile of the hosts' data-plane addresses. It runs plain `ssh HOST`, so it finds our
+    OpenSSH options through an `ssh` shim first on its PATH."""
+
+    launcher_name, hostfile_format, hostfile_name = "mlx.launch", "mlx", "hosts.json"
+    install_hint = "pip install mlx here as well"
+
+    def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,
+                 neighbours_only: bool = False):
+        self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
+
+    def launcher_here(self):
+        return find_mlx_launch()
+
+    def launcher_on_host(self, python):
+        return [python, "-c", MLX_LAUNCH_MODULE]
+
+    def command(self, cluster, plan, *, program, rank_env, where, connect_timeout, host_key_checking=None,
+                hostfile=None):
+        if where.ssh is None:
+            raise LaunchError(f"mlx.launch needs an OpenSSH client (ssh) on {where.name}")
+        files = []
+        if hostfile is None:
+            hostfile = os.path.join(where.dir, self.hostfile_name)
+            files.append((hostfile, self.hostfile(cluster), None))
+        shim_dir = os.path.join(where.dir, "ssh")
+        files.append((os.path.join(shim_dir, "ssh"), ssh_shim(where.ssh, openssh_options(
+            cluster, host_key_checking, connect_timeout)), 0o755))
+        python, *rest = program
+        argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=self.name, python=python, program=rest,
+                               env=rank_env, launcher=where.launcher or ["mlx.launch"])
+        return LauncherCommand(argv, files, path_prepend=shim_dir)
+
+    def with_setting(self, cluster, setting):
+        return dataclasses.replace(cluster, launch=dataclasses.replace(
+            cluster.launch, connections_per_ip=setting["connections_per_ip"]))
+
+    def inventory_lines(self, setting, plan):
+        return [("launch", "connections_per_ip", str(setting["connections_per_ip"]))]
+
+
+REGISTRY: dict[str, Backend] = {b.name: b for b in (
+    MPIBackend(),
+    # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours)
+    MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
+    MLXLaunchBackend("jaccl"),
+)}
+
+
+def names(benchmarked: bool = False) -> list[str]:
+    return [n for n, b in REGISTRY.items() if b.benchmarked or not benchmarked]
+
+
+def get(name: str) -> Backend:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r} (one of {', '.join(REGISTRY)})") from None
+
+
+def for_hostfile(fmt: str, preferred: str) -> Backend:
+    """The backend whose launcher reads a `fmt` hostfile: `preferred` (the inventory's) when it does,
+    else the first registered one that does. UsageError for a format no backend launches from."""
+    fits = [b for b in REGISTRY.values() if b.hostfile_format == fmt]
+    if not fits:
+        usable = sorted({b.hostfile_format for b in REGISTRY.values()})
+        raise UsageError(f"no backend launches from a {fmt} hostfile (MLX's mpi backend needs Open MPI): "
+                         f"--print-command works with {' or '.join(usable)}")
+    return next((b for b in fits if b.name == preferred), fits[0])
+
+
+def validated(cluster: Cluster) -> Cluster:
+    """The cluster, once its `launch.backend` names a registered backend (InventoryError at its line)."""
+    if cluster.launch.backend not in REGISTRY:
+        raise InventoryError(cluster.path, cluster.launch.backend_line,
+                             f"launch.backend must be one of {', '.join(REGISTRY)}, not '{cluster.launch.backend}'")
+    return cluster
+
+
+def load_cluster(path: str) -> Cluster:
+    """Read an inventory the way every command does: parsed, validated, its backend a registered one."""
+    return validated(load(path))
+
+
+def write_files(command: LauncherCommand) -> None:
+    """Write a command's files on this machine (atomically, with their modes)."""
+    for path, text, mode in command.files:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_text(path, text, mode=mode)
+
+
+# ---- pure builders ----------------------------------------------------------------------------------
 
 def mca_settings(cluster: Cluster, rsh_agent: str, if_include: str | None) -> dict[str, str]:
     mca = {"plm_rsh_agent": rsh_agent, "btl_tcp_links": str(cluster.mpi.btl_tcp_links)}
@@ -72,8 +300,6 @@ def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: st
 
 def write_ssh_shim(directory: str, ssh: str, options: Sequence[str]) -> str:
     """Write the shim as `directory/ssh` (executable) and return `directory`, to put first on a PATH."""
-    from ..atomic import write_text
-
     os.makedirs(directory, exist_ok=True)
     write_text(os.path.join(directory, "ssh"), ssh_shim(ssh, options), mode=0o755)
     return directory

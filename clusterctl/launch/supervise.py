@@ -1,7 +1,6 @@
-"""Launch a job over mpirun or mlx.launch and supervise it to the end.
+"""Supervise a prepared launch (job.py) to its end: one event loop over the launcher's output lines.
 
-    prepare(cluster, ...) -> Launch      what will run: argv, env, run directory (pure but for mkdir)
-    supervise(launch, ...) -> Outcome    run it; stream `[rank N host]` lines; keep per-rank logs
+    supervise(launch, connector, emit=...) -> Outcome    run it; stream `[rank N host]` lines; per-rank logs
 
 Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagged lines, heartbeats and exit
 codes from each rank whatever the launcher. It stops the job — SIGTERM to the launcher's process group,
@@ -11,51 +10,25 @@ output, no heartbeat) for --hang-timeout.
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
-import secrets
-import shlex
 import signal
 import threading
 import time
 from collections import deque
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Callable
 
-from .bootstrap import BOOTSTRAP, parse_line
-from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, ClusterctlError, LaunchError, SignalReceived, exit_for_signal
-from ..hosts.fanout import run_all
-from .hostfile import render as render_hostfile
-from ..inventory import Cluster
-from ..atomic import write_text as _write
-from .backends import mlx_launch_argv, mpirun_argv, ssh_shim, write_ssh_shim
+from .bootstrap import parse_line
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMEOUT, ClusterctlError, SignalReceived, exit_for_signal
+from .job import Launch
+from .launchers import sweep
 from .plan import LaunchPlan
 from ..hosts.connector import Connector
-from ..hosts.sshconfig import openssh_options, rsh_agent
-from ..hosts.transport import LocalTransport
 
-HEARTBEAT_S = 1.0
 FINISH_TIMEOUT_S = 30.0
 TAIL_LINES = 10
-
-
-@dataclass
-class Launch:
-    run_id: str
-    run_dir: str
-    backend: str
-    argv: list[str]
-    env: dict[str, str]              # for the launcher process on this machine (PATH for the ssh shim)
-    rank_env: dict[str, str]         # what every rank gets
-    rank_hosts: list[str]            # rank -> host name
-    start: Callable | None = None    # starts the launcher elsewhere (on the first host); None: here
-
-    def describe(self) -> dict:
-        return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
-                "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts}
 
 
 @dataclass
@@ -87,98 +60,8 @@ class _Preflight:
             return None
         self.future = None
         if fresh != self.plan:
-            return Outcome(1, "the hosts changed since the plan was cached: launching again", replan=fresh)
+            return Outcome(EXIT_FAILED, "the hosts changed since the plan was cached: launching again", replan=fresh)
         return None
-
-
-def rank_hosts(cluster: Cluster) -> list[str]:
-    return [h.name for h in cluster.hosts for _ in range(h.slots)]
-
-
-def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: str, runs_root: str,
-            connect_timeout: float = 10.0, launcher: list[str] | None = None, remote=None,
-            extra_env: dict[str, str] | None = None) -> Launch:
-    """Write the run directory (hostfile, ssh shim) and build the launcher command. With `remote` (the
-    first host's transport) the launcher runs there: its files are copied to <workdir>/.clusterctl/runs/."""
-    run_id = datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    run_dir = os.path.abspath(os.path.join(runs_root, run_id))
-    os.makedirs(run_dir, exist_ok=True)
-    host0 = cluster.hosts[0]
-    # On other machines this machine's path means nothing: there the run directory is runs/<id> in the
-    # host's workdir (the bootstrap makes it absolute), where the bundled trainer keeps its checkpoints.
-    rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else f"runs/{run_id}"
-    rank_env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
-                "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    workdirs = [h.workdir for h in cluster.hosts for _ in range(h.slots)]
-    workdir = workdirs[0] if len(set(workdirs)) == 1 else json.dumps(workdirs)   # the bootstrap picks its rank's
-    program = ["-c", BOOTSTRAP, f"clusterctl-run-{run_id}", workdir, str(HEARTBEAT_S), script, *args]
-    if remote is not None:
-        return _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, backend, connect_timeout)
-    env: dict[str, str] = {}
-    if backend == "mpi":
-        hostfile = os.path.join(run_dir, "hostfile")
-        _write(hostfile, render_hostfile(cluster, "openmpi"))
-        argv = mpirun_argv(cluster, hostfile=hostfile, program=[host0.python, *program], env=rank_env,
-                           rsh_agent=rsh_agent(cluster, connect_timeout=connect_timeout),
-                           if_include=plan.if_include, as_root=os.geteuid() == 0)
-    else:
-        hostfile = os.path.join(run_dir, "hosts.json")
-        _write(hostfile, render_hostfile(cluster, "mlx", backend=backend, env={}))
-        if launcher is None:
-            raise LaunchError("mlx.launch is not installed on this machine (pip install mlx)")
-        shim_dir = write_ssh_shim(os.path.join(run_dir, "ssh"), _which("ssh"),
-                                  openssh_options(cluster, connect_timeout=connect_timeout))
-        env["PATH"] = shim_dir + os.pathsep + os.environ.get("PATH", "")
-        argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=backend, python=host0.python,
-                               program=program, env=rank_env, launcher=launcher)
-    launch = Launch(run_id, run_dir, backend, argv, env, rank_env, rank_hosts(cluster))
-    _write(os.path.join(run_dir, "launch.json"), json.dumps(launch.describe(), indent=2) + "\n")
-    return launch
-
-
-def _prepare_remote(cluster, plan, remote, run_id, run_dir, rank_env, program, backend, connect_timeout) -> Launch:
-    host0 = cluster.hosts[0]
-    facts = remote.run('printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"', timeout=30).stdout.split("\n")
-    home, uid, ssh = (facts + ["", "", ""])[:3]
-    workdir = home + host0.workdir[1:] if host0.workdir.startswith("~") else host0.workdir
-    there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
-    prefix = ""
-    if backend == "mpi":
-        _write(os.path.join(run_dir, "hostfile"), render_hostfile(cluster, "openmpi"))
-        uploads = [("hostfile", f"{there}/hostfile", None)]
-        argv = mpirun_argv(cluster, hostfile=f"{there}/hostfile", program=[host0.python, *program], env=rank_env,
-                           rsh_agent=rsh_agent(cluster, connect_timeout=connect_timeout),
-                           if_include=plan.if_include, as_root=uid.strip() == "0")
-    else:
-        if not ssh:
-            raise LaunchError(f"{host0.name} has no OpenSSH client (ssh) for mlx.launch")
-        _write(os.path.join(run_dir, "hosts.json"), render_hostfile(cluster, "mlx", backend=backend, env={}))
-        _write(os.path.join(run_dir, "ssh-shim"), ssh_shim(ssh, openssh_options(cluster, connect_timeout=connect_timeout)))
-        uploads = [("hosts.json", f"{there}/hosts.json", None), ("ssh-shim", f"{there}/ssh/ssh", 0o755)]
-        launcher = [host0.python, "-c", "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"]
-        argv = mlx_launch_argv(cluster, hostfile=f"{there}/hosts.json", backend=backend, python=host0.python,
-                               program=program, env=rank_env, launcher=launcher)
-        prefix = f'PATH={shlex.quote(there + "/ssh")}:"$PATH"; export PATH; '
-    command = prefix + "exec " + shlex.join(argv)
-
-    def start(lines):
-        # Copied only when the launch really starts: a dry run writes nothing on any host.
-        for name, dest, mode in uploads:
-            remote.put(os.path.join(run_dir, name), dest, mode=mode)
-        return remote.stream(command, lines)   # closing its channel kills the launcher's tree there
-
-    launch = Launch(run_id, run_dir, backend, argv, {}, rank_env, rank_hosts(cluster), start=start)
-    described = {**launch.describe(), "launcher_host": host0.name, "remote_command": command}
-    _write(os.path.join(run_dir, "launch.json"), json.dumps(described, indent=2) + "\n")
-    return launch
-
-
-def _which(name: str) -> str:
-    import shutil
-    found = shutil.which(name)
-    if found is None:
-        raise LaunchError(f"{name} is not installed on this machine")
-    return found
 
 
 class _Rank:
@@ -201,7 +84,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
     launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
     lines: queue.Queue = queue.Queue()
-    proc = launch.start(lines) if launch.start is not None else LocalTransport().stream(launch.argv, lines, launch.env)
+    proc = launch.start(lines)
     readers = proc.readers
     started_at = time.monotonic()
     outcome: Outcome | None = None
@@ -232,7 +115,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
         outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank")
     except ClusterctlError as e:   # the pre-flight failed: stop the job, then say why
         preflight_error = e
-        outcome = Outcome(1, str(e))
+        outcome = Outcome(EXIT_FAILED, str(e))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -298,7 +181,7 @@ def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outc
     try:
         proc.wait(timeout=FINISH_TIMEOUT_S)
     except TimeoutError:
-        return Outcome(1, f"every rank finished but the launcher did not exit within {FINISH_TIMEOUT_S:g}s")
+        return Outcome(EXIT_FAILED, f"every rank finished but the launcher did not exit within {FINISH_TIMEOUT_S:g}s")
     for t in readers:
         t.join(5)
     while not lines.empty():
@@ -315,7 +198,7 @@ def _launcher_ended(code: int, ranks, launcher_log) -> Outcome:
         return Outcome(0, f"all {len(ranks)} ranks finished")
     missing = [r for r in ranks if r.exit_code is None]
     who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
-    return Outcome(code or 1, f"the launcher exited {code} before {who} reported an exit"
+    return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
                    f" (see {launcher_log.name})", failed_rank=missing[0].rank if missing else None)
 
 
@@ -333,24 +216,3 @@ def _check_timeouts(ranks, started_at, start_timeout, hang_timeout) -> Outcome |
             return Outcome(EXIT_TIMEOUT, f"hang timeout: no output and no heartbeat from {names} for {hang_timeout:g}s",
                            failed_rank=hung[0].rank)
     return None
-
-
-def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:
-    """Kill whatever is left of this run on every host: every rank carries its run id on its command line.
-    Returns the hosts where something may survive (unreachable, or a process that would not die)."""
-    token = f"clusterctl-run-{run_id}"
-    # A regular expression that matches the ranks' command lines but no command line holding the pattern
-    # itself: not the sweeping shell, nor a pgrep / pkill of a sweep running beside it on the same machine.
-    pattern = shlex.quote(token.replace("run-", "ru[n]-", 1))
-    wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
-    # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
-    # there when `run` returns
-    script = (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
-              f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
-
-    def one(host):
-        with connector.transport(host) as t:
-            return t.run(script, timeout=timeout)
-
-    group = run_all(connector.cluster.hosts, one, deadline=connector.connect_timeout + timeout + 5)
-    return [name for name, outcome in group.items() if not outcome.ok]

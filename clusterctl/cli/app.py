@@ -1,0 +1,96 @@
+"""The click group every command registers on, and the options several commands share (declared once)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import ClusterctlError
+from ..hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
+from ..inventory import Cluster
+from ..launch import backends
+
+EXAMPLES: dict[str, str] = {}
+
+
+class Failure(click.ClickException):
+    """A ClusterctlError on its way out of click: one red `error: ...` line and the error's exit code,
+    whether the command runs under main() or click's own runner."""
+
+    def __init__(self, error: ClusterctlError):
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+    def show(self, file=None) -> None:
+        click.secho(f"error: {self.message}", fg="red", err=True)
+
+
+class _Group(click.Group):
+    """Lists every command with its one-line summary and an example; turns the core's errors into
+    Failure (unless --debug, which lets the traceback through)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ClusterctlError as e:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            raise Failure(e) from e
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            rows.append((name, cmd.get_short_help_str(limit=70)))
+            if name in EXAMPLES:
+                rows.append(("", f"e.g. {EXAMPLES[name]}"))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(None, "--version", package_name="clusterctl", prog_name="clusterctl",
+                      message="%(prog)s %(version)s")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx, debug):
+    """clusterctl: turn a handful of Macs (and Linux boxes) into an MLX training cluster.
+
+    Every command that talks to hosts takes --hosts INVENTORY (a YAML file; see README.md).
+    """
+    ctx.obj = {"debug": debug}
+
+
+def command(example: str, **kwargs):
+    """Register a command (named after the function, without _cmd) with an example for --help."""
+    def decorate(fn):
+        name = fn.__name__.replace("_cmd", "").replace("_", "-")
+        EXAMPLES[name] = example
+        return cli.command(name=name, **kwargs)(fn)
+    return decorate
+
+
+hosts_option = click.option("--hosts", "inventory_path", required=True, type=click.Path(dir_okay=False),
+                            metavar="INVENTORY", help="The inventory YAML file.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
+strict_host_keys_option = click.option("--strict-host-keys", is_flag=True,
+                                       help="Refuse hosts whose key is not in known_hosts yet.")
+
+
+def connect_timeout_option(default: float = DEFAULT_CONNECT_TIMEOUT_S):
+    return click.option("--connect-timeout", default=default, show_default=True, metavar="S",
+                        help="Seconds to wait for an SSH connection.")
+
+
+def backend_option(benchmarked: bool = False):
+    return click.option("--backend", type=click.Choice(backends.names(benchmarked)),
+                        help="Default: the inventory's launch.backend.")
+
+
+def host_key_policy(strict: bool) -> str | None:
+    """--strict-host-keys as a policy: None keeps the inventory's."""
+    return "strict" if strict else None
+
+
+def load(inventory_path: str) -> Cluster:
+    return backends.load_cluster(inventory_path)

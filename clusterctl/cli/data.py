@@ -1,0 +1,122 @@
+"""clusterctl data prepare, data push, generate: datasets and the bundled trainer's checkpoints."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from ..errors import EXIT_FAILED, EXIT_OK
+from ..transfer.push import METHODS
+from .app import command, connect_timeout_option, host_key_policy, hosts_option, json_option, load, \
+    strict_host_keys_option
+from .console import Bars, one_line, size, table
+
+
+@command('clusterctl generate --checkpoint runs/train-1 --prompt "Once upon a time"')
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              metavar="DIR", help="A run directory, its checkpoints/ or one step-N directory (latest wins).")
+@click.option("--prompt", default="", help="Text to continue (default: start a new document).")
+@click.option("--max-tokens", default=200, show_default=True, help="Tokens to generate at most.")
+@click.option("--temperature", default=0.8, show_default=True, help="Sampling temperature; 0 is greedy.")
+@click.option("--top-k", default=0, show_default=True, help="Sample from the k likeliest tokens (0: all).")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed.")
+def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
+    """Sample text from a checkpoint of the bundled trainer."""
+    from ..train.generate import generate_text    # imports mlx: only this command pays for it
+
+    pieces = generate_text(checkpoint_dir, prompt, max_tokens, temperature, seed, top_k)
+    click.echo(prompt, nl=False)
+    for piece in pieces:
+        click.echo(piece, nl=False)
+    click.echo()
+
+
+@command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)
+def data_cmd():
+    """Dataset shards: tokenize a corpus into one shard per rank."""
+
+
+PHASES = {"tokenize": "tokenizing", "write": "writing shards"}
+
+
+@data_cmd.command("prepare")
+@click.argument("source")
+@click.option("--world", type=int, required=True, metavar="N", help="Number of ranks: one shard each.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Directory for the shards, val.bin and manifest.json (replaced if it holds a dataset).")
+@click.option("--tokenizer", default="byte", show_default=True, metavar="byte|PATH",
+              help="byte (no downloads) or a local Hugging Face tokenizer.json (needs `tokenizers`).")
+@click.option("--val-fraction", default=0.01, show_default=True, type=float,
+              help="Share of documents held out in val.bin (every 1/F-th document).")
+@click.option("--json", "as_json", is_flag=True, help="Print manifest.json instead of a summary.")
+def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, as_json):
+    """Tokenize SOURCE once into N equal shards plus manifest.json.
+
+    SOURCE: `embedded` (the built-in stories; `embedded:COUNT[:SEED]`), a .txt file (documents separated
+    by blank lines), a .jsonl file ("text" field), a directory of those, or hf:NAME[:SPLIT] (a dataset
+    already in the local Hugging Face cache; needs `datasets`).
+    """
+    from ..data.shards import prepare
+
+    bars = None if as_json else Bars.on_terminal(err=True, unit="items")
+    progress = (lambda phase, done, total: bars.update(PHASES.get(phase, phase), done, total)) if bars else None
+    start = time.monotonic()
+    try:
+        manifest = prepare(source, world, out_dir, tokenizer=tokenizer, val_fraction=val_fraction, progress=progress)
+    finally:
+        if bars:
+            bars.close()
+    elapsed = time.monotonic() - start
+    if as_json:
+        click.echo(manifest.to_json(), nl=False)
+        return
+    total = manifest.tokens_per_shard * manifest.world_size + manifest.dropped_tokens + manifest.val.tokens
+    click.echo(f"{out_dir}: {manifest.world_size} shards of {manifest.tokens_per_shard:,} {manifest.dtype} tokens "
+               f"({manifest.tokenizer['type']} tokenizer, vocab {manifest.vocab_size}), val.bin "
+               f"{manifest.val.tokens:,} tokens, {manifest.dropped_tokens:,} dropped")
+    click.echo(f"{total:,} tokens in {elapsed:.1f} s ({total / max(elapsed, 1e-9):,.0f} tokens/s)")
+
+
+@data_cmd.command(name="push")
+@click.argument("data_dir")
+@hosts_option
+@click.option("--name", metavar="NAME", help="Directory name on the hosts (default: DATA_DIR's name).")
+@click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
+              help="auto: rsync over ssh where both ends have it, else SFTP.")
+@connect_timeout_option()
+@click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@strict_host_keys_option
+@json_option
+def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeout, strict_host_keys, as_json):
+    """Send host i its shard i (+ val.bin, manifest), checked by sha256."""
+    from ..transfer.shards import push_shards
+
+    cluster = load(inventory_path)
+    bars = None if as_json else Bars.on_terminal([h.name for h in cluster.hosts], threshold=Bars.LARGE)
+    group = push_shards(cluster, data_dir, name=name, method=method, connect_timeout=connect_timeout,
+                        timeout=timeout, host_key_checking=host_key_policy(strict_host_keys),
+                        progress=bars.update if bars else None)
+    if bars:
+        bars.close()
+    rows = []
+    for o in group.values():
+        r = o.value
+        row = {"host": o.host.name, "ok": o.ok, "error": one_line(o.error) if o.error else None}
+        if r is not None:
+            row.update(dir=r.dir, ranks=r.ranks, sent=r.sent, sent_bytes=r.sent_bytes, unchanged=r.unchanged,
+                       removed=r.removed, method=r.method, elapsed_s=round(r.elapsed_s, 3))
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps({"ok": group.all_ok, "hosts": rows}, indent=2))
+    else:
+        table([{"host": r["host"], "ranks": ",".join(map(str, r.get("ranks", []))),
+                "sent": len(r.get("sent", [])), "bytes": size(r.get("sent_bytes", 0)),
+                "unchanged": len(r.get("unchanged", [])), "removed": len(r.get("removed", [])),
+                "time": f"{r['elapsed_s']:.1f}s" if "elapsed_s" in r else "",
+                "note": f"error: {r['error']}" if r["error"] else r.get("dir", "")} for r in rows],
+              ["host", "ranks", "sent", "bytes", "unchanged", "removed", "time", "note"])
+        failed = len(group.failed)
+        click.echo(f"{len(group) - failed} ok, {failed} failed", err=bool(failed))
+    sys.exit(EXIT_OK if group.all_ok else EXIT_FAILED)

@@ -1,0 +1,79 @@
+"""clusterctl hosts, exec, init: the inventory, and commands on every host."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+import click
+
+from ..atomic import write_text
+from ..errors import EXIT_FAILED, EXIT_OK, UsageError
+from ..hosts.connector import Connector, host_rows
+from ..inventory_edit import starter_inventory
+from ..launch import backends
+from .app import command, connect_timeout_option, host_key_policy, hosts_option, json_option, load, \
+    strict_host_keys_option
+from .console import outcome_json, print_outcome, table
+
+
+@command("clusterctl hosts --hosts inventory.yaml")
+@hosts_option
+@json_option
+def hosts_cmd(inventory_path, as_json):
+    """Show the resolved hosts: inventory + defaults + ~/.ssh/config."""
+    cluster = load(inventory_path)
+    rows = host_rows(cluster)
+    if as_json:
+        click.echo(json.dumps({"inventory": cluster.path, "world_size": cluster.world_size,
+                               "backend": cluster.launch.backend, "hosts": rows}, indent=2))
+        return
+    table(rows, ["ranks", "name", "connect", "user", "address", "python", "workdir"])
+    click.echo(f"{len(cluster.hosts)} hosts, world size {cluster.world_size}, backend {cluster.launch.backend}")
+
+
+@command("clusterctl exec --hosts inventory.yaml -- uname -a")
+@hosts_option
+@click.option("--sh", "script", metavar="SCRIPT", help="Run this shell script instead of a command.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds the command may run per host.")
+@connect_timeout_option()
+@click.option("--cwd", metavar="DIR", help="Working directory on each host (~ is the host's home).")
+@strict_host_keys_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_keys, as_json, argv):
+    """Run a command on every host in parallel and show each host's output."""
+    if bool(script) == bool(argv):
+        raise click.UsageError("give either a command after -- or --sh SCRIPT")
+    cluster = load(inventory_path)
+    connector = Connector(cluster, host_key_policy(strict_host_keys), connect_timeout)
+    group = connector.run_everywhere(script or list(argv), timeout, cwd=cwd)
+    if as_json:
+        click.echo(json.dumps({"ok": group.all_ok, "hosts": [outcome_json(o) for o in group.values()]}, indent=2))
+    else:
+        for outcome in group.values():
+            print_outcome(outcome)
+        failed = len(group.failed)
+        click.echo(f"{len(group) - failed} ok, {failed} failed", err=True)
+    sys.exit(EXIT_OK if group.all_ok else EXIT_FAILED)
+
+
+@command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")
+@click.argument("names", nargs=-1, required=True)
+@click.option("-o", "--output", default="inventory.yaml", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--user", help="SSH user on every host (default: from ~/.ssh/config or your user name).")
+@click.option("--python", default="python3", show_default=True, help="Python with mlx on every host.")
+@click.option("--workdir", default="~/clusterctl", show_default=True, help="Where code and data land.")
+@click.option("--address", "addresses", multiple=True, metavar="IP",
+              help="Data-plane IPv4 per host, in the same order as the names (repeat the option).")
+@click.option("--backend", type=click.Choice(backends.names()), default="mpi", show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init_cmd(names, output, user, python, workdir, addresses, backend, force):
+    """Write a starter inventory for the given hosts."""
+    if os.path.exists(output) and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it")
+    text = starter_inventory(list(names), user=user, python=python, workdir=workdir, addresses=list(addresses),
+                             backend=backend, date=datetime.date.today().isoformat(), path=output)
+    write_text(output, text)
+    click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")

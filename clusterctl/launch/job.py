@@ -1,0 +1,134 @@
+"""A launch, prepared: a run id and directory, each rank's environment and the bootstrap every rank runs,
+the launcher's command line from the backend, and how to start it, here or on the first host.
+
+    launch = prepare(cluster, plan, program="-m", args=["clusterctl.train", ...], backend=get("ring"),
+                     runs_root="runs", site=site, connect_timeout=10)
+    launch.describe()          # what will run (the dry run prints it)
+    process = launch.start(lines)
+
+Nothing is written on any host before start(): a dry run writes only the local run directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+from ..atomic import write_text
+from ..hosts.transport import LocalTransport, Process
+from ..inventory import Cluster
+from .backends import Backend, LauncherCommand, Where, write_files
+from .bootstrap import BOOTSTRAP
+from .launchers import LaunchSite
+from .plan import LaunchPlan
+
+HEARTBEAT_S = 1.0          # every rank's bootstrap beats this often (supervise's hang timeout reads it)
+
+
+@dataclass
+class Launch:
+    run_id: str
+    run_dir: str
+    backend: str
+    argv: list[str]
+    env: dict[str, str]              # for the launcher process on this machine (PATH for the ssh shim)
+    rank_env: dict[str, str]         # what every rank gets
+    rank_hosts: list[str]            # rank -> host name
+    start: Callable[[queue.Queue], Process]
+    where: dict = field(default_factory=dict)   # launcher_host and remote_command, when not launched here
+
+    def describe(self) -> dict:
+        return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
+                "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts, **self.where}
+
+
+def new_run_id() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def rank_hosts(cluster: Cluster) -> list[str]:
+    return [h.name for h in cluster.hosts for _ in range(h.slots)]
+
+
+def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: str,
+                     extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """What every rank finds in its environment: the plan's (libmpi, the inventory's env), clusterctl's
+    own CLUSTERCTL_* variables, unbuffered output, and the caller's extras."""
+    # On other machines this machine's path means nothing: there the run directory is runs/<id> in the
+    # host's workdir (the bootstrap makes it absolute), where the bundled trainer keeps its checkpoints.
+    rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else f"runs/{run_id}"
+    return {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
+            "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+
+
+def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) -> list[str]:
+    """python and its arguments on every rank: the bootstrap (bootstrap.py), which works in its host's
+    workdir, then runs `script` (a path, or "-m" and a module) with `args`. The run id is on every rank's
+    command line, so the cleanup sweep finds them."""
+    workdirs = [h.workdir for h in cluster.hosts for _ in range(h.slots)]
+    workdir = workdirs[0] if len(set(workdirs)) == 1 else json.dumps(workdirs)   # the bootstrap picks its rank's
+    return [cluster.hosts[0].python, "-c", BOOTSTRAP, f"clusterctl-run-{run_id}", workdir, str(HEARTBEAT_S),
+            script, *args]
+
+
+def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
+            site: LaunchSite, connect_timeout: float = 10.0, extra_env: dict[str, str] | None = None) -> Launch:
+    """Make the local run directory and build the launch. On the first host (site.transport) the
+    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts."""
+    run_id = new_run_id()
+    run_dir = os.path.abspath(os.path.join(runs_root, run_id))
+    os.makedirs(run_dir, exist_ok=True)
+    rank_env = rank_environment(cluster, plan, run_id, run_dir, extra_env)
+    program = rank_program(cluster, run_id, script, args)
+    if site.transport is None:
+        launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout)
+    else:
+        launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout)
+    write_text(os.path.join(run_dir, "launch.json"), json.dumps(launch.describe(), indent=2) + "\n")
+    return launch
+
+
+def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
+    where = Where(run_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher, "this machine")
+    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where,
+                              connect_timeout=connect_timeout)
+    write_files(command)
+    env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
+    return Launch(run_id, run_dir, backend.name, command.argv, env, rank_env, rank_hosts(cluster),
+                  start=lambda lines: LocalTransport().stream(command.argv, lines, env))
+
+
+def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
+    host, remote = site.host, site.transport
+    facts = remote.run('printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"', timeout=30).stdout.split("\n")
+    home, uid, ssh = (facts + ["", "", ""])[:3]
+    workdir = home + host.workdir[1:] if host.workdir.startswith("~") else host.workdir
+    there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
+    where = Where(there, ssh.strip() or None, uid.strip() == "0", backend.launcher_on_host(host.python), host.name)
+    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where,
+                              connect_timeout=connect_timeout)
+    # a copy of every file in the local run directory, for the record and for `clusterctl hostfile` users
+    write_files(_relocated(command, there, run_dir))
+    prefix = f'PATH={shlex.quote(command.path_prepend)}:"$PATH"; export PATH; ' if command.path_prepend else ""
+    text = prefix + "exec " + shlex.join(command.argv)
+
+    def start(lines: queue.Queue) -> Process:
+        # Copied only when the launch really starts: a dry run writes nothing on any host.
+        for path, _, mode in command.files:
+            remote.put(os.path.join(run_dir, os.path.relpath(path, there)), path, mode=mode)
+        return remote.stream(text, lines)   # closing its channel kills the launcher's tree there
+
+    return Launch(run_id, run_dir, backend.name, command.argv, {}, rank_env, rank_hosts(cluster), start=start,
+                  where={"launcher_host": host.name, "remote_command": text})
+
+
+def _relocated(command: LauncherCommand, there: str, run_dir: str) -> LauncherCommand:
+    files = [(os.path.join(run_dir, os.path.relpath(path, there)), text, mode) for path, text, mode in command.files]
+    return LauncherCommand(command.argv, files, command.path_prepend)
+

@@ -1,0 +1,69 @@
+"""Where the launcher runs, and the cleanup after a job.
+
+    site = choose_site(cluster, backend, "auto", connector)   # here, or the first host over SSH
+    left = sweep(connector, run_id)                           # kill whatever is left of a run, on every host
+
+The launcher (mpirun, mlx.launch) runs on this machine when it is installed here; otherwise on the first
+host, which has it if doctor passes there (`--launch-from` decides instead of `auto`).
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..hosts.connector import Connector
+from ..hosts.fanout import run_all
+from ..hosts.transport import Transport
+from ..inventory import Cluster, Host
+from .backends import Backend
+
+LAUNCH_FROM = ("auto", "here", "first-host")
+
+
+@dataclass
+class LaunchSite:
+    host: Host | None = None               # None: this machine
+    transport: Transport | None = None     # the first host's, when the launcher runs there
+    launcher: list[str] | None = None      # the launcher's argv prefix on this machine
+
+    @property
+    def name(self) -> str:
+        return "this machine" if self.host is None else self.host.name
+
+
+def choose_site(cluster: Cluster, backend: Backend, launch_from: str, connector: Connector) -> LaunchSite:
+    """Where `backend`'s launcher runs. UsageError when it can run nowhere asked for."""
+    if launch_from not in LAUNCH_FROM:
+        raise UsageError(f"--launch-from {launch_from!r}: one of {', '.join(LAUNCH_FROM)}")
+    launcher = backend.launcher_here()
+    missing = f"{backend.launcher_name} is not installed here ({backend.install_hint})"
+    if launch_from == "here" and launcher is None:
+        raise UsageError(missing)
+    if launch_from == "first-host" or launcher is None:
+        first = cluster.hosts[0]
+        if first.local:
+            raise UsageError(missing)
+        return LaunchSite(first, connector.transport(first))
+    return LaunchSite(launcher=launcher)
+
+
+def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:
+    """Kill whatever is left of this run on every host: every rank carries its run id on its command line.
+    Returns the hosts where something may survive (unreachable, or a process that would not die)."""
+    token = f"clusterctl-run-{run_id}"
+    # A regular expression that matches the ranks' command lines but no command line holding the pattern
+    # itself: not the sweeping shell, nor a pgrep / pkill of a sweep running beside it on the same machine.
+    pattern = shlex.quote(token.replace("run-", "ru[n]-", 1))
+    wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
+    # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
+    # there when `run` returns
+    script = (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
+              f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
+
+    def one(host):
+        with connector.transport(host) as t:
+            return t.run(script, timeout=timeout)
+
+    group = run_all(connector.cluster.hosts, one, deadline=connector.connect_timeout + timeout + 5)
+    return [name for name, outcome in group.items() if not outcome.ok]

@@ -1,0 +1,241 @@
+"""`clusterctl run`, the use case, callable without click:
+
+    stage -> plan / pre-flight -> launch site -> launch -> supervise -> fetch
+
+    result = run(cluster_or_None, RunOptions(script="train.py", args=("--lr", "3e-4")), events)
+    result.exit_code, result.outcome.reason, result.launch.run_dir
+
+1. Stage: copy the project (the current directory), clusterctl itself (for a clusterctl module such as the
+   bundled trainer) and each host's own dataset shards to the hosts, all at once (transfer/stage.py).
+2. Plan: launch at once from the plan the last verified launch on this cluster used, while the pre-flight
+   (every host reachable, with its python and the script or module in place) verifies it beside the
+   starting job; with no cached plan, the pre-flight runs first (launch/plan.py).
+3. Site: the launcher runs here when it is installed here, else on the first host (launch/launchers.py).
+4. Launch and supervise (launch/job.py, launch/supervise.py); when the pre-flight finds the hosts changed,
+   the job is stopped and launched again from the fresh plan.
+5. Fetch: what the job wrote in its run directory on the first host comes home (checkpoints, metrics).
+
+Everything the user sees goes through a RunEvents object (the CLI prints it; tests record it).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from concurrent.futures import wait
+from dataclasses import dataclass
+
+from .errors import EXIT_FAILED, ClusterctlError, UsageError
+from .hosts.connector import Connector
+from .hosts.fanout import GroupResult, in_background
+from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
+from .inventory import Cluster
+from .atomic import write_text
+from .launch import backends
+from .launch.backends import Where
+from .launch.hostfile import render as render_hostfile
+from .launch.job import Launch, prepare
+from .launch.launchers import choose_site
+from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
+from .launch.supervise import Outcome, supervise
+from .transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
+
+BUNDLED_TRAINER = "clusterctl.train"
+DEFAULT_SLOTS = 2                     # `clusterctl run` without --hosts: two ranks on this machine
+DEFAULT_BACKEND = "ring"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    script: str | None = None         # a path (relative to the project, i.e. each host's workdir) ...
+    args: tuple[str, ...] = ()
+    module: str | None = None         # ... or a module; neither: the bundled trainer
+    backend: str | None = None        # default: the inventory's launch.backend
+    dry_run: bool = False             # describe the launch; start nothing, write nothing on any host
+    preflight: bool = True
+    rank0_only: bool = False
+    start_timeout: float | None = None
+    hang_timeout: float | None = None
+    runs_dir: str = "runs"
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    launch_from: str = "auto"
+    sync: bool = True                 # copy the project (and clusterctl, for its modules) first
+    fetch: bool = True                # bring the first host's run directory home afterwards
+    data_dir: str | None = None       # shards from `clusterctl data prepare`
+    project_dir: str | None = None    # default: the current directory
+
+
+@dataclass(frozen=True)
+class Program:
+    """What every rank runs: a script path, or "-m" with a module first in `args`."""
+
+    script: str | None                # the user's SCRIPT, None for a module
+    module: str | None
+    args: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return self.module or self.script
+
+    @property
+    def argv(self) -> tuple[str, list[str]]:
+        """(bootstrap's script argument, its arguments): (path, args) or ("-m", [module, *args])."""
+        return ("-m", [self.module, *self.args]) if self.module else (self.script, list(self.args))
+
+
+def program_for(script: str | None, args: tuple[str, ...], module: str | None) -> Program:
+    """SCRIPT, `-m MODULE` or the bundled trainer, from run's arguments (pure)."""
+    if script is not None and script.startswith("-"):
+        args, script = (script, *args), None     # `run -- --steps 100`: arguments for the default program
+    if script is not None and module:
+        raise UsageError("give a SCRIPT or --module, not both")
+    if script is None:
+        return Program(None, module or BUNDLED_TRAINER, tuple(args))
+    return Program(script, None, tuple(args))
+
+
+class RunEvents:
+    """What `run` tells its user, one method per event; the base class says nothing."""
+
+    def launching_from(self, host: str, launcher: str) -> None: ...
+    def staged(self, what: str, hosts: int, files: int, nbytes: int) -> None: ...
+    def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
+    def relaunching(self, launch: Launch, reason: str) -> None: ...
+    def output(self, text: str, is_err: bool) -> None: ...
+    def fetched(self, launch: Launch, host: str, remote_dir: str, files: int, nbytes: int) -> None: ...
+    def fetch_failed(self, launch: Launch, host: str, remote_dir: str, error: BaseException) -> None: ...
+
+
+@dataclass
+class RunResult:
+    launch: Launch
+    outcome: Outcome | None           # None for a dry run
+
+    @property
+    def exit_code(self) -> int:
+        if self.outcome is None:
+            return 0
+        code = self.outcome.exit_code
+        return code if 0 <= code < 256 else EXIT_FAILED
+
+
+def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEvents()) -> RunResult:
+    program = program_for(options.script, options.args, options.module)
+    project = os.path.abspath(options.project_dir or os.getcwd())
+    if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
+        cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
+    backend = backends.get(options.backend or cluster.launch.backend)
+    args = list(program.argv[1])
+    extra_env: dict[str, str] = {}
+    if not options.dry_run:
+        extra_env = stage(cluster, options, program, project, events)
+        if options.data_dir and program.module == BUNDLED_TRAINER:
+            args = [args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *args[1:]]
+    connector = Connector(cluster, connect_timeout=options.connect_timeout)
+    plan, preflight = _plan(cluster, connector, options, program)
+    site = choose_site(cluster, backend, options.launch_from, connector)
+    if site.host is not None:
+        events.launching_from(site.host.name, backend.launcher_name)
+    while True:
+        launch = prepare(cluster, plan, script=program.argv[0], args=args, backend=backend,
+                         runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
+                         extra_env=extra_env)
+        if options.dry_run:
+            return RunResult(launch, None)
+        events.started(launch, program.label, cluster.world_size, backend.name)
+        outcome = supervise(launch, connector, emit=events.output, rank0_only=options.rank0_only,
+                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
+                            preflight=preflight, plan=plan)
+        if outcome.replan is None:
+            break
+        events.relaunching(launch, outcome.reason)
+        plan, preflight = outcome.replan, None
+        remember_plan(cluster, plan)
+    if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
+        remember_plan(cluster, preflight.result())
+    if options.fetch and not cluster.hosts[0].local:
+        _fetch(connector, launch, events)
+    return RunResult(launch, outcome)
+
+
+def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: Program):
+    """(the plan to launch from, the pre-flight Future verifying it meanwhile or None)."""
+    if not options.preflight:
+        return LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include), None
+    if options.dry_run:
+        return cached_plan(cluster) or discover(connector), None
+    plan = cached_plan(cluster)
+
+    def verify() -> LaunchPlan:
+        return discover(connector, script=program.script, module=program.module)
+
+    if plan is None:
+        plan = verify()
+        remember_plan(cluster, plan)
+        return plan, None
+    # Launch at once from the plan the last verified launch used; the pre-flight checks it meanwhile and
+    # stops the job with the failing host named, or launches again if the hosts changed.
+    return plan, in_background(verify)
+
+
+def stage(cluster: Cluster, options: RunOptions, program: Program, project: str, events: RunEvents) -> dict[str, str]:
+    """Copy what the job needs to the hosts before launching, the project, clusterctl and the shards at
+    once (they are independent); returns the ranks' extra environment."""
+    kwargs = {"connect_timeout": options.connect_timeout}
+    jobs = {}
+    if options.sync:
+        jobs["project"] = in_background(stage_project, cluster, project, **kwargs)
+        if program.module is not None and program.module.startswith("clusterctl."):
+            jobs["clusterctl"] = in_background(ship_clusterctl, cluster, **kwargs)
+    if options.data_dir:
+        jobs["data"] = in_background(stage_data, cluster, options.data_dir, **kwargs)
+    wait(jobs.values())
+    for future in jobs.values():      # the first failure, after every copy has ended
+        future.result()
+    for what in ("project", "clusterctl"):
+        group: GroupResult | None = jobs[what].result() if what in jobs else None
+        if group is not None:
+            events.staged(what, len(group), sum(len(o.value.moved) for o in group.values()),
+                          sum(o.value.moved_bytes for o in group.values()))
+    return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
+
+
+def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
+    """Bring home what the job left in its run directory on the first host (checkpoints, metrics)."""
+    host = connector.cluster.hosts[0]
+    remote_dir = f"{host.workdir}/runs/{launch.run_id}/"
+    try:
+        files, nbytes = fetch_run_dir(connector, launch.run_id, launch.run_dir)
+    except (OSError, EOFError, ClusterctlError) as e:   # reported; the files stay on the host
+        events.fetch_failed(launch, host.name, remote_dir, e)
+        return
+    if files:
+        events.fetched(launch, host.name, remote_dir, files, nbytes)
+
+
+def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, template: str | None = None,
+                         template_name: str = "template", program: list[str] | None = None,
+                         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> tuple[str, str | None]:
+    """`clusterctl hostfile`: the hostfile's text (written to `output` when given) and, with `program`
+    (a script and its arguments), the launcher line that runs it by hand from this machine with the
+    environment and tuning `run` would use (found on the hosts, as `run` finds it)."""
+    backend, plan = None, None
+    if program is not None:
+        backend = backends.for_hostfile(fmt, cluster.launch.backend)
+        plan = discover(Connector(cluster, connect_timeout=connect_timeout))
+    mlx_backend = backends.for_hostfile("mlx", cluster.launch.backend).name
+    text = render_hostfile(cluster, fmt, template, backend=mlx_backend,
+                           env=plan.env if plan else cluster.hosts[0].env_dict, template_name=template_name)
+    if output:
+        write_text(output, text)
+    if backend is None:
+        return text, None
+    launcher = backend.launcher_here()
+    if launcher is None:
+        raise UsageError(f"{backend.launcher_name} is not installed on this machine ({backend.install_hint})")
+    where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher)
+    command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
+                              where=where, connect_timeout=connect_timeout, hostfile=os.path.abspath(output))
+    backends.write_files(command)
+    line = shlex.join(command.argv)
+    return text, (f'PATH={shlex.quote(command.path_prepend)}:"$PATH" {line}' if command.path_prepend else line)
