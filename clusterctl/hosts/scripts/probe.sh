@@ -1,0 +1,60 @@
+# clusterctl's probe (POSIX sh: python may be the very thing that is broken). probe_script() puts the
+# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL MARKER PYTHON_INFO, mesh_ssh PEER, and the peers as
+# "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
+T=$(mktemp -d 2>/dev/null || mktemp -d -t clusterctl)
+trap 'rm -rf "$T"' EXIT
+esc() { case "$1" in
+  *[\"\\]*|*[[:cntrl:]]*) printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g';;
+  *) printf '%s' "$1";;
+esac; }
+j() { printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")"; }
+j time "$(date +%s)"
+# SSH to every peer in the background, as mpirun's daemons would (the all-to-all check)
+i=0
+for peer in "$@"; do
+  ( o=$(mesh_ssh "$peer" 2>&1 </dev/null); rc=$?
+    printf '{"key":"mesh","peer":"%s","rc":%d,"value":"%s"}\n' "$(esc "$peer")" "$rc" "$(esc "$o")" >"$T/mesh.$i" ) &
+  i=$((i+1))
+done
+j os "$(uname -s)"
+j arch "$(uname -m)"
+j release "$(uname -r)"
+j path "$PATH"
+p=$(command -v "$PY" 2>/dev/null)
+j python_path "$p"
+if [ -n "$p" ] && [ "$FULL" = yes ]; then ( j python_info "$("$PY" -c "$PYTHON_INFO" 2>&1 </dev/null)" >"$T/python" ) & fi
+m=$(command -v mpirun 2>/dev/null)
+j mpirun "$m"
+mdir=
+if [ -n "$m" ]; then
+  mr=$(readlink -f "$m" 2>/dev/null || printf '%s' "$m")
+  j mpirun_real "$mr"
+  if [ "$FULL" = yes ]; then ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" >"$T/mpirun" ) & fi
+  mdir=$(dirname "$(dirname "$mr")")/lib
+fi
+r=$(command -v rsync 2>/dev/null)
+j rsync "$r"
+if [ -n "$r" ]; then j rsync_version "$(rsync --version 2>&1 | head -n 1)"; fi
+# libmpi: the inventory's mpi_lib_dir, beside mpirun, then Homebrew, conda, Debian and RPM directories
+for d in "$LIBDIR" "$mdir" /opt/homebrew/lib /opt/homebrew/opt/open-mpi/lib /usr/local/lib \
+         "${CONDA_PREFIX:-/nonexistent}/lib" /usr/lib/x86_64-linux-gnu/openmpi/lib /usr/lib/aarch64-linux-gnu/openmpi/lib \
+         /usr/lib64/openmpi/lib /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64; do
+  [ -n "$d" ] || continue
+  for n in libmpi.dylib libmpi.40.dylib libmpi.so libmpi.so.40 libmpi.so.12; do
+    if [ -e "$d/$n" ]; then j libmpi "$d/$n"; fi
+  done
+done
+if [ -n "$LIBNAME" ]; then
+  if [ -e "$LIBNAME" ]; then j libname_exists yes; else j libname_exists no; fi
+fi
+d=$WD
+while [ ! -d "$d" ]; do d=$(dirname "$d"); done
+j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
+(ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null) | while IFS= read -r line; do j iface "$line"; done
+if [ "$(uname -s)" = Darwin ]; then j sip "$(csrutil status 2>&1)"; fi
+if [ -n "$SSH_CONFIG" ]; then
+  if [ -r "$SSH_CONFIG" ]; then j ssh_config yes; else j ssh_config no; fi
+fi
+wait
+cat "$T"/python "$T"/mpirun "$T"/mesh.* 2>/dev/null
+j done 1

@@ -1,0 +1,25 @@
+"""Run by the probe with the host's python: its version and prefix, and whether mlx (with mx.distributed)
+and mpi4py import, as one JSON line. Any failure is reported in the JSON, never raised."""
+import json
+import platform
+import sys
+
+
+def info() -> dict:
+    d = {"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix}
+    try:
+        import mlx.core as mx
+        d["mlx"] = mx.__version__
+        d["distributed"] = bool(mx.distributed.is_available())
+    except Exception as e:  # noqa: BLE001 - whatever breaks the import is what the user needs to see
+        d["mlx_error"] = type(e).__name__ + ": " + str(e)
+    try:
+        import mpi4py
+        d["mpi4py"] = mpi4py.__version__
+    except Exception as e:  # noqa: BLE001
+        d["mpi4py_error"] = type(e).__name__ + ": " + str(e)
+    return d
+
+
+if __name__ == "__main__":
+    print(json.dumps(info()))
