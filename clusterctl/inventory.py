@@ -108,6 +108,11 @@ class Cluster:
     def world_size(self) -> int:
         return sum(h.slots for h in self.hosts)
 
+    @property
+    def names(self) -> list[str]:
+        """The hosts' names, in rank order."""
+        return [h.name for h in self.hosts]
+
     @classmethod
     def this_machine(cls, workdir: str, slots: int = 1, backend: str = "mpi") -> "Cluster":
         """A cluster of this machine alone (no SSH), working in `workdir`, with the interpreter running

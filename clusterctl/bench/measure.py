@@ -69,7 +69,7 @@ class Bench:
         return {"world": result["world"], "backend": self.backend, "rows": collective_rows(result)}
 
     def point_to_point(self, nbytes: int, iters: int = P2P_ITERS) -> dict:
-        pairs = p2p_pairs(self.rank_hosts, self.backend)
+        pairs = p2p_pairs(self.rank_hosts, backends.get(self.backend).neighbours_only)
         if not pairs:
             raise BenchError("--p2p needs at least two hosts")
         spec = {"backend": self.backend, "p2p": {"bytes": nbytes, "pairs": pairs, "iters": iters},

@@ -136,16 +136,13 @@ def format_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
-def p2p_pairs(rank_hosts: list[str], backend: str) -> list[tuple[int, int]]:
-    """Directed (src rank, dst rank) pairs, one per ordered pair of hosts. mpi: every pair, between each
-    host's first rank. ring: MLX's ring sends only to a rank's two neighbours, so the pairs are the ring's
-    own links between hosts (the cables a ring of Thunderbolt hosts really uses)."""
-    # imported here, on the controller: the worker imports this module on hosts that have only mlx
-    from ..launch.backends import get
-
+def p2p_pairs(rank_hosts: list[str], neighbours_only: bool) -> list[tuple[int, int]]:
+    """Directed (src rank, dst rank) pairs, one per ordered pair of hosts. Usually every pair, between each
+    host's first rank. With `neighbours_only` (MLX's ring sends only to a rank's two neighbours) the pairs
+    are the ring's own links between hosts (the cables a ring of Thunderbolt hosts really uses)."""
     hosts = list(dict.fromkeys(rank_hosts))
     first = {h: rank_hosts.index(h) for h in hosts}
-    if not get(backend).neighbours_only:
+    if not neighbours_only:
         return [(first[a], first[b]) for a in hosts for b in hosts if a != b]
     pairs, seen, n = [], set(), len(rank_hosts)
     for r in range(n):

@@ -49,7 +49,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     say = (lambda text: click.echo(text, err=True))
     bench = Bench(cluster, backend, connect_timeout=connect_timeout, deadline_s=timeout)
     doc = {"inventory": cluster.path, "backend": backend, "world_size": cluster.world_size,
-           "hosts": [h.name for h in cluster.hosts]}
+           "hosts": cluster.names}
     if p2p:
         say(f"bench: point-to-point, {p2p_size} messages, {len(cluster.hosts)} hosts over {backend}")
         doc["p2p"] = bench.point_to_point(parse_size(p2p_size))

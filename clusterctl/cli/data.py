@@ -94,7 +94,7 @@ def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeo
     from ..transfer.shards import push_shards
 
     cluster = load(inventory_path)
-    bars = None if as_json else Bars.on_terminal([h.name for h in cluster.hosts], threshold=Bars.LARGE)
+    bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
     group = push_shards(cluster, data_dir, name=name, method=method, connect_timeout=connect_timeout,
                         timeout=timeout, host_key_checking=host_key_policy(strict_host_keys),
                         progress=bars.update if bars else None)

@@ -39,7 +39,7 @@ def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, chec
                           checksum=checksum, bwlimit_kbps=bwlimit, connect_timeout=connect_timeout, timeout=timeout,
                           host_key_checking=host_key_policy(strict_host_keys))
     plan = plan_sync(path, options)
-    bars = None if as_json else Bars.on_terminal([h.name for h in cluster.hosts], threshold=Bars.LARGE)
+    bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
     group = sync_tree(cluster, plan, options, progress=bars.update if bars else None)
     if bars:
         bars.close()

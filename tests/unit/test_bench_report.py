@@ -90,20 +90,20 @@ def test_rows_and_table():
 
 
 def test_p2p_pairs_mpi_every_ordered_pair_of_hosts_first_ranks():
-    assert p2p_pairs(["a", "a", "b", "c"], "mpi") == [(0, 2), (0, 3), (2, 0), (2, 3), (3, 0), (3, 2)]
-    assert p2p_pairs(["a", "a"], "mpi") == []
+    assert p2p_pairs(["a", "a", "b", "c"], neighbours_only=False) == [(0, 2), (0, 3), (2, 0), (2, 3), (3, 0), (3, 2)]
+    assert p2p_pairs(["a", "a"], neighbours_only=False) == []
 
 
 def test_p2p_pairs_ring_only_neighbours_across_hosts():
-    assert p2p_pairs(["a", "b", "c", "d"], "ring") == [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2), (3, 0), (0, 3)]
-    assert p2p_pairs(["a", "b"], "ring") == [(0, 1), (1, 0)]
-    assert p2p_pairs(["a", "a", "b"], "ring") == [(1, 2), (2, 1)]
+    assert p2p_pairs(["a", "b", "c", "d"], neighbours_only=True) == [(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2), (3, 0), (0, 3)]
+    assert p2p_pairs(["a", "b"], neighbours_only=True) == [(0, 1), (1, 0)]
+    assert p2p_pairs(["a", "a", "b"], neighbours_only=True) == [(1, 2), (2, 1)]
 
 
 def test_p2p_matrix_and_rendering_name_the_slowest_link():
     hosts = ["h1", "h2", "h3"]
     result = {"world": 3, "p2p": [{"src": s, "dst": d, "bytes": 10**9, "time_s": 1.0 if (s, d) != (2, 0) else 4.0}
-                                  for s, d in p2p_pairs(hosts, "mpi")]}
+                                  for s, d in p2p_pairs(hosts, neighbours_only=False)]}
     p2p = p2p_matrix(result, hosts)
     assert p2p["matrix"][2][0] == pytest.approx(0.25) and p2p["matrix"][0][1] == pytest.approx(1.0)
     assert p2p["matrix"][1][1] is None
@@ -116,7 +116,7 @@ def test_p2p_matrix_and_rendering_name_the_slowest_link():
 def test_p2p_matrix_ring_marks_unmeasured_pairs():
     hosts = ["h1", "h2", "h3", "h4"]
     result = {"world": 4, "p2p": [{"src": s, "dst": d, "bytes": 10**9, "time_s": 1.0}
-                                  for s, d in p2p_pairs(hosts, "ring")]}
+                                  for s, d in p2p_pairs(hosts, neighbours_only=True)]}
     text = render_matrix(p2p_matrix(result, hosts))
     assert text.splitlines()[2].split() == ["h1", "-", "1.000", "n/a", "1.000"]
     assert "ring ranks send only to their two neighbours" in text

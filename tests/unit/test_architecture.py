@@ -1,0 +1,169 @@
+"""The package's structure, read from the source: which part may import which (README, "Layout").
+
+    cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
+
+launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
+import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.
+Imports are read with ast, wherever they sit in a module (inside functions too).
+"""
+import ast
+import os
+
+import pytest
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
+
+BASE = {"errors", "atomic", "digest", "resources", "inventory", "inventory_edit"}
+# what each part may import from clusterctl (besides itself and the base modules)
+ALLOWED = {
+    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train"},
+    "run": {"launch", "transfer", "hosts"},
+    "doctor": {"launch", "hosts"},
+    "bench": {"launch", "transfer", "hosts"},
+    "launch": {"hosts"},
+    "transfer": {"hosts", "data"},
+    "hosts": set(),
+    "data": set(),
+    "train": {"data"},
+}
+ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
+ON_HOSTS_BASE = {"errors", "atomic", "digest"}  # base modules that import nothing but the standard library
+BASE_ORDER = ["errors", "atomic", "digest", "resources", "inventory", "inventory_edit"]  # each may import the earlier
+
+
+def modules():
+    for directory, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                rel = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
+                yield rel.removesuffix(".__init__"), path
+
+
+def imports(module: str, path: str) -> list[tuple[str, int]]:
+    """Every clusterctl module (or package) `module` imports, resolved to absolute names, with lines;
+    also every top-level third-party name, prefixed with '!'."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    is_package = path.endswith("__init__.py")
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((alias.name if alias.name.startswith("clusterctl") else "!" + alias.name.split(".")[0],
+                              node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if not base.startswith("clusterctl"):
+                found.append(("!" + base.split(".")[0], node.lineno))
+            elif base == "clusterctl" or node.module is None:   # `from .. import x`: x may be a module
+                found += [(f"{base}.{a.name}", node.lineno) for a in node.names if not a.name.startswith("__")]
+            else:
+                found.append((base, node.lineno))
+    return found
+
+
+def part(module: str) -> str | None:
+    """The part of the package a module belongs to: 'cli', 'hosts', ..., a base module's name, or None."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else None
+
+
+ALL = sorted(modules())
+
+
+def test_the_tree_is_what_the_rules_speak_of():
+    parts = {part(m) for m, _ in ALL} - {None, "__main__"}
+    assert parts == set(ALLOWED) | BASE, parts      # a new part or base module must be placed in the rules
+
+
+@pytest.mark.parametrize("module,path", ALL, ids=[m for m, _ in ALL])
+def test_imports_follow_the_dependency_rule(module, path):
+    me = part(module)
+    if me in (None, "__main__"):
+        return
+    for target, line in imports(module, path):
+        if target.startswith("!"):
+            continue
+        other = part(target)
+        if other is None or other == me:
+            continue
+        where = f"{path}:{line}: {module} imports {target}"
+        if me in BASE:
+            assert other in BASE and BASE_ORDER.index(other) < BASE_ORDER.index(me), where
+        elif me in ON_HOSTS:
+            assert other in ALLOWED[me] or other in ON_HOSTS_BASE, where
+        else:
+            assert other in ALLOWED[me] or other in BASE, where
+
+
+def test_launch_never_imports_doctor_and_hosts_stay_below():
+    for module, path in ALL:
+        targets = [t for t, _ in imports(module, path)]
+        if part(module) == "launch":
+            assert not any(part(t) == "doctor" for t in targets), module
+        if part(module) == "hosts":
+            assert not any(part(t) in ("launch", "transfer", "doctor", "run", "bench", "cli") for t in targets), module
+
+
+def test_only_the_cli_imports_click():
+    offenders = [m for m, p in ALL if part(m) != "cli" and ("!click", ) in {(t,) for t, _ in imports(m, p)}]
+    assert offenders == []
+
+
+def test_paramiko_stays_in_the_ssh_layer():
+    offenders = [m for m, p in ALL if "!paramiko" in {t for t, _ in imports(m, p)}
+                 and m not in ("clusterctl.hosts.ssh", "clusterctl.hosts.sshconfig")]
+    assert offenders == []
+
+
+def test_programs_that_run_on_hosts_need_only_the_standard_library():
+    scripts = os.path.join(PACKAGE, "hosts", "scripts")
+    for name in os.listdir(scripts):
+        if name.endswith(".py") and name != "__init__.py":
+            third_party = {t for t, _ in imports("clusterctl.hosts.scripts." + name[:-3], os.path.join(scripts, name))
+                           if not t.startswith("!") or t[1:] not in STDLIB}
+            assert third_party <= {"!mlx", "!mpi4py"}, (name, third_party)    # both optional, probed
+
+
+STDLIB = {"json", "os", "sys", "re", "shutil", "stat", "hashlib", "platform", "socket", "threading", "time",
+          "__future__"}
+
+
+# ---- cli/: parse, call the core once, print ---------------------------------------------------------
+
+ORCHESTRATION_MODULES = {"!subprocess", "!concurrent", "!queue", "!socket", "!multiprocessing",
+                         "!paramiko", "!select"}
+ORCHESTRATION_CALLS = {"run_all", "in_background", "Popen", "Thread", "stream", "run_everywhere_in_threads"}
+
+
+@pytest.mark.parametrize("module,path", [(m, p) for m, p in ALL if part(m) == "cli"],
+                         ids=[m for m, _ in ALL if part(m) == "cli"])
+def test_the_cli_holds_no_orchestration(module, path):
+    assert not ({t for t, _ in imports(module, path)} & ORCHESTRATION_MODULES), module
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            assert name not in ORCHESTRATION_CALLS, f"{path}:{node.lineno}: {name}()"
+        if isinstance(node, (ast.For, ast.comprehension)):
+            it = node.iter
+            assert not (isinstance(it, ast.Attribute) and it.attr == "hosts"), \
+                f"{path}:{getattr(node, 'lineno', getattr(it, 'lineno', 0))}: a loop over hosts"
+
+
+def test_the_rule_checker_catches_a_violation(tmp_path):
+    """The checker above is not vacuous: a module that breaks each rule is caught by the same code."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ..doctor import checks\nimport click\nfrom ..hosts.fanout import run_all\n"
+                   "def f(cluster):\n    for h in cluster.hosts:\n        run_all([], None, 1)\n")
+    found = imports("clusterctl.launch.bad", str(bad))
+    assert ("clusterctl.doctor", 1) in found and ("!click", 2) in found
+    with pytest.raises(AssertionError, match="clusterctl.launch.bad imports clusterctl.doctor"):
+        test_imports_follow_the_dependency_rule("clusterctl.launch.bad", str(bad))
+    with pytest.raises(AssertionError, match="run_all|a loop over hosts"):
+        test_the_cli_holds_no_orchestration("clusterctl.cli.bad", str(bad))

@@ -1,0 +1,119 @@
+"""The backend registry (clusterctl/launch/backends.py): names, lookups, and each entry's launch command,
+built for real into a temporary directory (no launcher is started)."""
+import json
+import os
+import stat
+
+import pytest
+
+from clusterctl.errors import InventoryError, LaunchError, UsageError
+from clusterctl.inventory import parse
+from clusterctl.launch import backends
+from clusterctl.launch.backends import REGISTRY, MLXLaunchBackend, Where, for_hostfile, get, names, validated
+from clusterctl.launch.plan import LaunchPlan
+
+INVENTORY = """\
+defaults: {python: /opt/py/bin/python3, workdir: /w}
+hosts:
+  - {name: a, address: 10.0.0.1}
+  - {name: b, address: 10.0.0.2, slots: 2}
+mpi: {btl_tcp_links: 2}
+launch: {backend: ring, connections_per_ip: 2}
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return parse(INVENTORY, str(tmp_path / "inv.yaml"))
+
+
+def where(tmp_path, **kwargs):
+    return Where(**{"dir": str(tmp_path / "launch"), "ssh": "/usr/bin/ssh", "as_root": False, "launcher": None,
+                    **kwargs})
+
+
+def test_the_registry_names_and_lookups():
+    assert names() == ["mpi", "ring", "jaccl"] and names(benchmarked=True) == ["mpi", "ring"]
+    assert get("mpi").launcher_name == "mpirun" and get("jaccl").launcher_name == "mlx.launch"
+    with pytest.raises(ValueError, match="unknown backend 'nccl'"):
+        get("nccl")
+
+
+def test_an_inventorys_backend_must_be_registered_and_the_error_names_its_line(tmp_path):
+    assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl}\n")).launch.backend == "jaccl"
+    with pytest.raises(InventoryError) as info:
+        validated(parse("hosts: [a]\nlaunch:\n  backend: nccl\n", str(tmp_path / "i.yaml")))
+    assert str(info.value) == f"{tmp_path / 'i.yaml'}:3: launch.backend must be one of mpi, ring, jaccl, not 'nccl'"
+
+
+def test_which_backend_reads_which_hostfile():
+    assert for_hostfile("openmpi", "ring").name == "mpi"
+    assert for_hostfile("mlx", "mpi").name == "ring" and for_hostfile("mlx", "jaccl").name == "jaccl"
+    with pytest.raises(UsageError, match="needs Open MPI.*works with mlx or openmpi"):
+        for_hostfile("mpich", "mpi")
+
+
+def test_mpi_command_writes_its_hostfile_and_passes_every_variable_with_x(cluster, tmp_path):
+    command = get("mpi").command(cluster, LaunchPlan({"LD_LIBRARY_PATH": "/l"}, "10.0.0.0/24"),
+                                 program=["/opt/py/bin/python3", "t.py", "a b"], rank_env={"K": "v w"},
+                                 where=where(tmp_path, as_root=True, launcher=["/usr/bin/mpirun"]),
+                                 connect_timeout=7, host_key_checking="strict")
+    hostfile = str(tmp_path / "launch" / "hostfile")
+    assert [(p, text.splitlines()[1:]) for p, text, _ in command.files] == [(hostfile, ["a slots=1", "b slots=2"])]
+    argv = command.argv
+    assert argv[:6] == ["/usr/bin/mpirun", "--allow-run-as-root", "--hostfile", hostfile, "-np", "3"]
+    agent = argv[argv.index("plm_rsh_agent") + 1]
+    assert "StrictHostKeyChecking=yes" in agent and "ConnectTimeout=7" in agent
+    assert argv[argv.index("btl_tcp_links") + 1] == "2" and argv[argv.index("btl_tcp_if_include") + 1] == "10.0.0.0/24"
+    assert ["-x", "K=v w"] == argv[argv.index("K=v w") - 1:argv.index("K=v w") + 1]
+    assert argv[argv.index("--"):] == ["--", "/opt/py/bin/python3", "t.py", "a b"] and command.path_prepend is None
+
+
+def test_ring_command_reaches_hosts_through_an_ssh_shim_first_on_path(cluster, tmp_path):
+    launch_dir = tmp_path / "launch"
+    command = get("ring").command(cluster, LaunchPlan({}), program=["/opt/py/bin/python3", "-c", "x", "arg"],
+                                  rank_env={"A": "1"}, where=where(tmp_path, launcher=["/bin/mlx.launch"]),
+                                  connect_timeout=5)
+    files = {os.path.relpath(p, launch_dir): (text, mode) for p, text, mode in command.files}
+    assert sorted(files) == ["hosts.json", "ssh/ssh"] and command.path_prepend == str(launch_dir / "ssh")
+    hosts = json.loads(files["hosts.json"][0])
+    assert hosts["backend"] == "ring" and [h["ips"] for h in hosts["hosts"]] == [["10.0.0.1"], ["10.0.0.2"], ["10.0.0.2"]]
+    shim, mode = files["ssh/ssh"]
+    assert mode == 0o755 and shim.startswith("#!/bin/sh\nexec /usr/bin/ssh -o BatchMode=yes -o ConnectTimeout=5")
+    assert command.argv == ["/bin/mlx.launch", "--hostfile", str(launch_dir / "hosts.json"), "--backend", "ring",
+                            "--python", "/opt/py/bin/python3", "--connections-per-ip", "2", "--env", "A=1",
+                            "--", "-c", "x", "arg"]
+    backends.write_files(command)
+    assert stat.S_IMODE(os.stat(launch_dir / "ssh" / "ssh").st_mode) == 0o755
+    assert json.loads((launch_dir / "hosts.json").read_text()) == hosts
+
+
+def test_mlx_launch_without_an_ssh_client_is_a_launch_error(cluster, tmp_path):
+    with pytest.raises(LaunchError, match="needs an OpenSSH client \\(ssh\\) on h9"):
+        get("ring").command(cluster, LaunchPlan({}), program=["py"], rank_env={},
+                            where=where(tmp_path, ssh=None, name="h9"), connect_timeout=5)
+
+
+def test_tuning_settings_apply_to_the_cluster_and_store_only_what_is_new(cluster):
+    mpi, ring = get("mpi"), get("ring")
+    tuned = mpi.with_setting(cluster, {"btl_tcp_links": 8, "if_include": "10.0.0.0/24"})
+    assert (tuned.mpi.btl_tcp_links, tuned.mpi.if_include) == (8, "10.0.0.0/24") and cluster.mpi.btl_tcp_links == 2
+    assert mpi.inventory_lines({"btl_tcp_links": 8, "if_include": "10.0.0.0/24"}, LaunchPlan({}, "10.0.0.0/24")) == \
+        [("mpi", "btl_tcp_links", "8")]
+    assert mpi.inventory_lines({"btl_tcp_links": 1, "if_include": "10.1.0.0/16"}, LaunchPlan({})) == \
+        [("mpi", "btl_tcp_links", "1"), ("mpi", "if_include", '"10.1.0.0/16"')]
+    assert ring.with_setting(cluster, {"connections_per_ip": 4}).launch.connections_per_ip == 4
+    assert ring.inventory_lines({"connections_per_ip": 4}, LaunchPlan({})) == [("launch", "connections_per_ip", "4")]
+    clash = parse("hosts: [a]\nmpi: {extra_args: [--mca, btl_tcp_links, '2']}\n")
+    assert "remove it there" in mpi.tune_conflict(clash) and mpi.tune_conflict(cluster) is None
+    assert get("jaccl").tune_count is None
+
+
+def test_a_new_backend_is_one_registry_entry(monkeypatch, cluster, tmp_path):
+    """What the README's contributor notes promise: register an entry and the rest of clusterctl sees it."""
+    monkeypatch.setitem(REGISTRY, "jaccl-ring", MLXLaunchBackend("jaccl-ring"))
+    assert "jaccl-ring" in names()
+    assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl-ring}\n")).launch.backend == "jaccl-ring"
+    command = get("jaccl-ring").command(cluster, LaunchPlan({}), program=["py", "t.py"], rank_env={},
+                                        where=where(tmp_path, launcher=["mlx.launch"]), connect_timeout=5)
+    assert command.argv[command.argv.index("--backend") + 1] == "jaccl-ring"

@@ -1,0 +1,90 @@
+"""The launch plan (clusterctl/launch/plan.py): what it takes from canned probe facts, the cache of the
+last verified plan, and the pre-flight against this machine's real probe (no SSH)."""
+import json
+import os
+import sys
+
+import pytest
+
+from clusterctl.errors import PreflightError
+from clusterctl.hosts.connector import Connector
+from clusterctl.hosts.probe import Facts, HostProbe
+from clusterctl.inventory import parse
+from clusterctl.launch.plan import LaunchPlan, cached_plan, discover, plan_from_probes, remember_plan
+
+IP = {"h1": "2: eth1    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth1",
+      "h2": "2: eth1    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth1"}
+
+
+def probes(cluster, os_name="Darwin", libmpi="/opt/homebrew/lib/libmpi.dylib"):
+    out = []
+    for h in cluster.hosts:
+        facts = Facts({"os": [os_name], "iface": [IP[h.name]], **({"libmpi": [libmpi]} if libmpi else {})})
+        out.append(HostProbe(h, facts))
+    return out
+
+
+def test_the_plan_exports_the_first_hosts_libmpi_and_pins_mpi_to_the_shared_subnet():
+    cluster = parse("hosts: [{name: h1, address: 10.0.0.1}, {name: h2, address: 10.0.0.2}]\n")
+    plan = plan_from_probes(cluster, probes(cluster))
+    assert plan == LaunchPlan({"DYLD_LIBRARY_PATH": "/opt/homebrew/lib",
+                               "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}, "10.0.0.0/24")
+
+
+def test_the_inventory_wins_over_what_the_probe_found():
+    cluster = parse("defaults: {env: {MLX_MPI_LIBNAME: /mine/libmpi.so}}\n"
+                    "hosts: [{name: h1, address: 10.0.0.1}, {name: h2, address: 10.0.0.2}]\n"
+                    "mpi: {if_include: eth1}\n")
+    plan = plan_from_probes(cluster, probes(cluster, "Linux", "/usr/lib/libmpi.so"))
+    assert plan.env == {"LD_LIBRARY_PATH": "/usr/lib", "MLX_MPI_LIBNAME": "/mine/libmpi.so"}
+    assert plan.if_include == "eth1"
+
+
+def test_no_libmpi_and_no_addresses_plan_nothing_extra():
+    cluster = parse("hosts: [h1, h2]\n")
+    assert plan_from_probes(cluster, probes(cluster, libmpi=None)) == LaunchPlan({}, None)
+
+
+def test_the_cached_plan_round_trips_per_cluster_and_a_damaged_cache_is_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    one, two = parse("hosts: [h1]\n", "one.yaml"), parse("hosts: [h1]\nmpi: {btl_tcp_links: 8}\n", "two.yaml")
+    assert cached_plan(one) is None
+    remember_plan(one, LaunchPlan({"A": "1"}, "10.0.0.0/24"))
+    assert cached_plan(one) == LaunchPlan({"A": "1"}, "10.0.0.0/24")
+    assert cached_plan(parse("hosts: [h1]\n", "elsewhere/same.yaml")) == cached_plan(one)   # same cluster, other file
+    assert cached_plan(two) is None                                                       # other MPI settings
+    [path] = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
+    for damage in ("{", json.dumps({"env": {"A": 1}, "if_include": None}), json.dumps([1])):
+        with open(path, "w") as f:
+            f.write(damage)
+        assert cached_plan(one) is None, damage
+
+
+def local(tmp_path, **host):
+    settings = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {"workdir": str(tmp_path), **host}.items())
+    return parse(f"hosts: [{{name: here, local: true, {settings}}}]\n", str(tmp_path / "inv.yaml"))
+
+
+def test_the_preflight_on_this_machine_names_what_is_missing(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "mymod.py").write_text("")
+    connector = Connector(local(tmp_path))
+    assert isinstance(discover(connector, script="train.py"), LaunchPlan)
+    assert isinstance(discover(connector, module="mymod"), LaunchPlan)
+    with pytest.raises(PreflightError, match=f"here: {tmp_path}/nope.py does not exist there"):
+        discover(connector, script="nope.py")
+    with pytest.raises(PreflightError, match="cannot import no_such_module there"):
+        discover(connector, module="no_such_module")
+    with pytest.raises(PreflightError, match="python '/nonexistent/python3' not found on the non-interactive PATH"):
+        discover(Connector(local(tmp_path, python="/nonexistent/python3")), script="train.py")
+
+
+def test_the_preflight_imports_a_module_as_a_rank_does_with_the_inventorys_env(tmp_path):
+    """A module found only through the inventory's PYTHONPATH passes, as it would on the rank."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "onlyhere.py").write_text("")
+    connector = Connector(local(tmp_path, python=sys.executable))
+    with pytest.raises(PreflightError):
+        discover(connector, module="onlyhere")
+    connector = Connector(local(tmp_path, python=sys.executable, env={"PYTHONPATH": str(tmp_path / "lib")}))
+    assert isinstance(discover(connector, module="onlyhere"), LaunchPlan)

@@ -1,0 +1,88 @@
+"""The host-side file helper (hosts/scripts/filehelper.py) through transfer.remotefiles.call, on this machine
+through LocalTransport: the same program, the same JSON, that sync and data push run on every host."""
+import hashlib
+import os
+import sys
+
+import pytest
+
+from clusterctl.errors import CommandFailed
+from clusterctl.hosts.files import TMP_MARK
+from clusterctl.hosts.transport import LocalTransport
+from clusterctl.transfer import remotefiles
+
+PY = sys.executable
+
+
+def call(op, request):
+    return remotefiles.call(LocalTransport("here"), PY, op, request)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_scan_creates_directories_hashes_files_and_clears_leftover_temporary_files(tmp_path):
+    root = tmp_path / "w"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_bytes(b"a\n")
+    (root / "pkg" / "a.py").chmod(0o640)
+    os.symlink("pkg/a.py", root / "link")
+    (root / "pkg" / f"b.py{TMP_MARK}1234abcd").write_text("half")        # an interrupted upload
+    answer = call("scan", {"root": str(root), "paths": ["pkg/a.py", "link", "gone.py", "pkg"],
+                           "dirs": ["pkg", "new/deeper"], "hash": True})
+    assert answer["files"] == {"pkg/a.py": [sha(b"a\n"), 0o640], "link": ["link:pkg/a.py", 0o777],
+                               "gone.py": None, "pkg": ["other", 0]}
+    assert (root / "new" / "deeper").is_dir() and not any(TMP_MARK in n for n in os.listdir(root / "pkg"))
+
+
+def test_a_dry_scan_changes_nothing_and_lists_the_tree_without_protected_places(tmp_path):
+    root = tmp_path / "w"
+    for rel in ("a.py", "data/shard.bin", "runs/x/log", "sub/data/keep.py", "venv/lib/x.py", "cache/__pycache__/c.pyc"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    (root / "venv" / "pyvenv.cfg").write_text("")
+    answer = call("scan", {"root": str(root), "list": True, "dry": True, "prune_top": ["data", "runs"],
+                           "prune_names": ["__pycache__"], "dirs": ["never"]})
+    assert answer["tree"] == ["a.py", "sub/data/keep.py"] and not (root / "never").exists()
+    assert call("scan", {"root": str(tmp_path / "absent"), "list": True, "dry": True})["tree"] == []
+
+
+def test_delete_removes_files_and_the_directories_they_leave_empty(tmp_path):
+    root = tmp_path / "w"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "x.py").write_text("x")
+    (root / "a" / "keep.py").write_text("k")
+    answer = call("delete", {"root": str(root), "paths": ["a/b/x.py", "not-there.py"]})
+    assert answer == {"deleted": ["a/b/x.py"]}
+    assert not (root / "a" / "b").exists() and (root / "a" / "keep.py").exists()
+
+
+def test_verify_places_good_shards_deletes_bad_ones_and_removes_stale_shards(tmp_path):
+    root = tmp_path / "data"
+    stage = root / ".incoming"
+    stage.mkdir(parents=True)
+    (stage / "shard-00000-of-00002.bin").write_bytes(b"good")
+    (stage / "val.bin").write_bytes(b"corrupted")
+    (root / "shard-00003-of-00004.bin").write_bytes(b"old world")
+    answer = call("verify", {"root": str(root), "stage": ".incoming",
+                             "files": [["shard-00000-of-00002.bin", sha(b"good")], ["val.bin", sha(b"v")]],
+                             "keep": ["shard-00000-of-00002.bin", "val.bin"],
+                             "stale": r"shard-\d+-of-\d+\.bin", "check": ["shard-00000-of-00002.bin", "val.bin"]})
+    assert answer == {"bad": ["val.bin"], "placed": ["shard-00000-of-00002.bin"],
+                      "stale": ["shard-00003-of-00004.bin"],
+                      "have": {"shard-00000-of-00002.bin": sha(b"good"), "val.bin": None}}
+    assert sorted(os.listdir(root)) == ["shard-00000-of-00002.bin"]          # the stage directory is gone too
+
+
+def test_a_large_request_travels_as_an_uploaded_file_that_is_removed_after(tmp_path):
+    root = tmp_path / "w"
+    paths = [f"dir/file-{i:05d}-{'x' * 40}.py" for i in range(2000)]     # well over ARG_LIMIT as JSON
+    answer = call("scan", {"root": str(root), "paths": paths, "dry": True})
+    assert len(answer["files"]) == 2000 and all(v is None for v in answer["files"].values())
+    assert not [n for n in os.listdir(tmp_path) if "clusterctl-req" in n]
+
+
+def test_a_helper_that_cannot_run_is_a_command_failure_naming_the_op(tmp_path):
+    with pytest.raises(CommandFailed, match=r"here: `/nonexistent/python \(clusterctl file helper: scan\)` exited 127"):
+        remotefiles.call(LocalTransport("here"), "/nonexistent/python", "scan", {"root": str(tmp_path)})

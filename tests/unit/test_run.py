@@ -1,0 +1,117 @@
+"""`run` as a function (clusterctl/run.py), without click: the program it picks, a dry run, and real jobs
+on this machine (two ranks, launched by the real launcher), recorded through RunEvents."""
+import json
+import os
+import sys
+
+import pytest
+
+from clusterctl.errors import UsageError
+from clusterctl.inventory import Cluster, parse
+from clusterctl.launch import backends
+from clusterctl.launch.supervise import Outcome
+from clusterctl.run import BUNDLED_TRAINER, Program, RunEvents, RunOptions, RunResult, program_for, run
+
+
+def test_the_program_is_a_script_a_module_or_the_bundled_trainer():
+    assert program_for("train.py", ("--lr", "1"), None) == Program("train.py", None, ("--lr", "1"))
+    assert program_for(None, ("--steps", "5"), "pkg.tool") == Program(None, "pkg.tool", ("--steps", "5"))
+    assert program_for(None, (), None) == Program(None, BUNDLED_TRAINER, ())
+    # `run -- --steps 100`: click hands over "--steps" as the SCRIPT; it is the trainer's argument
+    assert program_for("--steps", ("100",), None) == Program(None, BUNDLED_TRAINER, ("--steps", "100"))
+    assert Program(None, "m", ("a",)).argv == ("-m", ["m", "a"]) and Program("s.py", None, ("a",)).argv == ("s.py", ["a"])
+    with pytest.raises(UsageError, match="give a SCRIPT or --module, not both"):
+        program_for("train.py", (), "pkg")
+
+
+def test_exit_codes_of_a_result():
+    def result(code):
+        return RunResult(None, Outcome(code, "x")).exit_code
+    assert RunResult(None, None).exit_code == 0 and (result(0), result(3), result(130)) == (0, 3, 130)
+    assert result(-9) == 1 and result(300) == 1     # a signal's negative status, or no shell status at all
+
+
+class Recorder(RunEvents):
+    def __init__(self):
+        self.events = []
+
+    def started(self, launch, program, world, backend):
+        self.events.append(("started", program, world, backend))
+
+    def output(self, text, is_err):
+        self.events.append(("output", text))
+
+    def staged(self, what, hosts, files, nbytes):
+        self.events.append(("staged", what))
+
+    @property
+    def lines(self):
+        return sorted(e[1] for e in self.events if e[0] == "output")
+
+
+SCRIPT = """import os, sys
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[1], strict=True)
+x = mx.distributed.all_sum(mx.array([g.rank() + 1.0]), group=g)
+print(g.rank(), g.size(), x.item(), os.path.basename(os.getcwd()), flush=True)
+sys.exit(int(sys.argv[2]) if g.rank() == 1 else 0)
+"""
+
+
+def project(tmp_path):
+    (tmp_path / "p").mkdir(exist_ok=True)
+    (tmp_path / "p" / "job.py").write_text(SCRIPT)
+    return str(tmp_path / "p")
+
+
+def test_a_dry_run_describes_the_launch_and_starts_nothing(tmp_path):
+    cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="mpi")
+    result = run(cluster, RunOptions(script="job.py", args=("mpi", "0"), dry_run=True, preflight=False,
+                                     runs_dir=str(tmp_path / "runs"), project_dir=project(tmp_path)))
+    described = result.launch.describe()
+    assert result.outcome is None and result.exit_code == 0
+    assert described["rank_hosts"] == ["localhost", "localhost"] and described["backend"] == "mpi"
+    assert described["rank_env"]["CLUSTERCTL_WORLD_SIZE"] == "2" and described["argv"][-3:] == ["job.py", "mpi", "0"]
+    assert sorted(os.listdir(result.launch.run_dir)) == ["hostfile", "launch.json"]     # no rank ever started
+    assert json.loads((tmp_path / "runs" / result.launch.run_id / "launch.json").read_text()) == described
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_job_on_this_machine_runs_every_rank_in_the_project(tmp_path, backend):
+    if backends.get(backend).launcher_here() is None:
+        pytest.skip(f"{backends.get(backend).launcher_name} is not installed here")
+    events = Recorder()
+    cluster = Cluster.this_machine(project(tmp_path), slots=2, backend=backend)
+    result = run(cluster, RunOptions(script="job.py", args=(backend, "0"), runs_dir=str(tmp_path / "runs"),
+                                     project_dir=project(tmp_path)), events)
+    assert result.exit_code == 0, result.outcome.reason
+    assert ("started", "job.py", 2, backend) in events.events
+    assert events.lines == [f"[rank 0 localhost] 0 2 3.0 p", f"[rank 1 localhost] 1 2 3.0 p"]
+    assert open(os.path.join(result.launch.run_dir, "rank-1.log")).read() == "1 2 3.0 p\n"
+
+
+def test_a_failing_rank_fails_the_run_with_its_exit_code_and_last_lines(tmp_path):
+    cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="ring")
+    result = run(cluster, RunOptions(script="job.py", args=("ring", "3"), runs_dir=str(tmp_path / "runs"),
+                                     project_dir=project(tmp_path)), Recorder())
+    assert result.exit_code == 3 and result.outcome.failed_rank == 1
+    assert "rank 1 on localhost exited 3" in result.outcome.reason and result.outcome.tail == ["1 2 3.0 p"]
+
+
+def test_no_launcher_anywhere_is_a_usage_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(backends.get("mpi"), "launcher_here", lambda: None)
+    with pytest.raises(UsageError, match="mpirun is not installed here"):
+        run(Cluster.this_machine(str(tmp_path), slots=2, backend="mpi"),
+            RunOptions(script="job.py", preflight=False, dry_run=True, runs_dir=str(tmp_path / "runs")))
+
+
+def test_an_inventory_cluster_runs_through_the_same_function(tmp_path):
+    """`--hosts` with a local host: the inventory's slots and workdir, nothing of this machine's default."""
+    where = project(tmp_path)
+    cluster = parse(f"hosts: [{{name: box, local: true, slots: 3, workdir: {json.dumps(where)}}}]\n"
+                    "launch: {backend: ring}\n", str(tmp_path / "inv.yaml"))
+    events = Recorder()
+    result = run(cluster, RunOptions(script="job.py", args=("ring", "0"), runs_dir=str(tmp_path / "runs")), events)
+    assert result.exit_code == 0 and [line.split()[:4] for line in events.lines] == \
+        [["[rank", "0", "box]", "0"], ["[rank", "1", "box]", "1"], ["[rank", "2", "box]", "2"]]
+    assert sys.executable == cluster.hosts[0].python
