@@ -103,25 +103,13 @@ def rank_seed(seed: int, rank: int) -> int:
     return (seed + 1) * 1_000_003 + rank
 
 
-def random_states(group) -> list[list[int]]:
-    """Every rank's MLX random key, [hi, lo] per rank, in rank order."""
-    key = mx.random.state[0].astype(mx.uint32)
-    keys = mx.distributed.all_gather(key[None], group=group, stream=mx.cpu) if group.size() > 1 else key[None]
-    return keys.tolist()
-
-
-def restore_random_state(key: list[int]) -> None:
-    # mx.random.seed(s) sets the key to [s >> 32, s & 0xffffffff], so this restores a saved key exactly.
-    mx.random.seed((int(key[0]) << 32) | int(key[1]))
-
-
 def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
     """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
     checkpoint.load_model(ckpt, model)
     checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
     keys = resumed["rng"]
     if len(keys) == world:
-        restore_random_state(keys[rank])
+        checkpoint.restore_random_state(keys[rank])
     else:      # DP on another world size: the data split changes too, so the batches differ from here
         mx.random.seed(rank_seed(config.seed, rank))
         if rank == 0:
@@ -178,7 +166,8 @@ def train(argv: list[str] | None = None) -> None:
 
     def save(step: int) -> None:
         state = {"config": config.training_dict(), "world_size": world, "strategy": config.strategy,
-                 "rng": random_states(group), "data_position": {"step": step, "micro_batch": step * config.accum},
+                 "rng": checkpoint.random_states(group),
+                 "data_position": {"step": step, "micro_batch": step * config.accum},
                  "tokenizer": portable_spec(tokenizer), "vocab_size": vocab_size,
                  "model": ModelArgs.from_config(config, vocab_size).__dict__}
         path = checkpoint.save(out_dir, step, model, optimizer, state, group, keep=config.keep)
