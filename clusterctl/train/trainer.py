@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from . import checkpoint, collectives
+from .callbacks import Callbacks, Checkpointing, Reporting
 from .config import ConfigError, TrainConfig, default_out_dir, parse_args
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
@@ -157,37 +158,29 @@ def train(argv: list[str] | None = None) -> None:
     train_batches = BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, rank)
     val_batches = BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank)
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
-    reporter = Reporter(out_dir, group, tokens_per_step, start)
+    callbacks = Callbacks(Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
+                          Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer),
+                                        vocab_size))
     if rank == 0:
         print(f"{config.strategy} on {world} rank(s): {count_parameters(model) / 1e6:.2f}M parameters, "
               f"{len(train_tokens):,} training tokens on rank 0, {tokens_per_step:,} tokens per step, "
               f"steps {start + 1}..{config.steps}, run directory {out_dir}"
               + (f", resumed from {ckpt}" if ckpt else ""), flush=True)
 
-    def save(step: int) -> None:
-        state = {"config": config.training_dict(), "world_size": world, "strategy": config.strategy,
-                 "rng": checkpoint.random_states(group),
-                 "data_position": {"step": step, "micro_batch": step * config.accum},
-                 "tokenizer": portable_spec(tokenizer), "vocab_size": vocab_size,
-                 "model": ModelArgs.from_config(config, vocab_size).__dict__}
-        path = checkpoint.save(out_dir, step, model, optimizer, state, group, keep=config.keep)
-        if rank == 0:
-            print(f"step {step} | checkpoint {path}", flush=True)
-
     for step in range(start, config.steps):
         x, y = micro_batches(train_batches, step, config.accum)
         loss, grad_norm = step_fn(x, y)
         mx.eval(loss, grad_norm, model.state, optimizer.state)
-        reporter.add(loss, grad_norm)
         done = step + 1
         last = done == config.steps
+        callbacks.on_step(done, loss, grad_norm)
         if done % config.report_every == 0 or last or step == start:   # the first step shows the start
-            reporter.report(done, config.steps, optimizer.learning_rate.item())
-        with reporter.paused():
+            callbacks.on_report(done, optimizer.learning_rate.item())
+        with callbacks.paused():
             if (config.eval_every and done % config.eval_every == 0) or last:
-                reporter.evaluation(done, evaluate(model, val_batches, config.eval_batches, group))
+                callbacks.on_eval(done, evaluate(model, val_batches, config.eval_batches, group))
             if (config.ckpt_every and done % config.ckpt_every == 0) or last:
-                save(done)
+                callbacks.on_checkpoint(done)
 
 
 def main(argv: list[str] | None = None) -> int:
