@@ -11,22 +11,32 @@ Resume after a crash or kill with `--resume latest --out DIR` (or `--resume DIR`
 at each step equals what the uninterrupted run's would have been: the data position is the step (batches
 are a pure function of seed, rank and step), and the checkpoint holds the parameters, the AdamW state and
 step count, and every rank's random state.
+
+`train(argv)` sets a run up from its flags (world, run directory, resume, data, model, optimizer) and hands
+it to `fit(model, optimizer, data, config, callbacks)`, the loop, which reports, evaluates and checkpoints
+only through its callbacks (callbacks.py).
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from . import checkpoint, collectives
+from .callbacks import Callback, Callbacks, Checkpointing, Reporting
 from .config import ConfigError, TrainConfig, default_out_dir, parse_args
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
 from .step import make_optimizer, make_step
+
+if TYPE_CHECKING:
+    from ..data.loader import BatchLoader
 
 
 def init_world():
@@ -36,6 +46,26 @@ def init_world():
     if not os.environ.get("CLUSTERCTL_WORLD_SIZE") and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
         expected = int(os.environ["OMPI_COMM_WORLD_SIZE"])
     return collectives.init_world(expected=expected)
+
+
+def resolve_run(config: TrainConfig, argv: list[str] | None, group):
+    """(config, run directory, checkpoint, its state). Resuming, the config is read again over the
+    checkpoint's (flags still win); not resuming, a directory that holds checkpoints is refused."""
+    if config.resume == "latest" and not config.out and not os.environ.get("CLUSTERCTL_RUN_DIR"):
+        raise ConfigError("--resume latest needs --out DIR (the run to continue)")
+    out_dir = out_dir_for(config, group)
+    if not config.resume:
+        if list(Path(out_dir, "checkpoints").glob("step-*")):
+            raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
+                              f"{out_dir}, or train into another --out")
+        return config, out_dir, None, None
+    ckpt = checkpoint.resolve(config.resume, out_dir)
+    resumed = checkpoint.read_state(ckpt)
+    config = parse_args(argv, resumed["config"])               # flags still win over the checkpoint
+    checkpoint.check_compatible(resumed, config.strategy, group.size(), ckpt)
+    if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
+        out_dir = str(ckpt.parent.parent)                      # keep writing into the run that was resumed
+    return config, out_dir, ckpt, resumed
 
 
 def out_dir_for(config: TrainConfig, group) -> str:
@@ -103,25 +133,13 @@ def rank_seed(seed: int, rank: int) -> int:
     return (seed + 1) * 1_000_003 + rank
 
 
-def random_states(group) -> list[list[int]]:
-    """Every rank's MLX random key, [hi, lo] per rank, in rank order."""
-    key = mx.random.state[0].astype(mx.uint32)
-    keys = mx.distributed.all_gather(key[None], group=group, stream=mx.cpu) if group.size() > 1 else key[None]
-    return keys.tolist()
-
-
-def restore_random_state(key: list[int]) -> None:
-    # mx.random.seed(s) sets the key to [s >> 32, s & 0xffffffff], so this restores a saved key exactly.
-    mx.random.seed((int(key[0]) << 32) | int(key[1]))
-
-
 def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
     """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
     checkpoint.load_model(ckpt, model)
     checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
     keys = resumed["rng"]
     if len(keys) == world:
-        restore_random_state(keys[rank])
+        checkpoint.restore_random_state(keys[rank])
     else:      # DP on another world size: the data split changes too, so the batches differ from here
         mx.random.seed(rank_seed(config.seed, rank))
         if rank == 0:
@@ -130,26 +148,46 @@ def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: in
     return resumed["step"]
 
 
+@dataclass(frozen=True)
+class TrainData:
+    """What fit reads besides the model: this rank's batches, the ranks they are split over, and how many
+    optimizer steps the run has already taken (the data position: batches are a function of the step)."""
+    train: BatchLoader          # micro-batch i of this rank is train.batch(i)
+    val: BatchLoader            # the held-out loss reads val.batch(0 .. eval_batches - 1)
+    group: mx.distributed.Group
+    start: int = 0
+
+
+def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callback | None = None) -> None:
+    """Train optimizer steps data.start + 1 .. config.steps. Every rank calls this with the same config; the
+    callbacks hear of every step, report, held-out loss and checkpoint (see callbacks.py for when)."""
+    callbacks = Callback() if callbacks is None else callbacks
+    mx.eval(model.parameters(), optimizer.state)
+    step_fn = make_step(model, optimizer, config, data.group)
+    for step in range(data.start, config.steps):
+        x, y = micro_batches(data.train, step, config.accum)
+        loss, grad_norm = step_fn(x, y)
+        mx.eval(loss, grad_norm, model.state, optimizer.state)
+        done = step + 1
+        last = done == config.steps
+        callbacks.on_step(done, loss, grad_norm)
+        if done % config.report_every == 0 or last or step == data.start:   # the first step shows the start
+            callbacks.on_report(done, optimizer.learning_rate.item())
+        with callbacks.paused():
+            if (config.eval_every and done % config.eval_every == 0) or last:
+                callbacks.on_eval(done, evaluate(model, data.val, config.eval_batches, data.group))
+            if (config.ckpt_every and done % config.ckpt_every == 0) or last:
+                callbacks.on_checkpoint(done)
+
+
 def train(argv: list[str] | None = None) -> None:
+    """One rank's run: flags, world, run directory and resume, data, model and optimizer, then fit."""
     config = parse_args(argv)
     group = init_world()
     rank, world = group.rank(), group.size()
-    if config.resume == "latest" and not config.out and not os.environ.get("CLUSTERCTL_RUN_DIR"):
-        raise ConfigError("--resume latest needs --out DIR (the run to continue)")
-    out_dir = out_dir_for(config, group)
-    resumed, ckpt = None, None
-    if not config.resume and list(Path(out_dir, "checkpoints").glob("step-*")):
-        raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
-                          f"{out_dir}, or train into another --out")
-    if config.resume:
-        ckpt = checkpoint.resolve(config.resume, out_dir)
-        resumed = checkpoint.read_state(ckpt)
-        config = parse_args(argv, resumed["config"])           # flags still win over the checkpoint
-        checkpoint.check_compatible(resumed, config.strategy, world, ckpt)
-        if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
-            out_dir = str(ckpt.parent.parent)                  # keep writing into the run that was resumed
-
+    config, out_dir, ckpt, resumed = resolve_run(config, argv, group)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
+
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
     model = Transformer(ModelArgs.from_config(config, vocab_size))
     optimizer = make_optimizer(config)
@@ -157,48 +195,26 @@ def train(argv: list[str] | None = None) -> None:
         start = restore(ckpt, resumed, model, optimizer, config, rank, world)
     else:
         start = 0
-        mx.random.seed(rank_seed(config.seed, rank))   # each rank's own stream (dropout) from here
+        mx.random.seed(rank_seed(config.seed, rank))           # each rank's own stream (dropout) from here
     if start >= config.steps:
         raise ConfigError(f"{ckpt} is at step {start} and --steps is {config.steps}: nothing to train "
                           f"(pass a larger --steps)")
-    mx.eval(model.parameters(), optimizer.state)
-    step_fn = make_step(model, optimizer, config, group)
 
     from ..data.loader import BatchLoader
 
-    train_batches = BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, rank)
-    val_batches = BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank)
+    data = TrainData(train=BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, rank),
+                     val=BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank),
+                     group=group, start=start)
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
-    reporter = Reporter(out_dir, group, tokens_per_step, start)
+    callbacks = Callbacks(Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
+                          Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer),
+                                        vocab_size))
     if rank == 0:
         print(f"{config.strategy} on {world} rank(s): {count_parameters(model) / 1e6:.2f}M parameters, "
               f"{len(train_tokens):,} training tokens on rank 0, {tokens_per_step:,} tokens per step, "
               f"steps {start + 1}..{config.steps}, run directory {out_dir}"
               + (f", resumed from {ckpt}" if ckpt else ""), flush=True)
-
-    def save(step: int) -> None:
-        state = {"config": config.training_dict(), "world_size": world, "strategy": config.strategy,
-                 "rng": random_states(group), "data_position": {"step": step, "micro_batch": step * config.accum},
-                 "tokenizer": portable_spec(tokenizer), "vocab_size": vocab_size,
-                 "model": ModelArgs.from_config(config, vocab_size).__dict__}
-        path = checkpoint.save(out_dir, step, model, optimizer, state, group, keep=config.keep)
-        if rank == 0:
-            print(f"step {step} | checkpoint {path}", flush=True)
-
-    for step in range(start, config.steps):
-        x, y = micro_batches(train_batches, step, config.accum)
-        loss, grad_norm = step_fn(x, y)
-        mx.eval(loss, grad_norm, model.state, optimizer.state)
-        reporter.add(loss, grad_norm)
-        done = step + 1
-        last = done == config.steps
-        if done % config.report_every == 0 or last or step == start:   # the first step shows the start
-            reporter.report(done, config.steps, optimizer.learning_rate.item())
-        with reporter.paused():
-            if (config.eval_every and done % config.eval_every == 0) or last:
-                reporter.evaluation(done, evaluate(model, val_batches, config.eval_batches, group))
-            if (config.ckpt_every and done % config.ckpt_every == 0) or last:
-                save(done)
+    fit(model, optimizer, data, config, callbacks)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,114 @@
+"""What the training loop (`trainer.fit`) tells the rest of the run, and the two listeners every run has.
+
+fit calls, for each optimizer step N it takes (1-based, the numbering of the printed lines, metrics.jsonl
+and the checkpoints):
+
+    on_step(N, loss, grad_norm)     every step, once the step's loss and gradient norm are evaluated
+    on_report(N, lr)                at the run's first step, every --report-every steps and at the last
+    with paused():                  every step; time spent inside is not training time
+        on_eval(N, val_loss)        every --eval-every steps and at the last
+        on_checkpoint(N)            every --ckpt-every steps and at the last
+
+Every rank gets every call at the same steps, so a hook may be a collective (a report's peak memory and a
+checkpoint are). The trainer's listeners are `Reporting` (metrics.Reporter: rank 0's lines and
+metrics.jsonl) and `Checkpointing` (checkpoint.save), joined by `Callbacks`.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+
+import mlx.core as mx
+
+from . import checkpoint
+from .metrics import Reporter
+from .model import ModelArgs
+
+
+class Callback:
+    """The hooks fit calls, each doing nothing here: a listener overrides the ones it needs."""
+
+    def on_step(self, step: int, loss: mx.array, grad_norm: mx.array) -> None:
+        pass
+
+    def on_report(self, step: int, lr: float) -> None:
+        pass
+
+    def on_eval(self, step: int, val_loss: float) -> None:
+        pass
+
+    def on_checkpoint(self, step: int) -> None:
+        pass
+
+    @contextmanager
+    def paused(self):
+        yield
+
+
+class Callbacks(Callback):
+    """Several listeners as one: each hook goes to every listener, in the order given."""
+
+    def __init__(self, *listeners: Callback):
+        self.listeners = listeners
+
+    def on_step(self, step, loss, grad_norm):
+        self._each("on_step", step, loss, grad_norm)
+
+    def on_report(self, step, lr):
+        self._each("on_report", step, lr)
+
+    def on_eval(self, step, val_loss):
+        self._each("on_eval", step, val_loss)
+
+    def on_checkpoint(self, step):
+        self._each("on_checkpoint", step)
+
+    @contextmanager
+    def paused(self):
+        with ExitStack() as stack:
+            for listener in self.listeners:
+                stack.enter_context(listener.paused())
+            yield
+
+    def _each(self, hook: str, *args) -> None:
+        for listener in self.listeners:
+            getattr(listener, hook)(*args)
+
+
+class Reporting(Callback):
+    """Rank 0's metrics lines and metrics.jsonl: the mean loss and grad norm since the last report, the
+    held-out loss, and throughput that leaves out the time spent paused (evaluation, checkpoints)."""
+
+    def __init__(self, reporter: Reporter, total_steps: int):
+        self.reporter, self.total_steps = reporter, total_steps
+
+    def on_step(self, step, loss, grad_norm):
+        self.reporter.add(loss, grad_norm)
+
+    def on_report(self, step, lr):
+        self.reporter.report(step, self.total_steps, lr)
+
+    def on_eval(self, step, val_loss):
+        self.reporter.evaluation(step, val_loss)
+
+    def paused(self):
+        return self.reporter.paused()
+
+
+class Checkpointing(Callback):
+    """checkpoint.save of the model, the optimizer and every rank's random state, with what a resumed run
+    or `clusterctl generate` needs to rebuild them (config, tokenizer, model shape); rank 0 says where."""
+
+    def __init__(self, out_dir: str, model, optimizer, config, group, tokenizer_spec: dict, vocab_size: int):
+        self.out_dir, self.model, self.optimizer, self.config, self.group = out_dir, model, optimizer, config, group
+        self.tokenizer_spec, self.vocab_size = tokenizer_spec, vocab_size
+
+    def on_checkpoint(self, step):
+        config, group = self.config, self.group
+        state = {"config": config.training_dict(), "world_size": group.size(), "strategy": config.strategy,
+                 "rng": checkpoint.random_states(group),
+                 "data_position": {"step": step, "micro_batch": step * config.accum},
+                 "tokenizer": self.tokenizer_spec, "vocab_size": self.vocab_size,
+                 "model": ModelArgs.from_config(config, self.vocab_size).__dict__}
+        path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
+        if group.rank() == 0:
+            print(f"step {step} | checkpoint {path}", flush=True)
