@@ -86,7 +86,7 @@ def test_a_job_on_this_machine_runs_every_rank_in_the_project(tmp_path, backend)
                                      project_dir=project(tmp_path)), events)
     assert result.exit_code == 0, result.outcome.reason
     assert ("started", "job.py", 2, backend) in events.events
-    assert events.lines == [f"[rank 0 localhost] 0 2 3.0 p", f"[rank 1 localhost] 1 2 3.0 p"]
+    assert events.lines == ["[rank 0 localhost] 0 2 3.0 p", "[rank 1 localhost] 1 2 3.0 p"]
     assert open(os.path.join(result.launch.run_dir, "rank-1.log")).read() == "1 2 3.0 p\n"
 
 
