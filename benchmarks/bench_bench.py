@@ -23,10 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from record import write_record  # noqa: E402
 from sshcluster import SSHCluster  # noqa: E402
 
 from clusterctl.bench.report import format_bytes, parse_size  # noqa: E402
-from record import write_record  # noqa: E402
 
 # Where MLX's all_sum loses to a raw Allreduce on CPU: MLX writes every result into a new array, and its CPU
 # allocator keeps no cache, so each op first-touches fresh pages. Timed in one launch, alternating:

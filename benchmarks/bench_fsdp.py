@@ -23,6 +23,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from record import write_record  # noqa: E402
+
 MiB = 1024**2
 
 

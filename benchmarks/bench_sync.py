@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from sshcluster import SSHCluster  # noqa: E402
 
-from clusterctl.inventory import load  # noqa: E402
 from clusterctl.hosts.sshconfig import openssh_options  # noqa: E402
+from clusterctl.inventory import load  # noqa: E402
 from clusterctl.transfer.sync import SyncOptions, plan_sync, sync_tree  # noqa: E402
 
 

@@ -25,12 +25,12 @@ import shutil
 from concurrent.futures import wait
 from dataclasses import dataclass
 
+from .atomic import write_text
 from .errors import EXIT_FAILED, ClusterctlError, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
 from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from .inventory import Cluster
-from .atomic import write_text
 from .launch import backends
 from .launch.backends import Where
 from .launch.hostfile import render as render_hostfile

@@ -16,16 +16,15 @@ import os
 import shutil
 import tempfile
 
+from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, BenchAborted, BenchError, UsageError, exit_for_signal
+from ..hosts.connector import Connector
 from ..inventory import Cluster
-from ..errors import UsageError
 from ..launch import backends
 from ..launch.job import prepare
 from ..launch.launchers import choose_site
 from ..launch.plan import LaunchPlan, discover, remember_plan
-from ..transfer.stage import ship_clusterctl
-from ..hosts.connector import Connector
 from ..launch.supervise import supervise
-from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, BenchAborted, BenchError, exit_for_signal
+from ..transfer.stage import ship_clusterctl
 from .report import collective_rows, p2p_matrix, p2p_pairs, parse_result
 
 WORKER = "clusterctl.bench.worker"

@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..errors import BenchAborted, BenchError
 from ..hosts.facts import shared_subnets
 from ..inventory_edit import write_setting
 from ..launch import backends
 from .measure import Bench
-from ..errors import BenchAborted, BenchError
 
 COUNTS = (1, 2, 4, 8)
 MIN_DEADLINE_S = 15.0

@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from clusterctl.bench.report import RESULT_MARK
 from clusterctl.errors import EXIT_TIMEOUT
+
 WARMUP = 1
 SAMPLES = 3
 

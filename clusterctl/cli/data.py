@@ -9,8 +9,15 @@ import click
 
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..transfer.push import METHODS
-from .app import command, connect_timeout_option, host_key_policy, hosts_option, json_option, load, \
-    strict_host_keys_option
+from .app import (
+    command,
+    connect_timeout_option,
+    host_key_policy,
+    hosts_option,
+    json_option,
+    load,
+    strict_host_keys_option,
+)
 from .console import Bars, one_line, size, table
 
 
@@ -24,7 +31,7 @@ from .console import Bars, one_line, size, table
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
 def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
     """Sample text from a checkpoint of the bundled trainer."""
-    from ..train.generate import generate_text    # imports mlx: only this command pays for it
+    from ..train.generate import generate_text  # imports mlx: only this command pays for it
 
     pieces = generate_text(checkpoint_dir, prompt, max_tokens, temperature, seed, top_k)
     click.echo(prompt, nl=False)

@@ -8,8 +8,15 @@ import click
 from ..doctor import DoctorOptions, run_doctor
 from ..doctor.report import render_table
 from ..errors import EXIT_FAILED, EXIT_OK
-from .app import command, connect_timeout_option, host_key_policy, hosts_option, json_option, load, \
-    strict_host_keys_option
+from .app import (
+    command,
+    connect_timeout_option,
+    host_key_policy,
+    hosts_option,
+    json_option,
+    load,
+    strict_host_keys_option,
+)
 
 
 @command("clusterctl doctor --hosts inventory.yaml")

@@ -13,8 +13,15 @@ from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from ..hosts.connector import Connector, host_rows
 from ..inventory_edit import starter_inventory
 from ..launch import backends
-from .app import command, connect_timeout_option, host_key_policy, hosts_option, json_option, load, \
-    strict_host_keys_option
+from .app import (
+    command,
+    connect_timeout_option,
+    host_key_policy,
+    hosts_option,
+    json_option,
+    load,
+    strict_host_keys_option,
+)
 from .console import outcome_json, print_outcome, table
 
 

@@ -9,8 +9,15 @@ import click
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..transfer.push import METHODS
 from ..transfer.sync import SyncOptions, plan_sync, sync_tree
-from .app import command, connect_timeout_option, host_key_policy, hosts_option, json_option, load, \
-    strict_host_keys_option
+from .app import (
+    command,
+    connect_timeout_option,
+    host_key_policy,
+    hosts_option,
+    json_option,
+    load,
+    strict_host_keys_option,
+)
 from .console import Bars, one_line, size, table
 
 

@@ -20,8 +20,8 @@ import mlx.core as mx
 
 from ..errors import ShardError, SourceError
 from .corpus import is_val, open_source
-from .stories import DEFAULT_STORIES
 from .shards import ITEMSIZE, dtype_for, read_manifest
+from .stories import DEFAULT_STORIES
 from .tokenizer import load_tokenizer
 
 # Validation documents when reading a corpus directly (no shards): the same rule prepare uses, capped so

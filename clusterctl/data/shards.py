@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..atomic import write_text
+from ..digest import file_sha256
 from ..errors import ShardError, SourceError
 from .corpus import is_val, open_source
-from ..digest import file_sha256
 from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 FORMAT = 1

@@ -15,15 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import ClusterctlError
-from ..hosts.fanout import run_all
-from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
-from ..hosts.sshconfig import openssh_options
-from ..launch import backends
-from . import checks, smoke
 from ..hosts.facts import choose_libmpi, ring_port
-from ..launch.plan import plan_from_probes
+from ..hosts.fanout import run_all
 from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
+from ..hosts.sshconfig import openssh_options
+from ..inventory import Cluster, Host
+from ..launch import backends
+from ..launch.plan import plan_from_probes
+from . import checks, smoke
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df

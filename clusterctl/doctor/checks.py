@@ -4,9 +4,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..inventory import Cluster
 from ..hosts.facts import bridge_members, choose_libmpi, libmpi_env, ring_port, shared_subnet
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
+from ..inventory import Cluster
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 CLOCK_SKEW_WARN_S = 5.0

@@ -11,10 +11,10 @@ import tempfile
 import time
 
 from ..errors import ClusterctlError, LaunchError
+from ..hosts.transport import LocalTransport, Result
 from ..inventory import Cluster
 from ..launch.backends import Backend, Where, write_files
 from ..launch.plan import LaunchPlan
-from ..hosts.transport import LocalTransport, Result
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 SMOKE_PROGRAM = r"""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
-from .fanout import GroupResult, run_all
 from ..inventory import Cluster, Host
-from .sshconfig import SSHTarget, resolve_cluster
+from .fanout import GroupResult, run_all
 from .ssh import SSHTransport
+from .sshconfig import SSHTarget, resolve_cluster
 from .transport import DEFAULT_CONNECT_TIMEOUT_S, LocalTransport, Transport
 
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.

@@ -7,8 +7,8 @@ abandoned (its transport's own timeouts end it soon after) rather than waited fo
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 

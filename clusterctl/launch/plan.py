@@ -9,14 +9,14 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
-from ..hosts.probe import HostProbe, parse_probe, probe_script
-from ..errors import ConnectError, PreflightError
-from ..hosts.fanout import run_all
-from ..inventory import Cluster
-from ..hosts.connector import Connector
-from ..hosts.transport import quote_path
 from ..atomic import write_text
+from ..errors import ConnectError, PreflightError
+from ..hosts.connector import Connector
+from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
+from ..hosts.fanout import run_all
+from ..hosts.probe import HostProbe, parse_probe, probe_script
+from ..hosts.transport import quote_path
+from ..inventory import Cluster
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .bootstrap import parse_line
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMEOUT, ClusterctlError, SignalReceived, exit_for_signal
+from ..hosts.connector import Connector
+from .bootstrap import parse_line
 from .job import Launch
 from .launchers import sweep
 from .plan import LaunchPlan
-from ..hosts.connector import Connector
 
 FINISH_TIMEOUT_S = 30.0
 TAIL_LINES = 10

@@ -25,15 +25,15 @@ import posixpath
 import time
 from dataclasses import dataclass, field
 
-from . import remotefiles
-from ..digest import file_sha256
 from ..data.shards import MANIFEST, SHARD_NAME, Manifest, read_manifest
+from ..digest import file_sha256
 from ..errors import ShardError, ShardVerifyError
+from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult, run_all
 from ..inventory import Cluster, Host
-from ..hosts.connector import Connector
-from .sync import Progress
+from . import remotefiles
 from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
+from .sync import Progress
 
 STAGE = ".incoming"
 

@@ -28,13 +28,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import remotefiles
 from ..digest import file_sha256
 from ..errors import SyncError
-from ..hosts.fanout import GroupResult, run_all
-from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
-from ..inventory import Cluster, Host
 from ..hosts.connector import Connector
+from ..hosts.fanout import GroupResult, run_all
+from ..inventory import Cluster, Host
+from . import remotefiles
+from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
 from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
 
 # kept on the host by --delete: clusterctl's own places in the workdir

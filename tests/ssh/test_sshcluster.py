@@ -2,7 +2,6 @@
 import socket
 
 import pytest
-
 from sshcluster import SSHCluster
 
 pytestmark = pytest.mark.ssh

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from clusterctl.errors import CommandTimeout, ConnectError, InventoryError
+from clusterctl.hosts.connector import Connector
 from clusterctl.hosts.fanout import DeadlineExceeded
 from clusterctl.inventory import load
-from clusterctl.hosts.connector import Connector
 
 pytestmark = pytest.mark.ssh
 

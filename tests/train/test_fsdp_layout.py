@@ -8,8 +8,15 @@ from mlx.utils import tree_flatten
 
 from clusterctl.train import collectives, fsdp
 from clusterctl.train.collectives import WorldSizeMismatch, init_world, reduce_scatter, reduce_scatter_method
-from clusterctl.train.fsdp import (Bucket, chunk_size, fsdp_apply_gradients, pack_rows, plan_buckets,
-                                   split_row, unpack_rows)
+from clusterctl.train.fsdp import (
+    Bucket,
+    chunk_size,
+    fsdp_apply_gradients,
+    pack_rows,
+    plan_buckets,
+    split_row,
+    unpack_rows,
+)
 
 
 def test_chunk_size_rounds_up():

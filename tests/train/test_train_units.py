@@ -13,12 +13,12 @@ from mlx.utils import tree_flatten
 
 from clusterctl.cli import cli
 from clusterctl.train import checkpoint
+from clusterctl.train.checkpoint import random_states, restore_random_state
 from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args
 from clusterctl.train.generate import generate_text, load, sample_tokens
 from clusterctl.train.metrics import Reporter
 from clusterctl.train.model import ModelArgs, Transformer, count_parameters
 from clusterctl.train.step import lr_schedule, make_dp_step, make_optimizer
-from clusterctl.train.checkpoint import random_states, restore_random_state
 from clusterctl.train.trainer import main
 
 TINY = dict(n_layers=2, dim=16, n_heads=2, mlp_dim=32, block_size=8)

@@ -3,9 +3,21 @@ import json
 
 import pytest
 
-from clusterctl.bench.report import (RESULT_MARK, BenchError, SizesError, busbw, collective_rows, format_bytes,
-                                     p2p_matrix, p2p_pairs, parse_result, parse_size, parse_sizes, render_matrix,
-                                     render_table)
+from clusterctl.bench.report import (
+    RESULT_MARK,
+    BenchError,
+    SizesError,
+    busbw,
+    collective_rows,
+    format_bytes,
+    p2p_matrix,
+    p2p_pairs,
+    parse_result,
+    parse_size,
+    parse_sizes,
+    render_matrix,
+    render_table,
+)
 from clusterctl.hosts.facts import shared_subnets
 
 K, M, G = 1024, 1024**2, 1024**3

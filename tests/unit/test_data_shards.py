@@ -7,8 +7,7 @@ from array import array
 import pytest
 
 from clusterctl.data.corpus import is_val, iter_documents
-from clusterctl.data.shards import (MANIFEST, Manifest, prepare, read_manifest, shard_file, shard_name,
-                                    verify_file)
+from clusterctl.data.shards import MANIFEST, Manifest, prepare, read_manifest, shard_file, shard_name, verify_file
 from clusterctl.data.tokenizer import ByteTokenizer
 from clusterctl.errors import ShardError, SourceError
 

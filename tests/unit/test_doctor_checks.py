@@ -5,14 +5,13 @@ import shlex
 import subprocess
 
 from clusterctl.doctor import checks
-from clusterctl.hosts import facts as host_facts
-from clusterctl.hosts.probe import HostProbe
-from clusterctl.hosts.probe import DataplaneSpec, Facts, dataplane_command, parse_probe, probe_script
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
 from clusterctl.doctor.smoke import judge, ring_ready
-from clusterctl.launch.hostfile import render as render_hostfile
-from clusterctl.inventory import parse
+from clusterctl.hosts import facts as host_facts
+from clusterctl.hosts.probe import DataplaneSpec, Facts, HostProbe, dataplane_command, parse_probe, probe_script
 from clusterctl.hosts.transport import Result
+from clusterctl.inventory import parse
+from clusterctl.launch.hostfile import render as render_hostfile
 
 # A macOS Mac Studio's `ifconfig -a` (trimmed), with two Thunderbolt ports in bridge0.
 MACOS_IFCONFIG = """\

@@ -2,8 +2,8 @@ import time
 
 from clusterctl.errors import ConnectError
 from clusterctl.hosts.fanout import DeadlineExceeded, run_all
-from clusterctl.inventory import parse
 from clusterctl.hosts.transport import Result
+from clusterctl.inventory import parse
 
 HOSTS = parse("hosts: [a, b, c, d]\n", "i.yaml").hosts
 
@@ -50,6 +50,7 @@ def test_hosts_run_concurrently():
 
 def test_in_background_hands_back_the_result_or_the_error_and_never_holds_up_exit():
     import threading
+
     from clusterctl.hosts.fanout import in_background
 
     assert in_background(lambda a, b=0: a + b, 2, b=3).result(timeout=5) == 5

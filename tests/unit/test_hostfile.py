@@ -6,10 +6,10 @@ import shlex
 import pytest
 
 from clusterctl import __version__
-from clusterctl.launch.hostfile import TemplateError, render
+from clusterctl.hosts.sshconfig import rsh_agent
 from clusterctl.inventory import load
 from clusterctl.launch.backends import mlx_launch_argv, mpirun_argv
-from clusterctl.hosts.sshconfig import rsh_agent
+from clusterctl.launch.hostfile import TemplateError, render
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
 

@@ -4,9 +4,15 @@ import shutil
 
 import pytest
 
+from clusterctl.hosts.sshconfig import (
+    DEFAULT_IDENTITIES,
+    _resolve_with_paramiko,
+    parse_ssh_G,
+    resolve,
+    ssh_G_argv,
+    target_from_ssh_G,
+)
 from clusterctl.inventory import parse
-from clusterctl.hosts.sshconfig import (DEFAULT_IDENTITIES, _resolve_with_paramiko, parse_ssh_G, resolve,
-                                  ssh_G_argv, target_from_ssh_G)
 
 # Recorded from `ssh -G -F cfg foo` (OpenSSH 9.2p1, Debian 12), trimmed to the keys we read plus neighbours.
 CANNED_SSH_G = """\

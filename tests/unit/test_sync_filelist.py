@@ -4,8 +4,14 @@ import subprocess
 
 import pytest
 
-from clusterctl.transfer.filelist import IgnoreRules, SyncSourceError, exclusion_rules, ignored_by_project, select_files, \
-    translate
+from clusterctl.transfer.filelist import (
+    IgnoreRules,
+    SyncSourceError,
+    exclusion_rules,
+    ignored_by_project,
+    select_files,
+    translate,
+)
 from clusterctl.transfer.rsync import rsync_argv
 
 

@@ -3,8 +3,16 @@ import shlex
 import shutil
 import subprocess
 
-from clusterctl.transfer.rsync import MISSING_MARK, parse_item, parse_output, parse_progress, RsyncSummary, remote_rsync_path, \
-    rsync_argv, ssh_command
+from clusterctl.transfer.rsync import (
+    MISSING_MARK,
+    RsyncSummary,
+    parse_item,
+    parse_output,
+    parse_progress,
+    remote_rsync_path,
+    rsync_argv,
+    ssh_command,
+)
 
 # `rsync -lpt --files-from F --from0 --out-format='%i %l %n' --stats --info=progress2 src/ h1:.` (push)
 FIRST = (
