@@ -10,12 +10,12 @@ from ..bench.report import format_bytes, parse_size, parse_sizes, render_matrix,
 from ..bench.tune import describe, store
 from ..bench.tune import tune as run_tune
 from ..launch import backends
-from .app import backend_option, command, connect_timeout_option, hosts_option, load
+from . import app
 
 
-@command("clusterctl bench --hosts inventory.yaml --backend mpi --sizes 1K..64M")
-@hosts_option
-@backend_option(benchmarked=True)
+@app.command("clusterctl bench --hosts inventory.yaml --backend mpi --sizes 1K..64M")
+@app.hosts_option
+@app.backend_option(benchmarked=True)
 @click.option("--sizes", default="1K..64M", show_default=True,
               help="Message sizes: a range of powers of two (1K..1G), a list (1M,64M), or both.")
 @click.option("--ops", default="all_sum,all_gather", show_default=True, help="Collectives to time.")
@@ -26,7 +26,7 @@ from .app import backend_option, command, connect_timeout_option, hosts_option, 
 @click.option("--p2p", is_flag=True, help="Bandwidth between every pair of hosts (ring: between ring neighbours).")
 @click.option("--p2p-size", default="16M", show_default=True, help="Message size of --p2p.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-@connect_timeout_option()
+@app.connect_timeout_option()
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one launch may take before its ranks give up.")
 def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, p2p_size, as_json,
               connect_timeout, timeout):
@@ -40,7 +40,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     if unknown or not op_list:
         raise click.UsageError(f"--ops: {', '.join(unknown) or '(none)'}: choose from all_sum, all_gather")
     size_list = parse_sizes(sizes)
-    cluster = load(inventory_path)
+    cluster = app.load(inventory_path)
     backend = backend or cluster.launch.backend
     measured = backends.names(benchmarked=True)
     if backend not in measured:

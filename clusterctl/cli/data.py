@@ -9,19 +9,11 @@ import click
 
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..transfer.push import METHODS
-from .app import (
-    command,
-    connect_timeout_option,
-    host_key_policy,
-    hosts_option,
-    json_option,
-    load,
-    strict_host_keys_option,
-)
+from . import app
 from .console import Bars, one_line, size, table
 
 
-@command('clusterctl generate --checkpoint runs/train-1 --prompt "Once upon a time"')
+@app.command('clusterctl generate --checkpoint runs/train-1 --prompt "Once upon a time"')
 @click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(exists=True, file_okay=False),
               metavar="DIR", help="A run directory, its checkpoints/ or one step-N directory (latest wins).")
 @click.option("--prompt", default="", help="Text to continue (default: start a new document).")
@@ -40,7 +32,7 @@ def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
     click.echo()
 
 
-@command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)
+@app.command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)
 def data_cmd():
     """Dataset shards: tokenize a corpus into one shard per rank."""
 
@@ -88,22 +80,22 @@ def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, as_json):
 
 @data_cmd.command(name="push")
 @click.argument("data_dir")
-@hosts_option
+@app.hosts_option
 @click.option("--name", metavar="NAME", help="Directory name on the hosts (default: DATA_DIR's name).")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="auto: rsync over ssh where both ends have it, else SFTP.")
-@connect_timeout_option()
+@app.connect_timeout_option()
 @click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
-@strict_host_keys_option
-@json_option
+@app.strict_host_keys_option
+@app.json_option
 def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeout, strict_host_keys, as_json):
     """Send host i its shard i (+ val.bin, manifest), checked by sha256."""
     from ..transfer.shards import push_shards
 
-    cluster = load(inventory_path)
+    cluster = app.load(inventory_path)
     bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
     group = push_shards(cluster, data_dir, name=name, method=method, connect_timeout=connect_timeout,
-                        timeout=timeout, host_key_checking=host_key_policy(strict_host_keys),
+                        timeout=timeout, host_key_checking=app.host_key_policy(strict_host_keys),
                         progress=bars.update if bars else None)
     if bars:
         bars.close()

@@ -8,32 +8,24 @@ import click
 from ..doctor import DoctorOptions, run_doctor
 from ..doctor.report import render_table
 from ..errors import EXIT_FAILED, EXIT_OK
-from .app import (
-    command,
-    connect_timeout_option,
-    host_key_policy,
-    hosts_option,
-    json_option,
-    load,
-    strict_host_keys_option,
-)
+from . import app
 
 
-@command("clusterctl doctor --hosts inventory.yaml")
-@hosts_option
-@json_option
+@app.command("clusterctl doctor --hosts inventory.yaml")
+@app.hosts_option
+@app.json_option
 @click.option("--deep/--no-deep", default=None,
               help="Launch a real MLX all_sum over mpirun (and mlx.launch for ring). Default: on when this "
                    "machine has mpirun, or the hosts have addresses.")
-@connect_timeout_option(DoctorOptions.connect_timeout)
+@app.connect_timeout_option(DoctorOptions.connect_timeout)
 @click.option("--smoke-timeout", default=DoctorOptions.smoke_timeout, show_default=True,
               help="Seconds the smoke tests may take.")
-@strict_host_keys_option
+@app.strict_host_keys_option
 def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, strict_host_keys):
     """Check SSH all-to-all, PATH, MPI and the data plane of a cluster."""
-    cluster = load(inventory_path)
+    cluster = app.load(inventory_path)
     report = run_doctor(cluster, DoctorOptions(connect_timeout=connect_timeout, deep=deep,
-                                               host_key_checking=host_key_policy(strict_host_keys),
+                                               host_key_checking=app.host_key_policy(strict_host_keys),
                                                smoke_timeout=smoke_timeout))
     if as_json:
         click.echo(report.to_json())

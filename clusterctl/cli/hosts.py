@@ -13,24 +13,16 @@ from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from ..hosts.connector import Connector, host_rows
 from ..inventory_edit import starter_inventory
 from ..launch import backends
-from .app import (
-    command,
-    connect_timeout_option,
-    host_key_policy,
-    hosts_option,
-    json_option,
-    load,
-    strict_host_keys_option,
-)
+from . import app
 from .console import outcome_json, print_outcome, table
 
 
-@command("clusterctl hosts --hosts inventory.yaml")
-@hosts_option
-@json_option
+@app.command("clusterctl hosts --hosts inventory.yaml")
+@app.hosts_option
+@app.json_option
 def hosts_cmd(inventory_path, as_json):
     """Show the resolved hosts: inventory + defaults + ~/.ssh/config."""
-    cluster = load(inventory_path)
+    cluster = app.load(inventory_path)
     rows = host_rows(cluster)
     if as_json:
         click.echo(json.dumps({"inventory": cluster.path, "world_size": cluster.world_size,
@@ -40,21 +32,21 @@ def hosts_cmd(inventory_path, as_json):
     click.echo(f"{len(cluster.hosts)} hosts, world size {cluster.world_size}, backend {cluster.launch.backend}")
 
 
-@command("clusterctl exec --hosts inventory.yaml -- uname -a")
-@hosts_option
+@app.command("clusterctl exec --hosts inventory.yaml -- uname -a")
+@app.hosts_option
 @click.option("--sh", "script", metavar="SCRIPT", help="Run this shell script instead of a command.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds the command may run per host.")
-@connect_timeout_option()
+@app.connect_timeout_option()
 @click.option("--cwd", metavar="DIR", help="Working directory on each host (~ is the host's home).")
-@strict_host_keys_option
+@app.strict_host_keys_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_keys, as_json, argv):
     """Run a command on every host in parallel and show each host's output."""
     if bool(script) == bool(argv):
         raise click.UsageError("give either a command after -- or --sh SCRIPT")
-    cluster = load(inventory_path)
-    connector = Connector(cluster, host_key_policy(strict_host_keys), connect_timeout)
+    cluster = app.load(inventory_path)
+    connector = Connector(cluster, app.host_key_policy(strict_host_keys), connect_timeout)
     group = connector.run_everywhere(script or list(argv), timeout, cwd=cwd)
     if as_json:
         click.echo(json.dumps({"ok": group.all_ok, "hosts": [outcome_json(o) for o in group.values()]}, indent=2))
@@ -66,7 +58,7 @@ def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_
     sys.exit(EXIT_OK if group.all_ok else EXIT_FAILED)
 
 
-@command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")
+@app.command("clusterctl init studio-1 studio-2 --user alice -o inventory.yaml")
 @click.argument("names", nargs=-1, required=True)
 @click.option("-o", "--output", default="inventory.yaml", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--user", help="SSH user on every host (default: from ~/.ssh/config or your user name).")

@@ -10,12 +10,12 @@ import click
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
 from ..run import RunEvents, RunOptions, hostfile_and_command, run
-from .app import backend_option, command, connect_timeout_option, hosts_option, load
+from . import app
 from .console import one_line, size
 
 
-@command("clusterctl hostfile --hosts inventory.yaml -o hosts.txt --print-command -- /path/train.py")
-@hosts_option
+@app.command("clusterctl hostfile --hosts inventory.yaml -o hosts.txt --print-command -- /path/train.py")
+@app.hosts_option
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="openmpi", show_default=True,
               help="openmpi: `host slots=N`; mpich: `host:N`; mlx: mlx.launch's JSON.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write here (default: standard output).")
@@ -23,7 +23,7 @@ from .console import one_line, size
 @click.option("--print-command", is_flag=True,
               help="Also print the mpirun (or mlx.launch) line for SCRIPT, with the environment and tuning "
                    "`run` would use (asks every host over SSH where libmpi is).")
-@connect_timeout_option()
+@app.connect_timeout_option()
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_timeout, program):
     """Write an Open MPI, MPICH or mlx.launch hostfile (and the launch line)."""
@@ -37,7 +37,7 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
     if template:
         with open(template, encoding="utf-8") as f:
             template_text = f.read()
-    text, line = hostfile_and_command(load(inventory_path), fmt, output=output, template=template_text,
+    text, line = hostfile_and_command(app.load(inventory_path), fmt, output=output, template=template_text,
                                       template_name=template or fmt, program=list(program) if print_command else None,
                                       connect_timeout=connect_timeout)
     if not output:
@@ -74,7 +74,7 @@ class _PrintedRun(RunEvents):
                     "still there", fg="yellow", err=True)
 
 
-@command("clusterctl run train.py --hosts inventory.yaml -- --lr 3e-4")
+@app.command("clusterctl run train.py --hosts inventory.yaml -- --lr 3e-4")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-m", "--module", metavar="MODULE",
@@ -82,14 +82,14 @@ class _PrintedRun(RunEvents):
                    "bundled trainer, clusterctl.train.")
 @click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
               help="The inventory. Default: this machine, 2 ranks, ring backend.")
-@backend_option()
+@app.backend_option()
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; launch nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip checking SSH, python and the script on every host first.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (every rank is still logged).")
 @click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
 @click.option("--hang-timeout", type=float, metavar="S", help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
-@connect_timeout_option()
+@app.connect_timeout_option()
 @click.option("--launch-from", type=click.Choice(LAUNCH_FROM), default="auto", show_default=True,
               help="Where mpirun / mlx.launch runs. auto: here when it is installed here, else the first host.")
 @click.option("--no-sync", is_flag=True,
@@ -106,7 +106,7 @@ def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
                          launch_from=launch_from, sync=not no_sync, fetch=not no_fetch, data_dir=data_dir)
-    result = run(load(inventory_path) if inventory_path else None, options, _PrintedRun())
+    result = run(app.load(inventory_path) if inventory_path else None, options, _PrintedRun())
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))

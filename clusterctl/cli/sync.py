@@ -9,21 +9,13 @@ import click
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..transfer.push import METHODS
 from ..transfer.sync import SyncOptions, plan_sync, sync_tree
-from .app import (
-    command,
-    connect_timeout_option,
-    host_key_policy,
-    hosts_option,
-    json_option,
-    load,
-    strict_host_keys_option,
-)
+from . import app
 from .console import Bars, one_line, size, table
 
 
-@command("clusterctl sync . --hosts inventory.yaml --exclude '*.ckpt'")
+@app.command("clusterctl sync . --hosts inventory.yaml --exclude '*.ckpt'")
 @click.argument("path", default=".")
-@hosts_option
+@app.hosts_option
 @click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
               help="Do not ship files matching PATTERN (gitignore syntax, relative to PATH; repeatable).")
 @click.option("--delete", is_flag=True, help="Remove files on the hosts that PATH no longer has.")
@@ -34,17 +26,17 @@ from .console import Bars, one_line, size, table
 @click.option("--checksum", is_flag=True,
               help="Compare content, not size and mtime: a touched but unchanged file is not sent.")
 @click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS", help="Limit each host's transfer to KBPS KiB/s.")
-@connect_timeout_option()
+@app.connect_timeout_option()
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds a host's whole transfer may take.")
-@strict_host_keys_option
-@json_option
+@app.strict_host_keys_option
+@app.json_option
 def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, checksum, bwlimit, connect_timeout,
              timeout, strict_host_keys, as_json):
     """Mirror a project directory into every host's workdir."""
-    cluster = load(inventory_path)
+    cluster = app.load(inventory_path)
     options = SyncOptions(excludes=tuple(excludes), delete=delete, dry_run=dry_run, dest=dest, method=method,
                           checksum=checksum, bwlimit_kbps=bwlimit, connect_timeout=connect_timeout, timeout=timeout,
-                          host_key_checking=host_key_policy(strict_host_keys))
+                          host_key_checking=app.host_key_policy(strict_host_keys))
     plan = plan_sync(path, options)
     bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
     group = sync_tree(cluster, plan, options, progress=bars.update if bars else None)
