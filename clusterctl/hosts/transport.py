@@ -184,18 +184,22 @@ class LocalTransport(Transport):
         return LocalFiles()
 
     def stream(self, command, lines, env=None) -> Process:
-        """An argv runs without a shell (nothing between us and the program: macOS SIP strips DYLD_*
-        variables through /bin/sh); a string runs under /bin/sh."""
+        """`command` (an argv, or a script of ours) under /bin/sh and the watchdog. The launchers it starts
+        get the ranks' variables on their command line (mpirun -x, mlx.launch --env), which macOS SIP
+        cannot strip the way it strips DYLD_* from the environment of /bin/sh's children."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         return LocalProcess(argv, dict(env or {}), lines)
 
 
 class LocalProcess(Process):
-    """A process of this machine in its own process group, so stop() ends everything it started."""
+    """A process of this machine in its own process group, so stop() ends everything it started. It runs
+    behind the same watchdog as a remote command, reading a pipe from us: if clusterctl dies, even by
+    SIGKILL, the pipe closes and the watchdog kills the whole tree, so no launcher or rank outlives us."""
 
     def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, **env}, start_new_session=True)
+        self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv))], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env},
+                                     start_new_session=True)
         self.readers = [threading.Thread(target=_read_lines, args=(stream, is_err, lines), daemon=True)
                         for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
         for t in self.readers:
@@ -216,6 +220,7 @@ class LocalProcess(Process):
 
     def stop(self) -> None:
         stop_process_group(self.proc)
+        self.proc.stdin.close()
 
 
 def _read_lines(stream, is_err: bool, lines: queue.Queue) -> None:

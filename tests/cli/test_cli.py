@@ -252,3 +252,42 @@ def test_run_here_from_the_home_directory_copies_nothing(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=home, env=env)
     assert r.returncode == 1 and "not copying" in r.stderr and "--no-sync" in r.stderr, r.stderr
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_a_killed_run_leaves_no_launcher_or_rank_behind_on_this_machine(tmp_path, backend):
+    """kill -9 gives clusterctl no chance to clean up: the launcher's watchdog sees our pipe close and
+    stops the launcher and every rank (before, mpirun and both ranks lived on)."""
+    import signal
+    import time
+
+    from clusterctl.launch import backends
+
+    if backends.get(backend).launcher_here() is None:
+        pytest.skip(f"{backends.get(backend).launcher_name} is not installed here")
+    (tmp_path / "sleepy.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "run", "sleepy.py", "--backend", backend,
+                             "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def ranks_up() -> bool:
+        logs = list((tmp_path / "runs").glob("*/rank-*.log"))
+        return len(logs) == 2 and all(p.read_text().startswith("up") for p in logs)
+
+    deadline = time.monotonic() + 60
+    while not ranks_up() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ranks_up(), proc.stderr.read() if proc.poll() is not None else "ranks did not start within 60 s"
+    [run_id] = os.listdir(tmp_path / "runs")
+
+    def survivors() -> list[str]:
+        found = subprocess.run(["pgrep", "-f", f"clusterctl-ru[n]-{run_id}"], capture_output=True, text=True)
+        return found.stdout.split()
+
+    assert survivors()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 15          # the watchdog's TERM, then its KILL after the grace period
+    while survivors() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert survivors() == []
