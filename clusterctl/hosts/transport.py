@@ -185,7 +185,7 @@ class LocalTransport(Transport):
 
     def stream(self, command, lines, env=None) -> Process:
         """An argv runs without a shell (nothing between us and the program: macOS SIP strips DYLD_*
-        variables through /bin/sh); a string runs under /bin/sh."""
+        variables through /bin/sh, docs/macos.md#sip-strips-dyld); a string runs under /bin/sh."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         return LocalProcess(argv, dict(env or {}), lines)
 
