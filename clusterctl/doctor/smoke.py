@@ -1,7 +1,8 @@
 """The deep checks: a one-line MLX program launched for real across the cluster by a backend's own
-launcher (mpirun for mpi, mlx.launch for ring), exactly as `run` launches. Each rank inits with strict=True, all_sums rank+1, and
-prints one JSON line; the check fails unless every rank saw the full world size and the right sum — which
-is exactly what catches MLX quietly falling back to a world of one when it cannot load libmpi."""
+launcher (mpirun for mpi, mlx.launch for ring), exactly as `run` launches. Each rank inits with strict=True
+(docs/mlx-distributed.md#strict-init-raises), all_sums rank+1, and prints one JSON line; the check fails
+unless every rank saw the full world size and the right sum — which is exactly what catches MLX quietly
+falling back to a world of one when it cannot load libmpi (docs/mlx-distributed.md#world-of-one-fallback)."""
 from __future__ import annotations
 
 import json
@@ -52,6 +53,7 @@ def judge(check: str, result: Result | None, error: BaseException | None, world:
     errors = [r for r in ranks if "error" in r]
     if errors:
         first = errors[0]
+        # docs/mlx-distributed.md#mlx-mpi-libname, docs/mlx-distributed.md#mpi-backend-needs-open-mpi
         fix = ("MLX could not load libmpi: set `mpi_lib_dir:` (or MLX_MPI_LIBNAME in env) to the Open MPI "
                "libmpi" + (f" (doctor found {libmpi_hint})" if libmpi_hint else "") + "; MLX needs Open MPI"
                if check == "mpi-smoke" else "check the data-plane addresses and that the ring ports are free")
@@ -96,8 +98,9 @@ def run_smoke(cluster: Cluster, backend: Backend, plan: LaunchPlan, *, timeout: 
 
 
 def ring_ready(cluster: Cluster) -> bool:
-    """Whether mlx.launch can run the ring backend here: every host has a data-plane address, or the
-    cluster is this machine alone (ranks on 127.0.0.1)."""
+    """Whether mlx.launch can run the ring backend here: every host has a data-plane address
+    (docs/launchers.md#mlx-launch-hostfile-format), or the cluster is this machine alone (ranks on 127.0.0.1,
+    which mlx.launch runs without ssh: docs/launchers.md#mlx-launch-runs-ssh-tt)."""
     if len(cluster.hosts) == 1 and cluster.hosts[0].local:
         return cluster.world_size > 1
     return len(cluster.hosts) > 1 and all(h.address for h in cluster.hosts)

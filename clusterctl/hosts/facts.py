@@ -12,7 +12,8 @@ from .probe import Facts, HostProbe
 
 
 def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
-    """What `run` exports so that MLX finds this libmpi (passed with mpirun -x, which SIP cannot strip)."""
+    """What `run` exports so that MLX finds this libmpi (docs/mlx-distributed.md#mlx-mpi-libname), passed with
+    mpirun -x, which SIP cannot strip (docs/macos.md#sip-strips-dyld)."""
     var = "DYLD_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
     return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
 
@@ -56,7 +57,8 @@ def interfaces(iface_lines: list[str]) -> list[tuple[str, ipaddress.IPv4Interfac
 
 
 def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
-    """The subnet every host's `address` sits in, by each host's own netmask (not interface names)."""
+    """The subnet every host's `address` sits in, by each host's own netmask (not interface names): what
+    `run` pins MPI's traffic to (docs/launchers.md#btl-tcp-if-include)."""
     nets = []
     for p in probes:
         if p.facts is None or not p.host.address:
@@ -74,6 +76,7 @@ def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
     return nets[0]
 
 
+# docs/launchers.md#mlx-launch-ring-ports
 RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default: the ring listens on this + rank
 
 

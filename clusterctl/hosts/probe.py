@@ -2,10 +2,11 @@
 what it prints.
 
 It is POSIX sh (python may be the very thing that is broken) and runs through the same non-interactive SSH
-session a launcher would use, so PATH and friends are what mpirun will see. It prints one JSON object per
-line; anything else on stdout (a chatty ~/.bashrc) is ignored by the parser. In one round trip it:
-  - starts `ssh` to every peer in the background, with the options mpirun will use (the all-to-all check),
-    and likewise the slow facts (python + mlx import, mpirun --version),
+session a launcher would use, so PATH and friends are what mpirun will see (docs/ssh.md#non-interactive-path).
+It prints one JSON object per line; anything else on stdout (a chatty ~/.bashrc) is ignored by the parser.
+In one round trip it:
+  - starts `ssh` to every peer in the background, with the options mpirun will use (the all-to-all check,
+    docs/ssh.md#all-to-all-ssh), and likewise the slow facts (python + mlx import, mpirun --version),
   - gathers facts: OS, tools on PATH, python + mlx + mpi4py versions, mpirun, libmpi, disk, clock, interfaces.
 A second, short round trip runs the TCP data-plane probe (scripts/dataplane.py: listen on this host's ring port,
 connect to every peer's) on all reachable hosts at once.

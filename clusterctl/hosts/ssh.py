@@ -1,8 +1,9 @@
 """The SSH transport: a host reached with paramiko, exactly where `ssh NAME` would go (sshconfig.resolve).
 
-Never prompts: no password is offered, an encrypted key without an agent is an error, and an unknown host
-key is either recorded (accept-new) or refused (strict). A changed host key is always refused. Every
-failure to connect becomes one ConnectError with a sentence for people and a reason word for code.
+Never prompts (docs/ssh.md#batchmode-and-connecttimeout): no password is offered, an encrypted key without an
+agent is an error, and an unknown host key is either recorded (accept-new) or refused (strict). A changed host
+key is always refused. Every failure to connect becomes one ConnectError with a sentence for people and a
+reason word for code.
 """
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ class RemoteProcess(Process):
 class AcceptNewPolicy:
     """OpenSSH's StrictHostKeyChecking=accept-new: trust a host's key the first time and record it in
     known_hosts (appending one line, under a lock); a key that differs from a recorded one is refused by
-    paramiko before this policy is consulted."""
+    paramiko before this policy is consulted. See docs/ssh.md#accept-new-host-keys."""
 
     def __init__(self, known_hosts_path: str):
         self.path = known_hosts_path

@@ -171,9 +171,11 @@ def resolve_cluster(cluster: Cluster) -> dict[str, SSHTarget]:
 def openssh_options(cluster: Cluster, host_key_checking: str | None = None,
                     connect_timeout: float = 10.0) -> list[str]:
     """Options for the OpenSSH client wherever clusterctl runs it, or has mpirun / mlx.launch run it:
-    never prompt (BatchMode), never wait forever (ConnectTimeout), trust-on-first-use or strict host keys,
-    and the inventory's ssh_config. The same list is used on every host, so `ssh_config` must exist at
-    the same path on each one (doctor checks that)."""
+    never prompt (BatchMode), never wait forever (ConnectTimeout; docs/ssh.md#batchmode-and-connecttimeout),
+    trust-on-first-use or strict host keys (docs/ssh.md#accept-new-host-keys), and the inventory's ssh_config.
+    The same list is used on every host, so `ssh_config` must exist at the same path on each one (doctor
+    checks that). It carries no per-host user, port or key: for mpirun and mlx.launch those must be in the
+    ssh_config file itself (docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config)."""
     policy = host_key_checking or cluster.host_key_checking
     options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(round(connect_timeout)))}",
                "-o", "StrictHostKeyChecking=" + ("yes" if policy == "strict" else "accept-new")]
@@ -183,8 +185,9 @@ def openssh_options(cluster: Cluster, host_key_checking: str | None = None,
 
 
 def rsh_agent(cluster: Cluster, host_key_checking: str | None = None, connect_timeout: float = 10.0) -> str:
-    """OpenMPI's plm_rsh_agent value: the ssh command line mpirun (and its daemons) use. OpenMPI splits
-    it on white space, so a path with spaces cannot be part of it."""
+    """OpenMPI's plm_rsh_agent value: the ssh command line mpirun (and its daemons,
+    docs/launchers.md#open-mpi-tree-spawn) use. OpenMPI splits it on white space, so a path with spaces
+    cannot be part of it (docs/launchers.md#open-mpi-rsh-agent)."""
     argv = ["ssh"] + openssh_options(cluster, host_key_checking, connect_timeout)
     if any(any(c.isspace() for c in word) for word in argv):
         raise InventoryError(cluster.path, None, f"ssh_config path {cluster.ssh_config!r} contains white space, "

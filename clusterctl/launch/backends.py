@@ -145,6 +145,7 @@ class MPIBackend(Backend):
 
 
 # mlx.launch's own entry point, for a host where only python (with mlx) is known to be installed
+# (a private module: docs/launchers.md#mlx-launch-is-a-module)
 MLX_LAUNCH_MODULE = "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"
 
 
@@ -190,9 +191,11 @@ class MLXLaunchBackend(Backend):
         return [("launch", "connections_per_ip", str(setting["connections_per_ip"]))]
 
 
+# MLX's backends and which of them clusterctl offers: docs/mlx-distributed.md#backends
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     MPIBackend(),
-    # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours)
+    # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours:
+    # docs/mlx-distributed.md#ring-sends-to-neighbours-only)
     MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
     MLXLaunchBackend("jaccl"),
 )}
@@ -243,11 +246,12 @@ def write_files(command: LauncherCommand) -> None:
 # ---- pure builders ----------------------------------------------------------------------------------
 
 def mca_settings(cluster: Cluster, rsh_agent: str, if_include: str | None) -> dict[str, str]:
+    # docs/launchers.md#open-mpi-rsh-agent, docs/launchers.md#btl-tcp-links
     mca = {"plm_rsh_agent": rsh_agent, "btl_tcp_links": str(cluster.mpi.btl_tcp_links)}
     include = cluster.mpi.if_include or if_include
     if include:
         # Only the rank-to-rank traffic: mpirun's own control connections (oob) must still reach the
-        # machine mpirun runs on, which need not sit on the data-plane subnet.
+        # machine mpirun runs on, which need not sit on the data-plane subnet (docs/launchers.md#btl-tcp-if-include).
         mca["btl_tcp_if_include"] = include
     return mca
 
@@ -268,13 +272,13 @@ def _split_user_mca(extra_args: Sequence[str]) -> tuple[dict[str, str], list[str
 def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env: Mapping[str, str],
                 rsh_agent: str, if_include: str | None = None, as_root: bool = False,
                 mpirun: str = "mpirun") -> list[str]:
-    """The full mpirun command: hostfile, one rank per slot, our MCA settings merged with the user's,
-    `-x` for every environment variable (straight to python: macOS SIP cannot strip them), then the
-    program."""
+    """The full mpirun command (ours, not `mlx.launch --backend mpi`'s: docs/launchers.md#mlx-launch-mpi-backend):
+    hostfile, one rank per slot, our MCA settings merged with the user's, `-x` for every environment variable
+    (straight to python: macOS SIP cannot strip them, docs/macos.md#sip-strips-dyld), then the program."""
     ours = mca_settings(cluster, rsh_agent, if_include)
     theirs, rest = _split_user_mca(cluster.mpi.extra_args)
     argv = [mpirun]
-    if as_root:
+    if as_root:     # docs/launchers.md#allow-run-as-root
         argv.append("--allow-run-as-root")
     argv += ["--hostfile", hostfile, "-np", str(cluster.world_size)]
     for key, value in {**ours, **theirs}.items():
@@ -287,7 +291,8 @@ def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env:
 def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: str, program: Sequence[str],
                     env: Mapping[str, str], cwd: str | None = None, launcher: Sequence[str] = ("mlx.launch",)) -> list[str]:
     """mlx.launch's command line. It does not put python in front of the program itself (0.32), hence
-    --python; the JSON hostfile carries the hosts and their data-plane addresses."""
+    --python (docs/launchers.md#mlx-launch-does-not-prepend-python); the JSON hostfile carries the hosts and
+    their data-plane addresses (docs/launchers.md#mlx-launch-hostfile-format)."""
     argv = [*launcher, "--hostfile", hostfile, "--backend", backend, "--python", python]
     if backend == "ring" and cluster.launch.connections_per_ip != 1:
         argv += ["--connections-per-ip", str(cluster.launch.connections_per_ip)]
@@ -306,8 +311,9 @@ def write_ssh_shim(directory: str, ssh: str, options: Sequence[str]) -> str:
 
 
 def ssh_shim(ssh: str, options: Sequence[str]) -> str:
-    """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST`, so the inventory's options
-    (ssh_config, BatchMode, ConnectTimeout, host key policy) reach it only through a wrapper."""
+    """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST` (docs/launchers.md#mlx-launch-runs-ssh-tt),
+    so the inventory's options (ssh_config, BatchMode, ConnectTimeout, host key policy) reach it only through a
+    wrapper (docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config)."""
     return "#!/bin/sh\nexec " + shlex.join([ssh, *options]) + ' "$@"\n'
 
 

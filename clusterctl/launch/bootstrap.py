@@ -1,16 +1,23 @@
 """The few lines every rank runs before the user's script, passed as `python -c BOOTSTRAP ...`.
 
 It needs nothing but the standard library (hosts need not have clusterctl installed) and sits between the
-launcher and the script without a shell (macOS SIP would strip DYLD_* through /bin/sh). It:
+launcher and the script without a shell (macOS SIP would strip DYLD_* through /bin/sh, see
+docs/macos.md#sip-strips-dyld). It:
   - re-emits every line the rank writes on fd 1 and 2 (C extensions included) tagged with rank and stream,
-    so one parser serves mpirun and mlx.launch alike;
+    so one parser serves mpirun and mlx.launch alike (the rank: OMPI_COMM_WORLD_RANK or MLX_RANK, see
+    docs/launchers.md#mlx-launch-rank-environment);
   - sends a heartbeat every HEARTBEAT seconds from a thread of the rank itself: a stopped or wedged process
-    stops beating, a busy one does not;
+    stops beating, a busy one does not (nor one blocked in a collective, see
+    docs/mlx-distributed.md#ring-all-sum-can-deadlock);
   - changes to its host's working directory (one per rank when the hosts' workdirs differ; ~ expanded on
     the host; created if missing), puts <workdir>/.clusterctl/lib (where `run` ships clusterctl itself for
     the bundled trainer) on sys.path when it exists, runs the script as
     __main__ with its arguments (or, when the script is "-m", the module named by the first argument, as
-    `python -m` would, with the working directory first on sys.path), and reports the exit code.
+    `python -m` would, with the working directory first on sys.path), and reports the exit code (the
+    launcher's own cannot be trusted: docs/launchers.md#mlx-launch-exit-status);
+  - under `mpirun -np 1`, finalises MPI, which MLX initialised but will not finalise
+    (docs/mlx-distributed.md#mpi-world-of-one-not-finalized), through the libmpi MLX already loaded
+    (MLX_MPI_LIBNAME or the default name: docs/mlx-distributed.md#mlx-mpi-libname).
 Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | exit.
 """
 
@@ -112,7 +119,8 @@ sys.exit(code)   # a normal exit: atexit handlers run and MLX finalises MPI (mpi
 
 def parse_line(line: str) -> tuple[int, str, str] | None:
     """(rank, kind, payload) for a tagged line, None for anything else (the launcher's own output).
-    A pty (mlx.launch's ssh -tt) may put text or \\r before the mark: the mark is searched for."""
+    A pty (mlx.launch's ssh -tt) may put text or \\r before the mark: the mark is searched for (see
+    docs/launchers.md#mlx-launch-runs-ssh-tt)."""
     at = line.find(MARK)
     if at < 0:
         return None

@@ -47,8 +47,8 @@ def _render_lines(cluster: Cluster, text: str) -> str:
 
 
 def mlx_hosts(cluster: Cluster) -> list[dict]:
-    """mlx.launch's host list, one entry per rank. This machine is `127.0.0.1`, the only name mlx.launch
-    runs without ssh."""
+    """mlx.launch's host list, one entry per rank (docs/launchers.md#mlx-launch-hostfile-format). This
+    machine is `127.0.0.1`, the only name mlx.launch runs without ssh (docs/launchers.md#mlx-launch-runs-ssh-tt)."""
     hosts = []
     for h in cluster.hosts:
         entry = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} if h.local else \

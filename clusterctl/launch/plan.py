@@ -1,5 +1,6 @@
 """What a launch needs to know about the hosts, found the way doctor finds it: the environment every rank
-gets (libmpi location for MLX, then the inventory's env, which wins) and the subnet to pin MPI to."""
+gets (libmpi location for MLX, docs/mlx-distributed.md#mlx-mpi-libname; then the inventory's env, which wins)
+and the subnet to pin MPI to (docs/launchers.md#btl-tcp-if-include)."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,6 +65,7 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
         with connector.transport(host) as t:
             facts = parse_probe(t.run(text, timeout=timeout).stdout)
         if script is not None or module is not None:
+            # found the way a rank's launcher finds it: on the non-interactive PATH (docs/ssh.md#non-interactive-path)
             if not facts.get("python_path"):
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")

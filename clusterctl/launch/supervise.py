@@ -3,7 +3,8 @@
     supervise(launch, connector, emit=...) -> Outcome    run it; stream `[rank N host]` lines; per-rank logs
 
 Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagged lines, heartbeats and exit
-codes from each rank whatever the launcher. It stops the job — SIGTERM to the launcher's process group,
+codes from each rank whatever the launcher (mlx.launch's own exit status says nothing about the ranks:
+docs/launchers.md#mlx-launch-exit-status). It stops the job — SIGTERM to the launcher's process group,
 SIGKILL after a grace period, then `pkill -f <run id>` on every host over SSH — when a rank exits non-zero,
 on Ctrl-C, when no rank has started within --start-timeout, or when a started rank has been silent (no
 output, no heartbeat) for --hang-timeout.
@@ -177,7 +178,8 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
 
 def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outcome:
     """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
-    to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize)."""
+    to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize:
+    docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
     try:
         proc.wait(timeout=FINISH_TIMEOUT_S)
     except TimeoutError:

@@ -1,6 +1,7 @@
 """The bundled trainer: a small Llama-style LM, data-parallel (dp) or fully sharded (fsdp), in MLX.
 
-Launch (every rank runs this same program; rank 0 reports):
+Launch (every rank runs this same program; rank 0 reports; mlx.launch needs the explicit `python`, see
+docs/launchers.md#mlx-launch-does-not-prepend-python):
 
     python -m clusterctl.train --steps 300                                    # one process
     mlx.launch -n 2 --backend ring -- python -m clusterctl.train --steps 300  # 2 ranks, ring (TCP)
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 
 def init_world():
     """The world group, failing loudly when it is not the size the launcher started (MLX can silently fall
-    back to a world of one). The launcher's size is CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's."""
+    back to a world of one: docs/mlx-distributed.md#world-of-one-fallback). The launcher's size is
+    CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's."""
     expected = None
     if not os.environ.get("CLUSTERCTL_WORLD_SIZE") and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
         expected = int(os.environ["OMPI_COMM_WORLD_SIZE"])

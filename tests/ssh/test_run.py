@@ -240,7 +240,8 @@ def test_launching_from_the_first_host(make_cluster, tmp_path, backend):
 
 def test_a_world_of_one_over_mpirun(make_cluster, tmp_path):
     """mpirun -np 1 fails any MLX script on its own (MLX 0.32 never finalises an MPI world of one); the
-    bootstrap finalises it, so a one-host inventory runs like any other."""
+    bootstrap finalises it, so a one-host inventory runs like any other
+    (docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
     cluster = make_cluster(1)
     script = tmp_path / "one.py"
     script.write_text("import mlx.core as mx\ng = mx.distributed.init(backend='mpi')\n"

@@ -211,7 +211,7 @@ def test_loss_falls_30_percent_on_the_embedded_corpus_over_ring(tmp_path):
 @pytest.mark.parametrize("world_from", ["CLUSTERCTL_WORLD_SIZE", "mpirun"])
 def test_ranks_that_cannot_join_the_world_fail_loudly(world_from, tmp_path):
     """MLX cannot load libmpi here (a wrong MLX_MPI_LIBNAME): every rank must stop with one line, not train
-    alone as a world of one."""
+    alone as a world of one (docs/mlx-distributed.md#world-of-one-fallback)."""
     forward = ["PYTHONPATH", "MLX_MPI_LIBNAME"] + (["CLUSTERCTL_WORLD_SIZE"] if world_from != "mpirun" else [])
     argv = mpirun(2, forward) + train_cmd("--steps", "1", "--out", str(tmp_path))
     env = {**ENV, "MLX_MPI_LIBNAME": "libmpi-not-here.so"}    # ENV has no CLUSTERCTL_WORLD_SIZE

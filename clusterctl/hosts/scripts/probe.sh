@@ -9,7 +9,8 @@ esc() { case "$1" in
 esac; }
 j() { printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")"; }
 j time "$(date +%s)"
-# SSH to every peer in the background, as mpirun's daemons would (the all-to-all check)
+# SSH to every peer in the background, as mpirun's daemons would (the all-to-all check), keeping ssh's own
+# stderr for doctor's diagnosis (docs/ssh.md#show-ssh-stderr)
 i=0
 for peer in "$@"; do
   ( o=$(mesh_ssh "$peer" 2>&1 </dev/null); rc=$?
@@ -19,6 +20,7 @@ done
 j os "$(uname -s)"
 j arch "$(uname -m)"
 j release "$(uname -r)"
+# the non-interactive PATH mpirun and the ranks will get (docs/ssh.md#non-interactive-path)
 j path "$PATH"
 p=$(command -v "$PY" 2>/dev/null)
 j python_path "$p"
@@ -36,6 +38,7 @@ r=$(command -v rsync 2>/dev/null)
 j rsync "$r"
 if [ -n "$r" ]; then j rsync_version "$(rsync --version 2>&1 | head -n 1)"; fi
 # libmpi: the inventory's mpi_lib_dir, beside mpirun, then Homebrew, conda, Debian and RPM directories
+# (what run exports for MLX to load it: docs/mlx-distributed.md#mlx-mpi-libname)
 for d in "$LIBDIR" "$mdir" /opt/homebrew/lib /opt/homebrew/opt/open-mpi/lib /usr/local/lib \
          "${CONDA_PREFIX:-/nonexistent}/lib" /usr/lib/x86_64-linux-gnu/openmpi/lib /usr/lib/aarch64-linux-gnu/openmpi/lib \
          /usr/lib64/openmpi/lib /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64; do
@@ -51,6 +54,7 @@ d=$WD
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
 (ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null) | while IFS= read -r line; do j iface "$line"; done
+# SIP strips DYLD_* variables (docs/macos.md#sip-strips-dyld)
 if [ "$(uname -s)" = Darwin ]; then j sip "$(csrutil status 2>&1)"; fi
 if [ -n "$SSH_CONFIG" ]; then
   if [ -r "$SSH_CONFIG" ]; then j ssh_config yes; else j ssh_config no; fi
