@@ -152,7 +152,7 @@ class SSHCluster:
         for h in self.hosts:
             lines += [f"Host {h.name}", f"  HostName {h.address}", f"  Port {h.port}", "  User root",
                       f"  IdentityFile {self.client_key}", "  IdentitiesOnly yes", ""]
-        # KexAlgorithms: OpenSSH 9's default post-quantum key exchange costs ~70 ms of client CPU per
+        # KexAlgorithms: OpenSSH 9's default post-quantum key exchange costs ~100 ms of client CPU per
         # connection. Real hosts pay that in parallel on their own cores; here all N*(N-1) sessions of an
         # all-to-all share this machine's two, so the simulated cluster uses the classic exchange
         # (docs/test-cluster.md#post-quantum-kex-cost).

@@ -34,13 +34,17 @@ SAMPLES = 3
 
 
 def init(backend: str):
-    group = mx.distributed.init(backend=backend, strict=True)    # docs/mlx-distributed.md#strict-init-raises
+    # strict: MLX raises instead of quietly giving every rank a world of one (docs/mlx-distributed.md#strict-
+    # init-raises, #world-of-one-fallback); the size check catches a launcher and MLX that disagree anyway
+    try:
+        group = mx.distributed.init(backend=backend, strict=True)
+    except RuntimeError as e:
+        sys.exit(f"bench: MLX could not start its {backend} backend: {e} (under mpirun: MLX could not load "
+                 "libmpi; `clusterctl doctor` checks it)")
     expected = os.environ.get("CLUSTERCTL_WORLD_SIZE")
     if expected and group.size() != int(expected):
-        # under mpirun MLX gives every rank a world of one when it cannot load libmpi
-        # (docs/mlx-distributed.md#world-of-one-fallback)
         sys.exit(f"bench: MLX formed a world of {group.size()}, the launcher started {expected} "
-                 "(under mpirun: MLX could not load libmpi; `clusterctl doctor` checks it)")
+                 "(`clusterctl doctor` checks the hosts)")
     return group
 
 

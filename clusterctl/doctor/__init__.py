@@ -111,13 +111,14 @@ def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict
         return
     live = [p for p in probes if p.facts is not None and p.facts.get("python_path")]
     budget = max(3.0, options.connect_timeout)
+    per_ip = cluster.launch.connections_per_ip
 
     by_name = {p.host.name: p for p in live}
 
     def run(host: Host):
         p = by_name[host.name]
-        spec = DataplaneSpec(p.host.name, p.host.address, ring_port(p.host), budget,
-                             tuple((q.host.name, q.host.address, ring_port(q.host)) for q in live
+        spec = DataplaneSpec(p.host.name, p.host.address, ring_port(p.host, per_ip), budget,
+                             tuple((q.host.name, q.host.address, ring_port(q.host, per_ip)) for q in live
                                    if q is not p))
         return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
 

@@ -63,7 +63,7 @@ def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
 def _mesh_fix(why: str, src: str, dst: str) -> str:
     w = why.lower()
     if "permission denied" in w:
-        return f"on {src}: ssh-copy-id {dst} (mpirun's daemons log in from {src} to {dst})"
+        return f"on {src}: ssh-copy-id {dst} (a launch from {src} logs in to {dst})"
     if "host key verification failed" in w or "remote host identification has changed" in w:
         return f"on {src}: ssh-keygen -R {dst}, then ssh {dst} once to record the new key"
     if "could not resolve" in w or "name or service not known" in w or "nodename nor servname" in w:
@@ -125,7 +125,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
     # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     if f.values.get("ssh_config") == ["no"]:
         out.append(Finding("ssh-config", name, FAIL, "the inventory's ssh_config file is not readable on this host",
-                           "copy it to the same path on every host: mpirun's daemons run ssh there too"))
+                           "copy it to the same path on every host: a launcher started there runs ssh with it"))
     return out
 
 
@@ -305,7 +305,8 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
                                f"(an old MLX job?) holds port {dp['port']}"))
         for peer, result in dp.get("connect", {}).items():
             target = next((q for q in probes if q.host.name == peer), None)
-            where = f"{target.host.address}:{ring_port(target.host)}" if target else peer
+            where = f"{target.host.address}:{ring_port(target.host, cluster.launch.connections_per_ip)}" \
+                if target else peer
             if result.get("ok"):
                 out.append(Finding("data-plane", name, PASS, f"TCP to {where} in {result.get('ms')} ms", peer=peer))
             else:

@@ -77,11 +77,13 @@ def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
 
 
 # docs/launchers.md#mlx-launch-ring-ports
-RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default: the ring listens on this + rank
+RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default
 
 
-def ring_port(host: Host) -> int:
-    return RING_STARTING_PORT + host.rank
+def ring_port(host: Host, connections_per_ip: int = 1) -> int:
+    """The first port the ring backend listens on at this host: ports go one per address and connection,
+    rank after rank, from the starting port (docs/launchers.md#mlx-launch-ring-ports); one address a host."""
+    return RING_STARTING_PORT + host.rank * connections_per_ip
 
 
 def shared_subnets(iface_lines_by_host: list[list[str]]) -> list[str]:

@@ -265,3 +265,9 @@ def test_report_json_shape_table_and_matrix():
     assert "\x1b[31m" in render_table(report, colour=True)
     matrix = render_matrix(["h1", "h2"], [findings[2]])
     assert matrix[1].split() == ["h1", "-", "FAIL"] and matrix[2].split() == ["h2", "?", "-"]
+
+
+def test_ring_ports_follow_mlx_launch_one_per_address_and_connection():
+    cluster = parse("hosts: [{name: a, slots: 2}, b, c]\n")
+    assert [host_facts.ring_port(h) for h in cluster.hosts] == [32323, 32325, 32326]
+    assert [host_facts.ring_port(h, 4) for h in cluster.hosts] == [32323, 32331, 32335]
