@@ -1,12 +1,16 @@
 """The click group every command registers on, and the options several commands share (declared once)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import ClusterctlError
 from ..hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
-from ..inventory import Cluster
 from ..launch import backends
+
+if TYPE_CHECKING:
+    from ..inventory import Cluster
 
 EXAMPLES: dict[str, str] = {}
 

@@ -5,10 +5,6 @@ import json
 
 import click
 
-from ..bench.measure import Bench
-from ..bench.report import format_bytes, parse_size, parse_sizes, render_matrix, render_table
-from ..bench.tune import describe, store
-from ..bench.tune import tune as run_tune
 from ..launch import backends
 from . import app
 
@@ -31,6 +27,11 @@ from . import app
 def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, p2p_size, as_json,
               connect_timeout, timeout):
     """Measure all_sum / all_gather bandwidth across the cluster."""
+    from ..bench.measure import Bench
+    from ..bench.report import format_bytes, parse_size, parse_sizes, render_matrix, render_table
+    from ..bench.tune import describe, store
+    from ..bench.tune import tune as run_tune
+
     if write and not tune:
         raise click.UsageError("--write stores what --tune found: give --tune too")
     if tune and p2p:

@@ -4,10 +4,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import click
 
-from ..hosts.fanout import HostOutcome
+if TYPE_CHECKING:
+    from ..hosts.fanout import HostOutcome
+
 
 
 def table(rows: list[dict], columns: list[str]) -> None:

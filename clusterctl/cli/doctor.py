@@ -5,8 +5,7 @@ import sys
 
 import click
 
-from ..doctor import DoctorOptions, run_doctor
-from ..doctor.report import render_table
+from ..doctor import DoctorOptions
 from ..errors import EXIT_FAILED, EXIT_OK
 from . import app
 
@@ -23,6 +22,9 @@ from . import app
 @app.strict_host_keys_option
 def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, strict_host_keys):
     """Check SSH all-to-all, PATH, MPI and the data plane of a cluster."""
+    from ..doctor import run_doctor
+    from ..doctor.report import render_table
+
     cluster = app.load(inventory_path)
     report = run_doctor(cluster, DoctorOptions(connect_timeout=connect_timeout, deep=deep,
                                                host_key_checking=app.host_key_policy(strict_host_keys),

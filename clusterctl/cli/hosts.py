@@ -10,8 +10,6 @@ import click
 
 from ..atomic import write_text
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
-from ..hosts.connector import Connector, host_rows
-from ..inventory_edit import starter_inventory
 from ..launch import backends
 from . import app
 from .console import outcome_json, print_outcome, table
@@ -22,6 +20,8 @@ from .console import outcome_json, print_outcome, table
 @app.json_option
 def hosts_cmd(inventory_path, as_json):
     """Show the resolved hosts: inventory + defaults + ~/.ssh/config."""
+    from ..hosts.connector import host_rows
+
     cluster = app.load(inventory_path)
     rows = host_rows(cluster)
     if as_json:
@@ -43,6 +43,8 @@ def hosts_cmd(inventory_path, as_json):
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_keys, as_json, argv):
     """Run a command on every host in parallel and show each host's output."""
+    from ..hosts.connector import Connector
+
     if bool(script) == bool(argv):
         raise click.UsageError("give either a command after -- or --sh SCRIPT")
     cluster = app.load(inventory_path)
@@ -70,6 +72,8 @@ def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init_cmd(names, output, user, python, workdir, addresses, backend, force):
     """Write a starter inventory for the given hosts."""
+    from ..inventory_edit import starter_inventory
+
     if os.path.exists(output) and not force:
         raise UsageError(f"{output} exists; pass --force to overwrite it")
     text = starter_inventory(list(names), user=user, python=python, workdir=workdir, addresses=list(addresses),

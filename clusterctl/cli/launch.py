@@ -9,7 +9,6 @@ import click
 
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
-from ..run import RunEvents, RunOptions, hostfile_and_command, run
 from . import app
 from .console import one_line, size
 
@@ -27,6 +26,8 @@ from .console import one_line, size
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_timeout, program):
     """Write an Open MPI, MPICH or mlx.launch hostfile (and the launch line)."""
+    from ..run import hostfile_and_command
+
     if print_command and not program:
         raise click.UsageError("--print-command needs the script: ... --print-command -- SCRIPT [ARGS]")
     if program and not print_command:
@@ -46,8 +47,9 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
         click.echo(line)
 
 
-class _PrintedRun(RunEvents):
-    """`run`'s events as lines: progress on stderr, the ranks' output on stdout / stderr."""
+class PrintedRun:
+    """`run`'s events (run.RunEvents: every method of it) as lines: progress on stderr, the ranks' output
+    on stdout / stderr."""
 
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
@@ -102,11 +104,13 @@ class _PrintedRun(RunEvents):
 def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, no_fetch, data_dir):
     """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
+    from ..run import RunOptions, run
+
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
                          launch_from=launch_from, sync=not no_sync, fetch=not no_fetch, data_dir=data_dir)
-    result = run(app.load(inventory_path) if inventory_path else None, options, _PrintedRun())
+    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun())
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))

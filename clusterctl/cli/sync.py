@@ -8,7 +8,6 @@ import click
 
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..transfer.push import METHODS
-from ..transfer.sync import SyncOptions, plan_sync, sync_tree
 from . import app
 from .console import Bars, one_line, size, table
 
@@ -33,6 +32,8 @@ from .console import Bars, one_line, size, table
 def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, checksum, bwlimit, connect_timeout,
              timeout, strict_host_keys, as_json):
     """Mirror a project directory into every host's workdir."""
+    from ..transfer.sync import SyncOptions, plan_sync, sync_tree
+
     cluster = app.load(inventory_path)
     options = SyncOptions(excludes=tuple(excludes), delete=delete, dry_run=dry_run, dest=dest, method=method,
                           checksum=checksum, bwlimit_kbps=bwlimit, connect_timeout=connect_timeout, timeout=timeout,

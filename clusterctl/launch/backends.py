@@ -24,14 +24,16 @@ import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..atomic import write_text
 from ..errors import InventoryError, LaunchError, UsageError
 from ..hosts.sshconfig import openssh_options, rsh_agent
 from ..inventory import Cluster, load
 from .hostfile import render as render_hostfile
-from .plan import LaunchPlan
+
+if TYPE_CHECKING:
+    from .plan import LaunchPlan
 
 
 @dataclass(frozen=True)

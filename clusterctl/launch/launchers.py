@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
-from ..hosts.transport import Transport
 from ..inventory import Cluster, Host
 from .backends import Backend
+
+if TYPE_CHECKING:
+    from ..hosts.connector import Connector
+    from ..hosts.transport import Transport
 
 LAUNCH_FROM = ("auto", "here", "first-host")
 

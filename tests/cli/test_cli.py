@@ -291,3 +291,19 @@ def test_a_killed_run_leaves_no_launcher_or_rank_behind_on_this_machine(tmp_path
     while survivors() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert survivors() == []
+
+
+def test_the_cli_prints_every_event_run_reports():
+    """cli.launch.PrintedRun is duck-typed (run.py is imported only when `run` runs): it must answer every
+    RunEvents method, with the same parameters."""
+    import inspect
+
+    from clusterctl.cli.launch import PrintedRun
+    from clusterctl.run import RunEvents
+
+    events = [n for n, f in inspect.getmembers(RunEvents, inspect.isfunction) if not n.startswith("_")]
+    assert events and all(hasattr(PrintedRun, n) for n in events), events
+    for name in events:
+        def params(cls):
+            return list(inspect.signature(getattr(cls, name)).parameters)
+        assert params(PrintedRun) == params(RunEvents), name

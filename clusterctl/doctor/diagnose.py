@@ -1,0 +1,155 @@
+"""clusterctl doctor's run: everything that breaks a distributed MLX job, checked in one round trip per host.
+
+    run_doctor(cluster, DoctorOptions()) -> Report
+
+1. Every host at once (fan-out, per-host deadline): connect (the controller -> host SSH check) and run the
+   probe (probe.py), which itself checks SSH to every peer (docs/ssh.md#all-to-all-ssh) and TCP to every
+   peer's data-plane address.
+2. Pure checks over the parsed facts (checks.py).
+3. With deep checks on (the default when mpirun exists here) and every host healthy enough: the MPI smoke
+   test through mpirun and, when hosts have addresses, the ring smoke test through mlx.launch (smoke.py).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import ClusterctlError
+from ..hosts.connector import Connector
+from ..hosts.facts import choose_libmpi, ring_port
+from ..hosts.fanout import run_all
+from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
+from ..hosts.sshconfig import openssh_options
+from ..inventory import Cluster, Host
+from ..launch import backends
+from ..launch.plan import plan_from_probes
+from . import checks, smoke
+from .options import DoctorOptions
+from .report import CLUSTER, WARN, Finding, Report
+
+PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
+
+
+def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Report:
+    start = time.monotonic()
+    phases: dict[str, float] = {}
+    connector = Connector(cluster, options.host_key_checking, options.connect_timeout)
+    ssh_options = openssh_options(cluster, options.host_key_checking, options.connect_timeout)
+    probes = _probe_all(cluster, connector, ssh_options, options, phases)
+
+    findings: list[Finding] = []
+    for p in probes:
+        t = connector.targets[p.host.name]
+        findings.append(checks.controller_ssh(p, f"{t.user}@{t.hostname}:{t.port}"))
+    findings += checks.ssh_mesh(probes)
+    for p in probes:
+        findings += checks.host_software(p, cluster.launch.backend)
+    findings += checks.parity(probes)
+    for p in probes:
+        findings += checks.libmpi(p, cluster.launch.backend)
+    findings += checks.dataplane(probes, cluster)
+    for p in probes:
+        findings += checks.disk(p) + checks.clock(p) + checks.macos(p, cluster)
+    t0 = time.monotonic()
+    findings += _deep(cluster, probes, findings, options)
+    phases["smoke"] = time.monotonic() - t0
+    return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start, phases)
+
+
+def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
+               options: DoctorOptions, phases: dict[str, float]) -> list[HostProbe]:
+    """Phase 1, every host at once: connect, run the probe. Phase 2, on the hosts that answered, at once:
+    the TCP data-plane probe over the same connections."""
+    names = [h.name for h in cluster.hosts]
+    transports = {}
+
+    def probe(host: Host) -> HostProbe:
+        script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir,
+                              peers=[n for n in names if n != host.name], ssh_options=ssh_options,
+                              ssh_config=cluster.ssh_config, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
+        sent = time.time()
+        transport = transports[host.name] = connector.transport(host)
+        t0 = time.monotonic()
+        transport.open()
+        connect_ms = None if transport.is_local else (time.monotonic() - t0) * 1000
+        result = transport.run(script, timeout=options.connect_timeout + PROBE_SLACK_S)
+        return HostProbe(host, parse_probe(result.stdout), connect_ms=connect_ms, sent_at=sent,
+                         received_at=time.time())
+
+    try:
+        t0 = time.monotonic()
+        group = run_all(cluster.hosts, probe, deadline=options.connect_timeout + PROBE_SLACK_S + 5)
+        phases["probe"] = time.monotonic() - t0
+        probes = []
+        for name, outcome in group.items():
+            if outcome.error is not None:
+                message = str(outcome.error)
+                if isinstance(outcome.error, ClusterctlError) and message.startswith(f"{name}: "):
+                    message = message[len(name) + 2:]
+                probes.append(HostProbe(outcome.host, error=message, error_reason=getattr(outcome.error, "reason", None)))
+            else:
+                probes.append(outcome.value)
+        t0 = time.monotonic()
+        _dataplane_phase(cluster, probes, transports, options)
+        phases["data-plane"] = time.monotonic() - t0
+        return probes
+    finally:
+        for transport in transports.values():
+            transport.close()
+
+
+def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict, options: DoctorOptions) -> None:
+    if len(cluster.hosts) < 2 or not all(h.address for h in cluster.hosts):
+        return
+    live = [p for p in probes if p.facts is not None and p.facts.get("python_path")]
+    budget = max(3.0, options.connect_timeout)
+    per_ip = cluster.launch.connections_per_ip
+
+    by_name = {p.host.name: p for p in live}
+
+    def run(host: Host):
+        p = by_name[host.name]
+        spec = DataplaneSpec(p.host.name, p.host.address, ring_port(p.host, per_ip), budget,
+                             tuple((q.host.name, q.host.address, ring_port(q.host, per_ip)) for q in live
+                                   if q is not p))
+        return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
+
+    group = run_all([p.host for p in live], run, deadline=budget + 15)
+    for p in live:
+        outcome = group[p.host.name]
+        if outcome.error is None:
+            p.facts.dataplane = parse_probe(outcome.value.stdout).dataplane
+
+
+def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], options: DoctorOptions) -> list[Finding]:
+    mpirun_here = backends.get("mpi").launcher_here() is not None
+    mpi_wanted = cluster.launch.backend == "mpi" or mpirun_here
+    ring_wanted = smoke.ring_ready(cluster)
+    deep = options.deep if options.deep is not None else (mpirun_here or ring_wanted)
+    if not deep:
+        return []
+    broken = [p.host.name for p in probes if p.facts is None]
+    basics = ("ssh", "ssh-mesh", "python", "mlx")
+    # libmpi is not a prerequisite: its search is a heuristic, and the smoke test is the real answer
+    needs = {"mpi-smoke": basics + ("mpirun",), "ring-smoke": basics + ("data-plane",)}
+    skipped, wanted = [], {"mpi-smoke": mpi_wanted, "ring-smoke": ring_wanted}
+    for check, prerequisites in needs.items():
+        if not wanted[check]:
+            continue
+        bad = broken or sorted({f.host for f in findings if f.status == "fail" and f.check in prerequisites})
+        if bad:
+            skipped.append(Finding(check, CLUSTER, WARN, f"not run: {', '.join(bad)} failed the checks above",
+                                   "fix the failures above, then run doctor again"))
+            wanted[check] = False
+    mpi_wanted, ring_wanted = wanted["mpi-smoke"], wanted["ring-smoke"]
+    if not (mpi_wanted or ring_wanted):
+        return skipped
+
+    plan = plan_from_probes(cluster, probes)
+    libmpi = choose_libmpi(probes[0].facts)
+    names = [name for name, on in (("mpi", mpi_wanted), ("ring", ring_wanted)) if on]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [pool.submit(smoke.run_smoke, cluster, backends.get(name), plan, timeout=options.smoke_timeout,
+                            connect_timeout=options.connect_timeout, host_key_checking=options.host_key_checking,
+                            libmpi_hint=libmpi if name == "mpi" else None) for name in names]
+        return skipped + [j.result() for j in jobs]
