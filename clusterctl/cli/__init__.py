@@ -9,6 +9,9 @@ core's work (run.py, doctor/, bench/, transfer/, hosts/).
     data.py     data prepare, data push, generate
     bench.py    bench
 
+Each command module registers its commands on `cli` when it is imported: app.MODULES says which module
+defines which command, and a module is imported only when its command is used (or --help lists it).
+
 main() is the one error boundary: a ClusterctlError becomes one red line and its exit code (errors.py
 lists them), anything unexpected one line plus a traceback in ~/.cache/clusterctl/debug.log.
 """
@@ -23,7 +26,6 @@ import traceback
 import click
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError
-from . import bench, data, doctor, hosts, launch, sync  # noqa: F401 - each registers its commands on `cli`
 from .app import EXAMPLES, cli
 
 __all__ = ["EXAMPLES", "cli", "main"]

@@ -27,9 +27,41 @@ class Failure(click.ClickException):
         click.secho(f"error: {self.message}", fg="red", err=True)
 
 
+# command -> the module of clusterctl.cli that defines it. A command's module is imported when the command
+# is looked up (running it, or --help), so `clusterctl hosts` does not pay for importing `run` or `bench`.
+MODULES = {"hosts": "hosts", "exec": "hosts", "init": "hosts", "doctor": "doctor", "hostfile": "launch",
+           "run": "launch", "sync": "sync", "data": "data", "generate": "data", "bench": "bench"}
+
+
 class _Group(click.Group):
-    """Lists every command with its one-line summary and an example; turns the core's errors into
-    Failure (unless --debug, which lets the traceback through)."""
+    """Lists every command with its one-line summary and an example; loads each command's module on first
+    use; turns the core's errors into Failure (unless --debug, which lets the traceback through)."""
+
+    @property
+    def commands(self) -> dict[str, click.Command]:
+        """Every command, each module loaded (what click's own machinery and tests read)."""
+        for name in MODULES:
+            self._load(name)
+        return self._commands
+
+    @commands.setter
+    def commands(self, value) -> None:       # click.Group.__init__ sets it
+        self._commands = value
+
+    def _load(self, name: str) -> None:
+        if name in MODULES and name not in self._commands:
+            import importlib
+            importlib.import_module(f"{__package__}.{MODULES[name]}")
+
+    def add_command(self, cmd, name=None) -> None:
+        self._commands[name or cmd.name] = cmd
+
+    def get_command(self, ctx, name):
+        self._load(name)
+        return self._commands.get(name)
+
+    def list_commands(self, ctx):
+        return sorted(set(MODULES) | set(self._commands))
 
     def invoke(self, ctx):
         try:

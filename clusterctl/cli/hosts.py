@@ -20,7 +20,7 @@ from .console import outcome_json, print_outcome, table
 @app.json_option
 def hosts_cmd(inventory_path, as_json):
     """Show the resolved hosts: inventory + defaults + ~/.ssh/config."""
-    from ..hosts.connector import host_rows
+    from ..hosts.sshconfig import host_rows
 
     cluster = app.load(inventory_path)
     rows = host_rows(cluster)

@@ -2,7 +2,6 @@
 out one command to every host."""
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 from ..inventory import Cluster, Host
@@ -40,24 +39,6 @@ class Connector:
         if deadline is None:
             deadline = self.connect_timeout + timeout + DEADLINE_SLACK_S
         return run_all(hosts if hosts is not None else self.cluster.hosts, one, deadline)
-
-
-def host_rows(cluster: Cluster) -> list[dict]:
-    """Every host as `clusterctl hosts` shows it: the inventory after defaults, with where `ssh NAME`
-    really goes (ssh_config applied)."""
-
-    targets = resolve_cluster(cluster)
-    rows = []
-    for h in cluster.hosts:
-        t = targets[h.name]
-        rows.append({
-            "ranks": str(h.rank) if h.slots == 1 else f"{h.ranks.start}-{h.ranks.stop - 1}", "name": h.name,
-            "connect": "(local)" if h.local else f"{t.hostname}:{t.port}",
-            "user": t.user, "address": h.address or "", "python": h.python, "workdir": h.workdir,
-            "identity_file": "" if h.local else (next((p for p in t.identity_files if os.path.isfile(p)), "")),
-            "env": h.env_dict,
-        })
-    return rows
 
 
 def for_host(host: Host, target: SSHTarget | None = None, host_key_checking: str = "accept-new",

@@ -193,3 +193,21 @@ def rsh_agent(cluster: Cluster, host_key_checking: str | None = None, connect_ti
         raise InventoryError(cluster.path, None, f"ssh_config path {cluster.ssh_config!r} contains white space, "
                              "which mpirun cannot pass to ssh; move the file")
     return " ".join(argv)
+
+
+def host_rows(cluster: Cluster) -> list[dict]:
+    """Every host as `clusterctl hosts` shows it: the inventory after defaults, with where `ssh NAME`
+    really goes (ssh_config applied)."""
+
+    targets = resolve_cluster(cluster)
+    rows = []
+    for h in cluster.hosts:
+        t = targets[h.name]
+        rows.append({
+            "ranks": str(h.rank) if h.slots == 1 else f"{h.ranks.start}-{h.ranks.stop - 1}", "name": h.name,
+            "connect": "(local)" if h.local else f"{t.hostname}:{t.port}",
+            "user": t.user, "address": h.address or "", "python": h.python, "workdir": h.workdir,
+            "identity_file": "" if h.local else (next((p for p in t.identity_files if os.path.isfile(p)), "")),
+            "env": h.env_dict,
+        })
+    return rows
