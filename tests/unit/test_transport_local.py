@@ -20,7 +20,7 @@ def test_quote_path_keeps_tilde_as_home_and_quotes_the_rest():
 
 
 def test_shell_command_rejects_bad_env_names():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^not a valid environment variable name: 'A;B'$"):
         shell_command(["true"], env={"A;B": "1"})
 
 
