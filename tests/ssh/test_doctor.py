@@ -47,9 +47,12 @@ def test_a_stopped_host_fails_by_name_and_the_rest_are_still_checked_quickly(mak
     cluster = make_cluster(4)
     cluster.stop_host(3)
     start = time.monotonic()
-    report = doctor(cluster, connect_timeout=3)
+    report = doctor(cluster, connect_timeout=60)
     elapsed = time.monotonic() - start
-    assert elapsed <= 3 + 2, elapsed
+    # A refused connection is known at once; a doctor that waited on the stopped host (its connect
+    # timeout, or the probe deadline after it) would take over 60 s. The bound sits far below that and
+    # far above the second or so this takes, so a loaded machine cannot fail it.
+    assert elapsed < 30, elapsed
     assert not report.ok
     ssh = {f.host: f for f in rows(report, "ssh")}
     assert ssh["h3"].status == FAIL and "connection refused" in ssh["h3"].detail and "sshd" in ssh["h3"].fix
@@ -67,8 +70,10 @@ def test_a_host_that_rejects_our_key_is_reported_without_hanging(make_cluster):
     cluster = make_cluster(3)
     cluster.refuse_key(2)
     start = time.monotonic()
-    report = doctor(cluster, connect_timeout=3)
-    assert time.monotonic() - start < 3 + 2
+    report = doctor(cluster, connect_timeout=60)
+    # A host that sat at a password prompt would hold doctor for the 60 s connect timeout and more; a
+    # refused key is known at once. The bound sits far below that, so a loaded machine cannot fail it.
+    assert time.monotonic() - start < 30
     f = rows(report, "ssh", host="h2")[0]
     assert f.status == FAIL and "refused our keys" in f.detail and "would ask for a password" in f.detail
     assert "ssh-copy-id" in f.fix
