@@ -176,7 +176,11 @@ def test_launching_from_the_cached_plan_while_the_preflight_runs(make_cluster, t
     r = run(str(script), "--hosts", str(cluster.inventory), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     [cached] = list(cache.iterdir())
-    assert json.loads(cached.read_text())["env"] is not None
+    # the plan cached is the one the verified launch gave its ranks: the hosts' libmpi, for MLX to load
+    env = json.loads(cached.read_text())["env"]
+    launch = json.loads((tmp_path / "runs" / TOKEN.search(r.stderr).group(1) / "launch.json").read_text())
+    assert env.items() <= launch["rank_env"].items(), (env, launch["rank_env"])
+    assert os.path.isfile(env["MLX_MPI_LIBNAME"]) and env["LD_LIBRARY_PATH"] == os.path.dirname(env["MLX_MPI_LIBNAME"])
     # a stale plan: the job starts with it, the pre-flight finds the hosts say otherwise, run launches again
     stale = json.loads(cached.read_text())
     cached.write_text(json.dumps({**stale, "env": {**stale["env"], "STALE": "1"}}))
