@@ -9,6 +9,7 @@ import pytest
 from clusterctl.doctor import DoctorOptions, run_doctor
 from clusterctl.doctor.report import FAIL, PASS, WARN
 from clusterctl.inventory import load
+from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
 
@@ -83,8 +84,7 @@ def test_a_host_that_rejects_our_key_is_reported_without_hanging(make_cluster):
 
 def test_b_cannot_reach_c_fails_that_pair_only(make_cluster):
     cluster = make_cluster(4)
-    if not cluster.private_roots:
-        pytest.skip("needs unshare -m to give one host its own view of the ssh config")
+    requires_private_roots(cluster, "to give one host its own view of the ssh config")
     cluster.break_ssh(2, 3)
     assert cluster.ssh(2, "true").returncode == 0 and cluster.ssh(3, "true").returncode == 0   # we reach both
     report = doctor(cluster, deep=False)
@@ -111,8 +111,7 @@ def test_missing_mpirun_and_another_mlx_are_each_named(make_cluster, other_mlx_v
     if sys.prefix == sys.base_prefix:
         pytest.skip("the suite must run in a virtualenv: a host gets another one mounted over it")
     cluster = make_cluster(4)
-    if not cluster.private_roots:
-        pytest.skip("needs unshare -m to give hosts different files at the same path")
+    requires_private_roots(cluster, "to give hosts different files at the same path")
     cluster.set_session_path(2, cluster.path_without("mpirun"))
     cluster.mount_over(3, sys.prefix, str(other_mlx_venv))      # same python path, another mlx inside
     report = doctor(cluster)

@@ -10,6 +10,7 @@ from clusterctl.errors import CommandTimeout, ConnectError, InventoryError
 from clusterctl.hosts.fanout import DeadlineExceeded
 from clusterctl.inventory import load
 from clusterctl.hosts.connector import Connector
+from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
 
@@ -157,8 +158,7 @@ def test_timeout_kills_the_remote_process_tree(make_cluster):
 
 def test_put_lands_on_that_host_only_atomically(make_cluster, tmp_path):
     cluster = make_cluster(3)
-    if not cluster.private_roots:
-        pytest.skip("unshare -m is not available: hosts share one filesystem")
+    requires_private_roots(cluster, "without it the hosts share one filesystem")
     src = tmp_path / "payload.bin"
     src.write_bytes(os.urandom(3 << 20))
     src.chmod(0o640)
@@ -221,8 +221,8 @@ def test_strict_refuses_an_unknown_host(make_cluster):
 
 def test_fault_injector_path_without_mpirun(make_cluster):
     cluster = make_cluster(2)
-    if not cluster.private_roots and os.path.isfile(os.path.expanduser("~/.bashrc")):
-        pytest.skip("~/.bashrc sets PATH for ssh sessions and unshare -m is not available")
+    if os.path.isfile(os.path.expanduser("~/.bashrc")):
+        requires_private_roots(cluster, "~/.bashrc sets PATH for ssh sessions unless a host has its own")
     cluster.set_session_path(2, cluster.path_without("mpirun"))
     group = connector(cluster).run_everywhere("command -v mpirun", timeout=10)
     assert group["h1"].ok and group["h1"].value.stdout.strip().endswith("mpirun")
@@ -236,8 +236,8 @@ def _yaml(value: str) -> str:
 
 def test_fault_injector_another_python_on_path(make_cluster, tmp_path):
     cluster = make_cluster(2)
-    if not cluster.private_roots and os.path.isfile(os.path.expanduser("~/.bashrc")):
-        pytest.skip("~/.bashrc sets PATH for ssh sessions and unshare -m is not available")
+    if os.path.isfile(os.path.expanduser("~/.bashrc")):
+        requires_private_roots(cluster, "~/.bashrc sets PATH for ssh sessions unless a host has its own")
     other = tmp_path / "python3-other"
     other.write_text("#!/bin/sh\necho 'Python 2.7.18 (the other one)'\n")
     other.chmod(0o755)
