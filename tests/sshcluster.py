@@ -49,6 +49,21 @@ def unshare_works() -> bool:
     return probe.returncode == 0
 
 
+# Every test skipped for want of `unshare -m` says this, through requires_private_roots(), so that
+# tests/conftest.py can find them all: it lists them in a block of their own at the end of the run, and
+# fails the run if `unshare -m` works after all (CI runs as root, where it must).
+NO_PRIVATE_ROOTS = "needs unshare -m (a private mount namespace per host) and has none"
+
+
+def requires_private_roots(cluster: "SSHCluster | None" = None, why: str = "") -> None:
+    """Skip the calling test unless `cluster` gives each host a private root (without a cluster: unless
+    `unshare -m` works here), with the one reason conftest recognises; `why` says what the test needs it for."""
+    if (cluster.private_roots if cluster is not None else unshare_works()):
+        return
+    import pytest      # here, not at the top: benchmarks/ use this module without pytest
+    pytest.skip(f"{NO_PRIVATE_ROOTS}: {why}" if why else NO_PRIVATE_ROOTS)
+
+
 def free_port(address: str) -> int:
     with socket.socket() as s:
         s.bind((address, 0))

@@ -142,7 +142,7 @@ def test_ctrl_c_during_local_exec_kills_the_local_command():
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 130 and "Traceback" not in err
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30     # generous: the loop ends as soon as the sleep is gone
     while running() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running()

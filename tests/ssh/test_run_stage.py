@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from sshcluster import requires_private_roots
+
 pytestmark = pytest.mark.ssh
 
 
@@ -18,8 +20,7 @@ def run(*args, cwd):
 
 def test_run_copies_the_project_to_every_host_first(make_cluster, tmp_path):
     cluster = make_cluster(2)
-    if not cluster.private_roots:
-        pytest.skip("needs a private working root per host (unshare -m)")
+    requires_private_roots(cluster, "each host needs its own working root")
     project = tmp_path / "project"
     (project / "pkg").mkdir(parents=True)
     (project / "pkg" / "__init__.py").write_text("")
@@ -46,8 +47,7 @@ def test_a_clusterctl_module_runs_on_hosts_without_clusterctl(make_cluster, tmp_
     """The hosts' python has no clusterctl installed (Debian's own python3): run ships the running
     clusterctl into <workdir>/.clusterctl/lib and the ranks import it from there."""
     cluster = make_cluster(2)
-    if not cluster.private_roots:
-        pytest.skip("needs a private working root per host (unshare -m)")
+    requires_private_roots(cluster, "each host needs its own working root")
     if not os.path.exists("/usr/bin/python3"):
         pytest.skip("no system python3")
     inventory = cluster.write_inventory(python="/usr/bin/python3")
@@ -71,8 +71,7 @@ def test_the_bundled_trainer_on_the_cluster_reads_each_hosts_own_shard(make_clus
     """`run --data DIR` without a script: host i receives only shard i, the bundled trainer trains on it,
     and rank 0's host keeps the run's metrics and checkpoints in <workdir>/runs/<id>/."""
     cluster = make_cluster(2)
-    if not cluster.private_roots:
-        pytest.skip("needs a private working root per host (unshare -m)")
+    requires_private_roots(cluster, "each host needs its own working root")
     data = tmp_path / "tiny"
     prep = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", "embedded:300", "--world", "2",
                            "--out", str(data)], capture_output=True, text=True, timeout=120)

@@ -3,7 +3,7 @@
 import socket
 
 import pytest
-from sshcluster import SSHCluster
+from sshcluster import SSHCluster, requires_private_roots
 
 pytestmark = pytest.mark.ssh
 
@@ -33,8 +33,7 @@ def test_fixture_fails_loudly_when_sshd_cannot_bind(tmp_path):
 
 def test_private_roots_hold_different_files_at_the_same_path(make_cluster):
     cluster = make_cluster(2)
-    if not cluster.private_roots:
-        pytest.skip("unshare -m is not available here")
+    requires_private_roots(cluster, "this is the test of the private roots themselves")
     assert cluster.ssh(1, f"echo one > {cluster.host_root}/f").returncode == 0
     assert cluster.ssh(2, f"echo two > {cluster.host_root}/f").returncode == 0
     assert cluster.ssh(1, f"cat {cluster.host_root}/f").stdout == "one\n"

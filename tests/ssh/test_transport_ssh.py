@@ -10,6 +10,7 @@ from clusterctl.errors import CommandTimeout, ConnectError, InventoryError
 from clusterctl.hosts.connector import Connector
 from clusterctl.hosts.fanout import DeadlineExceeded
 from clusterctl.inventory import load
+from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
 
@@ -36,27 +37,33 @@ def test_one_stopped_host_reports_a_connection_error_and_the_other_seven_return(
     cluster = make_cluster(8)
     cluster.stop_host(5)
     start = time.monotonic()
-    group = connector(cluster, connect_timeout=5).run_everywhere(["hostname"], timeout=10, deadline=15)
+    group = connector(cluster, connect_timeout=60).run_everywhere(["hostname"], timeout=60, deadline=90)
     elapsed = time.monotonic() - start
     assert len(group.ok) == 7 and list(group.failed) == ["h5"]
     error = group["h5"].error
     assert isinstance(error, ConnectError) and "connection refused" in str(error)
     assert f"{cluster.host(5).address}:{cluster.host(5).port}" in str(error)
-    assert elapsed < 15, elapsed
+    # A refused connection is known at once; a stopped host treated as a silent one would hold the run
+    # for the 60 s connect timeout. The bound sits far below that and far above the second or so this
+    # takes, so a loaded machine cannot fail it (speed figures belong in benchmarks/).
+    assert elapsed < 30, elapsed
 
 
 def test_a_frozen_host_is_cut_off_by_its_deadline_without_delaying_the_rest(make_cluster):
     cluster = make_cluster(4)
     cluster.freeze(2)      # TCP connects, no banner: the classic hang
+    deadline = 6           # room for three healthy hosts to answer on a loaded machine
     try:
         start = time.monotonic()
-        group = connector(cluster, connect_timeout=30).run_everywhere(["true"], timeout=10, deadline=3)
+        group = connector(cluster, connect_timeout=120).run_everywhere(["true"], timeout=120, deadline=deadline)
         elapsed = time.monotonic() - start
     finally:
         cluster.thaw(2)
     assert list(group.failed) == ["h2"] and isinstance(group["h2"].error, DeadlineExceeded)
-    assert all(group[n].elapsed_s < 3 for n in ("h1", "h3", "h4"))
-    assert elapsed < 4.5, elapsed
+    assert all(group[n].elapsed_s < deadline for n in ("h1", "h3", "h4"))
+    # Without the deadline the frozen host would hold the group for its 120 s connect timeout: the bound
+    # sits far below that, not just above the deadline, so a loaded machine cannot fail it.
+    assert elapsed < 60, elapsed
 
 
 def test_frozen_host_with_short_connect_timeout_says_no_banner(make_cluster):
@@ -75,8 +82,10 @@ def test_a_host_that_refuses_our_key_fails_fast_instead_of_prompting(make_cluste
     cluster = make_cluster(2)
     cluster.refuse_key(2)
     start = time.monotonic()
-    group = connector(cluster).run_everywhere(["true"], timeout=10)
-    assert time.monotonic() - start < 8
+    group = connector(cluster, connect_timeout=60).run_everywhere(["true"], timeout=60)
+    # A host that sat at a password prompt would hold the run for the 60 s timeouts; a refused key is
+    # known at once. The bound sits far below 60 s, so a loaded machine cannot fail it.
+    assert time.monotonic() - start < 30
     assert group["h1"].ok
     message = str(group["h2"].error)
     assert isinstance(group["h2"].error, ConnectError)
@@ -124,8 +133,9 @@ def unique_sleeps() -> tuple[str, str]:
     return f"300.{n}", f"301.{n}"
 
 
-def leftover(*durations: str, within: float = 8.0) -> list[str]:
-    """PIDs of `sleep D` processes still alive after `within` seconds (empty once they are all gone)."""
+def leftover(*durations: str, within: float = 30.0) -> list[str]:
+    """PIDs of `sleep D` processes still alive after `within` seconds (empty once they are all gone: it
+    returns as soon as they are, so the generous limit costs only a failing test)."""
     deadline = time.monotonic() + within
     while True:
         left = []
@@ -148,8 +158,7 @@ def test_timeout_kills_the_remote_process_tree(make_cluster):
 
 def test_put_lands_on_that_host_only_atomically(make_cluster, tmp_path):
     cluster = make_cluster(3)
-    if not cluster.private_roots:
-        pytest.skip("unshare -m is not available: hosts share one filesystem")
+    requires_private_roots(cluster, "without it the hosts share one filesystem")
     src = tmp_path / "payload.bin"
     src.write_bytes(os.urandom(3 << 20))
     src.chmod(0o640)
@@ -212,8 +221,8 @@ def test_strict_refuses_an_unknown_host(make_cluster):
 
 def test_fault_injector_path_without_mpirun(make_cluster):
     cluster = make_cluster(2)
-    if not cluster.private_roots and os.path.isfile(os.path.expanduser("~/.bashrc")):
-        pytest.skip("~/.bashrc sets PATH for ssh sessions and unshare -m is not available")
+    if os.path.isfile(os.path.expanduser("~/.bashrc")):
+        requires_private_roots(cluster, "~/.bashrc sets PATH for ssh sessions unless a host has its own")
     cluster.set_session_path(2, cluster.path_without("mpirun"))
     group = connector(cluster).run_everywhere("command -v mpirun", timeout=10)
     assert group["h1"].ok and group["h1"].value.stdout.strip().endswith("mpirun")
@@ -227,8 +236,8 @@ def _yaml(value: str) -> str:
 
 def test_fault_injector_another_python_on_path(make_cluster, tmp_path):
     cluster = make_cluster(2)
-    if not cluster.private_roots and os.path.isfile(os.path.expanduser("~/.bashrc")):
-        pytest.skip("~/.bashrc sets PATH for ssh sessions and unshare -m is not available")
+    if os.path.isfile(os.path.expanduser("~/.bashrc")):
+        requires_private_roots(cluster, "~/.bashrc sets PATH for ssh sessions unless a host has its own")
     other = tmp_path / "python3-other"
     other.write_text("#!/bin/sh\necho 'Python 2.7.18 (the other one)'\n")
     other.chmod(0o755)

@@ -23,6 +23,7 @@ import mlx.core as mx
 import pytest
 
 from clusterctl.launch.backends import find_mlx_launch
+from sshcluster import requires_private_roots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -157,8 +158,7 @@ def test_ranks_on_separate_disks_each_keep_a_checkpoint_they_can_resume_from(tmp
     """Rank 1 runs in its own mount namespace where --out is another directory (a host without a shared
     disk): it must write its own full copy (model, its FSDP optimizer shard, state.json, latest), and the
     run must resume from the two copies exactly."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare to give one rank its own disk")
+    requires_private_roots(why="to give one rank its own disk (a bind mount, as root)")
     out, other_disk, whole = tmp_path / "out", tmp_path / "host1", tmp_path / "whole"
     out.mkdir()
     other_disk.mkdir()

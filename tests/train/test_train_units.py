@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -224,16 +225,19 @@ def test_random_state_restores_exactly():
 
 # ---- metrics ----------------------------------------------------------------------------------
 
-def test_reporter_writes_the_fields_and_forgets_lines_past_a_resumed_checkpoint(tmp_path, capsys):
+def test_reporter_writes_the_fields_and_forgets_lines_past_a_resumed_checkpoint(tmp_path, capsys, monkeypatch):
+    now = [100.0]        # the reporter's clock, so that its throughput is an exact figure
+    monkeypatch.setattr(sys.modules[Reporter.__module__], "time", SimpleNamespace(perf_counter=lambda: now[0]))
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))
     reporter = Reporter(str(tmp_path), group(), tokens_per_step=100, start_step=5)
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4, 5]
     for loss in (2.0, 4.0):
         reporter.add(mx.array(loss), mx.array(0.5))
+    now[0] = 102.5
     record = reporter.report(7, 10, 1e-3)
     assert record["loss"] == 3.0 and record["grad_norm"] == 0.5 and record["peak_mem_mb"] > 0
-    assert record["tokens_per_s"] > 0
+    assert record["tokens_per_s"] == 80.0       # steps 6 and 7 since the resumed step 5: 2 x 100 tokens in 2.5 s
     assert json.loads(metrics.read_text().splitlines()[-1]) == record
     assert "step  7/10 | loss 3.0000 | lr 1.00e-03 |" in capsys.readouterr().out
 

@@ -123,10 +123,15 @@ def test_batches_are_a_pure_function_of_seed_rank_and_step():
 
 
 def test_ranks_read_different_data_from_their_shards(tmp_path):
-    prepare("embedded:200", 2, str(tmp_path))
+    m = prepare("embedded:200", 2, str(tmp_path))
     rows = [BatchLoader(rank_tokens(r, 2, data_dir=str(tmp_path))[0], 8, 64, seed=0, rank=r).batch(0)[0].tolist()
             for r in range(2)]
     assert rows[0] != rows[1]
+    for r in range(2):      # and what rank r reads is its own shard file's windows, not the other's
+        own = TokenFile(str(tmp_path / m.shards[r].file), m.dtype)
+        assert BatchLoader(own, 8, 64, seed=0, rank=r).batch(0)[0].tolist() == rows[r]
+        other = TokenFile(str(tmp_path / m.shards[1 - r].file), m.dtype)
+        assert BatchLoader(other, 8, 64, seed=0, rank=r).batch(0)[0].tolist() != rows[r]
 
 
 def test_a_loader_needs_one_full_window():

@@ -64,7 +64,7 @@ def test_a_missing_section_is_appended():
 ])
 def test_flow_and_empty_sections(text, expected):
     assert set_setting(text, "mpi", "btl_tcp_links", "8") == expected
-    parse(expected)
+    assert parse(expected).mpi.btl_tcp_links == 8        # and the edited text reads back with the value
 
 
 def test_values_held_elsewhere_are_refused_with_the_line():
@@ -85,7 +85,8 @@ def test_write_setting_is_atomic_keeps_mode_and_follows_symlinks(tmp_path):
     assert link.is_symlink() and oct(os.stat(real).st_mode & 0o777) == "0o640"
     assert diff(INVENTORY, real.read_text()) == ["-  btl_tcp_links: 2    # was 4", "+  btl_tcp_links: 4    # was 4"]
     assert write_setting(str(link), "mpi", "btl_tcp_links", "4") is False      # already so: untouched
-    assert [p.name for p in tmp_path.iterdir()] != [] and not any(".tmp-" in p.name for p in tmp_path.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inventory.yaml", "real.yaml"]
+    assert not any(".tmp-" in p.name for p in tmp_path.iterdir())
     assert load(link).mpi.btl_tcp_links == 4
 
 
