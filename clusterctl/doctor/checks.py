@@ -7,6 +7,7 @@ from collections import Counter
 from ..hosts.facts import bridge_members, choose_libmpi, libmpi_env, ring_port, shared_subnet
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
 from ..inventory import Cluster
+from ..launch import backends
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 CLOCK_SKEW_WARN_S = 5.0
@@ -101,7 +102,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
                                f"{p.host.python} -m pip install " + ("mlx" if f.get("os") == "Darwin" else "'mlx[cpu]'")))
     mpirun = f.get("mpirun")
     version = f.get("mpirun_version")
-    needs_mpi = backend == "mpi"
+    needs_mpi = backends.get(backend).needs_mpi
     if not mpirun:
         out.append(Finding("mpirun", name, FAIL if needs_mpi else WARN,
                            f"mpirun not on the non-interactive PATH ({f.get('path')})",
@@ -214,7 +215,7 @@ def libmpi(p: HostProbe, backend: str) -> list[Finding]:
         return [Finding("libmpi", p.host.name, PASS, f"MLX_MPI_LIBNAME={override} (from the inventory)")]
     chosen = choose_libmpi(f)
     if chosen is None:
-        return [Finding("libmpi", p.host.name, FAIL if backend == "mpi" else WARN,
+        return [Finding("libmpi", p.host.name, FAIL if backends.get(backend).needs_mpi else WARN,
                         "no libmpi found (looked in mpi_lib_dir, next to mpirun, Homebrew, conda, Debian, RPM dirs)",
                         "install Open MPI, or set `mpi_lib_dir:` to the directory holding libmpi")]
     env = " ".join(f"{k}={v}" for k, v in libmpi_env(f.get("os"), chosen).items())
@@ -264,7 +265,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
                    "nothing to do with clusterctl run: it passes DYLD_LIBRARY_PATH with mpirun -x straight "
                    "to python; when launching by hand do the same")]
     members = bridge_members(f.all("iface"))
-    if cluster.launch.backend in ("ring", "jaccl") and members:
+    if backends.get(cluster.launch.backend).needs_addresses and members:   # mlx.launch: a ring of hosts
         out.append(Finding("macos", name, WARN, f"bridge0 holds {', '.join(members)}: Thunderbolt ports in a "
                            "bridge flood broadcasts around a ring", "remove the Thunderbolt ports from bridge0 "
                            "(System Settings > Network > Thunderbolt Bridge) and give each its own IP"))
@@ -281,13 +282,14 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
     the subnet `run` pins MPI to (docs/launchers.md#btl-tcp-if-include)."""
     if len(probes) < 2:
         return [Finding("data-plane", CLUSTER, PASS, "one host: its ranks talk over loopback")]
-    # the ring backend needs every host's address (docs/launchers.md#mlx-launch-hostfile-format)
+    # mlx.launch's backends need every host's address (docs/launchers.md#mlx-launch-hostfile-format)
+    needed = backends.get(cluster.launch.backend).needs_addresses
     with_address = [p for p in probes if p.host.address]
     if len(with_address) < len(probes):
-        return [Finding("data-plane", CLUSTER, WARN if cluster.launch.backend == "ring" else PASS,
+        return [Finding("data-plane", CLUSTER, WARN if needed else PASS,
                         "not every host has an `address`: MPI will choose interfaces itself",
-                        "give each host its data-plane IPv4 as `address:` (needed by the ring backend)"
-                        if cluster.launch.backend == "ring" else None)]
+                        f"give each host its data-plane IPv4 as `address:` (needed by the {cluster.launch.backend} "
+                        "backend)" if needed else None)]
     out = []
     for p in probes:
         if p.facts is None:

@@ -123,7 +123,7 @@ def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict
 
 def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], options: DoctorOptions) -> list[Finding]:
     mpirun_here = backends.get("mpi").launcher_here() is not None
-    mpi_wanted = cluster.launch.backend == "mpi" or mpirun_here
+    mpi_wanted = backends.get(cluster.launch.backend).needs_mpi or mpirun_here
     ring_wanted = smoke.ring_ready(cluster)
     deep = options.deep if options.deep is not None else (mpirun_here or ring_wanted)
     if not deep:
@@ -151,5 +151,5 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], op
     with ThreadPoolExecutor(max_workers=2) as pool:
         jobs = [pool.submit(smoke.run_smoke, cluster, backends.get(name), plan, timeout=options.smoke_timeout,
                             connect_timeout=options.connect_timeout, host_key_checking=options.host_key_checking,
-                            libmpi_hint=libmpi if name == "mpi" else None) for name in names]
+                            libmpi_hint=libmpi if backends.get(name).needs_mpi else None) for name in names]
         return skipped + [j.result() for j in jobs]

@@ -66,6 +66,8 @@ class Backend:
     tune_count: str | None = None     # the count `bench --tune` varies (1, 2, 4, 8) ...
     tune_subnets = False              # ... and whether it also tries every subnet the hosts share
     mpi4py_reference = False          # bench can time raw mpi4py beside MLX on it
+    needs_mpi = False                 # every host needs Open MPI (mpirun, libmpi) for it
+    needs_addresses = False           # every host needs its data-plane `address` for it
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
 
     def launcher_here(self) -> list[str] | None:
@@ -107,7 +109,7 @@ class MPIBackend(Backend):
     to the hosts with our OpenSSH options (plm_rsh_agent); every variable reaches python through `-x`."""
 
     name, launcher_name, hostfile_format, hostfile_name = "mpi", "mpirun", "openmpi", "hostfile"
-    benchmarked, tune_count, tune_subnets, mpi4py_reference = True, "btl_tcp_links", True, True
+    benchmarked, tune_count, tune_subnets, mpi4py_reference, needs_mpi = True, "btl_tcp_links", True, True, True
     install_hint = ("install Open MPI here too (macOS: brew install open-mpi; Debian: apt install openmpi-bin), or "
                     "run clusterctl from one of the hosts")
 
@@ -157,6 +159,7 @@ class MLXLaunchBackend(Backend):
     OpenSSH options through an `ssh` shim first on its PATH."""
 
     launcher_name, hostfile_format, hostfile_name = "mlx.launch", "mlx", "hosts.json"
+    needs_addresses = True            # its hostfile lists every rank's IP (docs/launchers.md#mlx-launch-hostfile-format)
     install_hint = "pip install mlx here as well"
 
     def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,

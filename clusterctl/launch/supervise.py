@@ -21,7 +21,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMEOUT, ClusterctlError, SignalReceived, exit_for_signal
+from ..errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    ClusterctlError,
+    SignalReceived,
+    exit_for_signal,
+)
 from ..hosts.connector import Connector
 from .bootstrap import parse_line
 from .job import Launch
@@ -172,7 +180,7 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
         if r.exit_code != 0:
             return Outcome(r.exit_code, f"rank {rank} on {r.host} exited {r.exit_code}", failed_rank=rank)
         if all(x.exit_code == 0 for x in ranks):
-            return Outcome(0, f"all {len(ranks)} ranks finished")
+            return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
     return None
 
 
@@ -192,12 +200,12 @@ def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outc
     if proc.returncode != 0:
         return Outcome(proc.returncode, f"every rank finished but the launcher exited {proc.returncode} "
                        f"(see {launcher_log.name})")
-    return Outcome(0, f"all {len(ranks)} ranks finished")
+    return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
 
 
 def _launcher_ended(code: int, ranks, launcher_log) -> Outcome:
     if code == 0 and all(r.exit_code == 0 for r in ranks):
-        return Outcome(0, f"all {len(ranks)} ranks finished")
+        return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
     missing = [r for r in ranks if r.exit_code is None]
     who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
     return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
