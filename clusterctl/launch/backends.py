@@ -308,13 +308,6 @@ def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: st
     return argv + ["--", *program]
 
 
-def write_ssh_shim(directory: str, ssh: str, options: Sequence[str]) -> str:
-    """Write the shim as `directory/ssh` (executable) and return `directory`, to put first on a PATH."""
-    os.makedirs(directory, exist_ok=True)
-    write_text(os.path.join(directory, "ssh"), ssh_shim(ssh, options), mode=0o755)
-    return directory
-
-
 def ssh_shim(ssh: str, options: Sequence[str]) -> str:
     """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST` (docs/launchers.md#mlx-launch-runs-ssh-tt),
     so the inventory's options (ssh_config, BatchMode, ConnectTimeout, host key policy) reach it only through a
