@@ -31,7 +31,10 @@ def tiny(**overrides) -> TrainConfig:
 
 
 def group():
-    return mx.distributed.init()
+    # A world of one without MPI: init() would try the mpi backend, and MPI's singleton start sets two dozen
+    # OMPI_* / PMIX_* variables in this process's C environment, which every later mpirun that pytest starts
+    # inherits (tests/ssh/test_doctor.py's then fail when they run after this file).
+    return mx.distributed.init(backend="ring")
 
 
 def batch(step, config, rows=None):
