@@ -230,8 +230,9 @@ class SSHCluster:
             if host.binds:
                 raise RuntimeError("this fault needs unshare -m (a private mount namespace per host)")
             argv = sshd
-        host.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(host.dir / "launch.err", "wb"), start_new_session=True)
+        with open(host.dir / "launch.err", "wb") as err:      # sshd keeps its own copy of the descriptor
+            host.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                         start_new_session=True)
         self._wait_ready(host, log)
 
     def _wait_ready(self, host: TestHost, log: Path) -> None:
