@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from sshcluster import SSHCluster  # noqa: E402
 
-from clusterctl.hosts.sshconfig import openssh_options  # noqa: E402
+from clusterctl.hosts.openssh import ssh_options  # noqa: E402
 from clusterctl.inventory import load  # noqa: E402
 from clusterctl.transfer.sync import SyncOptions, plan_sync, sync_tree  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> None:
         cluster = SSHCluster(os.path.join(tmp, "cluster"), args.hosts).start()
         try:
             inv = load(cluster.inventory)
-            rsh = shlex.join(["ssh", *openssh_options(inv)])
+            rsh = shlex.join(["ssh", *ssh_options(inv)])
             for h in range(1, args.hosts + 1):                          # warm-up: host keys, workdir
                 assert cluster.ssh(h, f"mkdir -p {cluster.workdir}").returncode == 0
             cli = [sys.executable, "-m", "clusterctl", "sync", tree, "--hosts", str(cluster.inventory)]

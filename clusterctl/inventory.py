@@ -35,7 +35,7 @@ ALIASES = {
     "ansible_ssh_private_key_file": "identity_file",
     "ansible_python_interpreter": "python",
 }
-HOST_KEYS = ("name", "hostname", "address", "user", "port", "identity_file", "python", "workdir",
+HOST_KEYS = ("name", "hostname", "address", "user", "port", "identity_file", "mesh_identity_file", "python", "workdir",
              "mpi_lib_dir", "env", "slots", "local")
 # Keys that describe one machine only make no sense as defaults for all of them.
 DEFAULTS_KEYS = tuple(k for k in HOST_KEYS if k not in ("name", "hostname", "address"))
@@ -47,6 +47,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
 # OpenSSH refuses host names holding these (ssh.c valid_hostname); so do we, with the line number.
 _SHELL_CHARS = re.compile(r"['`\"$\\;&<>|(){}]")
+# ssh_config reads these in a Host line as patterns (or %-tokens in HostName): clusterctl writes one per host.
+_PATTERN_CHARS = re.compile(r"[*?!,%\[\]]")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Host:
     user: str | None = None
     port: int | None = None
     identity_file: str | None = None  # a path on this machine, ~ expanded
+    mesh_identity_file: str | None = None   # a path on the hosts: the key a host uses to log in to its peers
     python: str = DEFAULT_PYTHON      # a path or command on the host
     workdir: str = DEFAULT_WORKDIR    # a path on the host; ~ means the host user's home
     mpi_lib_dir: str | None = None
@@ -313,6 +316,9 @@ class _Parser:
         if _SHELL_CHARS.search(name):
             self.fail(node, f"host name {name!r} holds a character OpenSSH refuses in host names "
                       f"({_SHELL_CHARS.search(name).group()})")
+        if _PATTERN_CHARS.search(name):
+            self.fail(node, f"host name {name!r} holds a character ssh_config reads as a pattern or token "
+                      f"({_PATTERN_CHARS.search(name).group()})")
         return name
 
     def host_settings(self, node: yaml.Node, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -345,7 +351,7 @@ class _Parser:
                 out[key] = self.boolean(value, label)
             elif key == "identity_file":
                 out[key] = self.local_path(value, label)
-            elif key in ("python", "workdir", "mpi_lib_dir"):
+            elif key in ("python", "workdir", "mpi_lib_dir", "mesh_identity_file"):
                 out[key] = self.string(value, label)
             elif key == "env":
                 out[key] = self.env(value)

@@ -29,6 +29,7 @@ from .atomic import write_text
 from .errors import EXIT_FAILED, ClusterctlError, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
+from .hosts.openssh import ssh_options
 from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from .inventory import Cluster
 from .launch import backends
@@ -233,9 +234,10 @@ def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, temp
     launcher = backend.launcher_here()
     if launcher is None:
         raise UsageError(f"{backend.launcher_name} is not installed on this machine ({backend.install_hint})")
-    where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher)
+    where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher,
+                  tuple(ssh_options(cluster, connect_timeout=connect_timeout)))
     command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
-                              where=where, connect_timeout=connect_timeout, hostfile=os.path.abspath(output))
+                              where=where, hostfile=os.path.abspath(output))
     backends.write_files(command)
     line = shlex.join(command.argv)
     return text, (f'PATH={shlex.quote(command.path_prepend)}:"$PATH" {line}' if command.path_prepend else line)

@@ -60,8 +60,22 @@ def requires_private_roots(cluster: "SSHCluster | None" = None, why: str = "") -
     `unshare -m` works here), with the one reason conftest recognises; `why` says what the test needs it for."""
     if (cluster.private_roots if cluster is not None else unshare_works()):
         return
-    import pytest      # here, not at the top: benchmarks/ use this module without pytest
+    import pytest  # here, not at the top: benchmarks/ use this module without pytest
     pytest.skip(f"{NO_PRIVATE_ROOTS}: {why}" if why else NO_PRIVATE_ROOTS)
+
+
+def free_port_on(addresses: list[str]) -> int:
+    """A port free on every one of these addresses (one sshd port for the whole cluster)."""
+    for _ in range(200):
+        port = free_port(addresses[0])
+        try:
+            for address in addresses[1:]:
+                with socket.socket() as s:
+                    s.bind((address, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no port free on all of {addresses}")
 
 
 def free_port(address: str) -> int:
@@ -111,7 +125,7 @@ class TestHost:
 class SSHCluster:
     _instances = 0
 
-    def __init__(self, root: Path, size: int, private_roots: bool | None = None):
+    def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -119,7 +133,12 @@ class SSHCluster:
         self.private_roots = unshare_works() if private_roots is None else private_roots
         self.host_root = self.root / "hostroot"          # same path on every host; private when possible
         self.workdir = str(self.host_root / "work")
-        self.client_key = self.root / "client_ed25519"
+        # inventory_only: nothing but the inventory says how to reach the hosts (no ssh_config for clusterctl,
+        # a key with no default name, one non-default port, each session's HOME an empty directory; run
+        # clusterctl with client_env(), whose HOME is empty too). The fixture's own ssh() still works.
+        self.inventory_only = inventory_only
+        self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
+        self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
         self.ssh_config = self.root / "ssh_config"
         self.inventory = self.root / "inventory.yaml"
@@ -143,15 +162,20 @@ class SSHCluster:
         self.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
         self.empty_keys.write_text("")
         self.plain_bashrc.write_text("# a plain shell for test hosts (see the module docstring)\n")
+        common_port = free_port_on([h.address for h in self.hosts]) if self.inventory_only else None
         for host in self.hosts:
             host.dir.mkdir(exist_ok=True)
             (host.dir / "tmp").mkdir(exist_ok=True)
             _keygen(host.dir / "host_ed25519")
-            host.port = free_port(host.address)
+            host.port = common_port or free_port(host.address)
             # Each machine has its own /tmp; here they would share one, and OpenMPI's daemons (all with the
             # same hostname) would collide on their session directories in it
             # (docs/test-cluster.md#one-machine-open-mpi-collisions).
             host.session_env = {"PATH": DEFAULT_SESSION_PATH, "TMPDIR": str(host.dir / "tmp")}
+            if self.inventory_only:      # no ~/.ssh/config, no known_hosts: the host starts from nothing
+                (host.dir / "home").mkdir(exist_ok=True)
+                host.session_env["HOME"] = str(host.dir / "home")
+        self.client_home.mkdir(exist_ok=True)
         self.write_ssh_config()
         self.write_inventory()
         try:
@@ -178,11 +202,15 @@ class SSHCluster:
 
     def write_inventory(self, **defaults: str) -> Path:
         d = {"python": sys.executable, "workdir": self.workdir, **defaults}
-        lines = ["ssh_config: ssh_config", "defaults:"]
-        lines += [f"  {k}: {_yaml_str(v)}" for k, v in d.items()]
+        if self.inventory_only:     # the issue's own example: hosts by address, the rest in defaults
+            d = {"user": "root", "port": str(self.hosts[0].port), "identity_file": str(self.client_key),
+                 "mesh_identity_file": str(self.client_key), **d}
+        lines = [] if self.inventory_only else ["ssh_config: ssh_config"]
+        lines += ["defaults:"]
+        lines += [f"  {k}: {v}" if k == "port" else f"  {k}: {_yaml_str(v)}" for k, v in d.items()]
         lines += ["hosts:"]
         for h in self.hosts:
-            lines += [f"  - name: {h.name}", f"    address: {h.address}"]
+            lines += [f"  - name: {h.address if self.inventory_only else h.name}", f"    address: {h.address}"]
         # Every simulated host is this one machine: OpenMPI 4.1's daemons race to share one hwloc topology
         # segment and one of them can segfault (hwloc_shmem_topology_write) at 8+ hosts. Real hosts run one
         # daemon each and need none of this.
@@ -206,6 +234,9 @@ class SSHCluster:
             "MaxStartups": "100:30:200",
             "MaxSessions": "100",
             "SetEnv": " ".join(f"{k}={v}" for k, v in host.session_env.items()),
+            # the classic key exchange (docs/test-cluster.md#post-quantum-kex-cost), set on the server side
+            # so that clients need no configuration for it
+            **({"KexAlgorithms": "curve25519-sha256,curve25519-sha256@libssh.org"} if self.inventory_only else {}),
             "Subsystem": "sftp internal-sftp",     # docs/test-cluster.md#sftp-subsystem-required
         }
         settings.update(host.overrides)
@@ -346,6 +377,15 @@ class SSHCluster:
         return str(target)
 
     # ---- inspection, with the real OpenSSH client --------------------------------------------
+    def client_env(self) -> dict[str, str]:
+        """The environment to run clusterctl in: in inventory_only mode a HOME with nothing in it (no
+        ~/.ssh/config, no known_hosts, no cache), so only the inventory can say how to connect."""
+        env = dict(os.environ)
+        if self.inventory_only:
+            env["HOME"] = str(self.client_home)
+            env.pop("XDG_CACHE_HOME", None)
+        return env
+
     def ssh(self, index: int, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run([SSH, "-F", str(self.ssh_config), self.host(index).name, command],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -366,6 +406,20 @@ class SSHCluster:
                 except ProcessLookupError:
                     pass
                 self.stop_host(host.index)
+        if self.inventory_only:
+            self._forget_host_keys()
+
+    def _forget_host_keys(self) -> None:
+        """In inventory_only mode the hosts' own OpenSSH records its peers in the login user's known_hosts
+        (OpenSSH finds it through the password database, not HOME): remove what this cluster added there."""
+        import pwd
+
+        known = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
+        if not known.exists():
+            return
+        for h in self.hosts:
+            subprocess.run([SSH_KEYGEN, "-R", f"[{h.address}]:{h.port}", "-f", str(known)], capture_output=True)
+        Path(str(known) + ".old").unlink(missing_ok=True)
 
 
 def _keygen(path: Path) -> None:

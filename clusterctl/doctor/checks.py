@@ -6,7 +6,7 @@ from collections import Counter
 
 from ..hosts.facts import bridge_members, choose_libmpi, libmpi_env, ring_port, shared_subnet
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
-from ..inventory import Cluster
+from ..inventory import Cluster, Host
 from ..launch import backends
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
@@ -49,26 +49,42 @@ def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
     for p in probes:
         if p.facts is None:
             continue
-        for peer in [q.host.name for q in probes if q.host.name != p.host.name]:
+        written = p.facts.get("mesh_config")
+        if written and written not in ("current", "written"):
+            out.append(Finding("ssh-mesh", p.host.name, FAIL, f"{written}: host-to-host ssh has no config there",
+                               f"make {p.host.workdir} writable on {p.host.name}"))
+        for q in probes:
+            if q is p:
+                continue
+            peer = q.host.name
             rc, text = p.facts.mesh.get(peer, (None, "no result (the probe did not finish)"))
             if rc == 0 and MESH_MARKER in text:
                 out.append(Finding("ssh-mesh", p.host.name, PASS, "ok", peer=peer))
             else:
                 why = text.replace(MESH_MARKER, "").strip() or f"ssh exited {rc}"
                 out.append(Finding("ssh-mesh", p.host.name, FAIL, f"ssh from {p.host.name} to {peer}: {why}",
-                                   _mesh_fix(why, p.host.name, peer), peer=peer))
+                                   _mesh_fix(why, p.host, q.host), peer=peer))
     return out
 
 
-# The fix is picked from ssh's own message (docs/ssh.md#show-ssh-stderr).
-def _mesh_fix(why: str, src: str, dst: str) -> str:
-    w = why.lower()
+# The fix is picked from ssh's own message (docs/ssh.md#show-ssh-stderr); where the inventory set what
+# failed (a port, a key), the fix names that inventory key rather than sending the user after sshd.
+def _mesh_fix(why: str, source: Host, target: Host) -> str:
+    w, src, dst = why.lower(), source.name, target.name
     if "permission denied" in w:
-        return f"on {src}: ssh-copy-id {dst} (a launch from {src} logs in to {dst})"
+        if source.mesh_identity_file:
+            return (f"the inventory's mesh_identity_file ({source.mesh_identity_file}, line {source.line}) is "
+                    f"the key {src} logs in to {dst} with: put it on {src} and its public key in {dst}'s "
+                    "authorized_keys")
+        return (f"on {src}: ssh-copy-id {dst} (a launch from {src} logs in to {dst}), or name the key {src} "
+                "should use in the inventory's mesh_identity_file")
     if "host key verification failed" in w or "remote host identification has changed" in w:
         return f"on {src}: ssh-keygen -R {dst}, then ssh {dst} once to record the new key"
     if "could not resolve" in w or "name or service not known" in w or "nodename nor servname" in w:
         return f"{src} cannot resolve {dst}: add it to {src}'s /etc/hosts or ~/.ssh/config"
+    if "connection refused" in w and target.port:
+        return (f"{dst} refused port {target.port}, which the inventory's `port:` sets (line {target.line}): "
+                f"correct it, or start sshd on that port on {dst}")
     if "connection refused" in w:
         return f"enable sshd / Remote Login on {dst}"
     if "timed out" in w:

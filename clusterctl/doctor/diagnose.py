@@ -18,8 +18,8 @@ from ..errors import ClusterctlError
 from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, ring_port
 from ..hosts.fanout import run_all
+from ..hosts.openssh import host_config_text
 from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
-from ..hosts.sshconfig import openssh_options
 from ..inventory import Cluster, Host
 from ..launch import backends
 from ..launch.plan import plan_from_probes
@@ -34,8 +34,7 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
     start = time.monotonic()
     phases: dict[str, float] = {}
     connector = Connector(cluster, options.host_key_checking, options.connect_timeout)
-    ssh_options = openssh_options(cluster, options.host_key_checking, options.connect_timeout)
-    probes = _probe_all(cluster, connector, ssh_options, options, phases)
+    probes = _probe_all(cluster, connector, options, phases)
 
     findings: list[Finding] = []
     for p in probes:
@@ -56,8 +55,7 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
     return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start, phases)
 
 
-def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
-               options: DoctorOptions, phases: dict[str, float]) -> list[HostProbe]:
+def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, phases: dict[str, float]) -> list[HostProbe]:
     """Phase 1, every host at once: connect, run the probe. Phase 2, on the hosts that answered, at once:
     the TCP data-plane probe over the same connections."""
     names = [h.name for h in cluster.hosts]
@@ -65,7 +63,9 @@ def _probe_all(cluster: Cluster, connector: Connector, ssh_options: list[str],
 
     def probe(host: Host) -> HostProbe:
         script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir,
-                              peers=[n for n in names if n != host.name], ssh_options=ssh_options,
+                              peers=[n for n in names if n != host.name],
+                              mesh_config=host_config_text(cluster, host, options.host_key_checking,
+                                                           options.connect_timeout),
                               ssh_config=cluster.ssh_config, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
         sent = time.time()
         transport = transports[host.name] = connector.transport(host)

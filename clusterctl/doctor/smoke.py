@@ -12,6 +12,7 @@ import tempfile
 import time
 
 from ..errors import ClusterctlError, LaunchError
+from ..hosts.openssh import ssh_options
 from ..hosts.transport import LocalTransport, Result
 from ..inventory import Cluster
 from ..launch.backends import Backend, Where, write_files
@@ -85,11 +86,11 @@ def run_smoke(cluster: Cluster, backend: Backend, plan: LaunchPlan, *, timeout: 
         return Finding(check, CLUSTER, WARN, f"not run: {backend.launcher_name} is not installed on this machine",
                        backend.install_hint)
     with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
-        where = Where(tmp, shutil.which("ssh"), os.geteuid() == 0, launcher)
+        where = Where(tmp, shutil.which("ssh"), os.geteuid() == 0, launcher,
+                      tuple(ssh_options(cluster, host_key_checking, connect_timeout)))
         program = [cluster.hosts[0].python, "-c", SMOKE_PROGRAM, backend.name, str(cluster.world_size)]
         try:
-            command = backend.command(cluster, plan, program=program, rank_env=plan.env, where=where,
-                                      connect_timeout=connect_timeout, host_key_checking=host_key_checking)
+            command = backend.command(cluster, plan, program=program, rank_env=plan.env, where=where)
         except LaunchError as e:
             return Finding(check, CLUSTER, WARN, f"not run: {e}", None)
         write_files(command)

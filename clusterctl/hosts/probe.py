@@ -18,6 +18,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..inventory import Host
+from .openssh import HOST_CONFIG
 from .scripts import script_text
 from .transport import quote_path
 
@@ -33,11 +34,13 @@ class DataplaneSpec:
 
 
 def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: list[str],
-                 ssh_options: list[str], ssh_config: str | None, mpi_libname: str | None = None,
+                 mesh_config: str | None, ssh_config: str | None, mpi_libname: str | None = None,
                  full: bool = True) -> str:
     """The probe for one host: scripts/probe.sh after its values. Every value from the inventory is
-    quoted; python and paths keep `~`. full=False skips what only doctor needs (importing mlx, mpirun
-    --version): a launch's pre-flight."""
+    quoted; python and paths keep `~`. `mesh_config` is the host's rendering of the inventory for OpenSSH
+    (openssh.host_config_text): the probe installs it as <workdir>/.clusterctl/ssh_config unless it is there
+    already, and logs in to every peer with it, as mpirun started on that host would. full=False skips what
+    only doctor needs (importing mlx, mpirun --version): a launch's pre-flight."""
     def quoted(path: str | None) -> str:
         return quote_path(path) if path else "''"
 
@@ -46,7 +49,7 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
         f"LIBNAME={quoted(mpi_libname)}", f"SSH_CONFIG={shlex.quote(ssh_config) if ssh_config else chr(39) * 2}",
         f"FULL={'yes' if full else 'no'}", f"MARKER={MESH_MARKER}",
         f"PYTHON_INFO={shlex.quote(script_text('python_info.py'))}",
-        f'mesh_ssh() {{ ssh {" ".join(shlex.quote(o) for o in ssh_options)} -- "$1" echo "$MARKER"; }}',
+        f"MESH_CONFIG_TEXT={shlex.quote((mesh_config or '').rstrip(chr(10)))}", f"MESH_CONFIG=\"$WD\"/{HOST_CONFIG}",
         "set --" + "".join(" " + shlex.quote(p) for p in peers),
     ])
     return values + "\n" + script_text("probe.sh")

@@ -8,6 +8,7 @@ reason word for code.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import queue
 import select
@@ -20,6 +21,10 @@ from ..errors import CommandTimeout, ConnectError
 from .files import SFTPFiles
 from .sshconfig import SSHTarget
 from .transport import DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, remote_command, shell_command, short
+
+# paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
+# handler): the ConnectError this module raises already says it in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class SSHTransport(Transport):
@@ -77,9 +82,9 @@ class SSHTransport(Transport):
         t = self.target
         command = t.proxy_command
         if command is None and t.proxy_jump:
-            config = ["-F", t.config_file] if t.config_file else []
-            command = shlex.join(["ssh", *config, "-o", "BatchMode=yes", "-W", f"{t.hostname}:{t.port}",
-                                  "--", t.proxy_jump])
+            # the jump host through the same rendering of the inventory as every other OpenSSH client
+            config = ["-F", t.config_file] if t.config_file else ["-o", "BatchMode=yes"]
+            command = shlex.join(["ssh", *config, "-W", f"{t.hostname}:{t.port}", "--", t.proxy_jump])
         if command is None:
             return None
         import paramiko
@@ -201,7 +206,7 @@ class AcceptNewPolicy:
 
 
 # Why a connection failed, as a word code can act on (doctor picks its fix by it); the sentence is for people.
-CONNECT_REASONS = ("resolve", "host-key-changed", "encrypted-key", "auth", "refused", "timeout", "unknown-host-key",
+CONNECT_REASONS = ("resolve", "kex", "host-key-changed", "encrypted-key", "auth", "refused", "timeout", "unknown-host-key",
                    "no-banner", "known-hosts", "dropped", "other")
 
 
@@ -218,6 +223,9 @@ def describe_connect_error(e: BaseException, t: SSHTarget, keys: list[str]) -> t
             f"HOST KEY CHANGED for {where}: got {e.key.get_name()} {e.key.get_base64()[:16]}..., known_hosts has "
             f"another. If the machine was reinstalled, remove the old key with `ssh-keygen -R {_known_hosts_name(t)}`; "
             "otherwise someone may be intercepting the connection")
+    if isinstance(e, getattr(paramiko.ssh_exception, "IncompatiblePeer", ())):
+        return "kex", (f"{t.hostname}:{t.port} and clusterctl's SSH library share no algorithm ({e}): allow one "
+                       "of paramiko's in sshd's KexAlgorithms / Ciphers / MACs there")
     if isinstance(e, paramiko.PasswordRequiredException):
         return "encrypted-key", f"a private key is encrypted and no ssh-agent holds it; run `ssh-add {keys[0] if keys else ''}`"
     if isinstance(e, paramiko.AuthenticationException):

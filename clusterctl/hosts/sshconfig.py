@@ -2,11 +2,13 @@
 
 mpirun and mlx.launch call the OpenSSH client, so paramiko must reach the same machine with the same user
 and key. The surest way to agree with OpenSSH is to ask it: `ssh -G` prints the configuration it would use
-(Host and Match blocks, Include, %-tokens, canonicalisation) without connecting. Where no ssh client is
-installed we fall back to paramiko's own ssh_config parser, which covers Host blocks and the common keys.
+(Host and Match blocks, Include, %-tokens, canonicalisation) without connecting, and it is asked with the
+same rendering of the inventory every OpenSSH client clusterctl starts reads (openssh.py). Where no ssh
+client is installed we fall back to paramiko's own ssh_config parser, which covers Host blocks and the
+common keys.
 
-Precedence, as with OpenSSH's command line: the inventory's explicit user/port/identity_file win over
-ssh_config, which wins over OpenSSH's built-in defaults.
+Precedence: the inventory's user / port / identity_file / hostname win over the user's ssh_config, which
+wins over OpenSSH's built-in defaults (the rendering puts the inventory's values first).
 """
 from __future__ import annotations
 
@@ -52,24 +54,10 @@ def parse_ssh_G(text: str) -> dict[str, list[str]]:
     return out
 
 
-def login_args(user: str | None, port: int | None, identity_file: str | None) -> list[str]:
-    """ssh's -l / -p / -i for what the inventory sets (nothing for what it leaves to ~/.ssh/config)."""
-    argv: list[str] = []
-    if user:
-        argv += ["-l", user]
-    if port:
-        argv += ["-p", str(port)]
-    if identity_file:
-        argv += ["-i", identity_file]
-    return argv
-
-
-def ssh_G_argv(alias: str, *, user: str | None, port: int | None, identity_file: str | None,
-               config_file: str | None, ssh: str = "ssh") -> list[str]:
-    argv = [ssh, "-G"]
-    if config_file:
-        argv += ["-F", config_file]
-    return argv + login_args(user, port, identity_file) + ["--", alias]
+def ssh_G_argv(alias: str, config_file: str, ssh: str = "ssh") -> list[str]:
+    """`ssh -G` with clusterctl's rendering of the inventory (openssh.py): the inventory's settings are in
+    it, so nothing else goes on the command line; `--` ends the options before a hostile name."""
+    return [ssh, "-G", "-F", config_file, "--", alias]
 
 
 def target_from_ssh_G(alias: str, values: dict[str, list[str]], config_file: str | None) -> SSHTarget:
@@ -105,40 +93,45 @@ def usable_identity(host: Host) -> str | None:
     return host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
 
 
-def resolve(host: Host, config_file: str | None = None, inventory_path: str | None = None) -> SSHTarget:
-    """Where `ssh host.name` goes, with the inventory's explicit settings applied on top.
-    A host OpenSSH cannot resolve is an InventoryError at the host's line of `inventory_path`."""
+def resolve(host: Host, config_file: str | None = None, inventory_path: str | None = None,
+            rendered: str | None = None) -> SSHTarget:
+    """Where `ssh host.name` goes: what OpenSSH makes of clusterctl's rendering of the inventory (`rendered`,
+    by default one made for this host with `config_file` or the user's own configs included). A host
+    OpenSSH cannot resolve is an InventoryError at the host's line of `inventory_path`."""
     if host.local:
         return SSHTarget(host.name, "localhost", 0, getpass.getuser(), (), (), "yes")
-    alias = host.hostname or host.name
     if config_file is not None and not os.path.isfile(config_file):
         raise InventoryError(config_file, None, "ssh_config file does not exist")
     ssh = shutil.which("ssh")
-    identity = usable_identity(host)
     if ssh:
-        argv = ssh_G_argv(alias, user=host.user, port=host.port, identity_file=identity,
-                          config_file=config_file, ssh=ssh)
+        if rendered is None:
+            from .openssh import USER_CONFIGS, render, write_config
+
+            includes = [config_file] if config_file else \
+                [p for p in (os.path.expanduser(u) for u in USER_CONFIGS) if os.path.isfile(p)]
+            rendered = write_config(render([host], identity=usable_identity, includes=includes,
+                                           host_key_checking="accept-new", connect_timeout=10,
+                                           origin=inventory_path or host.name))
+        argv = ssh_G_argv(host.name, rendered, ssh)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=SSH_G_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise InventoryError(inventory_path or config_file or "~/.ssh/config",
                                  host.line if inventory_path else None,
-                                 f"`ssh -G {alias}` took over {SSH_G_TIMEOUT_S:g}s (a slow DNS lookup for "
+                                 f"`ssh -G {host.name}` took over {SSH_G_TIMEOUT_S:g}s (a slow DNS lookup for "
                                  "CanonicalizeHostname or a Match exec in your ssh config?)") from None
         if proc.returncode != 0:
             why = proc.stderr.strip().splitlines()
             raise InventoryError(inventory_path or config_file or "~/.ssh/config",
                                  host.line if inventory_path else None,
-                                 f"ssh cannot use host {alias!r}: {why[-1] if why else 'ssh -G failed'}")
-        target = target_from_ssh_G(alias, parse_ssh_G(proc.stdout), config_file)
+                                 f"ssh cannot use host {host.name!r}: {why[-1] if why else 'ssh -G failed'}")
+        target = target_from_ssh_G(host.name, parse_ssh_G(proc.stdout), rendered)
     else:
-        target = _resolve_with_paramiko(alias, host, config_file)
+        target = replace(_resolve_with_paramiko(host.hostname or host.name, host, config_file), alias=host.name)
     if host.identity_file and host.identity_file not in target.identity_files:
-        # ssh -G drops an -i key that does not exist (yet); keep it first so errors can name it.
+        # a key that does not exist (yet) is not rendered; keep it first so errors can name it
         target = replace(target, identity_files=(host.identity_file,) + target.identity_files)
-    if host.hostname:
-        target = replace(target, alias=host.name)
     return target
 
 
@@ -160,39 +153,16 @@ def _resolve_with_paramiko(alias: str, host: Host, config_file: str | None) -> S
 
 
 def resolve_cluster(cluster: Cluster) -> dict[str, SSHTarget]:
-    """Resolve every host (in parallel: each `ssh -G` is a process start), keyed by inventory name."""
+    """Resolve every host against the cluster's rendering (in parallel: each `ssh -G` is a process start),
+    keyed by inventory name."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from .openssh import controller_config
+
+    rendered = controller_config(cluster) if shutil.which("ssh") else None
     with ThreadPoolExecutor(max_workers=min(16, len(cluster.hosts))) as pool:
-        targets = list(pool.map(lambda h: resolve(h, cluster.ssh_config, cluster.path), cluster.hosts))
+        targets = list(pool.map(lambda h: resolve(h, cluster.ssh_config, cluster.path, rendered), cluster.hosts))
     return {h.name: t for h, t in zip(cluster.hosts, targets)}
-
-
-def openssh_options(cluster: Cluster, host_key_checking: str | None = None,
-                    connect_timeout: float = 10.0) -> list[str]:
-    """Options for the OpenSSH client wherever clusterctl runs it, or has mpirun / mlx.launch run it:
-    never prompt (BatchMode), never wait forever (ConnectTimeout; docs/ssh.md#batchmode-and-connecttimeout),
-    trust-on-first-use or strict host keys (docs/ssh.md#accept-new-host-keys), and the inventory's ssh_config.
-    The same list is used on every host, so `ssh_config` must exist at the same path on each one (doctor
-    checks that). It carries no per-host user, port or key: for mpirun and mlx.launch those must be in the
-    ssh_config file itself (docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config)."""
-    policy = host_key_checking or cluster.host_key_checking
-    options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(round(connect_timeout)))}",
-               "-o", "StrictHostKeyChecking=" + ("yes" if policy == "strict" else "accept-new")]
-    if cluster.ssh_config:
-        options = ["-F", cluster.ssh_config] + options
-    return options
-
-
-def rsh_agent(cluster: Cluster, host_key_checking: str | None = None, connect_timeout: float = 10.0) -> str:
-    """OpenMPI's plm_rsh_agent value: the ssh command line mpirun (and its daemons,
-    docs/launchers.md#open-mpi-tree-spawn) use. OpenMPI splits it on white space, so a path with spaces
-    cannot be part of it (docs/launchers.md#open-mpi-rsh-agent)."""
-    argv = ["ssh"] + openssh_options(cluster, host_key_checking, connect_timeout)
-    if any(any(c.isspace() for c in word) for word in argv):
-        raise InventoryError(cluster.path, None, f"ssh_config path {cluster.ssh_config!r} contains white space, "
-                             "which mpirun cannot pass to ssh; move the file")
-    return " ".join(argv)
 
 
 def host_rows(cluster: Cluster) -> list[dict]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..atomic import write_text
 from ..errors import InventoryError, LaunchError, UsageError
-from ..hosts.sshconfig import openssh_options, rsh_agent
+from ..hosts.openssh import rsh_agent
 from ..inventory import Cluster, load
 from .hostfile import render as render_hostfile
 
@@ -44,6 +44,7 @@ class Where:
     ssh: str | None                   # that machine's OpenSSH client
     as_root: bool                     # the launching user is root (mpirun refuses root without a flag)
     launcher: list[str] | None        # the launcher's argv prefix there (see Backend.launcher_here/_on_host)
+    ssh_options: tuple[str, ...] = ()  # what that machine's ssh is given: -F and its rendering (openssh.py)
     name: str = "this machine"        # for messages
 
 
@@ -79,12 +80,10 @@ class Backend:
         raise NotImplementedError
 
     def command(self, cluster: Cluster, plan: LaunchPlan, *, program: Sequence[str], rank_env: Mapping[str, str],
-                where: Where, connect_timeout: float, host_key_checking: str | None = None,
-                hostfile: str | None = None) -> LauncherCommand:
+                where: Where, hostfile: str | None = None) -> LauncherCommand:
         """The launcher's command line for `program` (python and its arguments, python first) on every
         rank, each rank getting rank_env. The hostfile is written into where.dir unless `hostfile` names
-        one that exists already. `host_key_checking` overrides the inventory's policy for the ssh the
-        launcher runs."""
+        one that exists already. The launcher's ssh gets where.ssh_options."""
         raise NotImplementedError
 
     def hostfile(self, cluster: Cluster) -> str:
@@ -119,14 +118,13 @@ class MPIBackend(Backend):
     def launcher_on_host(self, python):
         return ["mpirun"]
 
-    def command(self, cluster, plan, *, program, rank_env, where, connect_timeout, host_key_checking=None,
-                hostfile=None):
+    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None):
         files = []
         if hostfile is None:
             hostfile = os.path.join(where.dir, self.hostfile_name)
             files.append((hostfile, self.hostfile(cluster), None))
         argv = mpirun_argv(cluster, hostfile=hostfile, program=program, env=rank_env,
-                           rsh_agent=rsh_agent(cluster, host_key_checking, connect_timeout),
+                           rsh_agent=rsh_agent(list(where.ssh_options)),
                            if_include=plan.if_include, as_root=where.as_root,
                            mpirun=(where.launcher or ["mpirun"])[0])
         return LauncherCommand(argv, files)
@@ -172,8 +170,7 @@ class MLXLaunchBackend(Backend):
     def launcher_on_host(self, python):
         return [python, "-c", MLX_LAUNCH_MODULE]
 
-    def command(self, cluster, plan, *, program, rank_env, where, connect_timeout, host_key_checking=None,
-                hostfile=None):
+    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None):
         if where.ssh is None:
             raise LaunchError(f"mlx.launch needs an OpenSSH client (ssh) on {where.name}")
         files = []
@@ -181,8 +178,7 @@ class MLXLaunchBackend(Backend):
             hostfile = os.path.join(where.dir, self.hostfile_name)
             files.append((hostfile, self.hostfile(cluster), None))
         shim_dir = os.path.join(where.dir, "ssh")
-        files.append((os.path.join(shim_dir, "ssh"), ssh_shim(where.ssh, openssh_options(
-            cluster, host_key_checking, connect_timeout)), 0o755))
+        files.append((os.path.join(shim_dir, "ssh"), ssh_shim(where.ssh, where.ssh_options), 0o755))
         python, *rest = program
         argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=self.name, python=python, program=rest,
                                env=rank_env, launcher=where.launcher or ["mlx.launch"])

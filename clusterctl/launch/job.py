@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Callable
 
 from ..atomic import write_text
+from ..hosts.openssh import host_config_text, ssh_options
 from ..hosts.transport import LocalTransport, Process
 from ..inventory import Cluster
 from .backends import Backend, LauncherCommand, Where, write_files
@@ -95,9 +96,9 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
 
 
 def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
-    where = Where(run_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher, "this machine")
-    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where,
-                              connect_timeout=connect_timeout)
+    where = Where(run_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher,
+                  tuple(ssh_options(cluster, connect_timeout=connect_timeout)), "this machine")
+    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
     write_files(command)
     env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
     return Launch(run_id, run_dir, backend.name, command.argv, env, rank_env, rank_hosts(cluster),
@@ -110,9 +111,12 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
     home, uid, ssh = (facts + ["", "", ""])[:3]
     workdir = home + host.workdir[1:] if host.workdir.startswith("~") else host.workdir
     there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
-    where = Where(there, ssh.strip() or None, uid.strip() == "0", backend.launcher_on_host(host.python), host.name)
-    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where,
-                              connect_timeout=connect_timeout)
+    # the launcher's ssh on that host reads that host's rendering of the inventory, sent with the launch
+    config = f"{there}/ssh_config"
+    where = Where(there, ssh.strip() or None, uid.strip() == "0", backend.launcher_on_host(host.python),
+                  ("-F", config), host.name)
+    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
+    command.files.append((config, host_config_text(cluster, host, connect_timeout=connect_timeout), 0o600))
     # a copy of every file in the local run directory, for the record and for `clusterctl hostfile` users
     write_files(_relocated(command, there, run_dir))
     prefix = f'PATH={shlex.quote(command.path_prepend)}:"$PATH"; export PATH; ' if command.path_prepend else ""

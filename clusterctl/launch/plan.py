@@ -50,7 +50,7 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
 
     def probe(host):
         text = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir, peers=[],
-                            ssh_options=[], ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"),
+                            mesh_config=None, ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"),
                             full=False)
         if script is not None:
             where = script if script.startswith(("/", "~")) else f"{host.workdir.rstrip('/')}/{script}"

@@ -17,7 +17,7 @@ from typing import Callable, Sequence, TypeVar
 
 from ..errors import RsyncMissing, SyncError
 from ..hosts.files import FileSession
-from ..hosts.sshconfig import openssh_options, usable_identity
+from ..hosts.openssh import ssh_options
 from ..hosts.transport import Transport
 from ..inventory import Cluster, Host
 from .rsync import RsyncSummary, rsync_argv, run_rsync, ssh_command, supports_progress2
@@ -63,11 +63,11 @@ class RsyncTarget:
 
 def rsync_target(cluster: Cluster, host: Host, dest: str, host_key_checking: str | None,
                  connect_timeout: float) -> RsyncTarget:
+    """rsync reaches a host as every OpenSSH client clusterctl starts does: `ssh -F <rendering> NAME`."""
     if host.local:
         return RsyncTarget(host.name, None, None, os.path.expanduser(dest))
-    options = openssh_options(cluster, host_key_checking, connect_timeout)
-    rsh = ssh_command(options, host.user, host.port, usable_identity(host), shutil.which("ssh") or "ssh")
-    return RsyncTarget(host.name, host.hostname or host.name, rsh, dest)
+    rsh = ssh_command(ssh_options(cluster, host_key_checking, connect_timeout), shutil.which("ssh") or "ssh")
+    return RsyncTarget(host.name, host.name, rsh, dest)
 
 
 def rsync_push(rsync: str, src_root: str, items: Sequence[str], to: RsyncTarget, *, excludes: bool = False,

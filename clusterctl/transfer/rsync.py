@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import ConnectError, RsyncFailed, RsyncMissing
-from ..hosts.sshconfig import login_args
 from ..hosts.transport import quote_path, remote_command
 
 MISSING_MARK = "clusterctl: rsync is not installed on this host"
@@ -40,11 +39,10 @@ def remote_rsync_path(dest: str) -> str:
             f"{{ echo {shlex.quote(MISSING_MARK)} >&2; exit 127; }}; }} && rsync")
 
 
-def ssh_command(ssh_options: Sequence[str], user: str | None, port: int | None, identity: str | None,
-                ssh: str = "ssh") -> str:
+def ssh_command(ssh_options: Sequence[str], ssh: str = "ssh") -> str:
     """rsync's `-e`: rsync splits it on spaces but honours quotes, so shlex quoting survives paths with
     spaces."""
-    return shlex.join([ssh, *ssh_options, *login_args(user, port, identity)])
+    return shlex.join([ssh, *ssh_options])
 
 
 def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str | None = None,

@@ -5,11 +5,11 @@ import sys
 import time
 
 import pytest
+from sshcluster import requires_private_roots
 
 from clusterctl.doctor import DoctorOptions, run_doctor
 from clusterctl.doctor.report import FAIL, PASS, WARN
 from clusterctl.inventory import load
-from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh

@@ -5,12 +5,12 @@ import subprocess
 import time
 
 import pytest
+from sshcluster import requires_private_roots
 
 from clusterctl.errors import CommandTimeout, ConnectError, InventoryError
 from clusterctl.hosts.connector import Connector
 from clusterctl.hosts.fanout import DeadlineExceeded
 from clusterctl.inventory import load
-from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
 

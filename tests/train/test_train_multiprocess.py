@@ -21,9 +21,9 @@ import time
 
 import mlx.core as mx
 import pytest
+from sshcluster import requires_private_roots
 
 from clusterctl.launch.backends import find_mlx_launch
-from sshcluster import requires_private_roots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

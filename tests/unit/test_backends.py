@@ -29,7 +29,7 @@ def cluster(tmp_path):
 
 def where(tmp_path, **kwargs):
     return Where(**{"dir": str(tmp_path / "launch"), "ssh": "/usr/bin/ssh", "as_root": False, "launcher": None,
-                    **kwargs})
+                    "ssh_options": ("-F", "/cache/clusterctl/ssh/abc.config"), **kwargs})
 
 
 def test_the_registry_names_and_lookups():
@@ -56,14 +56,12 @@ def test_which_backend_reads_which_hostfile():
 def test_mpi_command_writes_its_hostfile_and_passes_every_variable_with_x(cluster, tmp_path):
     command = get("mpi").command(cluster, LaunchPlan({"LD_LIBRARY_PATH": "/l"}, "10.0.0.0/24"),
                                  program=["/opt/py/bin/python3", "t.py", "a b"], rank_env={"K": "v w"},
-                                 where=where(tmp_path, as_root=True, launcher=["/usr/bin/mpirun"]),
-                                 connect_timeout=7, host_key_checking="strict")
+                                 where=where(tmp_path, as_root=True, launcher=["/usr/bin/mpirun"]))
     hostfile = str(tmp_path / "launch" / "hostfile")
     assert [(p, text.splitlines()[1:]) for p, text, _ in command.files] == [(hostfile, ["a slots=1", "b slots=2"])]
     argv = command.argv
     assert argv[:6] == ["/usr/bin/mpirun", "--allow-run-as-root", "--hostfile", hostfile, "-np", "3"]
-    agent = argv[argv.index("plm_rsh_agent") + 1]
-    assert "StrictHostKeyChecking=yes" in agent and "ConnectTimeout=7" in agent
+    assert argv[argv.index("plm_rsh_agent") + 1] == "ssh -F /cache/clusterctl/ssh/abc.config"
     assert argv[argv.index("btl_tcp_links") + 1] == "2" and argv[argv.index("btl_tcp_if_include") + 1] == "10.0.0.0/24"
     assert ["-x", "K=v w"] == argv[argv.index("K=v w") - 1:argv.index("K=v w") + 1]
     assert argv[argv.index("--"):] == ["--", "/opt/py/bin/python3", "t.py", "a b"] and command.path_prepend is None
@@ -72,14 +70,13 @@ def test_mpi_command_writes_its_hostfile_and_passes_every_variable_with_x(cluste
 def test_ring_command_reaches_hosts_through_an_ssh_shim_first_on_path(cluster, tmp_path):
     launch_dir = tmp_path / "launch"
     command = get("ring").command(cluster, LaunchPlan({}), program=["/opt/py/bin/python3", "-c", "x", "arg"],
-                                  rank_env={"A": "1"}, where=where(tmp_path, launcher=["/bin/mlx.launch"]),
-                                  connect_timeout=5)
+                                  rank_env={"A": "1"}, where=where(tmp_path, launcher=["/bin/mlx.launch"]))
     files = {os.path.relpath(p, launch_dir): (text, mode) for p, text, mode in command.files}
     assert sorted(files) == ["hosts.json", "ssh/ssh"] and command.path_prepend == str(launch_dir / "ssh")
     hosts = json.loads(files["hosts.json"][0])
     assert hosts["backend"] == "ring" and [h["ips"] for h in hosts["hosts"]] == [["10.0.0.1"], ["10.0.0.2"], ["10.0.0.2"]]
     shim, mode = files["ssh/ssh"]
-    assert mode == 0o755 and shim.startswith("#!/bin/sh\nexec /usr/bin/ssh -o BatchMode=yes -o ConnectTimeout=5")
+    assert mode == 0o755 and shim == '#!/bin/sh\nexec /usr/bin/ssh -F /cache/clusterctl/ssh/abc.config "$@"\n'
     assert command.argv == ["/bin/mlx.launch", "--hostfile", str(launch_dir / "hosts.json"), "--backend", "ring",
                             "--python", "/opt/py/bin/python3", "--connections-per-ip", "2", "--env", "A=1",
                             "--", "-c", "x", "arg"]
@@ -91,7 +88,7 @@ def test_ring_command_reaches_hosts_through_an_ssh_shim_first_on_path(cluster, t
 def test_mlx_launch_without_an_ssh_client_is_a_launch_error(cluster, tmp_path):
     with pytest.raises(LaunchError, match="needs an OpenSSH client \\(ssh\\) on h9"):
         get("ring").command(cluster, LaunchPlan({}), program=["py"], rank_env={},
-                            where=where(tmp_path, ssh=None, name="h9"), connect_timeout=5)
+                            where=where(tmp_path, ssh=None, name="h9"))
 
 
 def test_tuning_settings_apply_to_the_cluster_and_store_only_what_is_new(cluster):
@@ -115,5 +112,5 @@ def test_a_new_backend_is_one_registry_entry(monkeypatch, cluster, tmp_path):
     assert "jaccl-ring" in names()
     assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl-ring}\n")).launch.backend == "jaccl-ring"
     command = get("jaccl-ring").command(cluster, LaunchPlan({}), program=["py", "t.py"], rank_env={},
-                                        where=where(tmp_path, launcher=["mlx.launch"]), connect_timeout=5)
+                                        where=where(tmp_path, launcher=["mlx.launch"]))
     assert command.argv[command.argv.index("--backend") + 1] == "jaccl-ring"

@@ -73,7 +73,7 @@ def test_parse_probe_ignores_noise_and_collects_repeats():
 
 def test_probe_script_is_valid_sh_and_quotes_hostile_inventory_values():
     script = probe_script(python="~/envs/$(reboot)/bin/python", workdir="~/work dir/'x'", mpi_lib_dir="/a;b",
-                          peers=["h2", "h3"], ssh_options=["-F", "/cfg dir/ssh_config", "-o", "BatchMode=yes"],
+                          peers=["h2", "h3"], mesh_config="Host h2\n  Port 2222\n# it's $(reboot)\n",
                           ssh_config="/cfg dir/ssh_config")
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
     assert "PY=\"$HOME\"/" + shlex.quote("envs/$(reboot)/bin/python") in script
@@ -104,7 +104,7 @@ def _free_port(address):
 
 
 def test_probe_script_without_peers_is_valid_sh():
-    script = probe_script(python="python3", workdir="/w", mpi_lib_dir=None, peers=[], ssh_options=[],
+    script = probe_script(python="python3", workdir="/w", mpi_lib_dir=None, peers=[], mesh_config=None,
                           ssh_config=None)
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
 
@@ -271,3 +271,17 @@ def test_ring_ports_follow_mlx_launch_one_per_address_and_connection():
     cluster = parse("hosts: [{name: a, slots: 2}, b, c]\n")
     assert [host_facts.ring_port(h) for h in cluster.hosts] == [32323, 32325, 32326]
     assert [host_facts.ring_port(h, 4) for h in cluster.hosts] == [32323, 32331, 32335]
+
+
+def test_a_mesh_failure_on_what_the_inventory_sets_names_the_inventory_key():
+    cluster = parse("hosts:\n  - {name: h1, mesh_identity_file: ~/.ssh/mesh}\n  - {name: h2, port: 2222}\n", "i.yaml")
+    p1, p2 = probe(1, cluster), probe(2, cluster, mesh_config="could not write /w/.clusterctl/ssh_config")
+    p1.facts.mesh = {"h2": (255, "ssh: connect to host h2 port 2222: Connection refused")}
+    p2.facts.mesh = {"h1": (255, "root@h1: Permission denied (publickey).")}
+    by = {(f.host, f.peer): f for f in checks.ssh_mesh([p1, p2])}
+    assert "refused port 2222, which the inventory's `port:` sets (line 3)" in by[("h1", "h2")].fix
+    assert "enable sshd" not in by[("h1", "h2")].fix
+    assert "mesh_identity_file" in by[("h2", "h1")].fix      # h2 names no key: the fix says where one goes
+    assert by[("h2", None)].status == FAIL and "could not write" in by[("h2", None)].detail
+    p1.facts.mesh = {"h2": (255, "root@h2: Permission denied (publickey).")}
+    assert "mesh_identity_file (~/.ssh/mesh, line 2)" in checks.ssh_mesh([p1, p2])[0].fix

@@ -6,7 +6,7 @@ import shlex
 import pytest
 
 from clusterctl import __version__
-from clusterctl.hosts.sshconfig import rsh_agent
+from clusterctl.hosts.openssh import rsh_agent
 from clusterctl.inventory import load
 from clusterctl.launch.backends import mlx_launch_argv, mpirun_argv
 from clusterctl.launch.hostfile import TemplateError, render
@@ -35,7 +35,7 @@ def test_mpirun_argv_matches_golden_and_user_mca_overrides_ours(cluster):
     argv = mpirun_argv(cluster, hostfile="/tmp/hf", program=[cluster.hosts[0].python, "train.py", "--lr", "3e-4", "a b"],
                        env={"DYLD_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib",
                             **cluster.hosts[0].env_dict},
-                       rsh_agent=rsh_agent(cluster, connect_timeout=5), if_include="192.168.10.0/24")
+                       rsh_agent=rsh_agent(["-F", "/cache/clusterctl/ssh/abc.config"]), if_include="192.168.10.0/24")
     assert shlex.join(argv) + "\n" == golden("mpirun.argv")
     assert argv.count("btl_tcp_links") == 1          # the user's 8 replaced our 2, not repeated
 

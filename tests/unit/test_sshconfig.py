@@ -45,9 +45,9 @@ def test_target_from_ssh_G_expands_paths_and_splits_known_hosts():
     assert t.proxy_command is None and t.strict_host_key_checking == "ask"
 
 
-def test_ssh_G_argv_passes_inventory_values_like_a_command_line_and_ends_options():
-    argv = ssh_G_argv("-oProxyCommand=x", user="al", port=33, identity_file="/k", config_file="/c")
-    assert argv == ["ssh", "-G", "-F", "/c", "-l", "al", "-p", "33", "-i", "/k", "--", "-oProxyCommand=x"]
+def test_ssh_G_argv_reads_the_rendering_only_and_ends_options():
+    argv = ssh_G_argv("-oProxyCommand=x", "/c")
+    assert argv == ["ssh", "-G", "-F", "/c", "--", "-oProxyCommand=x"]
 
 
 CONFIG = """\

@@ -58,7 +58,7 @@ def test_parse_progress():
 
 
 def test_argv_for_a_remote_host():
-    rsh = ssh_command(["-F", "/my configs/ssh_config", "-o", "BatchMode=yes"], "alice", 2222, "/k/id", ssh="/usr/bin/ssh")
+    rsh = ssh_command(["-F", "/my cache/clusterctl/ssh/abc.config"], ssh="/usr/bin/ssh")
     argv = rsync_argv("rsync", "/src", "/tmp/list", "~/work dir", target="h1", rsh=rsh, checksum=True,
                       bwlimit_kbps=100, progress=True)
     assert argv[:5] == ["rsync", "-lpt", "--from0", "--files-from", "/tmp/list"]
@@ -66,8 +66,7 @@ def test_argv_for_a_remote_host():
     assert argv[-2:] == ["/src/", "h1:."]
     assert argv[argv.index("-e") + 1] == rsh
     # rsync splits -e on spaces honouring quotes, as shlex does
-    assert shlex.split(rsh) == ["/usr/bin/ssh", "-F", "/my configs/ssh_config", "-o", "BatchMode=yes", "-l", "alice",
-                                "-p", "2222", "-i", "/k/id"]
+    assert shlex.split(rsh) == ["/usr/bin/ssh", "-F", "/my cache/clusterctl/ssh/abc.config"]
     assert "-o" not in argv[:argv.index("-e")] and "--dry-run" not in argv
 
 

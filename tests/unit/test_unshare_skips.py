@@ -5,7 +5,6 @@ import re
 import types
 
 import pytest
-
 import sshcluster
 
 pytest_plugins = ["pytester"]

@@ -1,6 +1,6 @@
 # clusterctl's probe (POSIX sh: python may be the very thing that is broken). probe_script() puts the
-# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL MARKER PYTHON_INFO, mesh_ssh PEER, and the peers as
-# "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
+# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL MARKER PYTHON_INFO MESH_CONFIG_TEXT MESH_CONFIG, and
+# the peers as "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
 T=$(mktemp -d 2>/dev/null || mktemp -d -t clusterctl)
 trap 'rm -rf "$T"' EXIT
 esc() { case "$1" in
@@ -9,6 +9,14 @@ esc() { case "$1" in
 esac; }
 j() { printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")"; }
 j time "$(date +%s)"
+# this host's rendering of the inventory for OpenSSH: installed (atomically) unless it is there already
+if [ -n "$MESH_CONFIG_TEXT" ]; then
+  if [ "$(cat "$MESH_CONFIG" 2>/dev/null)" = "$MESH_CONFIG_TEXT" ]; then j mesh_config current
+  elif mkdir -p "$(dirname "$MESH_CONFIG")" && printf '%s\n' "$MESH_CONFIG_TEXT" >"$MESH_CONFIG.tmp.$$" \
+       && chmod 600 "$MESH_CONFIG.tmp.$$" && mv -f "$MESH_CONFIG.tmp.$$" "$MESH_CONFIG"; then j mesh_config written
+  else rm -f "$MESH_CONFIG.tmp.$$"; j mesh_config "could not write $MESH_CONFIG"; fi
+fi
+mesh_ssh() { ssh -F "$MESH_CONFIG" -- "$1" echo "$MARKER"; }
 # SSH to every peer in the background, as mpirun's daemons would (the all-to-all check), keeping ssh's own
 # stderr for doctor's diagnosis (docs/ssh.md#show-ssh-stderr)
 i=0

@@ -1,0 +1,106 @@
+"""The test cluster without any help (tests/sshcluster.py, inventory_only): the hosts listen on a
+non-default port, the key has no default name, clusterctl runs with an empty HOME (no ~/.ssh/config, no
+known_hosts) and each host's sessions too. Only the inventory says how to connect, exactly the issue's
+example: hosts by address; user, port and key in `defaults`. Every command must work from that alone."""
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.ssh
+
+ALLSUM = """\
+import sys
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[1], strict=True)
+x = mx.distributed.all_sum(mx.array([g.rank() + 1.0]), group=g)
+print("sum", g.rank(), g.size(), x.item(), flush=True)
+"""
+
+
+def clusterctl(cluster, *args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=cluster.client_env())
+
+
+@pytest.fixture
+def bare(make_cluster):
+    return make_cluster(3, inventory_only=True)
+
+
+def test_doctor_is_green_from_the_inventory_alone(bare, tmp_path):
+    assert "ssh_config" not in bare.inventory.read_text() and not any(bare.client_home.iterdir())
+    r = clusterctl(bare, "doctor", "--hosts", str(bare.inventory), "--json", cwd=tmp_path)
+    report = json.loads(r.stdout)
+    failed = [c for c in report["checks"] if c["status"] != "pass"]
+    assert r.returncode == 0 and report["ok"], failed
+    checks = {c["check"] for c in report["checks"]}
+    assert {"ssh", "ssh-mesh", "mpi-smoke", "ring-smoke"} <= checks
+    assert sum(c["check"] == "ssh-mesh" for c in report["checks"]) == 6          # every ordered pair
+
+
+@pytest.mark.parametrize("backend,launch_from", [("mpi", "here"), ("ring", "here"), ("mpi", "first-host"),
+                                                 ("ring", "first-host")])
+def test_run_over_both_backends_here_and_from_the_first_host(bare, tmp_path, backend, launch_from):
+    (tmp_path / "allsum.py").write_text(ALLSUM)
+    r = clusterctl(bare, "run", "allsum.py", backend, "--hosts", str(bare.inventory), "--backend", backend,
+                   "--launch-from", launch_from, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sums = sorted(line.split()[-4:] for line in r.stdout.splitlines() if " sum " in line)
+    assert sums == [["sum", str(i), "3", "6.0"] for i in range(3)], r.stdout
+
+
+def test_sync_data_push_exec_and_bench(bare, tmp_path):
+    inv = str(bare.inventory)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "a.py").write_text("print('a')\n")
+    r = clusterctl(bare, "sync", str(project), "--hosts", inv, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [h["files"] for h in json.loads(r.stdout)["hosts"]] == [1, 1, 1]
+    assert [h["method"] for h in json.loads(r.stdout)["hosts"]] == ["rsync"] * 3    # rsync's ssh found them too
+    r = clusterctl(bare, "data", "prepare", "embedded:60", "--world", "3", "--out", str(tmp_path / "d"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = clusterctl(bare, "data", "push", str(tmp_path / "d"), "--hosts", inv, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [len(h["sent"]) for h in json.loads(r.stdout)["hosts"]] == [3, 3, 3]      # shard, val.bin, manifest
+    r = clusterctl(bare, "exec", "--hosts", inv, "--json", "--", "sh", "-c", "echo $SSH_CONNECTION", cwd=tmp_path)
+    ports = {h["stdout"].split()[-1] for h in json.loads(r.stdout)["hosts"]}
+    assert r.returncode == 0 and ports == {str(bare.hosts[0].port)}
+    r = clusterctl(bare, "bench", "--hosts", inv, "--backend", "mpi", "--sizes", "4K", "--ops", "all_sum",
+                   "--no-mpi4py", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["world"] == 3
+
+
+@pytest.mark.parametrize("fmt,backend", [("openmpi", "mpi"), ("mlx", "ring")])
+def test_printed_launch_lines_work_as_printed(bare, tmp_path, fmt, backend):
+    (tmp_path / "allsum.py").write_text(ALLSUM)
+    r = clusterctl(bare, "hostfile", "--hosts", str(bare.inventory), "--format", fmt, "-o", str(tmp_path / "hf"),
+                   "--print-command", "--", str(tmp_path / "allsum.py"), backend, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    run = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env=bare.client_env())
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(line.split()[1] for line in run.stdout.splitlines() if line.startswith("sum ")) == ["0", "1", "2"]
+    # the line reaches the hosts through the rendering, not through anything in a HOME
+    assert "-F" in (shlex.split(line) + open(tmp_path / "hf.ssh" / "ssh" / "ssh").read().split() if fmt == "mlx"
+                    else shlex.split(line[line.index("plm_rsh_agent"):])[1].split())
+
+
+def test_a_wrong_port_in_the_inventory_is_named_as_the_inventorys(bare, tmp_path):
+    """h2's entry says a port nothing listens on: the controller's check and every host's mesh check fail
+    on it, and the fix points at the inventory's `port:`, not at sshd or Remote Login."""
+    text = bare.inventory.read_text()
+    second = bare.hosts[1].address
+    text = text.replace(f"  - name: {second}\n", f"  - name: {second}\n    port: 1\n")
+    bare.inventory.write_text(text)
+    r = clusterctl(bare, "doctor", "--hosts", str(bare.inventory), "--json", cwd=tmp_path)
+    assert r.returncode == 1
+    mesh = [c for c in json.loads(r.stdout)["checks"] if c["check"] == "ssh-mesh" and c["peer"] == second]
+    assert len(mesh) == 2 and all(c["status"] == "fail" for c in mesh)
+    assert all("refused port 1, which the inventory's `port:` sets" in c["fix"] for c in mesh), mesh
+    assert not any("Remote Login" in c["fix"] for c in mesh)
