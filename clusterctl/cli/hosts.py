@@ -80,3 +80,15 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
                              backend=backend, date=datetime.date.today().isoformat(), path=output)
     write_text(output, text)
     click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
+
+
+@app.command("clusterctl ssh-close --hosts inventory.yaml")
+@click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
+              help="Close only these hosts' connections (default: every one clusterctl keeps open).")
+def ssh_close_cmd(inventory_path):
+    """End the SSH connections clusterctl keeps open for reuse."""
+    from ..hosts.openssh import CONTROL_PERSIST_S, close_masters
+
+    closed = close_masters(app.load(inventory_path) if inventory_path else None)
+    click.echo(f"closed {len(closed)} connection(s)" + ("" if closed else
+               f" (none was open: an idle one ends by itself after {CONTROL_PERSIST_S} s)"))

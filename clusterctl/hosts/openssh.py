@@ -23,24 +23,27 @@ import hashlib
 import os
 import posixpath
 import re
+import stat
 
 from ..atomic import write_text
 from ..errors import InventoryError
 from ..inventory import Cluster, Host
 
 HOST_CONFIG = ".clusterctl/ssh_config"          # relative to each host's workdir
+CONTROL_PERSIST_S = 90                          # an idle master lives this long (`clusterctl ssh-close` ends it)
 USER_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 _PATTERN_CHARS = re.compile(r"[\s*?!,%\"]")
 
 
-def _value(text: str, what: str, where: Host | Cluster) -> str:
-    """A value in ssh_config: quoted when it holds spaces; `%` doubled (OpenSSH expands %-tokens)."""
+def _value(text: str, what: str, where: Host | Cluster, tokens: bool = False) -> str:
+    """A value in ssh_config: quoted when it holds spaces; `%` doubled (OpenSSH expands %-tokens) unless
+    the value means its tokens."""
     if '"' in text or "\n" in text:
         raise InventoryError(where.path if isinstance(where, Cluster) else "inventory",
                              None if isinstance(where, Cluster) else where.line,
                              f"{what} {text!r} holds a character ssh_config cannot express (\" or a newline)")
-    text = text.replace("%", "%%") if what != "Include" else text
+    text = text if tokens else text.replace("%", "%%")
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
@@ -61,15 +64,19 @@ def _host_block(host: Host, identity: str | None) -> list[str]:
 
 
 def render(hosts: list[Host], *, identity, includes: list[str], host_key_checking: str,
-           connect_timeout: float, origin: str) -> str:
-    """The config text: `identity(host)` is the key to use for a host (None: the user's config decides)."""
+           connect_timeout: float, origin: str, control_path: str | None = None) -> str:
+    """The config text: `identity(host)` is the key to use for a host (None: the user's config decides);
+    with `control_path`, connections are multiplexed over a master kept CONTROL_PERSIST_S seconds."""
     lines = [f"# Written by clusterctl from {origin}; it is rewritten whenever the inventory changes.", ""]
     for host in hosts:
         if not host.local:
             lines += _host_block(host, identity(host)) + [""]
     lines += ["Host *", "  BatchMode yes", f"  ConnectTimeout {max(1, int(round(connect_timeout)))}",
               "  StrictHostKeyChecking " + ("yes" if host_key_checking == "strict" else "accept-new")]
-    lines += [f"Include {_value(path, 'Include', hosts[0])}" for path in includes]
+    if control_path:
+        lines += ["  ControlMaster auto", f"  ControlPath {_value(control_path, 'ControlPath', hosts[0], tokens=True)}",
+                  f"  ControlPersist {CONTROL_PERSIST_S}"]
+    lines += [f"Include {_value(path, 'Include', hosts[0], tokens=True)}" for path in includes]
     return "\n".join(lines) + "\n"
 
 
@@ -80,7 +87,8 @@ def controller_config_text(cluster: Cluster, host_key_checking: str | None = Non
         [p for p in (os.path.expanduser(u) for u in USER_CONFIGS) if os.path.isfile(p)]
     return render(list(cluster.hosts), identity=_usable_identity, includes=includes,
                   host_key_checking=host_key_checking or cluster.host_key_checking,
-                  connect_timeout=connect_timeout, origin=cluster.path)
+                  connect_timeout=connect_timeout, origin=cluster.path,
+                  control_path=os.path.join(control_dir(), "%C"))
 
 
 def host_config_text(cluster: Cluster, host: Host, host_key_checking: str | None = None,
@@ -104,6 +112,64 @@ def host_config_path(host: Host) -> str:
 def _usable_identity(host: Host) -> str | None:
     """The inventory's identity_file when it exists here (a missing one is named in connection errors)."""
     return host.identity_file if host.identity_file and os.path.exists(host.identity_file) else None
+
+
+def control_dir() -> str:
+    """Where the masters' sockets live: a directory of this user's only (0700), with a short path, since a
+    socket's path must fit in about 100 bytes ($XDG_RUNTIME_DIR/clusterctl, else /tmp/clusterctl-UID). A
+    directory someone else made, or a symlink, is refused rather than used."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = os.path.join(runtime, "clusterctl") if runtime and len(runtime) < 40 else f"/tmp/clusterctl-{os.getuid()}"
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise InventoryError("ssh_config", None, f"{base} is not a private directory of this user (0700): remove it "
+                             "(clusterctl keeps its SSH connection sockets there)")
+    return base
+
+
+def close_masters(cluster: Cluster | None = None) -> list[str]:
+    """End the multiplexing masters: of the cluster's hosts, or every one clusterctl started. Returns the
+    sockets that were open. A master that died already leaves a stale socket, removed here too."""
+    import shutil
+    import socket
+    import subprocess
+
+    ssh = shutil.which("ssh") or "ssh"
+    directory = control_dir()
+    if cluster is not None:
+        config = controller_config(cluster)
+        paths = []
+        for host in cluster.hosts:
+            if host.local:
+                continue
+            g = subprocess.run([ssh, "-G", "-F", config, "--", host.name], capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL)
+            paths += [line.split(" ", 1)[1] for line in g.stdout.splitlines() if line.startswith("controlpath ")]
+    else:
+        paths = [os.path.join(directory, n) for n in os.listdir(directory)]
+    closed = []
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(path)
+            alive = True
+        except OSError:
+            alive = False
+        finally:
+            probe.close()
+        if alive:
+            subprocess.run([ssh, "-o", f"ControlPath={path}", "-O", "exit", "clusterctl-master"], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=30)
+            closed.append(path)
+        if os.path.exists(path):
+            os.unlink(path)
+    return closed
 
 
 def cache_dir() -> str:

@@ -3,9 +3,13 @@ non-default port, the key has no default name, clusterctl runs with an empty HOM
 known_hosts) and each host's sessions too. Only the inventory says how to connect, exactly the issue's
 example: hosts by address; user, port and key in `defaults`. Every command must work from that alone."""
 import json
+import os
 import shlex
+import signal
+import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -104,3 +108,35 @@ def test_a_wrong_port_in_the_inventory_is_named_as_the_inventorys(bare, tmp_path
     assert len(mesh) == 2 and all(c["status"] == "fail" for c in mesh)
     assert all("refused port 1, which the inventory's `port:` sets" in c["fix"] for c in mesh), mesh
     assert not any("Remote Login" in c["fix"] for c in mesh)
+
+
+def masters(paths):
+    """The multiplexing master processes serving these sockets (their command line names the socket)."""
+    found = subprocess.run(["pgrep", "-af", r"ssh: .*\[mux\]"], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if any(p in line for p in paths)]
+
+
+def test_connections_are_reused_replaced_when_dead_and_closed_by_ssh_close(bare, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "a.py").write_text("a\n")
+    inv = str(bare.inventory)
+    assert clusterctl(bare, "sync", str(project), "--hosts", inv, cwd=tmp_path).returncode == 0
+    config = next((bare.client_home / ".cache" / "clusterctl" / "ssh").glob("*.config"))
+    paths = [next(line.split(" ", 1)[1] for line in subprocess.run(
+        ["ssh", "-G", "-F", str(config), h.address], capture_output=True, text=True).stdout.splitlines()
+        if line.startswith("controlpath ")) for h in bare.hosts]
+    directory = os.path.dirname(paths[0])
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700 and os.stat(directory).st_uid == os.getuid()
+    assert all(stat.S_ISSOCK(os.stat(p).st_mode) for p in paths) and len(masters(paths)) == 3
+    # a master that died leaves a stale socket: the next command replaces it, and says nothing about it
+    os.kill(int(masters(paths[:1])[0].split()[0]), signal.SIGKILL)
+    r = clusterctl(bare, "sync", str(project), "--hosts", inv, cwd=tmp_path)
+    assert r.returncode == 0 and "ontrol" not in r.stderr, r.stderr
+    assert len(masters(paths)) == 3
+    r = clusterctl(bare, "ssh-close", "--hosts", inv, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "closed 3 connection(s)"
+    deadline = time.monotonic() + 10
+    while masters(paths) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert masters(paths) == [] and not any(os.path.exists(p) for p in paths)

@@ -83,3 +83,19 @@ def test_openssh_reads_it_the_inventory_wins_and_the_users_config_fills_in(cache
     assert (a.port, a.user, a.identity_files[0]) == (2222, "alice", str(key))     # inventory port, user's user
     assert (b.port, b.user) == (2200, "alice")                                     # the inventory is silent on b
     assert a.config_file == b.config_file == openssh.controller_config(cluster)
+
+
+def test_the_connection_sockets_live_in_a_private_short_directory(cache, monkeypatch):
+    import tempfile
+
+    runtime = tempfile.mkdtemp(dir="/tmp")                    # a short path, like /run/user/UID
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    directory = openssh.control_dir()
+    assert directory == os.path.join(runtime, "clusterctl") and stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    cluster, _ = inventory(cache, "hosts: [a]\n")
+    assert f"ControlPath {directory}/%C" in openssh.controller_config_text(cluster)
+    assert "ControlPath" not in openssh.host_config_text(cluster, cluster.hosts[0])   # hosts keep no masters
+    os.chmod(directory, 0o755)                                # someone opened it up: refuse, never use it
+    with pytest.raises(InventoryError, match="not a private directory"):
+        openssh.control_dir()
+    shutil.rmtree(runtime)
