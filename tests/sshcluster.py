@@ -125,7 +125,8 @@ class TestHost:
 class SSHCluster:
     _instances = 0
 
-    def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False):
+    def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
+                 stock_sshd: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -136,7 +137,10 @@ class SSHCluster:
         # inventory_only: nothing but the inventory says how to reach the hosts (no ssh_config for clusterctl,
         # a key with no default name, one non-default port, each session's HOME an empty directory; run
         # clusterctl with client_env(), whose HOME is empty too). The fixture's own ssh() still works.
-        self.inventory_only = inventory_only
+        self.inventory_only = inventory_only or stock_sshd
+        # stock_sshd (implies inventory_only): sshd with OpenSSH's own defaults, its post-quantum key exchange
+        # included, and no client tuning at all: what a Mac's Remote Login offers
+        self.stock_sshd = stock_sshd
         self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
         self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
@@ -236,7 +240,8 @@ class SSHCluster:
             "SetEnv": " ".join(f"{k}={v}" for k, v in host.session_env.items()),
             # the classic key exchange (docs/test-cluster.md#post-quantum-kex-cost), set on the server side
             # so that clients need no configuration for it
-            **({"KexAlgorithms": "curve25519-sha256,curve25519-sha256@libssh.org"} if self.inventory_only else {}),
+            **({"KexAlgorithms": "curve25519-sha256,curve25519-sha256@libssh.org"}
+               if self.inventory_only and not self.stock_sshd else {}),
             "Subsystem": "sftp internal-sftp",     # docs/test-cluster.md#sftp-subsystem-required
         }
         settings.update(host.overrides)

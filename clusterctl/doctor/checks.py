@@ -60,11 +60,28 @@ def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
             rc, text = p.facts.mesh.get(peer, (None, "no result (the probe did not finish)"))
             if rc == 0 and MESH_MARKER in text:
                 out.append(Finding("ssh-mesh", p.host.name, PASS, "ok", peer=peer))
+            elif rc is None and p.overran_s is not None:
+                out.append(Finding("ssh-mesh", p.host.name, FAIL, f"ssh from {p.host.name} to {peer}: no result "
+                                   f"within the probe's {p.overran_s:g} s: slow, not refused", _SLOW_FIX, peer=peer))
             else:
                 why = text.replace(MESH_MARKER, "").strip() or f"ssh exited {rc}"
                 out.append(Finding("ssh-mesh", p.host.name, FAIL, f"ssh from {p.host.name} to {peer}: {why}",
                                    _mesh_fix(why, p.host, q.host), peer=peer))
     return out
+
+
+_SLOW_FIX = ("the login was still running when the probe's time was up: the hosts are overloaded or their "
+             "logins slow (DNS, key exchange); run doctor again with a longer --connect-timeout")
+
+
+def probe_time(p: HostProbe) -> list[Finding]:
+    """A probe that connected but ran past its budget: what it had finished is still reported (slow, never
+    taken for unreachable)."""
+    if p.facts is None or p.overran_s is None:
+        return []
+    pending = "the remaining logins to its peers" if p.facts.get("os") else "most of its checks"
+    return [Finding("probe", p.host.name, WARN, f"answered SSH, but its probe ran past {p.overran_s:g} s and was "
+                    f"stopped; checks below are what it had finished ({pending} were not)", _SLOW_FIX)]
 
 
 # The fix is picked from ssh's own message (docs/ssh.md#show-ssh-stderr); where the inventory set what
@@ -104,6 +121,9 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
     if not f.get("python_path"):
         out.append(Finding("python", name, FAIL, f"{p.host.python!r} not found on the non-interactive PATH "
                            f"({f.get('path')})", "set `python:` to the full path of the interpreter that has mlx"))
+    elif not info and p.overran_s is not None:
+        out.append(Finding("python", name, WARN, f"{f.get('python_path')}: not checked, the probe ran out of time",
+                           _SLOW_FIX))
     elif "python" not in info:
         out.append(Finding("python", name, FAIL, f"{f.get('python_path')} does not run: "
                            f"{info.get('error', '')[:200]}", "point `python:` at a working interpreter"))
@@ -124,6 +144,9 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
                            f"mpirun not on the non-interactive PATH ({f.get('path')})",
                            "install OpenMPI (macOS: brew install open-mpi; Debian: apt install openmpi-bin), "
                            "or add its bin directory to PATH in ~/.zshenv (read by non-interactive shells)"))
+    elif not version and p.overran_s is not None:
+        out.append(Finding("mpirun", name, WARN, f"{mpirun}: its version was not read, the probe ran out of time",
+                           _SLOW_FIX))
     else:
         impl = mpi_implementation(version)
         detail = f"{impl_line(version)} at {mpirun}"

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ from ..hosts.facts import choose_libmpi, ring_port
 from ..hosts.fanout import run_all
 from ..hosts.openssh import host_config_text
 from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
+from ..hosts.transport import read_until
 from ..inventory import Cluster, Host
 from ..launch import backends
 from ..launch.plan import plan_from_probes
@@ -28,6 +30,12 @@ from .options import DoctorOptions
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
+MESH_PER_PEER_S = 1.0     # and per peer: each host logs in to all the others at once
+
+
+def probe_budget(options: DoctorOptions, peers: int) -> float:
+    """How long one host's probe may run: it grows with the logins it starts (N - 1 of them)."""
+    return options.connect_timeout + PROBE_SLACK_S + MESH_PER_PEER_S * peers
 
 
 def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Report:
@@ -40,6 +48,7 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
     for p in probes:
         t = connector.targets[p.host.name]
         findings.append(checks.controller_ssh(p, f"{t.user}@{t.hostname}:{t.port}"))
+        findings += checks.probe_time(p)
     findings += checks.ssh_mesh(probes)
     for p in probes:
         findings += checks.host_software(p, cluster.launch.backend)
@@ -72,13 +81,17 @@ def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, p
         t0 = time.monotonic()
         transport.open()
         connect_ms = None if transport.is_local else (time.monotonic() - t0) * 1000
-        result = transport.run(script, timeout=options.connect_timeout + PROBE_SLACK_S)
-        return HostProbe(host, parse_probe(result.stdout), connect_ms=connect_ms, sent_at=sent,
-                         received_at=time.time())
+        budget = probe_budget(options, len(names) - 1)
+        lines: queue.Queue = queue.Queue()
+        out, _, finished = read_until(transport.stream(script, lines), lines, budget)
+        # a probe that ran past its budget hands back what it had finished: slow, not unreachable
+        return HostProbe(host, parse_probe("\n".join(out)), connect_ms=connect_ms, sent_at=sent,
+                         received_at=time.time(), overran_s=None if finished else budget)
 
     try:
         t0 = time.monotonic()
-        group = run_all(cluster.hosts, probe, deadline=options.connect_timeout + PROBE_SLACK_S + 5)
+        group = run_all(cluster.hosts, probe,
+                        deadline=options.connect_timeout + probe_budget(options, len(names) - 1) + 5)
         phases["probe"] = time.monotonic() - t0
         probes = []
         for name, outcome in group.items():

@@ -121,6 +121,7 @@ class HostProbe:
     facts: Facts | None = None
     error: str | None = None          # why the controller could not run the probe
     error_reason: str | None = None   # ConnectError.reason when it could not connect
+    overran_s: float | None = None    # the probe ran past this budget and was stopped; facts are partial
     connect_ms: float | None = None
     sent_at: float = 0.0              # controller's wall clock around the probe, for clock skew
     received_at: float = 0.0

@@ -224,6 +224,30 @@ class LocalProcess(Process):
         self.proc.stdin.close()
 
 
+def read_until(proc: Process, lines: queue.Queue, timeout: float) -> tuple[list[str], list[str], bool]:
+    """A streamed command's (stdout lines, stderr lines, whether it finished) after it ends or `timeout`
+    seconds pass, whichever comes first; a command still running then is stopped, and what it had printed
+    so far is kept."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    out: list[str] = []
+    err: list[str] = []
+    while True:
+        done = proc.poll() is not None and not any(t.is_alive() for t in proc.readers)
+        try:
+            is_err, line = lines.get(timeout=0 if done else max(0.0, min(0.2, deadline - time.monotonic())))
+            (err if is_err else out).append(line)
+            continue
+        except queue.Empty:
+            pass
+        if done:
+            return out, err, True
+        if time.monotonic() >= deadline:
+            proc.stop()
+            return out, err, False
+
+
 def _read_lines(stream, is_err: bool, lines: queue.Queue) -> None:
     for raw in iter(stream.readline, b""):
         lines.put((is_err, raw.decode(errors="replace").rstrip("\r\n")))

@@ -140,3 +140,35 @@ def test_connections_are_reused_replaced_when_dead_and_closed_by_ssh_close(bare,
     while masters(paths) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert masters(paths) == [] and not any(os.path.exists(p) for p in paths)
+
+
+def test_doctor_is_green_with_a_stock_sshd(make_cluster, tmp_path):
+    """sshd with OpenSSH's defaults (its post-quantum key exchange: ~100 ms of CPU a login on this shared
+    machine) and nothing tuned on the client: the probe's time grows with the peers it logs in to. The 16-host
+    figure is benchmarks/bench_doctor.py's."""
+    cluster = make_cluster(6, stock_sshd=True)
+    r = clusterctl(cluster, "doctor", "--hosts", str(cluster.inventory), "--json", cwd=tmp_path)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["ok"], [c for c in report["checks"] if c["status"] != "pass"]
+    assert sum(c["check"] == "ssh-mesh" and c["status"] == "pass" for c in report["checks"]) == 30
+
+
+def test_a_probe_out_of_time_is_reported_slow_with_what_it_finished(bare, monkeypatch):
+    """Every host answers SSH, but the probes get far too little time to finish their logins: each host is
+    reported as reached, its unfinished checks as slow, never as unreachable."""
+    from clusterctl.doctor import DoctorOptions, diagnose
+    from clusterctl.launch.backends import load_cluster
+
+    for key, value in bare.client_env().items():
+        monkeypatch.setenv(key, value)
+    # far below what the probe needs (its python alone imports mlx, a few tenths of a second)
+    monkeypatch.setattr(diagnose, "probe_budget", lambda options, peers: 0.05)
+    report = diagnose.run_doctor(load_cluster(str(bare.inventory)), DoctorOptions(deep=False))
+    by_check = {}
+    for f in report.findings:
+        by_check.setdefault(f.check, []).append(f)
+    assert [f.status for f in by_check["ssh"]] == ["pass"] * 3                      # every host was reached
+    assert [f.status for f in by_check["probe"]] == ["warn"] * 3 and "answered SSH" in by_check["probe"][0].detail
+    unfinished = [f for f in by_check["ssh-mesh"] if f.status == "fail"]
+    assert unfinished and all("slow, not refused" in f.detail for f in unfinished)
+    assert not any("powered on" in (f.fix or "") or "Remote Login" in (f.fix or "") for f in report.findings)

@@ -285,3 +285,17 @@ def test_a_mesh_failure_on_what_the_inventory_sets_names_the_inventory_key():
     assert by[("h2", None)].status == FAIL and "could not write" in by[("h2", None)].detail
     p1.facts.mesh = {"h2": (255, "root@h2: Permission denied (publickey).")}
     assert "mesh_identity_file (~/.ssh/mesh, line 2)" in checks.ssh_mesh([p1, p2])[0].fix
+
+
+def test_a_probe_that_ran_long_is_reported_slow_with_what_it_finished():
+    p1 = probe(1, os="Linux")
+    p1.overran_s = 35.0
+    p1.facts.mesh = {"h2": (0, "clusterctl-mesh-ok")}                 # h3 and h4 still running when stopped
+    rows = checks.probe_time(p1) + checks.ssh_mesh([p1, probe(2), probe(3), probe(4)])
+    assert rows[0].check == "probe" and rows[0].status == WARN and "answered SSH" in rows[0].detail
+    by_pair = {(f.host, f.peer): f for f in rows if f.check == "ssh-mesh"}
+    assert by_pair[("h1", "h2")].status == PASS
+    slow = by_pair[("h1", "h3")]
+    assert slow.status == FAIL and "slow, not refused" in slow.detail and "--connect-timeout" in slow.fix
+    assert "powered on" not in slow.fix and "Remote Login" not in slow.fix
+    assert checks.probe_time(probe(2)) == []

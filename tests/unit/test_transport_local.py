@@ -98,3 +98,17 @@ def _gone(pid: int, within: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_read_until_keeps_what_a_stopped_command_printed(tmp_path):
+    import queue
+
+    from clusterctl.hosts.transport import read_until
+
+    lines = queue.Queue()
+    proc = LocalTransport().stream("echo first; echo oops >&2; sleep 300; echo never", lines)
+    out, err, finished = read_until(proc, lines, timeout=1.0)
+    assert (out, err, finished) == (["first"], ["oops"], False)
+    assert proc.poll() is not None                                       # stopped, not left running
+    lines = queue.Queue()
+    assert read_until(LocalTransport().stream("echo a; echo b", lines), lines, timeout=30) == (["a", "b"], [], True)

@@ -1,8 +1,6 @@
 # clusterctl's probe (POSIX sh: python may be the very thing that is broken). probe_script() puts the
 # values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL MARKER PYTHON_INFO MESH_CONFIG_TEXT MESH_CONFIG, and
 # the peers as "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
-T=$(mktemp -d 2>/dev/null || mktemp -d -t clusterctl)
-trap 'rm -rf "$T"' EXIT
 esc() { case "$1" in
   *[\"\\]*|*[[:cntrl:]]*) printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g';;
   *) printf '%s' "$1";;
@@ -18,12 +16,12 @@ if [ -n "$MESH_CONFIG_TEXT" ]; then
 fi
 mesh_ssh() { ssh -F "$MESH_CONFIG" -- "$1" echo "$MARKER"; }
 # SSH to every peer in the background, as mpirun's daemons would (the all-to-all check), keeping ssh's own
-# stderr for doctor's diagnosis (docs/ssh.md#show-ssh-stderr)
-i=0
+# stderr for doctor's diagnosis (docs/ssh.md#show-ssh-stderr). Every background result is printed the moment
+# it is known, as one line (one write, shorter than a pipe's atomic size), so that a probe cut off by its
+# budget still hands back everything it finished.
 for peer in "$@"; do
   ( o=$(mesh_ssh "$peer" 2>&1 </dev/null); rc=$?
-    printf '{"key":"mesh","peer":"%s","rc":%d,"value":"%s"}\n' "$(esc "$peer")" "$rc" "$(esc "$o")" >"$T/mesh.$i" ) &
-  i=$((i+1))
+    printf '{"key":"mesh","peer":"%s","rc":%d,"value":"%s"}\n' "$(esc "$peer")" "$rc" "$(esc "$o" | cut -c1-2000)" ) &
 done
 j os "$(uname -s)"
 j arch "$(uname -m)"
@@ -32,14 +30,14 @@ j release "$(uname -r)"
 j path "$PATH"
 p=$(command -v "$PY" 2>/dev/null)
 j python_path "$p"
-if [ -n "$p" ] && [ "$FULL" = yes ]; then ( j python_info "$("$PY" -c "$PYTHON_INFO" 2>&1 </dev/null)" >"$T/python" ) & fi
+if [ -n "$p" ] && [ "$FULL" = yes ]; then ( j python_info "$("$PY" -c "$PYTHON_INFO" 2>&1 </dev/null | cut -c1-2000)" ) & fi
 m=$(command -v mpirun 2>/dev/null)
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
   mr=$(readlink -f "$m" 2>/dev/null || printf '%s' "$m")
   j mpirun_real "$mr"
-  if [ "$FULL" = yes ]; then ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" >"$T/mpirun" ) & fi
+  if [ "$FULL" = yes ]; then ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" ) & fi
   mdir=$(dirname "$(dirname "$mr")")/lib
 fi
 r=$(command -v rsync 2>/dev/null)
@@ -68,5 +66,4 @@ if [ -n "$SSH_CONFIG" ]; then
   if [ -r "$SSH_CONFIG" ]; then j ssh_config yes; else j ssh_config no; fi
 fi
 wait
-cat "$T"/python "$T"/mpirun "$T"/mesh.* 2>/dev/null
 j done 1
