@@ -8,8 +8,10 @@ cached by the previous run while the pre-flight verifies it beside the job; supe
 the same with its default project sync (nothing changed: one rsync round trip per host); `clusterctl
 run --no-sync` with no cached plan (the first launch on a cluster: the pre-flight comes first); the exact launcher
 argv `run` generated (from its launch.json, bootstrap included); and the plain launcher with the script
-alone (no bootstrap). Medians and ratios are from the same interleaved runs. Writes
-benchmarks/results/launch.json.
+alone (no bootstrap). Two more: the manual recipe `run` replaces (one plain `rsync -a -e 'ssh -F <the
+cluster's ssh_config>'` per host, in parallel, then the generated argv), and `clusterctl run --no-sync` right
+after `clusterctl ssh-close` (no live SSH master: clusterctl's own runs otherwise find one, kept 90 s).
+Medians and ratios are from the same interleaved runs. Writes benchmarks/results/launch.json.
 """
 from __future__ import annotations
 
@@ -73,7 +75,15 @@ def main() -> None:
                 plain = raw[: raw.index("--") + 1] + ([cluster_python(), script, backend] if backend == "mpi"
                                                       else [script, backend])
                 times = {"clusterctl run": [], "run, no cached plan": [], "run + sync (no change)": [],
-                         "generated argv": [], "plain launcher": []}
+                         "generated argv": [], "plain launcher": [], "manual recipe": [], "run, no master": []}
+                rsh = ["-e", f"ssh -F {cluster.ssh_config}"]
+
+                def recipe() -> None:
+                    procs = [subprocess.Popen(["rsync", "-a", *rsh, project + "/", f"{h.name}:{cluster.workdir}/"],
+                                              stdout=subprocess.DEVNULL) for h in cluster.hosts]
+                    assert all(p.wait() == 0 for p in procs)
+                    subprocess.run(raw, env={**os.environ, **launch["launcher_env"]}, cwd=tmp, check=True,
+                                   capture_output=True, timeout=300)
                 for _ in range(args.repeat):
                     times["clusterctl run"].append(timed(run, env=cache, cwd=project))
                     times["run + sync (no change)"].append(timed(synced, env=cache, cwd=project))
@@ -81,6 +91,11 @@ def main() -> None:
                     times["run, no cached plan"].append(timed(run, env=cache, cwd=project))
                     times["generated argv"].append(timed(raw, env=launch["launcher_env"], cwd=tmp))
                     times["plain launcher"].append(timed(plain, env=launch["launcher_env"], cwd=tmp))
+                    start = time.monotonic()
+                    recipe()
+                    times["manual recipe"].append(time.monotonic() - start)
+                    timed([sys.executable, "-m", "clusterctl", "ssh-close"], env=cache)
+                    times["run, no master"].append(timed(run, env=cache, cwd=project))
                 results[backend] = {k: statistics.median(v) for k, v in times.items()}
         finally:
             cluster.stop_all()
@@ -92,6 +107,10 @@ def main() -> None:
               f"{m['run + sync (no change)']:>13.2f}s {g:>13.2f}s {m['plain launcher']:>13.2f}s "
               f"{m['clusterctl run'] / g:>13.2f} {m['run, no cached plan'] / g:>13.2f} "
               f"{m['run + sync (no change)'] / g:>11.2f} {m['clusterctl run'] / m['plain launcher']:>9.2f}")
+    for backend, m in results.items():
+        print(f"{backend}: run + sync / manual recipe {m['run + sync (no change)'] / m['manual recipe']:.2f} "
+              f"({m['manual recipe']:.2f}s); run with no live master {m['run, no master']:.2f}s, "
+              f"{m['run, no master'] / m['generated argv']:.2f}x the generated argv")
     write_record("launch", hosts=args.hosts, repeat=args.repeat,
                  results={b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()})
 

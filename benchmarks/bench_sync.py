@@ -5,8 +5,11 @@
 Each repeat, interleaved: a first sync into an empty directory and a no-change re-sync, by
   - `clusterctl sync TREE --hosts INV --dest b-K` (the command line, end to end),
   - `sync_tree()` in this process (the same work without starting Python and importing clusterctl),
-  - N parallel `rsync -a -e 'ssh <clusterctl's OpenSSH options>' TREE/ hI:WORKDIR/r-K/` (the baseline).
-Medians and ratios come from the same run. Writes benchmarks/results/sync.json.
+  - N parallel `rsync -a -e 'ssh -F <the cluster's ssh_config>' TREE/ hI:WORKDIR/r-K/` (the baseline: the
+    manual recipe, plain OpenSSH with the user's own config, no multiplexing).
+clusterctl's own runs find a live SSH master per host (its connections are reused for 90 s: see README); the
+no-change re-sync is also timed right after `clusterctl ssh-close` ("cli again, no master"), to show what
+the reuse buys. Medians and ratios come from the same run. Writes benchmarks/results/sync.json.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from sshcluster import SSHCluster  # noqa: E402
 
-from clusterctl.hosts.openssh import ssh_options  # noqa: E402
+from clusterctl.hosts.openssh import close_masters  # noqa: E402
 from clusterctl.inventory import load  # noqa: E402
 from clusterctl.transfer.sync import SyncOptions, plan_sync, sync_tree  # noqa: E402
 
@@ -69,14 +72,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     times: dict[str, list[float]] = {k: [] for k in (
-        "cli first", "cli again", "core first", "core again", "rsync first", "rsync again")}
+        "cli first", "cli again", "cli again, no master", "core first", "core again", "rsync first", "rsync again")}
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         tree = os.path.join(tmp, "tree")
         size = make_tree(tree, args.files)
         cluster = SSHCluster(os.path.join(tmp, "cluster"), args.hosts).start()
         try:
             inv = load(cluster.inventory)
-            rsh = shlex.join(["ssh", *ssh_options(inv)])
+            rsh = shlex.join(["ssh", "-F", str(cluster.ssh_config)])
             for h in range(1, args.hosts + 1):                          # warm-up: host keys, workdir
                 assert cluster.ssh(h, f"mkdir -p {cluster.workdir}").returncode == 0
             cli = [sys.executable, "-m", "clusterctl", "sync", tree, "--hosts", str(cluster.inventory)]
@@ -99,12 +102,15 @@ def main() -> None:
                 times["rsync again"].append(timed(lambda: rsync_all(f"r-{k}")))
                 times["cli again"].append(timed(lambda: run(cli + ["--dest", f"b-{k}"])))
                 times["core again"].append(timed(lambda: core(f"c-{k}")))
+                close_masters(inv)
+                times["cli again, no master"].append(timed(lambda: run(cli + ["--dest", f"b-{k}"])))
             files = len(plan.entries)
         finally:
             cluster.stop_all()
     m = {k: statistics.median(v) for k, v in times.items()}
     ratios = {"first: cli / rsync": m["cli first"] / m["rsync first"],
               "again: cli / rsync": m["cli again"] / m["rsync again"],
+              "again, no master: cli / rsync": m["cli again, no master"] / m["rsync again"],
               "first: core / rsync": m["core first"] / m["rsync first"],
               "again: core / rsync": m["core again"] / m["rsync again"]}
     print(f"{files} files ({size / 1024:.0f} KiB) to {args.hosts} hosts, median of {args.repeat}")
@@ -112,6 +118,8 @@ def main() -> None:
     for phase in ("first", "again"):
         print(f"{phase:<8} {m['cli ' + phase]:>14.2f}s {m['core ' + phase]:>11.2f}s {m['rsync ' + phase]:>11.2f}s "
               f"{m['cli ' + phase] / m['rsync ' + phase]:>10.2f} {m['core ' + phase] / m['rsync ' + phase]:>10.2f}")
+    print(f"again, no live master: clusterctl sync {m['cli again, no master']:.2f}s, "
+          f"{m['cli again, no master'] / m['rsync again']:.2f}x rsync")
     record = {"benchmark": "sync", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}", "hosts": args.hosts,
               "files": files, "bytes": size, "repeat": args.repeat,

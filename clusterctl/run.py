@@ -154,7 +154,8 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         remember_plan(cluster, plan)
     if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
         remember_plan(cluster, preflight.result())
-    if options.fetch and not cluster.hosts[0].local:
+    # rank 0 runs on the first host and says whether it left anything in the run directory there
+    if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:
         _fetch(connector, launch, events)
     return RunResult(launch, outcome)
 

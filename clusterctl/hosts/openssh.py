@@ -167,8 +167,10 @@ def close_masters(cluster: Cluster | None = None) -> list[str]:
             subprocess.run([ssh, "-o", f"ControlPath={path}", "-O", "exit", "clusterctl-master"], capture_output=True,
                            stdin=subprocess.DEVNULL, timeout=30)
             closed.append(path)
-        if os.path.exists(path):
-            os.unlink(path)
+        try:
+            os.unlink(path)            # a dead master's socket; a live one's master removes it itself
+        except FileNotFoundError:
+            pass
     return closed
 
 

@@ -112,7 +112,12 @@ if os.environ.get("OMPI_COMM_WORLD_SIZE") == "1":
             if up.value and not down.value:
                 lib.MPI_Finalize()
             break
-emit("exit", str(code).encode())
+# and whether this rank left anything in its run directory: rank 0's answer spares `run` a pointless fetch
+try:
+    wrote = any(True for _ in os.scandir(os.environ.get("CLUSTERCTL_RUN_DIR") or "/nonexistent"))
+except OSError:
+    wrote = False
+emit("exit", ("%d %d" % (code, wrote)).encode())
 sys.exit(code)   # a normal exit: atexit handlers run and MLX finalises MPI (mpirun aborts ranks that do not)
 '''
 

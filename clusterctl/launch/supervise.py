@@ -47,6 +47,7 @@ class Outcome:
     failed_rank: int | None = None
     tail: list[str] = field(default_factory=list)
     replan: LaunchPlan | None = None  # the pre-flight found other hosts than the cached plan: launch again
+    rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
 
 
 PREFLIGHT_WAIT_S = 30.0
@@ -79,6 +80,7 @@ class _Rank:
         self.log = open(log_path, "a", encoding="utf-8", errors="replace")
         self.started = False
         self.exit_code: int | None = None
+        self.wrote: bool | None = None        # left files in its run directory (reported at its exit)
         self.last_seen = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
 
@@ -141,6 +143,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
         raise preflight_error
     if outcome.failed_rank is not None:
         outcome.tail = list(ranks[outcome.failed_rank].tail)
+    outcome.rank0_wrote = ranks[0].wrote if ranks else None
     return outcome
 
 
@@ -175,8 +178,10 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
         r.tail.append(payload)
         if not rank0_only or rank == 0:
             emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
-    elif kind == "exit":
-        r.exit_code = int(payload) if payload.lstrip("-").isdigit() else 1
+    elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
+        code, _, wrote = payload.partition(" ")
+        r.exit_code = int(code) if code.lstrip("-").isdigit() else 1
+        r.wrote = wrote == "1"
         if r.exit_code != 0:
             return Outcome(r.exit_code, f"rank {rank} on {r.host} exited {r.exit_code}", failed_rank=rank)
         if all(x.exit_code == 0 for x in ranks):
