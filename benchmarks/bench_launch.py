@@ -41,10 +41,13 @@ print(g.size())
 """
 
 
-def timed(argv, env=None, cwd=None) -> float:
+def timed(argv, env=None, cwd=None, ranks: int = 0) -> float:
+    """Seconds `argv` takes; with `ranks`, that many ranks must have printed the world size (mlx.launch
+    exits 0 even when its ranks fail, docs/launchers.md#mlx-launch-exit-status: a failed run is not timed)."""
     start = time.monotonic()
     r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
-    if r.returncode != 0:
+    # every rank prints the world size; ranks' lines may run together on one pipe ("44"), so count digits
+    if r.returncode != 0 or r.stdout.count(str(ranks)) < ranks:
         raise RuntimeError(f"{argv[:3]} failed: {r.stdout[-500:]} {r.stderr[-1500:]}")
     return time.monotonic() - start
 
@@ -84,18 +87,19 @@ def main() -> None:
                     assert all(p.wait() == 0 for p in procs)
                     subprocess.run(raw, env={**os.environ, **launch["launcher_env"]}, cwd=tmp, check=True,
                                    capture_output=True, timeout=300)
+                n = args.hosts
                 for _ in range(args.repeat):
-                    times["clusterctl run"].append(timed(run, env=cache, cwd=project))
-                    times["run + sync (no change)"].append(timed(synced, env=cache, cwd=project))
+                    times["clusterctl run"].append(timed(run, env=cache, cwd=project, ranks=n))
+                    times["run + sync (no change)"].append(timed(synced, env=cache, cwd=project, ranks=n))
                     shutil.rmtree(cache["XDG_CACHE_HOME"])
-                    times["run, no cached plan"].append(timed(run, env=cache, cwd=project))
-                    times["generated argv"].append(timed(raw, env=launch["launcher_env"], cwd=tmp))
-                    times["plain launcher"].append(timed(plain, env=launch["launcher_env"], cwd=tmp))
+                    times["run, no cached plan"].append(timed(run, env=cache, cwd=project, ranks=n))
+                    times["generated argv"].append(timed(raw, env=launch["launcher_env"], cwd=tmp, ranks=n))
+                    times["plain launcher"].append(timed(plain, env=launch["launcher_env"], cwd=tmp, ranks=n))
                     start = time.monotonic()
                     recipe()
                     times["manual recipe"].append(time.monotonic() - start)
                     timed([sys.executable, "-m", "clusterctl", "ssh-close"], env=cache)
-                    times["run, no master"].append(timed(run, env=cache, cwd=project))
+                    times["run, no master"].append(timed(run, env=cache, cwd=project, ranks=n))
                 results[backend] = {k: statistics.median(v) for k, v in times.items()}
         finally:
             cluster.stop_all()
