@@ -44,7 +44,7 @@ class Where:
     ssh: str | None                   # that machine's OpenSSH client
     as_root: bool                     # the launching user is root (mpirun refuses root without a flag)
     launcher: list[str] | None        # the launcher's argv prefix there (see Backend.launcher_here/_on_host)
-    ssh_options: tuple[str, ...] = ()  # what that machine's ssh is given: -F and its rendering (openssh.py)
+    ssh_options: tuple[str, ...]      # what that machine's ssh is given: -F and its rendering (openssh.py)
     name: str = "this machine"        # for messages
 
 

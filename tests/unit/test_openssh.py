@@ -99,3 +99,33 @@ def test_the_connection_sockets_live_in_a_private_short_directory(cache, monkeyp
     with pytest.raises(InventoryError, match="not a private directory"):
         openssh.control_dir()
     shutil.rmtree(runtime)
+
+
+def test_every_openssh_command_line_in_clusterctl_is_one_that_reads_the_rendering():
+    """Each place that builds an `ssh ...` argv, found by reading the source: all of them pass `-F` and the
+    rendering (or, closing masters, only a ControlPath). A new one fails here until it is made to."""
+    import ast
+
+    package = os.path.dirname(openssh.__file__).rsplit(os.sep, 1)[0]
+    sites = set()
+    for directory, _, files in os.walk(package):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(directory, name)
+            tree = ast.parse(open(path).read())
+            for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.List) and node.elts:
+                        first = node.elts[0]
+                        if (isinstance(first, ast.Constant) and first.value == "ssh") or \
+                                (isinstance(first, ast.Name) and first.id == "ssh"):
+                            sites.add((os.path.relpath(path, package), fn.name))
+    assert sites == {
+        ("hosts/sshconfig.py", "ssh_G_argv"),            # ssh -G -F <rendering>
+        ("hosts/ssh.py", "_proxy_sock"),                 # ssh -F <rendering> -W (a ProxyJump)
+        ("hosts/openssh.py", "close_masters"),           # ssh -G -F <rendering>; ssh -O exit on a socket
+        ("hosts/openssh.py", "rsh_agent"),               # mpirun: ssh + ssh_options (-F <rendering>)
+        ("transfer/rsync.py", "ssh_command"),            # rsync -e: ssh + ssh_options
+        ("launch/backends.py", "ssh_shim"),              # mlx.launch: ssh + where.ssh_options
+    }, sites
