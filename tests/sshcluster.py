@@ -239,7 +239,8 @@ class SSHCluster:
             "MaxSessions": "100",
             "SetEnv": " ".join(f"{k}={v}" for k, v in host.session_env.items()),
             # the classic key exchange (docs/test-cluster.md#post-quantum-kex-cost), set on the server side
-            # so that clients need no configuration for it
+            # so that clients need no configuration for it; both names, for paramiko
+            # (docs/ssh.md#paramiko-key-exchange)
             **({"KexAlgorithms": "curve25519-sha256,curve25519-sha256@libssh.org"}
                if self.inventory_only and not self.stock_sshd else {}),
             "Subsystem": "sftp internal-sftp",     # docs/test-cluster.md#sftp-subsystem-required

@@ -23,7 +23,7 @@ from .sshconfig import SSHTarget
 from .transport import DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, remote_command, shell_command, short
 
 # paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
-# handler): the ConnectError this module raises already says it in one line.
+# handler): the ConnectError this module raises already says it in one line (docs/ssh.md#paramiko-key-exchange).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
