@@ -34,8 +34,12 @@ def bare(make_cluster):
     return make_cluster(3, inventory_only=True)
 
 
-def test_doctor_is_green_from_the_inventory_alone(bare, tmp_path):
+@pytest.mark.parametrize("ssh_config", [None, "empty"])
+def test_doctor_is_green_from_the_inventory_alone(bare, tmp_path, ssh_config):
     assert "ssh_config" not in bare.inventory.read_text() and not any(bare.client_home.iterdir())
+    if ssh_config:        # the other spelling: an inventory that names an empty ssh_config
+        (bare.inventory.parent / "empty_ssh_config").write_text("")
+        bare.inventory.write_text("ssh_config: ./empty_ssh_config\n" + bare.inventory.read_text())
     r = clusterctl(bare, "doctor", "--hosts", str(bare.inventory), "--json", cwd=tmp_path)
     report = json.loads(r.stdout)
     failed = [c for c in report["checks"] if c["status"] != "pass"]
