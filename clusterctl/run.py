@@ -60,6 +60,7 @@ class RunOptions:
     runs_dir: str = "runs"
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     launch_from: str = "auto"
+    launcher: str | None = None       # what starts the ranks; default: the backend's own (backends.get)
     sync: bool = True                 # copy the project (and clusterctl, for its modules) first
     fetch: bool = True                # bring the first host's run directory home afterwards
     data_dir: str | None = None       # shards from `clusterctl data prepare`
@@ -125,7 +126,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     project = os.path.abspath(options.project_dir or os.getcwd())
     if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
-    backend = backends.get(options.backend or cluster.launch.backend)
+    backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
     args = list(program.argv[1])
     extra_env: dict[str, str] = {}
     if not options.dry_run:

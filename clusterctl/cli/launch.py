@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from ..launch import backends
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
 from . import app
@@ -52,7 +53,8 @@ class PrintedRun:
     on stdout / stderr."""
 
     def launching_from(self, host, launcher):
-        click.echo(f"launching {launcher} from {host}", err=True)
+        what = "clusterctl's rank starter" if launcher == "clusterctl" else launcher
+        click.echo(f"launching {what} from {host}", err=True)
 
     def staged(self, what, hosts, files, nbytes):
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
@@ -93,7 +95,11 @@ class PrintedRun:
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
 @app.connect_timeout_option()
 @click.option("--launch-from", type=click.Choice(LAUNCH_FROM), default="auto", show_default=True,
-              help="Where mpirun / mlx.launch runs. auto: here when it is installed here, else the first host.")
+              help="Where the launcher runs. auto: here when it is installed here (clusterctl's own always is), "
+                   "else the first host.")
+@click.option("--launcher", type=click.Choice(backends.launchers()),
+              help="What starts the ranks. Default: mpirun for mpi; clusterctl itself for ring (mlx.launch: MLX's "
+                   "own launcher, as a fallback).")
 @click.option("--no-sync", is_flag=True,
               help="Do not copy the current directory (the project) and clusterctl to the hosts first.")
 @click.option("--no-fetch", is_flag=True,
@@ -102,14 +108,14 @@ class PrintedRun:
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
 def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
-            hang_timeout, runs_dir, connect_timeout, launch_from, no_sync, no_fetch, data_dir):
+            hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, data_dir):
     """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
     from ..run import RunOptions, run
 
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
-                         launch_from=launch_from, sync=not no_sync, fetch=not no_fetch, data_dir=data_dir)
+                         launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch, data_dir=data_dir)
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun())
     launch, outcome = result.launch, result.outcome
     if outcome is None:

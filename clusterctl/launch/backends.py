@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..atomic import write_text
 from ..errors import InventoryError, LaunchError, UsageError
+from ..hosts.facts import RING_STARTING_PORT
 from ..hosts.openssh import rsh_agent
+from ..hosts.scripts import script_text
+from ..hosts.transport import remote_command, shell_command
 from ..inventory import Cluster, load
 from .hostfile import render as render_hostfile
 
@@ -46,6 +49,7 @@ class Where:
     launcher: list[str] | None        # the launcher's argv prefix there (see Backend.launcher_here/_on_host)
     ssh_options: tuple[str, ...]      # what that machine's ssh is given: -F and its rendering (openssh.py)
     name: str = "this machine"        # for messages
+    host: str | None = None           # the inventory name of that machine; None: this machine
 
 
 @dataclass
@@ -70,6 +74,7 @@ class Backend:
     needs_mpi = False                 # every host needs Open MPI (mpirun, libmpi) for it
     needs_addresses = False           # every host needs its data-plane `address` for it
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
+    fallbacks: Mapping[str, "Backend"] = {}   # other launchers that can start it, by launcher name
 
     def launcher_here(self) -> list[str] | None:
         """The launcher's argv prefix on this machine, None when it is not installed here."""
@@ -192,12 +197,125 @@ class MLXLaunchBackend(Backend):
         return [("launch", "connections_per_ip", str(setting["connections_per_ip"]))]
 
 
+class RankStarterBackend(Backend):
+    """MLX's `ring` backend started by clusterctl itself (docs/launchers.md#our-rank-starter): every rank
+    is started directly, over the one OpenSSH rendering (hosts/openssh.py) or on the launching machine
+    without ssh, with exactly the environment MLX's own launcher gives it (MLX_RANK, and MLX_HOSTFILE
+    naming a file with every rank's `ip:port` list; see rank_env below). The starter is a standard-library
+    program (hosts/scripts/ranks.py) that sleeps in select() between lines; mlx.launch stays available as
+    a fallback (`--launcher mlx.launch`)."""
+
+    launcher_name, hostfile_format, hostfile_name = "clusterctl", None, "ranks.json"
+    needs_addresses = True
+    install_hint = "it is part of clusterctl"
+
+    def __init__(self, name: str, fallback: Backend, benchmarked: bool = False, tune_count: str | None = None,
+                 neighbours_only: bool = False):
+        self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
+        self.fallbacks = {fallback.launcher_name: fallback}
+
+    def launcher_here(self):
+        return [sys.executable]
+
+    def launcher_on_host(self, python):
+        return [python]
+
+    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None):
+        if where.ssh is None and not all(_runs_where(h, where) for h in cluster.hosts):
+            raise LaunchError(f"starting ranks on other hosts needs an OpenSSH client (ssh) on {where.name}")
+        ranks = []
+        local_only = all(_runs_where(h, where) for h in cluster.hosts)
+        port = free_port_block(cluster.world_size * cluster.launch.connections_per_ip) if local_only \
+            else RING_STARTING_PORT
+        for rank, host in enumerate(h for h in cluster.hosts for _ in range(h.slots)):
+            env = {**rank_env, **self.rank_env(cluster, rank, port, local_only)}
+            script = shell_command([host.python, *program[1:]], env)
+            wrapped = remote_command(script)
+            argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
+                [where.ssh, *where.ssh_options, "--", host.name, wrapped]
+            # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text
+            mlx = {k: v for k, v in env.items() if k.startswith("MLX_")}
+            mlx.update(json.loads(env.get("CLUSTERCTL_ENV_FILES", "{}")))
+            ranks.append({"rank": rank, "host": host.name, "mlx": mlx, "argv": argv})
+        spec = os.path.join(where.dir, self.hostfile_name)
+        starter = os.path.join(where.dir, "ranks.py")
+        files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_text("ranks.py"), None)]
+        return LauncherCommand([*(where.launcher or [sys.executable]), starter, spec], files)
+
+    def rank_env(self, cluster: Cluster, rank: int, port: int, local_only: bool) -> dict[str, str]:
+        """What MLX's ring backend reads besides the job's own variables (mlx 0.32 launch.py, launch_ring):
+        MLX_RANK, and MLX_HOSTFILE, a path to a file holding the JSON list of every rank's `ip:port`
+        addresses, ports counted up from `port` one per rank and address and connection. The bootstrap writes
+        the file on the rank's host from CLUSTERCTL_ENV_FILES (bootstrap.py). A world of one gets no hostfile."""
+        env = {"MLX_RANK": str(rank)}
+        if cluster.world_size > 1:
+            files = {"MLX_HOSTFILE": ring_hostfile_json(cluster, port, local_only)}
+            env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
+        return env
+
+    def with_setting(self, cluster, setting):
+        return dataclasses.replace(cluster, launch=dataclasses.replace(
+            cluster.launch, connections_per_ip=setting["connections_per_ip"]))
+
+    def inventory_lines(self, setting, plan):
+        return [("launch", "connections_per_ip", str(setting["connections_per_ip"]))]
+
+
+def _runs_where(host, where: Where) -> bool:
+    """The rank's host is the machine the starter runs on: started without ssh."""
+    return host.local if where.host is None else host.name == where.host
+
+
+def ring_hostfile_json(cluster: Cluster, starting_port: int, local_only: bool = False) -> str:
+    """MLX's ring hostfile: for every rank the `ip:port` strings it listens on, one per address and
+    connection (connections_per_ip), the port counting up across ranks (docs/launchers.md#mlx-launch-ring-ports).
+    A rank on this machine is 127.0.0.1 when every rank is (local_only)."""
+    port, out = starting_port, []
+    for host in cluster.hosts:
+        ips = ["127.0.0.1"] if local_only or host.local else [host.address] if host.address else []
+        if not ips:
+            raise LaunchError(f"host {host.name} has no `address` in the inventory: the ring backend needs every "
+                              f"host's data-plane IP (run clusterctl doctor)")
+        for _ in range(host.slots):
+            node = []
+            for ip in ips:
+                for _ in range(cluster.launch.connections_per_ip):
+                    node.append(f"{ip}:{port}")
+                    port += 1
+            out.append(node)
+    return json.dumps(out)
+
+
+def free_port_block(count: int, low: int = RING_STARTING_PORT, high: int = 60000) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 from `low` on: two jobs on one machine
+    never ask MLX for the same ring ports."""
+    import socket
+
+    port = low
+    while port + count < high:
+        held = []
+        try:
+            for p in range(port, port + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            port = p + 1
+        finally:
+            for s in held:
+                s.close()
+    raise LaunchError(f"no {count} consecutive free ports on 127.0.0.1 above {low}")
+
+
 # MLX's backends and which of them clusterctl offers: docs/mlx-distributed.md#backends
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     MPIBackend(),
     # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours:
     # docs/mlx-distributed.md#ring-sends-to-neighbours-only)
-    MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
+    RankStarterBackend("ring", MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip",
+                                                neighbours_only=True),
+                       benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
     MLXLaunchBackend("jaccl"),
 )}
 
@@ -206,19 +324,39 @@ def names(benchmarked: bool = False) -> list[str]:
     return [n for n, b in REGISTRY.items() if b.benchmarked or not benchmarked]
 
 
-def get(name: str) -> Backend:
+def get(name: str, launcher: str | None = None) -> Backend:
+    """The backend `name`, started by its own launcher or, when `launcher` names another one it offers
+    (`--launcher mlx.launch` for ring), by that one."""
     try:
-        return REGISTRY[name]
+        backend = REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r} (one of {', '.join(REGISTRY)})") from None
+    if launcher is None or launcher == backend.launcher_name:
+        return backend
+    fallbacks = backend.fallbacks
+    if launcher not in fallbacks:
+        offered = ", ".join([backend.launcher_name, *fallbacks])
+        raise UsageError(f"--launcher {launcher}: the {name} backend is started by {offered}")
+    return fallbacks[launcher]
+
+
+def launchers() -> list[str]:
+    """Every launcher some backend can be started by (the CLI's --launcher choices)."""
+    out = []
+    for b in REGISTRY.values():
+        for name in (b.launcher_name, *b.fallbacks):
+            if name not in out:
+                out.append(name)
+    return out
 
 
 def for_hostfile(fmt: str, preferred: str) -> Backend:
     """The backend whose launcher reads a `fmt` hostfile: `preferred` (the inventory's) when it does,
     else the first registered one that does. UsageError for a format no backend launches from."""
-    fits = [b for b in REGISTRY.values() if b.hostfile_format == fmt]
+    variants = [v for b in REGISTRY.values() for v in (b, *b.fallbacks.values())]
+    fits = [b for b in variants if b.hostfile_format == fmt]
     if not fits:
-        usable = sorted({b.hostfile_format for b in REGISTRY.values()})
+        usable = sorted({b.hostfile_format for b in variants if b.hostfile_format})
         raise UsageError(f"no backend launches from a {fmt} hostfile (MLX's mpi backend needs Open MPI): "
                          f"--print-command works with {' or '.join(usable)}")
     return next((b for b in fits if b.name == preferred), fits[0])

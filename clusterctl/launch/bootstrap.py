@@ -15,6 +15,9 @@ docs/macos.md#sip-strips-dyld). It:
     __main__ with its arguments (or, when the script is "-m", the module named by the first argument, as
     `python -m` would, with the working directory first on sys.path), and reports the exit code (the
     launcher's own cannot be trusted: docs/launchers.md#mlx-launch-exit-status);
+  - writes the files MLX reads by path (MLX_HOSTFILE, MLX_IBV_DEVICES) from CLUSTERCTL_ENV_FILES, a JSON
+    object of variable -> file text that clusterctl's rank starter sets, into private temporary files it
+    removes at the end, and points each variable at its file (docs/launchers.md#our-rank-starter);
   - under `mpirun -np 1`, finalises MPI, which MLX initialised but will not finalise
     (docs/mlx-distributed.md#mpi-world-of-one-not-finalized), through the libmpi MLX already loaded
     (MLX_MPI_LIBNAME or the default name: docs/mlx-distributed.md#mlx-mpi-libname).
@@ -62,7 +65,15 @@ def heartbeat():
         emit("hb")
 threading.Thread(target=heartbeat, daemon=True).start()
 code = 0
+made = []
 try:
+    import tempfile
+    for name, text in json.loads(os.environ.pop("CLUSTERCTL_ENV_FILES", "{}")).items():
+        fd, path = tempfile.mkstemp(prefix="clusterctl-%s-" % name.lower())
+        made.append(path)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.environ[name] = path
     wd = os.path.expanduser(workdir)
     os.makedirs(wd, exist_ok=True)
     os.chdir(wd)
@@ -92,6 +103,11 @@ except BaseException:
     code = 1
 sys.stdout.flush()
 sys.stderr.flush()
+for path in made:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 for fd, orig in saved.items():
     os.dup2(orig, fd)
 for t in pumps:

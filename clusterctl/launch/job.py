@@ -114,7 +114,7 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
     # the launcher's ssh on that host reads that host's rendering of the inventory, sent with the launch
     config = f"{there}/ssh_config"
     where = Where(there, ssh.strip() or None, uid.strip() == "0", backend.launcher_on_host(host.python),
-                  ("-F", config), host.name)
+                  ("-F", config), host.name, host=host.name)
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
     command.files.append((config, host_config_text(cluster, host, connect_timeout=connect_timeout), 0o600))
     # a copy of every file in the local run directory, for the record and for `clusterctl hostfile` users

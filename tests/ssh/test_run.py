@@ -68,14 +68,21 @@ def assert_nothing_left_on(cluster, run_id, hosts):
         assert ps.returncode == 0 and f"clusterctl-run-{run_id}" not in ps.stdout
 
 
+def launcher_args(backend):
+    """"ring/mlx.launch": the ring backend started by mlx.launch, the fallback, instead of clusterctl."""
+    backend, _, launcher = backend.partition("/")
+    return backend, ["--backend", backend] + (["--launcher", launcher] if launcher else [])
+
+
 @pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.parametrize("backend", ["mpi", "ring", "ring/mlx.launch"])
 def test_all_sum_on_every_rank_with_prefixes_and_logs(make_cluster, tmp_path, size, backend):
     cluster = make_cluster(size)
     script = tmp_path / "allsum.py"
     script.write_text(ALLSUM)
     odd = "it's $(touch pwned) a `test`"
-    r = run(str(script), backend, odd, "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    backend, flags = launcher_args(backend)
+    r = run(str(script), backend, odd, "--hosts", str(cluster.inventory), *flags, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [l for l in r.stdout.splitlines() if "world" in l]
     expected = {f"[rank {k} h{k + 1}] world {size} sum {[float(size)] * 4} arg {odd}" for k in range(size)}
@@ -89,7 +96,7 @@ def test_all_sum_on_every_rank_with_prefixes_and_logs(make_cluster, tmp_path, si
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.parametrize("backend", ["mpi", "ring", "ring/mlx.launch"])
 def test_a_failing_rank_stops_the_job_and_is_named(make_cluster, tmp_path, backend):
     cluster = make_cluster(4)
     script = tmp_path / "fail.py"
@@ -97,7 +104,7 @@ def test_a_failing_rank_stops_the_job_and_is_named(make_cluster, tmp_path, backe
                       "if rank == 1:\n    time.sleep(1)\n    print('rank 1 gives up', flush=True)\n    sys.exit(3)\n"
                       "time.sleep(600)\n")
     started = time.monotonic()
-    r = run(str(script), "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    r = run(str(script), "--hosts", str(cluster.inventory), *launcher_args(backend)[1], cwd=tmp_path)
     # The other ranks sleep 600 s: a job not stopped at the first failure would run into run()'s 180 s
     # timeout. The bound sits far below that and far above a normal start-up and stop (pre-flight
     # included), so a loaded machine cannot fail it.
@@ -226,7 +233,8 @@ def test_launching_from_the_first_host(make_cluster, tmp_path, backend):
     r = run(str(script), backend, "x", "--hosts", str(cluster.inventory), "--backend", backend,
             "--launch-from", "first-host", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"launching {'mpirun' if backend == 'mpi' else 'mlx.launch'} from h1" in r.stderr
+    expected = "mpirun" if backend == "mpi" else "clusterctl's rank starter"
+    assert f"launching {expected} from h1" in r.stderr
     assert sorted(l for l in r.stdout.splitlines() if "world" in l) == \
         [f"[rank {k} h{k + 1}] world 3 sum [3.0, 3.0, 3.0, 3.0] arg x" for k in range(3)]
     launch = json.loads((tmp_path / "runs" / TOKEN.search(r.stderr).group(1) / "launch.json").read_text())

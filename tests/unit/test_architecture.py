@@ -8,6 +8,7 @@ Imports are read with ast, wherever they sit in a module (inside functions too).
 """
 import ast
 import os
+import sys
 
 import pytest
 
@@ -130,8 +131,7 @@ def test_programs_that_run_on_hosts_need_only_the_standard_library():
             assert third_party <= {"!mlx", "!mpi4py"}, (name, third_party)    # both optional, probed
 
 
-STDLIB = {"json", "os", "sys", "re", "shutil", "stat", "hashlib", "platform", "socket", "threading", "time",
-          "__future__"}
+STDLIB = set(sys.stdlib_module_names)
 
 
 # ---- cli/: parse, call the core once, print ---------------------------------------------------------

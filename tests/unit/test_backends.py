@@ -35,8 +35,61 @@ def where(tmp_path, **kwargs):
 def test_the_registry_names_and_lookups():
     assert names() == ["mpi", "ring", "jaccl"] and names(benchmarked=True) == ["mpi", "ring"]
     assert get("mpi").launcher_name == "mpirun" and get("jaccl").launcher_name == "mlx.launch"
+    assert get("ring").launcher_name == "clusterctl" and get("ring", "mlx.launch").launcher_name == "mlx.launch"
+    assert get("ring", "clusterctl") is get("ring") and backends.launchers() == ["mpirun", "clusterctl", "mlx.launch"]
     with pytest.raises(ValueError, match="unknown backend 'nccl'"):
         get("nccl")
+    with pytest.raises(UsageError, match="--launcher mlx.launch: the mpi backend is started by mpirun$"):
+        get("mpi", "mlx.launch")
+
+
+def test_ring_ranks_are_started_by_clusterctl_with_the_environment_mlx_reads(cluster, tmp_path):
+    """Every rank's argv in the starter's spec: ssh with the rendering to the rank's host, a watchdog-wrapped
+    script exporting MLX_RANK and the ring hostfile (as the bootstrap will write it) before python."""
+    launch_dir = tmp_path / "launch"
+    command = get("ring").command(cluster, LaunchPlan({}), program=["/ignored/python", "-c", "x", "arg"],
+                                  rank_env={"A": "1"}, where=where(tmp_path, launcher=["/usr/bin/python3"]))
+    files = {os.path.relpath(p, launch_dir): (text, mode) for p, text, mode in command.files}
+    assert sorted(files) == ["ranks.json", "ranks.py"] and command.path_prepend is None
+    assert command.argv == ["/usr/bin/python3", str(launch_dir / "ranks.py"), str(launch_dir / "ranks.json")]
+    spec = json.loads(files["ranks.json"][0])["ranks"]
+    assert [(r["rank"], r["host"]) for r in spec] == [(0, "a"), (1, "b"), (2, "b")]
+    for r in spec:
+        assert r["argv"][:5] == ["/usr/bin/ssh", "-F", "/cache/clusterctl/ssh/abc.config", "--", r["host"]]
+        script = r["argv"][5]
+        assert script.startswith("exec /bin/sh -c ") and "cat <&3" in script          # the watchdog
+        assert f"export MLX_RANK={r['rank']}" in script and "export A=1" in script
+        assert "/opt/py/bin/python3 -c x arg" in script                              # the host's own python
+    # MLX's ring hostfile (mlx 0.32 launch.py launch_ring): per rank one ip:port per address and connection,
+    # ports counting up from 32323 across ranks; two connections per ip here
+    hostfile = [["10.0.0.1:32323", "10.0.0.1:32324"], ["10.0.0.2:32325", "10.0.0.2:32326"],
+                ["10.0.0.2:32327", "10.0.0.2:32328"]]
+    assert json.loads(json.loads(backends.RankStarterBackend.rank_env(get("ring"), cluster, 1, 32323, False)
+                                 ["CLUSTERCTL_ENV_FILES"])["MLX_HOSTFILE"]) == hostfile
+    assert backends.ring_hostfile_json(cluster, 32323) == json.dumps(hostfile)
+
+
+def test_ranks_on_the_launching_machine_start_without_ssh_on_free_ports(tmp_path):
+    """`clusterctl run` without an inventory: both ranks under /bin/sh here, 127.0.0.1, a block of free ports."""
+    import socket
+
+    from clusterctl.inventory import Cluster
+    here = Cluster.this_machine(str(tmp_path), slots=2, backend="ring")
+    taken = backends.free_port_block(2)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", taken))        # another job holds the first free port: the block starts later
+    try:
+        command = get("ring").command(here, LaunchPlan({}), program=["py", "t.py"], rank_env={},
+                                      where=where(tmp_path, ssh=None))
+    finally:
+        blocker.close()
+    spec = json.loads(command.files[0][1])["ranks"]
+    assert [r["argv"][:2] for r in spec] == [["/bin/sh", "-c"], ["/bin/sh", "-c"]]
+    assert [r["mlx"]["MLX_RANK"] for r in spec] == ["0", "1"]
+    assert spec[0]["mlx"]["MLX_HOSTFILE"] == spec[1]["mlx"]["MLX_HOSTFILE"]
+    [[first], [second]] = json.loads(spec[0]["mlx"]["MLX_HOSTFILE"])
+    assert first.startswith("127.0.0.1:") and int(first.split(":")[1]) > taken
+    assert int(second.split(":")[1]) == int(first.split(":")[1]) + 1
 
 
 def test_an_inventorys_backend_must_be_registered_and_the_error_names_its_line(tmp_path):
@@ -67,9 +120,9 @@ def test_mpi_command_writes_its_hostfile_and_passes_every_variable_with_x(cluste
     assert argv[argv.index("--"):] == ["--", "/opt/py/bin/python3", "t.py", "a b"] and command.path_prepend is None
 
 
-def test_ring_command_reaches_hosts_through_an_ssh_shim_first_on_path(cluster, tmp_path):
+def test_ring_over_mlx_launch_reaches_hosts_through_an_ssh_shim_first_on_path(cluster, tmp_path):
     launch_dir = tmp_path / "launch"
-    command = get("ring").command(cluster, LaunchPlan({}), program=["/opt/py/bin/python3", "-c", "x", "arg"],
+    command = get("ring", "mlx.launch").command(cluster, LaunchPlan({}), program=["/opt/py/bin/python3", "-c", "x", "arg"],
                                   rank_env={"A": "1"}, where=where(tmp_path, launcher=["/bin/mlx.launch"]))
     files = {os.path.relpath(p, launch_dir): (text, mode) for p, text, mode in command.files}
     assert sorted(files) == ["hosts.json", "ssh/ssh"] and command.path_prepend == str(launch_dir / "ssh")
@@ -87,7 +140,7 @@ def test_ring_command_reaches_hosts_through_an_ssh_shim_first_on_path(cluster, t
 
 def test_mlx_launch_without_an_ssh_client_is_a_launch_error(cluster, tmp_path):
     with pytest.raises(LaunchError, match="needs an OpenSSH client \\(ssh\\) on h9"):
-        get("ring").command(cluster, LaunchPlan({}), program=["py"], rank_env={},
+        get("ring", "mlx.launch").command(cluster, LaunchPlan({}), program=["py"], rank_env={},
                             where=where(tmp_path, ssh=None, name="h9"))
 
 

@@ -1,0 +1,141 @@
+"""clusterctl's rank starter for MLX's ring and jaccl backends: `python ranks.py SPEC.json`.
+
+Standard library only: it runs on this machine or, for a launch from the first host, on that host with its
+own python. SPEC.json (written by clusterctl/launch/backends.py) lists every rank with the argv that starts
+it: `/bin/sh -c` of a watchdog-wrapped script for a rank on this machine, `ssh -F <rendering> -- HOST
+<the same script>` for a rank elsewhere (docs/launchers.md#our-rank-starter).
+
+What it does, and why it is not mlx.launch (docs/launchers.md#mlx-launch-spins-a-core):
+  - starts every rank at once, each with a stdin pipe it never writes to and never closes until the rank
+    should stop: the rank's watchdog (hosts/transport.py) reads that pipe and kills the rank's process
+    tree when it ends, so a rank never outlives this process, even after SIGKILL;
+  - relays every complete line of every rank's stdout and stderr to its own, in one thread, blocked in
+    select() until a pipe has data or a child exits (SIGCHLD through a wake-up pipe): an idle job costs
+    nothing but the ranks' one heartbeat a second;
+  - when a rank exits non-zero (or ssh could not start it), says so on stderr, stops the others (closes
+    their pipes, SIGKILL after a grace period) and exits with that rank's status; SIGTERM, SIGINT and SIGHUP
+    stop every rank the same way (exit 128 + the signal).
+"""
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+GRACE_S = 2.0           # after closing a rank's pipe, how long before its starter process is killed
+DRAIN_S = 2.0           # after every rank exited, how long a pipe a grandchild still holds is read
+
+
+class Rank:
+    def __init__(self, spec, env):
+        self.rank, self.host = spec["rank"], spec["host"]
+        self.proc = subprocess.Popen(spec["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env)
+        self.code = None
+        self.open = 2                  # stdout and stderr not yet at EOF
+        self.rest = {}                 # fd -> a partial line
+
+    def stop(self):
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+
+def describe(rank, code):
+    if code < 0:
+        return "rank %d on %s was killed by signal %d" % (rank.rank, rank.host, -code)
+    if code == 255:
+        return "rank %d on %s: its ssh exited 255 (could not connect or log in, see the lines above)" % (
+            rank.rank, rank.host)
+    return "rank %d on %s exited %d" % (rank.rank, rank.host, code)
+
+
+def main(argv):
+    with open(argv[1], encoding="utf-8") as f:
+        spec = json.load(f)
+    env = dict(os.environ)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    received = []
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda s, frame: received.append(s))
+    signal.signal(signal.SIGCHLD, lambda s, frame: None)   # only to wake select() through the pipe
+
+    sel = selectors.DefaultSelector()
+    sel.register(wake_r, selectors.EVENT_READ, None)
+    ranks = []
+    for entry in spec["ranks"]:
+        r = Rank(entry, env)
+        ranks.append(r)
+        for stream, out in ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer)):
+            sel.register(stream.fileno(), selectors.EVENT_READ, (r, out))
+    status = 0
+    stopping_since = None
+    drain_since = None
+
+    def stop_all():
+        for r in ranks:
+            r.stop()
+
+    while True:
+        timeout = None
+        if stopping_since is not None or drain_since is not None:
+            timeout = 0.2
+        for key, _ in sel.select(timeout):
+            if key.data is None:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            r, out = key.data
+            fd = key.fd
+            data = os.read(fd, 65536)
+            if not data:
+                sel.unregister(fd)
+                tail = r.rest.pop(fd, b"")
+                if tail:
+                    out.write(tail + b"\n")
+                    out.flush()
+                r.open -= 1
+                continue
+            *lines, r.rest[fd] = (r.rest.get(fd, b"") + data).split(b"\n")
+            if lines:
+                out.write(b"\n".join(lines) + b"\n")
+                out.flush()
+        if received and stopping_since is None:
+            status = status or 128 + received[0]
+            stopping_since = time.monotonic()
+            stop_all()
+        for r in ranks:
+            if r.code is None and r.proc.poll() is not None:
+                r.code = r.proc.returncode
+                if r.code != 0 and stopping_since is None:
+                    sys.stderr.write(describe(r, r.code) + "; stopping every rank\n")
+                    sys.stderr.flush()
+                    status = r.code if 0 < r.code < 256 else 1
+                    stopping_since = time.monotonic()
+                    stop_all()
+        now = time.monotonic()
+        if stopping_since is not None and now - stopping_since > GRACE_S:
+            for r in ranks:
+                if r.code is None:
+                    r.proc.kill()
+        if all(r.code is not None for r in ranks):
+            if all(r.open == 0 for r in ranks):
+                break
+            drain_since = drain_since or now
+            if now - drain_since > DRAIN_S:      # a grandchild holds a pipe: the ranks are done
+                break
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
