@@ -137,7 +137,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     plan, preflight = _plan(cluster, connector, options, program)
     site = choose_site(cluster, backend, options.launch_from, connector)
     if site.host is not None:
-        events.launching_from(site.host.name, backend.launcher_name)
+        events.launching_from(site.host.name, backend.launcher_label)
     while True:
         launch = prepare(cluster, plan, script=program.argv[0], args=args, backend=backend,
                          runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
@@ -238,8 +238,10 @@ def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, temp
         raise UsageError(f"{backend.launcher_name} is not installed on this machine ({backend.install_hint})")
     where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher,
                   tuple(ssh_options(cluster, connect_timeout=connect_timeout)))
+    # with the hosts' workdir as the ranks' directory, so a relative path in the arguments means what it
+    # means under `run` (mpirun -wdir, mlx.launch --cwd)
     command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
-                              where=where, hostfile=os.path.abspath(output))
+                              where=where, hostfile=os.path.abspath(output), cwd=backends.common_workdir(cluster))
     backends.write_files(command)
     line = shlex.join(command.argv)
     return text, (f'PATH={shlex.quote(command.path_prepend)}:"$PATH" {line}' if command.path_prepend else line)

@@ -53,8 +53,7 @@ class PrintedRun:
     on stdout / stderr."""
 
     def launching_from(self, host, launcher):
-        what = "clusterctl's rank starter" if launcher == "clusterctl" else launcher
-        click.echo(f"launching {what} from {host}", err=True)
+        click.echo(f"launching {launcher} from {host}", err=True)
 
     def staged(self, what, hosts, files, nbytes):
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)

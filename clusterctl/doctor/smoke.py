@@ -1,5 +1,5 @@
 """The deep checks: a one-line MLX program launched for real across the cluster by a backend's own
-launcher (mpirun for mpi, mlx.launch for ring), exactly as `run` launches. Each rank inits with strict=True
+launcher (mpirun for mpi, clusterctl's rank starter for ring), exactly as `run` launches. Each rank inits with strict=True
 (docs/mlx-distributed.md#strict-init-raises), all_sums rank+1, and prints one JSON line; the check fails
 unless every rank saw the full world size and the right sum — which is exactly what catches MLX quietly
 falling back to a world of one when it cannot load libmpi (docs/mlx-distributed.md#world-of-one-fallback)."""
@@ -16,13 +16,15 @@ from ..hosts.openssh import ssh_options
 from ..hosts.transport import LocalTransport, Result
 from ..inventory import Cluster
 from ..launch.backends import Backend, Where, write_files
+from ..launch.bootstrap import ENV_FILES
 from ..launch.plan import LaunchPlan
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
-SMOKE_PROGRAM = r"""
+SMOKE_PROGRAM = ENV_FILES + r"""
 import json, os, socket, sys
 backend, expected = sys.argv[1], int(sys.argv[2])
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "?"
+made = env_files()     # clusterctl's rank starter passes MLX_HOSTFILE's text (bootstrap.ENV_FILES)
 try:
     import mlx.core as mx
     g = mx.distributed.init(backend=backend, strict=True)
@@ -34,6 +36,9 @@ try:
 except Exception as e:
     print(json.dumps({"smoke": 1, "rank": rank, "error": type(e).__name__ + ": " + str(e)}), flush=True)
     sys.exit(3)
+finally:
+    for path in made:
+        os.unlink(path)
 """
 
 
@@ -95,7 +100,7 @@ def run_smoke(cluster: Cluster, backend: Backend, plan: LaunchPlan, *, timeout: 
             return Finding(check, CLUSTER, WARN, f"not run: {e}", None)
         write_files(command)
         env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
-        return _run(cluster, check, backend.launcher_name, command.argv, env, timeout, libmpi_hint)
+        return _run(cluster, check, backend.launcher_label, command.argv, env, timeout, libmpi_hint)
 
 
 def ring_ready(cluster: Cluster) -> bool:

@@ -63,7 +63,7 @@ class Backend:
     """One way of starting ranks. Subclasses fill in the launcher; instances are the registry entries."""
 
     name: str                         # MLX's backend name (`mx.distributed.init(backend=name)`)
-    launcher_name: str                # for messages: "mpirun", "mlx.launch"
+    launcher_name: str                # "mpirun", "mlx.launch", "clusterctl" (run's --launcher)
     hostfile_format: str              # hostfile.FORMATS key
     hostfile_name: str                # its file name in a run directory
     benchmarked = False               # `clusterctl bench` measures it
@@ -76,6 +76,11 @@ class Backend:
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
     fallbacks: Mapping[str, "Backend"] = {}   # other launchers that can start it, by launcher name
 
+    @property
+    def launcher_label(self) -> str:
+        """The launcher, for messages."""
+        return "clusterctl's rank starter" if self.launcher_name == "clusterctl" else self.launcher_name
+
     def launcher_here(self) -> list[str] | None:
         """The launcher's argv prefix on this machine, None when it is not installed here."""
         raise NotImplementedError
@@ -85,10 +90,11 @@ class Backend:
         raise NotImplementedError
 
     def command(self, cluster: Cluster, plan: LaunchPlan, *, program: Sequence[str], rank_env: Mapping[str, str],
-                where: Where, hostfile: str | None = None) -> LauncherCommand:
+                where: Where, hostfile: str | None = None, cwd: str | None = None) -> LauncherCommand:
         """The launcher's command line for `program` (python and its arguments, python first) on every
         rank, each rank getting rank_env. The hostfile is written into where.dir unless `hostfile` names
-        one that exists already. The launcher's ssh gets where.ssh_options."""
+        one that exists already. The launcher's ssh gets where.ssh_options. `cwd`: the directory ranks
+        start in, for a line run by hand (`run`'s ranks change to their workdir in the bootstrap)."""
         raise NotImplementedError
 
     def hostfile(self, cluster: Cluster) -> str:
@@ -123,7 +129,7 @@ class MPIBackend(Backend):
     def launcher_on_host(self, python):
         return ["mpirun"]
 
-    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None):
+    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
         files = []
         if hostfile is None:
             hostfile = os.path.join(where.dir, self.hostfile_name)
@@ -131,7 +137,7 @@ class MPIBackend(Backend):
         argv = mpirun_argv(cluster, hostfile=hostfile, program=program, env=rank_env,
                            rsh_agent=rsh_agent(list(where.ssh_options)),
                            if_include=plan.if_include, as_root=where.as_root,
-                           mpirun=(where.launcher or ["mpirun"])[0])
+                           mpirun=(where.launcher or ["mpirun"])[0], wdir=cwd)
         return LauncherCommand(argv, files)
 
     def with_setting(self, cluster, setting):
@@ -175,7 +181,7 @@ class MLXLaunchBackend(Backend):
     def launcher_on_host(self, python):
         return [python, "-c", MLX_LAUNCH_MODULE]
 
-    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None):
+    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
         if where.ssh is None:
             raise LaunchError(f"mlx.launch needs an OpenSSH client (ssh) on {where.name}")
         files = []
@@ -186,7 +192,7 @@ class MLXLaunchBackend(Backend):
         files.append((os.path.join(shim_dir, "ssh"), ssh_shim(where.ssh, where.ssh_options), 0o755))
         python, *rest = program
         argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=self.name, python=python, program=rest,
-                               env=rank_env, launcher=where.launcher or ["mlx.launch"])
+                               env=rank_env, cwd=cwd, launcher=where.launcher or ["mlx.launch"])
         return LauncherCommand(argv, files, path_prepend=shim_dir)
 
     def with_setting(self, cluster, setting):
@@ -220,7 +226,7 @@ class RankStarterBackend(Backend):
     def launcher_on_host(self, python):
         return [python]
 
-    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None):
+    def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
         if where.ssh is None and not all(_runs_where(h, where) for h in cluster.hosts):
             raise LaunchError(f"starting ranks on other hosts needs an OpenSSH client (ssh) on {where.name}")
         ranks = []
@@ -410,7 +416,7 @@ def _split_user_mca(extra_args: Sequence[str]) -> tuple[dict[str, str], list[str
 
 def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env: Mapping[str, str],
                 rsh_agent: str, if_include: str | None = None, as_root: bool = False,
-                mpirun: str = "mpirun") -> list[str]:
+                mpirun: str = "mpirun", wdir: str | None = None) -> list[str]:
     """The full mpirun command (ours, not `mlx.launch --backend mpi`'s: docs/launchers.md#mlx-launch-mpi-backend):
     hostfile, one rank per slot, our MCA settings merged with the user's, `-x` for every environment variable
     (straight to python: macOS SIP cannot strip them, docs/macos.md#sip-strips-dyld), then the program."""
@@ -420,6 +426,8 @@ def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env:
     if as_root:     # docs/launchers.md#allow-run-as-root
         argv.append("--allow-run-as-root")
     argv += ["--hostfile", hostfile, "-np", str(cluster.world_size)]
+    if wdir:
+        argv += ["-wdir", wdir]
     for key, value in {**ours, **theirs}.items():
         argv += ["--mca", key, value]
     for key, value in env.items():
@@ -440,6 +448,19 @@ def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: st
     for key, value in env.items():
         argv += ["--env", f"{key}={value}"]
     return argv + ["--", *program]
+
+
+def common_workdir(cluster: Cluster) -> str | None:
+    """The directory a launch line run by hand should start ranks in: the hosts' workdir when they share
+    one, `~/x` written as `x` (a remote rank starts in its home directory; mpirun and mlx.launch would not
+    expand `~`); None when the hosts' workdirs differ or are the home directory itself."""
+    dirs = {h.workdir for h in cluster.hosts}
+    if len(dirs) != 1:
+        return None
+    workdir = dirs.pop()
+    if workdir in ("~", "~/"):
+        return None
+    return workdir[2:] if workdir.startswith("~/") else workdir
 
 
 def ssh_shim(ssh: str, options: Sequence[str]) -> str:

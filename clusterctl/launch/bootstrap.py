@@ -26,7 +26,23 @@ Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | 
 
 MARK = "\x1eclusterctl "
 
-BOOTSTRAP = r'''
+# The files MLX reads by path (MLX_HOSTFILE, MLX_IBV_DEVICES), written on the rank's host from
+# CLUSTERCTL_ENV_FILES (variable -> text) into private temporary files; returns their paths, which the
+# caller removes when the program is done. Shared by BOOTSTRAP and doctor's smoke program.
+ENV_FILES = r'''
+def env_files():
+    import json, os, tempfile
+    made = []
+    for name, text in json.loads(os.environ.pop("CLUSTERCTL_ENV_FILES", "{}")).items():
+        fd, path = tempfile.mkstemp(prefix="clusterctl-%s-" % name.lower())
+        made.append(path)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.environ[name] = path
+    return made
+'''
+
+BOOTSTRAP = ENV_FILES + r'''
 import json, os, runpy, socket, sys, threading, time, traceback
 run_id, workdir, beat, script, *args = sys.argv[1:]
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
@@ -67,13 +83,7 @@ threading.Thread(target=heartbeat, daemon=True).start()
 code = 0
 made = []
 try:
-    import tempfile
-    for name, text in json.loads(os.environ.pop("CLUSTERCTL_ENV_FILES", "{}")).items():
-        fd, path = tempfile.mkstemp(prefix="clusterctl-%s-" % name.lower())
-        made.append(path)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.environ[name] = path
+    made = env_files()
     wd = os.path.expanduser(workdir)
     os.makedirs(wd, exist_ok=True)
     os.chdir(wd)

@@ -36,7 +36,7 @@ def test_healthy_four_hosts_all_green_with_real_mpi_and_ring_smoke_tests(make_cl
     assert len([c for c in doc["checks"] if c["check"] == "data-plane"]) == 12
     smoke = {c["check"]: c["detail"] for c in doc["checks"] if c["check"].endswith("smoke")}
     assert "mpirun ran 4 ranks; every rank saw world size 4 and all_sum 10" in smoke["mpi-smoke"]
-    assert "mlx.launch ran 4 ranks; every rank saw world size 4 and all_sum 10" in smoke["ring-smoke"]
+    assert "clusterctl's rank starter ran 4 ranks; every rank saw world size 4 and all_sum 10" in smoke["ring-smoke"]
     for c in doc["checks"]:
         assert set(c) == {"check", "host", "peer", "status", "detail", "fix"}
     # the all-to-all really went host to host: every sshd accepted our key more than once (controller + peers)
