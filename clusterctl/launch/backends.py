@@ -30,6 +30,7 @@ from ..atomic import write_text
 from ..errors import InventoryError, LaunchError, UsageError
 from ..hosts.openssh import rsh_agent
 from ..inventory import Cluster, load
+from . import mlxenv
 from .hostfile import render as render_hostfile
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class Backend:
     needs_mpi = False                 # every host needs Open MPI (mpirun, libmpi) for it
     needs_addresses = False           # every host needs its data-plane `address` for it
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
+    rdma: str | None = None           # jaccl: which rank pairs need an RDMA device, "mesh" (all) or "ring" (neighbours)
 
     def launcher_here(self) -> list[str] | None:
         """The launcher's argv prefix on this machine, None when it is not installed here."""
@@ -87,7 +89,13 @@ class Backend:
         raise NotImplementedError
 
     def hostfile(self, cluster: Cluster) -> str:
-        return render_hostfile(cluster, self.hostfile_format, backend=self.name, env={})
+        return render_hostfile(cluster, self.hostfile_format, backend=self.name, env={}, rdma=self.rdma is not None)
+
+    def check(self, cluster: Cluster) -> None:
+        """InventoryError, at the inventory's line, when `cluster` cannot run on this backend (before anything
+        is launched). Backends with rdma need every host's `rdma` list (docs/macos.md#jaccl)."""
+        if self.rdma is not None:
+            check_rdma(cluster, self.name, ring=self.rdma == "ring")
 
     def with_setting(self, cluster: Cluster, setting: Mapping[str, object]) -> Cluster:
         """`cluster` with a `bench --tune` candidate applied."""
@@ -161,8 +169,9 @@ class MLXLaunchBackend(Backend):
     install_hint = "pip install mlx here as well"
 
     def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,
-                 neighbours_only: bool = False):
+                 neighbours_only: bool = False, rdma: str | None = None):
         self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
+        self.rdma = rdma
 
     def launcher_here(self):
         return find_mlx_launch()
@@ -198,7 +207,9 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
     # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours:
     # docs/mlx-distributed.md#ring-sends-to-neighbours-only)
     MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
-    MLXLaunchBackend("jaccl"),
+    # jaccl: RDMA over Thunderbolt 5 between every pair of ranks (docs/macos.md#jaccl); its `jaccl-ring`
+    # variant would be MLXLaunchBackend("jaccl-ring", rdma="ring")
+    MLXLaunchBackend("jaccl", rdma="mesh"),
 )}
 
 
@@ -225,11 +236,38 @@ def for_hostfile(fmt: str, preferred: str) -> Backend:
 
 
 def validated(cluster: Cluster) -> Cluster:
-    """The cluster, once its `launch.backend` names a registered backend (InventoryError at its line)."""
+    """The cluster, once its `launch.backend` names a registered backend and the inventory gives what that
+    backend needs (InventoryError at the line)."""
     if cluster.launch.backend not in REGISTRY:
         raise InventoryError(cluster.path, cluster.launch.backend_line,
                              f"launch.backend must be one of {', '.join(REGISTRY)}, not '{cluster.launch.backend}'")
+    REGISTRY[cluster.launch.backend].check(cluster)
     return cluster
+
+
+def check_rdma(cluster: Cluster, backend: str, ring: bool = False) -> None:
+    """What jaccl needs from the inventory beyond the `rdma` lists' own shape (inventory.py checks that): one
+    rank per host, an `rdma` list on every host, and a device for every pair of ranks jaccl connects (all
+    pairs; a rank's two ring neighbours for jaccl-ring), as mlx.launch's launch_jaccl demands."""
+    for host in cluster.hosts:
+        if host.slots > 1:
+            # Two ranks on one Mac would need an RDMA device between them, and Thunderbolt has no loopback:
+            # mlx.launch refuses a null device for any pair jaccl connects.
+            raise InventoryError(cluster.path, host.line, f"{host.name} has slots: {host.slots}, but the {backend} "
+                                 "backend runs one rank per Mac (two ranks on one Mac would need an RDMA device "
+                                 "between them, and Thunderbolt has none): remove `slots`, or use the ring backend")
+        if host.rdma is None:
+            raise InventoryError(cluster.path, host.line, f"{host.name} has no `rdma:` list, which the {backend} "
+                                 f"backend needs: add `rdma: [...]` to it with, per rank, the RDMA device {host.name} "
+                                 "reaches that rank through (`ibv_devices` on it lists them), null for itself")
+    by_rank = mlxenv.rank_hosts(cluster)
+    for i, j in mlxenv.jaccl_pairs(cluster.world_size, ring=ring):
+        if by_rank[i].rdma[j] is None:
+            host, peer = by_rank[i], by_rank[j]
+            raise InventoryError(cluster.path, host.rdma_line, f"rdma of {host.name} has no device for {peer.name} "
+                                 f"(entry {j}): the {backend} backend needs one between " +
+                                 ("every rank and its ring neighbours" if ring else "every pair of hosts") +
+                                 f"; give the RDMA device of the Thunderbolt port cabled to {peer.name}")
 
 
 def load_cluster(path: str) -> Cluster:

@@ -40,7 +40,8 @@ def test_the_registry_names_and_lookups():
 
 
 def test_an_inventorys_backend_must_be_registered_and_the_error_names_its_line(tmp_path):
-    assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl}\n")).launch.backend == "jaccl"
+    assert validated(parse("hosts: [{name: a, address: 10.0.0.1, rdma: [null]}]\nlaunch: {backend: jaccl}\n")
+                     ).launch.backend == "jaccl"
     with pytest.raises(InventoryError) as info:
         validated(parse("hosts: [a]\nlaunch:\n  backend: nccl\n", str(tmp_path / "i.yaml")))
     assert str(info.value) == f"{tmp_path / 'i.yaml'}:3: launch.backend must be one of mpi, ring, jaccl, not 'nccl'"
@@ -106,11 +107,44 @@ def test_tuning_settings_apply_to_the_cluster_and_store_only_what_is_new(cluster
     assert get("jaccl").tune_count is None
 
 
+# Four Macs in a Thunderbolt ring a-b-c-d-a: each cabled to its two neighbours only.
+RING4 = """\
+hosts:
+  - {name: a, address: 10.0.0.1, rdma: [null, rdma_en2, null, rdma_en3]}
+  - {name: b, address: 10.0.0.2, rdma: [rdma_en2, null, rdma_en3, null]}
+  - {name: c, address: 10.0.0.3, rdma: [null, rdma_en2, null, rdma_en3]}
+  - {name: d, address: 10.0.0.4, rdma: [rdma_en3, null, rdma_en2, null]}
+launch: {backend: jaccl-ring}
+"""
+
+
 def test_a_new_backend_is_one_registry_entry(monkeypatch, cluster, tmp_path):
-    """What the README's contributor notes promise: register an entry and the rest of clusterctl sees it."""
-    monkeypatch.setitem(REGISTRY, "jaccl-ring", MLXLaunchBackend("jaccl-ring"))
+    """What the README's contributor notes promise: register an entry and the rest of clusterctl sees it.
+    jaccl-ring needs RDMA devices between ring neighbours only; jaccl between every pair."""
+    monkeypatch.setitem(REGISTRY, "jaccl-ring", MLXLaunchBackend("jaccl-ring", rdma="ring"))
     assert "jaccl-ring" in names()
-    assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl-ring}\n")).launch.backend == "jaccl-ring"
+    assert validated(parse(RING4)).launch.backend == "jaccl-ring"
+    with pytest.raises(InventoryError, match=r":2: rdma of a has no device for c \(entry 2\): the jaccl backend "
+                       "needs one between every pair of hosts"):
+        validated(parse(RING4.replace("jaccl-ring", "jaccl"), str(tmp_path / "i.yaml")))
+    with pytest.raises(InventoryError, match=r":3: rdma of b has no device for c \(entry 2\): the jaccl-ring "
+                       "backend needs one between every rank and its ring neighbours"):
+        validated(parse(RING4.replace("[rdma_en2, null, rdma_en3, null]", "[rdma_en2, null, null, null]")))
     command = get("jaccl-ring").command(cluster, LaunchPlan({}), program=["py", "t.py"], rank_env={},
                                         where=where(tmp_path, launcher=["mlx.launch"]))
     assert command.argv[command.argv.index("--backend") + 1] == "jaccl-ring"
+
+
+def test_run_backend_flag_is_checked_like_the_inventorys_own(cluster):
+    """`run --backend jaccl` on a ring inventory without rdma lists fails at a host's line before anything starts."""
+    get("ring").check(cluster)
+    with pytest.raises(InventoryError, match=r"inv.yaml:3: a has no `rdma:` list, which the jaccl backend needs"):
+        get("jaccl").check(cluster)
+
+
+def test_jaccl_hostfile_carries_rdma_and_ring_hostfile_does_not():
+    c = validated(parse("hosts:\n  - {name: a, address: 10.0.0.1, rdma: [null, rdma_en2]}\n"
+                        "  - {name: b, address: 10.0.0.2, rdma: [rdma_en2, null]}\nlaunch: {backend: jaccl}\n"))
+    hosts = json.loads(get("jaccl").hostfile(c))["hosts"]
+    assert [h["rdma"] for h in hosts] == [[None, "rdma_en2"], ["rdma_en2", None]]
+    assert "rdma" not in json.loads(get("ring").hostfile(c))["hosts"][0]
