@@ -36,9 +36,9 @@ ALIASES = {
     "ansible_python_interpreter": "python",
 }
 HOST_KEYS = ("name", "hostname", "address", "user", "port", "identity_file", "mesh_identity_file", "python", "workdir",
-             "mpi_lib_dir", "env", "slots", "local")
+             "mpi_lib_dir", "env", "slots", "local", "rdma")
 # Keys that describe one machine only make no sense as defaults for all of them.
-DEFAULTS_KEYS = tuple(k for k in HOST_KEYS if k not in ("name", "hostname", "address"))
+DEFAULTS_KEYS = tuple(k for k in HOST_KEYS if k not in ("name", "hostname", "address", "rdma"))
 TOP_KEYS = ("defaults", "hosts", "mpi", "launch", "ssh_config", "host_key_checking")
 MPI_KEYS = ("btl_tcp_links", "if_include", "extra_args")
 LAUNCH_KEYS = ("backend", "connections_per_ip")
@@ -49,6 +49,9 @@ _BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
 _SHELL_CHARS = re.compile(r"['`\"$\\;&<>|(){}]")
 # ssh_config reads these in a Host line as patterns (or %-tokens in HostName): clusterctl writes one per host.
 _PATTERN_CHARS = re.compile(r"[*?!,%\[\]]")
+# An RDMA device as `ibv_devices` names it on a Mac (rdma_en2): docs/macos.md#jaccl
+_RDMA_DEVICE = re.compile(r"[A-Za-z0-9_.-]+\Z")
+
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ class Host:
     env: tuple[tuple[str, str], ...] = ()
     slots: int = 1
     local: bool = False               # this machine: run commands directly, no SSH
+    # jaccl: per rank of the cluster, the RDMA device(s) this host reaches it through; None for its own rank
+    # (MLX's hostfile `rdma` list: docs/macos.md#jaccl)
+    rdma: tuple[str | tuple[str, ...] | None, ...] | None = None
+    rdma_line: int | None = field(default=None, compare=False)   # where `rdma:` is, for messages
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -284,6 +291,7 @@ class _Parser:
         if not node.value:
             self.fail(node, "`hosts` is empty; list at least one host")
         hosts: list[Host] = []
+        rdma_nodes: list[yaml.Node | None] = []
         first_line: dict[str, int] = {}
         rank = 0
         for entry in node.value:
@@ -298,6 +306,7 @@ class _Parser:
                 self.fail(entry, f"duplicate host name '{name}' (first at line {first_line[name]}); "
                           "use `slots:` to run several ranks on one host")
             first_line[name] = entry.start_mark.line + 1
+            rdma_nodes.append(settings.pop("rdma_node", None))
             merged = {**defaults, **settings}
             merged["env"] = tuple({**dict(defaults.get("env", ())), **dict(settings.get("env", ()))}.items())
             if merged.get("local") and "python" not in merged:
@@ -305,7 +314,52 @@ class _Parser:
             host = Host(rank=rank, line=entry.start_mark.line + 1, **merged)
             hosts.append(host)
             rank += host.slots
+        for host, rdma_node in zip(hosts, rdma_nodes):
+            if rdma_node is not None:
+                self.check_rdma(host, rdma_node, world_size=rank)
         return tuple(hosts)
+
+    def rdma(self, node: yaml.Node) -> tuple[str | tuple[str, ...] | None, ...]:
+        """A host's `rdma` list, MLX's layout (docs/macos.md#jaccl): per rank, null or a device name or a
+        list of device names. Its length and self entries are checked once every host's rank is known."""
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(node, "rdma must be a list with one entry per rank of the cluster (the RDMA device this "
+                      f"host reaches that rank through, null for its own), not {_kind(node, self.scalar(node))}")
+        entries: list[str | tuple[str, ...] | None] = []
+        for index, item in enumerate(node.value):
+            what = f"rdma entry {index} (rank {index})"
+            if isinstance(item, yaml.SequenceNode) and item.value:
+                entries.append(tuple(self.rdma_device(sub, what) for sub in item.value))
+            elif isinstance(item, yaml.ScalarNode) and self.scalar(item) is None:
+                entries.append(None)
+            elif isinstance(item, yaml.ScalarNode):
+                entries.append(self.rdma_device(item, what))
+            else:
+                self.fail(item, f"{what} must be a device name such as rdma_en2, a list of them, or null, "
+                          f"not {'an empty list' if isinstance(item, yaml.SequenceNode) else _kind(item)}")
+        return tuple(entries)
+
+    def rdma_device(self, node: yaml.Node, what: str) -> str:
+        value = self.scalar(node)
+        if not isinstance(value, str) or not _RDMA_DEVICE.match(value):
+            shown = _kind(node, value) if not isinstance(value, str) else repr(value)
+            self.fail(node, f"{what} must be a device name such as rdma_en2 (letters, digits, _ - .), not {shown}")
+        return value
+
+    def check_rdma(self, host: Host, node: yaml.SequenceNode, world_size: int) -> None:
+        """What an `rdma` list must satisfy whatever the backend: one entry per rank, null for the host's own
+        ranks, and the host's `address` (jaccl's ranks meet at rank 0's address before RDMA takes over, and
+        doctor checks TCP between every host's address)."""
+        if len(host.rdma) != world_size:
+            self.fail(node, f"rdma of {host.name} has {len(host.rdma)} entries; expected {world_size}, one per rank "
+                      f"of the cluster (the world size) in inventory order, null for {host.name}'s own")
+        for rank in host.ranks:
+            if host.rdma[rank] is not None:
+                self.fail(node.value[rank], f"rdma entry {rank} is {host.name}'s own rank: it must be null, "
+                          f"not {host.rdma[rank]!r}")
+        if not host.address:
+            self.fail(node, f"rdma needs {host.name}'s data-plane `address` too (rank 0's is the jaccl "
+                      "coordinator): add `address: <its IPv4>` to this host")
 
     def host_name(self, node: yaml.Node) -> str:
         name = self.string(node, "host name")
@@ -355,6 +409,8 @@ class _Parser:
                 out[key] = self.string(value, label)
             elif key == "env":
                 out[key] = self.env(value)
+            elif key == "rdma":
+                out[key], out["rdma_line"], out["rdma_node"] = self.rdma(value), value.start_mark.line + 1, value
         return out
 
     def env(self, node: yaml.Node) -> tuple[tuple[str, str], ...]:

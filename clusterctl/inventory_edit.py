@@ -23,8 +23,10 @@ from .resources import render, template_text
 
 
 def starter_inventory(names: list[str], *, user: str | None, python: str, workdir: str, addresses: list[str],
-                      backend: str, date: str, path: str = "inventory.yaml") -> str:
-    """The text `clusterctl init` writes: templates/inventory.yaml.tmpl with these hosts, validated."""
+                      backend: str, date: str, path: str = "inventory.yaml", rdma: bool = False) -> str:
+    """The text `clusterctl init` writes: templates/inventory.yaml.tmpl with these hosts, validated. With
+    `rdma` (a jaccl backend) each host gets a commented `rdma:` line of the right shape to fill in: only the
+    hosts know their devices (`ibv_devices`), and every command names the host that still lacks one."""
     if addresses and len(addresses) != len(names):
         raise UsageError(f"{len(addresses)} --address values for {len(names)} hosts")
     q = json.dumps   # a JSON string is a valid YAML scalar: names and paths stay literal
@@ -36,6 +38,9 @@ def starter_inventory(names: list[str], *, user: str | None, python: str, workdi
         host_lines.append(f"  - name: {q(name)}")
         if addresses:
             host_lines.append(f"    address: {q(addresses[i])}")
+        if rdma:
+            devices = ", ".join("null" if j == i else f"rdma_enN_to_{j}" for j in range(len(names)))
+            host_lines.append(f"    # rdma: [{devices}]   # jaccl: per rank, the device ibv_devices lists here")
     text = render(template_text("inventory.yaml.tmpl"), date=date, defaults="\n".join(defaults),
                   hosts="\n".join(host_lines), backend=backend)
     parse(text, path)   # never write an inventory we would refuse to read

@@ -127,6 +127,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
     backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
+    backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
     args = list(program.argv[1])
     extra_env: dict[str, str] = {}
     if not options.dry_run:
@@ -226,8 +227,8 @@ def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, temp
     if program is not None:
         backend = backends.for_hostfile(fmt, cluster.launch.backend)
         plan = discover(Connector(cluster, connect_timeout=connect_timeout))
-    mlx_backend = backends.for_hostfile("mlx", cluster.launch.backend).name
-    text = render_hostfile(cluster, fmt, template, backend=mlx_backend,
+    mlx_backend = backends.for_hostfile("mlx", cluster.launch.backend)
+    text = render_hostfile(cluster, fmt, template, backend=mlx_backend.name, rdma=mlx_backend.rdma is not None,
                            env=plan.env if plan else cluster.hosts[0].env_dict, template_name=template_name)
     if output:
         write_text(output, text)

@@ -77,7 +77,8 @@ def init_cmd(names, output, user, python, workdir, addresses, backend, force):
     if os.path.exists(output) and not force:
         raise UsageError(f"{output} exists; pass --force to overwrite it")
     text = starter_inventory(list(names), user=user, python=python, workdir=workdir, addresses=list(addresses),
-                             backend=backend, date=datetime.date.today().isoformat(), path=output)
+                             backend=backend, date=datetime.date.today().isoformat(), path=output,
+                             rdma=backends.get(backend).rdma is not None)
     write_text(output, text)
     click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..hosts.facts import bridge_members, choose_libmpi, libmpi_env, ring_port, shared_subnet
+from ..hosts.facts import (JACCL_MIN_MACOS, bridge_members, choose_libmpi, ibv_device_names, libmpi_env,
+                           macos_version, rdma_state, ring_port, shared_subnet)
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
 from ..inventory import Cluster, Host
-from ..launch import backends
+from ..launch import backends, mlxenv
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 CLOCK_SKEW_WARN_S = 5.0
@@ -312,6 +313,75 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
                        "permission prompt for python", "answer Allow once on each Mac (System Settings > "
                        "Privacy & Security > Local Network)"))
     return out
+
+
+# ---- jaccl: RDMA over Thunderbolt 5 (docs/macos.md#jaccl) ------------------------------------------------
+
+_ENABLE_RDMA = "enable RDMA: boot into Recovery, run `rdma_ctl enable` in its Terminal, restart"
+
+
+def jaccl(p: HostProbe, cluster: Cluster) -> list[Finding]:
+    """For a backend over RDMA (jaccl): this host is a Mac on macOS 26.2 or later, RDMA is enabled
+    (`rdma_ctl status`), and every device the inventory's `rdma` list names for it exists (`ibv_devices`)."""
+    backend = backends.get(cluster.launch.backend)
+    f, name = p.facts, p.host.name
+    if backend.rdma is None or f is None or not f.get("os"):
+        return []
+    if f.get("os") != "Darwin":
+        return [Finding("jaccl", name, FAIL, f"{backend.name} needs macOS 26.2+ with Thunderbolt 5 (RDMA); this host "
+                        f"runs {f.get('os')}: use --backend ring or mpi",
+                        "set launch.backend to ring or mpi in the inventory (or pass --backend ring)")]
+    version = macos_version(f.get("macos_version"))
+    shown = f.get("macos_version") or "?"
+    if version is None:
+        return [Finding("jaccl", name, WARN, "could not read the macOS version (sw_vers -productVersion)",
+                        f"run `sw_vers -productVersion` on {name}: jaccl needs 26.2 or later")]
+    if version < JACCL_MIN_MACOS:
+        return [Finding("jaccl", name, FAIL, f"macOS {shown} here; {backend.name} needs macOS 26.2 or later "
+                        "(RDMA over Thunderbolt 5)", "update macOS to 26.2 or later (System Settings > General > "
+                        "Software Update), or use --backend ring")]
+    if not f.get("rdma_ctl"):
+        return [Finding("jaccl", name, FAIL, f"macOS {shown}, but rdma_ctl is not on the non-interactive PATH "
+                        f"({f.get('path')})", "put /usr/bin on PATH for non-interactive shells (~/.zshenv)")]
+    out = []
+    status = f.get("rdma_status")
+    state = rdma_state(status)
+    if state == "disabled":
+        out.append(Finding("jaccl", name, FAIL, f"RDMA over Thunderbolt is off (rdma_ctl status: {status.strip()})",
+                           _ENABLE_RDMA))
+    elif state == "unknown":
+        out.append(Finding("jaccl", name, WARN, f"rdma_ctl status said {status.strip()[:200]!r}, not enabled",
+                           f"run `rdma_ctl status` on {name}: it should print enabled; if not, {_ENABLE_RDMA}"))
+    out += _rdma_devices(p, cluster, backend.name, shown, state)
+    return out
+
+
+def _rdma_devices(p: HostProbe, cluster: Cluster, backend: str, shown: str, state: str) -> list[Finding]:
+    f, host = p.facts, p.host
+    if not f.get("ibv_devices"):
+        return [Finding("jaccl", host.name, FAIL, "ibv_devices is not on the non-interactive PATH "
+                        f"({f.get('path')})", "put /usr/bin on PATH for non-interactive shells (~/.zshenv)")]
+    present = ibv_device_names(f.all("ibv_line"))
+    peers = mlxenv.rank_hosts(cluster)
+    wanted: dict[str, list[str]] = {}           # device -> the hosts this host reaches through it
+    for rank, entry in enumerate(host.rdma or ()):
+        for device in (entry,) if isinstance(entry, str) else entry or ():
+            wanted.setdefault(device, []).append(peers[rank].name)
+    if not present:
+        why = "" if state == "disabled" else " although rdma_ctl says enabled"
+        return [Finding("jaccl", host.name, FAIL, f"ibv_devices lists no RDMA device{why}",
+                        _ENABLE_RDMA if state == "disabled" else "RDMA needs Thunderbolt 5 ports: check this Mac has "
+                        "them, and restart it once after `rdma_ctl enable`")]
+    missing = [d for d in wanted if d not in present]
+    if missing:
+        which = ", ".join(f"{d} (to {', '.join(wanted[d])})" for d in missing)
+        return [Finding("jaccl", host.name, FAIL, f"{which} not among this Mac's RDMA devices ({', '.join(present)})",
+                        f"correct `rdma:` of {host.name} (inventory line {host.rdma_line}) to devices ibv_devices "
+                        "lists here, each the Thunderbolt port cabled to that host")]
+    if state != "enabled":
+        return []
+    return [Finding("jaccl", host.name, PASS, f"macOS {shown}, RDMA enabled, {', '.join(wanted) or 'no device'} "
+                    f"present (of {', '.join(present)})")]
 
 
 # ---- data plane --------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
         findings += checks.libmpi(p, cluster.launch.backend)
     findings += checks.dataplane(probes, cluster)
     for p in probes:
-        findings += checks.disk(p) + checks.clock(p) + checks.macos(p, cluster)
+        findings += checks.disk(p) + checks.clock(p) + checks.macos(p, cluster) + checks.jaccl(p, cluster)
     t0 = time.monotonic()
     findings += _deep(cluster, probes, findings, options)
     phases["smoke"] = time.monotonic() - t0
@@ -75,7 +75,8 @@ def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, p
                               peers=[n for n in names if n != host.name],
                               mesh_config=host_config_text(cluster, host, options.host_key_checking,
                                                            options.connect_timeout),
-                              ssh_config=cluster.ssh_config, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"))
+                              ssh_config=cluster.ssh_config, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"),
+                              rdma=backends.get(cluster.launch.backend).rdma is not None)
         sent = time.time()
         transport = transports[host.name] = connector.transport(host)
         t0 = time.monotonic()

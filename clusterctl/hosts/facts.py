@@ -101,3 +101,34 @@ def shared_subnets(iface_lines_by_host: list[list[str]]) -> list[str]:
     common = set(per_host[0]).intersection(*per_host[1:])
     # the same address on every host (docker0's 172.17.0.1) is a private bridge on each, not a network
     return sorted(str(n) for n in common if len({nets[n] for nets in per_host}) == len(per_host))
+
+
+# ---- jaccl on a Mac: docs/macos.md#jaccl -----------------------------------------------------------------
+
+JACCL_MIN_MACOS = (26, 2)    # RDMA over Thunderbolt 5 exists from macOS 26.2 (Apple TN3205)
+
+
+def macos_version(text: str) -> tuple[int, ...] | None:
+    """`sw_vers -productVersion` ("26.2", "15.6.1") as numbers; None when it printed no version."""
+    m = re.search(r"\b(\d+)(?:\.(\d+))?(?:\.(\d+))?\b", text or "")
+    return tuple(int(part) for part in m.groups() if part is not None) if m else None
+
+
+def rdma_state(text: str) -> str:
+    """`rdma_ctl status`: "enabled", "disabled" or "unknown". It prints one word (enabled, as recorded in
+    ml-explore/mlx#2944); anything saying disabled or "not enabled" counts as disabled."""
+    words = re.findall(r"[a-z]+", (text or "").lower())
+    if "disabled" in words or ("not" in words and "enabled" in words):
+        return "disabled"
+    return "enabled" if "enabled" in words else "unknown"
+
+
+def ibv_device_names(lines: list[str]) -> list[str]:
+    """The devices `ibv_devices` lists, from its lines: a header (`device  node GUID`, then dashes), then one
+    `name  guid` row per device. Anything else (No IB devices found, an error) names no device."""
+    names = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 2 and fields[0] != "device" and not fields[0].startswith("-"):
+            names.append(fields[0])
+    return names

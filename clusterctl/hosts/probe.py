@@ -35,19 +35,20 @@ class DataplaneSpec:
 
 def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: list[str],
                  mesh_config: str | None, ssh_config: str | None, mpi_libname: str | None = None,
-                 full: bool = True) -> str:
+                 full: bool = True, rdma: bool = False) -> str:
     """The probe for one host: scripts/probe.sh after its values. Every value from the inventory is
     quoted; python and paths keep `~`. `mesh_config` is the host's rendering of the inventory for OpenSSH
     (openssh.host_config_text): the probe installs it as <workdir>/.clusterctl/ssh_config unless it is there
     already, and logs in to every peer with it, as mpirun started on that host would. full=False skips what
-    only doctor needs (importing mlx, mpirun --version): a launch's pre-flight."""
+    only doctor needs (importing mlx, mpirun --version): a launch's pre-flight. rdma=True also asks a Mac
+    what jaccl needs (rdma_ctl status, ibv_devices: docs/macos.md#jaccl)."""
     def quoted(path: str | None) -> str:
         return quote_path(path) if path else "''"
 
     values = "\n".join([
         f"PY={quote_path(python)}", f"WD={quote_path(workdir)}", f"LIBDIR={quoted(mpi_lib_dir)}",
         f"LIBNAME={quoted(mpi_libname)}", f"SSH_CONFIG={shlex.quote(ssh_config) if ssh_config else chr(39) * 2}",
-        f"FULL={'yes' if full else 'no'}", f"MARKER={MESH_MARKER}",
+        f"FULL={'yes' if full else 'no'}", f"RDMA={'yes' if rdma else 'no'}", f"MARKER={MESH_MARKER}",
         f"PYTHON_INFO={shlex.quote(script_text('python_info.py'))}",
         f"MESH_CONFIG_TEXT={shlex.quote((mesh_config or '').rstrip(chr(10)))}", f"MESH_CONFIG=\"$WD\"/{HOST_CONFIG}",
         "set --" + "".join(" " + shlex.quote(p) for p in peers),

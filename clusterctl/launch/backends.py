@@ -33,6 +33,7 @@ from ..hosts.openssh import rsh_agent
 from ..hosts.scripts import script_text
 from ..hosts.transport import remote_command, shell_command
 from ..inventory import Cluster, load
+from . import mlxenv
 from .hostfile import render as render_hostfile
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class Backend:
     needs_mpi = False                 # every host needs Open MPI (mpirun, libmpi) for it
     needs_addresses = False           # every host needs its data-plane `address` for it
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
+    rdma: str | None = None           # jaccl: which rank pairs need an RDMA device, "mesh" (all) or "ring" (neighbours)
     fallbacks: Mapping[str, "Backend"] = {}   # other launchers that can start it, by launcher name
 
     @property
@@ -98,7 +100,13 @@ class Backend:
         raise NotImplementedError
 
     def hostfile(self, cluster: Cluster) -> str:
-        return render_hostfile(cluster, self.hostfile_format, backend=self.name, env={})
+        return render_hostfile(cluster, self.hostfile_format, backend=self.name, env={}, rdma=self.rdma is not None)
+
+    def check(self, cluster: Cluster) -> None:
+        """InventoryError, at the inventory's line, when `cluster` cannot run on this backend (before anything
+        is launched). Backends with rdma need every host's `rdma` list (docs/macos.md#jaccl)."""
+        if self.rdma is not None:
+            check_rdma(cluster, self.name, ring=self.rdma == "ring")
 
     def with_setting(self, cluster: Cluster, setting: Mapping[str, object]) -> Cluster:
         """`cluster` with a `bench --tune` candidate applied."""
@@ -172,8 +180,9 @@ class MLXLaunchBackend(Backend):
     install_hint = "pip install mlx here as well"
 
     def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,
-                 neighbours_only: bool = False):
+                 neighbours_only: bool = False, rdma: str | None = None):
         self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
+        self.rdma = rdma
 
     def launcher_here(self):
         return find_mlx_launch()
@@ -216,8 +225,9 @@ class RankStarterBackend(Backend):
     install_hint = "it is part of clusterctl"
 
     def __init__(self, name: str, fallback: Backend, benchmarked: bool = False, tune_count: str | None = None,
-                 neighbours_only: bool = False):
+                 neighbours_only: bool = False, rdma: str | None = None):
         self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
+        self.rdma = rdma
         self.fallbacks = {fallback.launcher_name: fallback}
 
     def launcher_here(self):
@@ -234,7 +244,7 @@ class RankStarterBackend(Backend):
         port = free_port_block(cluster.world_size * cluster.launch.connections_per_ip) if local_only \
             else RING_STARTING_PORT
         for rank, host in enumerate(h for h in cluster.hosts for _ in range(h.slots)):
-            env = {**rank_env, **self.rank_env(cluster, rank, port, local_only)}
+            env = {**rank_env, **self.rank_env(cluster, rank, port)}
             script = shell_command([host.python, *program[1:]], env)
             wrapped = remote_command(script)
             argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
@@ -248,14 +258,29 @@ class RankStarterBackend(Backend):
         files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_text("ranks.py"), None)]
         return LauncherCommand([*(where.launcher or [sys.executable]), starter, spec], files)
 
-    def rank_env(self, cluster: Cluster, rank: int, port: int, local_only: bool) -> dict[str, str]:
-        """What MLX's ring backend reads besides the job's own variables (mlx 0.32 launch.py, launch_ring):
-        MLX_RANK, and MLX_HOSTFILE, a path to a file holding the JSON list of every rank's `ip:port`
-        addresses, ports counted up from `port` one per rank and address and connection. The bootstrap writes
-        the file on the rank's host from CLUSTERCTL_ENV_FILES (bootstrap.py). A world of one gets no hostfile."""
-        env = {"MLX_RANK": str(rank)}
-        if cluster.world_size > 1:
-            files = {"MLX_HOSTFILE": ring_hostfile_json(cluster, port, local_only)}
+    def hostfile(self, cluster: Cluster) -> str:
+        """The ranks need none; this is the hostfile mlx.launch would read for them (`clusterctl hostfile`)."""
+        return next(iter(self.fallbacks.values())).hostfile(cluster)
+
+    def rank_env(self, cluster: Cluster, rank: int, port: int) -> dict[str, str]:
+        """What MLX reads besides the job's own variables, as mlx.launch 0.32 gives it (launch/mlxenv.py):
+        ring: MLX_RANK and MLX_HOSTFILE (every rank's `ip:port` list, ports counted up from `port`); jaccl:
+        MLX_RANK, MLX_IBV_DEVICES (every rank's RDMA devices) and MLX_JACCL_COORDINATOR (rank 0's address and
+        `port`). The variables that name a file get it through CLUSTERCTL_ENV_FILES: the bootstrap writes the
+        text on the rank's host and points the variable at it. A ring of one gets no hostfile."""
+        files, env = {}, {"MLX_RANK": str(rank)}
+        try:
+            if self.rdma is None:
+                text = mlxenv.ring_hostfile_json(cluster, port, cluster.launch.connections_per_ip)
+                if text:
+                    files["MLX_HOSTFILE"] = text
+            else:
+                files["MLX_IBV_DEVICES"] = mlxenv.ibv_devices_json(cluster)
+                env.update({k: v for k, v in mlxenv.jaccl_env(cluster, rank, port, "", ring=self.rdma == "ring").items()
+                            if k != "MLX_IBV_DEVICES"})
+        except ValueError as e:
+            raise LaunchError(f"{e} (run clusterctl doctor)") from None
+        if files:
             env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
         return env
 
@@ -270,26 +295,6 @@ class RankStarterBackend(Backend):
 def _runs_where(host, where: Where) -> bool:
     """The rank's host is the machine the starter runs on: started without ssh."""
     return host.local if where.host is None else host.name == where.host
-
-
-def ring_hostfile_json(cluster: Cluster, starting_port: int, local_only: bool = False) -> str:
-    """MLX's ring hostfile: for every rank the `ip:port` strings it listens on, one per address and
-    connection (connections_per_ip), the port counting up across ranks (docs/launchers.md#mlx-launch-ring-ports).
-    A rank on this machine is 127.0.0.1 when every rank is (local_only)."""
-    port, out = starting_port, []
-    for host in cluster.hosts:
-        ips = ["127.0.0.1"] if local_only or host.local else [host.address] if host.address else []
-        if not ips:
-            raise LaunchError(f"host {host.name} has no `address` in the inventory: the ring backend needs every "
-                              f"host's data-plane IP (run clusterctl doctor)")
-        for _ in range(host.slots):
-            node = []
-            for ip in ips:
-                for _ in range(cluster.launch.connections_per_ip):
-                    node.append(f"{ip}:{port}")
-                    port += 1
-            out.append(node)
-    return json.dumps(out)
 
 
 def free_port_block(count: int, low: int = RING_STARTING_PORT, high: int = 60000) -> int:
@@ -322,7 +327,9 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
     RankStarterBackend("ring", MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip",
                                                 neighbours_only=True),
                        benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
-    MLXLaunchBackend("jaccl"),
+    # jaccl: RDMA over Thunderbolt 5 between every pair of ranks (docs/macos.md#jaccl); its `jaccl-ring`
+    # variant would be RankStarterBackend("jaccl-ring", MLXLaunchBackend("jaccl-ring", rdma="ring"), rdma="ring")
+    RankStarterBackend("jaccl", MLXLaunchBackend("jaccl", rdma="mesh"), rdma="mesh"),
 )}
 
 
@@ -369,11 +376,38 @@ def for_hostfile(fmt: str, preferred: str) -> Backend:
 
 
 def validated(cluster: Cluster) -> Cluster:
-    """The cluster, once its `launch.backend` names a registered backend (InventoryError at its line)."""
+    """The cluster, once its `launch.backend` names a registered backend and the inventory gives what that
+    backend needs (InventoryError at the line)."""
     if cluster.launch.backend not in REGISTRY:
         raise InventoryError(cluster.path, cluster.launch.backend_line,
                              f"launch.backend must be one of {', '.join(REGISTRY)}, not '{cluster.launch.backend}'")
+    REGISTRY[cluster.launch.backend].check(cluster)
     return cluster
+
+
+def check_rdma(cluster: Cluster, backend: str, ring: bool = False) -> None:
+    """What jaccl needs from the inventory beyond the `rdma` lists' own shape (inventory.py checks that): one
+    rank per host, an `rdma` list on every host, and a device for every pair of ranks jaccl connects (all
+    pairs; a rank's two ring neighbours for jaccl-ring), as mlx.launch's launch_jaccl demands."""
+    for host in cluster.hosts:
+        if host.slots > 1:
+            # Two ranks on one Mac would need an RDMA device between them, and Thunderbolt has no loopback:
+            # mlx.launch refuses a null device for any pair jaccl connects.
+            raise InventoryError(cluster.path, host.line, f"{host.name} has slots: {host.slots}, but the {backend} "
+                                 "backend runs one rank per Mac (two ranks on one Mac would need an RDMA device "
+                                 "between them, and Thunderbolt has none): remove `slots`, or use the ring backend")
+        if host.rdma is None:
+            raise InventoryError(cluster.path, host.line, f"{host.name} has no `rdma:` list, which the {backend} "
+                                 f"backend needs: add `rdma: [...]` to it with, per rank, the RDMA device {host.name} "
+                                 "reaches that rank through (`ibv_devices` on it lists them), null for itself")
+    by_rank = mlxenv.rank_hosts(cluster)
+    for i, j in mlxenv.jaccl_pairs(cluster.world_size, ring=ring):
+        if by_rank[i].rdma[j] is None:
+            host, peer = by_rank[i], by_rank[j]
+            raise InventoryError(cluster.path, host.rdma_line, f"rdma of {host.name} has no device for {peer.name} "
+                                 f"(entry {j}): the {backend} backend needs one between " +
+                                 ("every rank and its ring neighbours" if ring else "every pair of hosts") +
+                                 f"; give the RDMA device of the Thunderbolt port cabled to {peer.name}")
 
 
 def load_cluster(path: str) -> Cluster:

@@ -14,17 +14,20 @@ from typing import Mapping
 from ..errors import TemplateError
 from ..inventory import Cluster
 from ..resources import template_text
+from . import mlxenv
 
 FORMATS = {"openmpi": "hostfile.openmpi.tmpl", "mpich": "hostfile.mpich.tmpl", "mlx": "hostfile.mlx.json.tmpl"}
 
 
 def render(cluster: Cluster, fmt: str, template: str | None = None, *, backend: str | None = None,
-           env: Mapping[str, str] | None = None, template_name: str = "template") -> str:
+           env: Mapping[str, str] | None = None, template_name: str = "template", rdma: bool = False) -> str:
+    """The hostfile's text. For mlx: `backend` names the MLX backend (default the inventory's), and `rdma`
+    adds each host's `rdma` list (the jaccl backends: docs/macos.md#jaccl)."""
     text = template if template is not None else template_text(FORMATS[fmt])
     try:
         if fmt == "mlx":
             return _render_mlx(cluster, text, backend or cluster.launch.backend,
-                               env if env is not None else cluster.hosts[0].env_dict)
+                               env if env is not None else cluster.hosts[0].env_dict, rdma)
         return _render_lines(cluster, text)
     except KeyError as e:
         raise TemplateError(f"{template_name}: unknown placeholder ${e.args[0]}") from None
@@ -46,21 +49,24 @@ def _render_lines(cluster: Cluster, text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def mlx_hosts(cluster: Cluster) -> list[dict]:
+def mlx_hosts(cluster: Cluster, rdma: bool = False) -> list[dict]:
     """mlx.launch's host list, one entry per rank (docs/launchers.md#mlx-launch-hostfile-format). This
-    machine is `127.0.0.1`, the only name mlx.launch runs without ssh (docs/launchers.md#mlx-launch-runs-ssh-tt)."""
+    machine is `127.0.0.1`, the only name mlx.launch runs without ssh (docs/launchers.md#mlx-launch-runs-ssh-tt).
+    With `rdma`, each entry carries its host's `rdma` list (a list of devices stays a list; null where the
+    inventory has none)."""
     hosts = []
-    for h in cluster.hosts:
-        entry = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} if h.local else \
-                {"ssh": h.name, "ips": [h.address] if h.address else []}
-        hosts += [entry] * h.slots
+    for h, ips in zip(mlxenv.rank_hosts(cluster), mlxenv.rank_ips(cluster)):
+        entry: dict = {"ssh": mlxenv.LOCAL_IP if h.local else h.name, "ips": ips}
+        if rdma:
+            entry["rdma"] = None if h.rdma is None else [list(e) if isinstance(e, tuple) else e for e in h.rdma]
+        hosts.append(entry)
     return hosts
 
 
-def _render_mlx(cluster: Cluster, text: str, backend: str, env: Mapping[str, str]) -> str:
+def _render_mlx(cluster: Cluster, text: str, backend: str, env: Mapping[str, str], rdma: bool) -> str:
     rendered = string.Template(text).substitute(
         backend=json.dumps(backend), envs=json.dumps([f"{k}={v}" for k, v in env.items()]),
-        hosts=json.dumps(mlx_hosts(cluster)))
+        hosts=json.dumps(mlx_hosts(cluster, rdma)))
     try:
         return json.dumps(json.loads(rendered), indent=2) + "\n"
     except ValueError as e:

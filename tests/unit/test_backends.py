@@ -34,7 +34,8 @@ def where(tmp_path, **kwargs):
 
 def test_the_registry_names_and_lookups():
     assert names() == ["mpi", "ring", "jaccl"] and names(benchmarked=True) == ["mpi", "ring"]
-    assert get("mpi").launcher_name == "mpirun" and get("jaccl").launcher_name == "mlx.launch"
+    assert get("mpi").launcher_name == "mpirun" and get("jaccl").launcher_name == "clusterctl"
+    assert get("jaccl", "mlx.launch").launcher_name == "mlx.launch"
     assert get("ring").launcher_name == "clusterctl" and get("ring", "mlx.launch").launcher_name == "mlx.launch"
     assert get("ring", "clusterctl") is get("ring") and backends.launchers() == ["mpirun", "clusterctl", "mlx.launch"]
     with pytest.raises(ValueError, match="unknown backend 'nccl'"):
@@ -64,9 +65,7 @@ def test_ring_ranks_are_started_by_clusterctl_with_the_environment_mlx_reads(clu
     # ports counting up from 32323 across ranks; two connections per ip here
     hostfile = [["10.0.0.1:32323", "10.0.0.1:32324"], ["10.0.0.2:32325", "10.0.0.2:32326"],
                 ["10.0.0.2:32327", "10.0.0.2:32328"]]
-    assert json.loads(json.loads(backends.RankStarterBackend.rank_env(get("ring"), cluster, 1, 32323, False)
-                                 ["CLUSTERCTL_ENV_FILES"])["MLX_HOSTFILE"]) == hostfile
-    assert backends.ring_hostfile_json(cluster, 32323) == json.dumps(hostfile)
+    assert [json.loads(r["mlx"]["MLX_HOSTFILE"]) for r in spec] == [hostfile] * 3
 
 
 def test_ranks_on_the_launching_machine_start_without_ssh_on_free_ports(tmp_path):
@@ -93,7 +92,8 @@ def test_ranks_on_the_launching_machine_start_without_ssh_on_free_ports(tmp_path
 
 
 def test_an_inventorys_backend_must_be_registered_and_the_error_names_its_line(tmp_path):
-    assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl}\n")).launch.backend == "jaccl"
+    assert validated(parse("hosts: [{name: a, address: 10.0.0.1, rdma: [null]}]\nlaunch: {backend: jaccl}\n")
+                     ).launch.backend == "jaccl"
     with pytest.raises(InventoryError) as info:
         validated(parse("hosts: [a]\nlaunch:\n  backend: nccl\n", str(tmp_path / "i.yaml")))
     assert str(info.value) == f"{tmp_path / 'i.yaml'}:3: launch.backend must be one of mpi, ring, jaccl, not 'nccl'"
@@ -159,11 +159,65 @@ def test_tuning_settings_apply_to_the_cluster_and_store_only_what_is_new(cluster
     assert get("jaccl").tune_count is None
 
 
+# Four Macs in a Thunderbolt ring a-b-c-d-a: each cabled to its two neighbours only.
+RING4 = """\
+hosts:
+  - {name: a, address: 10.0.0.1, rdma: [null, rdma_en2, null, rdma_en3]}
+  - {name: b, address: 10.0.0.2, rdma: [rdma_en2, null, rdma_en3, null]}
+  - {name: c, address: 10.0.0.3, rdma: [null, rdma_en2, null, rdma_en3]}
+  - {name: d, address: 10.0.0.4, rdma: [rdma_en3, null, rdma_en2, null]}
+launch: {backend: jaccl-ring}
+"""
+
+
 def test_a_new_backend_is_one_registry_entry(monkeypatch, cluster, tmp_path):
-    """What the README's contributor notes promise: register an entry and the rest of clusterctl sees it."""
-    monkeypatch.setitem(REGISTRY, "jaccl-ring", MLXLaunchBackend("jaccl-ring"))
+    """What the README's contributor notes promise: register an entry and the rest of clusterctl sees it.
+    jaccl-ring needs RDMA devices between ring neighbours only; jaccl between every pair."""
+    monkeypatch.setitem(REGISTRY, "jaccl-ring", MLXLaunchBackend("jaccl-ring", rdma="ring"))
     assert "jaccl-ring" in names()
-    assert validated(parse("hosts: [a]\nlaunch: {backend: jaccl-ring}\n")).launch.backend == "jaccl-ring"
+    assert validated(parse(RING4)).launch.backend == "jaccl-ring"
+    with pytest.raises(InventoryError, match=r":2: rdma of a has no device for c \(entry 2\): the jaccl backend "
+                       "needs one between every pair of hosts"):
+        validated(parse(RING4.replace("jaccl-ring", "jaccl"), str(tmp_path / "i.yaml")))
+    with pytest.raises(InventoryError, match=r":3: rdma of b has no device for c \(entry 2\): the jaccl-ring "
+                       "backend needs one between every rank and its ring neighbours"):
+        validated(parse(RING4.replace("[rdma_en2, null, rdma_en3, null]", "[rdma_en2, null, null, null]")))
     command = get("jaccl-ring").command(cluster, LaunchPlan({}), program=["py", "t.py"], rank_env={},
                                         where=where(tmp_path, launcher=["mlx.launch"]))
     assert command.argv[command.argv.index("--backend") + 1] == "jaccl-ring"
+
+
+def test_run_backend_flag_is_checked_like_the_inventorys_own(cluster):
+    """`run --backend jaccl` on a ring inventory without rdma lists fails at a host's line before anything starts."""
+    get("ring").check(cluster)
+    with pytest.raises(InventoryError, match=r"inv.yaml:3: a has no `rdma:` list, which the jaccl backend needs"):
+        get("jaccl").check(cluster)
+
+
+def test_jaccl_hostfile_carries_rdma_and_ring_hostfile_does_not():
+    c = validated(parse("hosts:\n  - {name: a, address: 10.0.0.1, rdma: [null, rdma_en2]}\n"
+                        "  - {name: b, address: 10.0.0.2, rdma: [rdma_en2, null]}\nlaunch: {backend: jaccl}\n"))
+    hosts = json.loads(get("jaccl").hostfile(c))["hosts"]
+    assert [h["rdma"] for h in hosts] == [[None, "rdma_en2"], ["rdma_en2", None]]
+    assert "rdma" not in json.loads(get("ring").hostfile(c))["hosts"][0]
+
+
+def test_jaccl_ranks_get_their_rdma_devices_and_the_coordinator(tmp_path):
+    """The rank starter gives a jaccl rank what mlx.launch 0.32's launch_jaccl gives it: MLX_RANK,
+    MLX_IBV_DEVICES (a file with every rank's rdma list; its text here) and MLX_JACCL_COORDINATOR (rank 0's
+    address and the starting port), the same as the golden environment of launch/mlxenv.py."""
+    from clusterctl.launch import mlxenv
+    c = validated(parse("defaults: {workdir: /w}\nhosts:\n"
+                        "  - {name: a, address: 10.0.0.1, rdma: [null, rdma_en2, rdma_en3]}\n"
+                        "  - {name: b, address: 10.0.0.2, rdma: [rdma_en2, null, [rdma_en4, rdma_en5]]}\n"
+                        "  - {name: c, address: 10.0.0.3, rdma: [rdma_en3, rdma_en4, null]}\n"
+                        "launch: {backend: jaccl}\n"))
+    command = get("jaccl").command(c, LaunchPlan({}), program=["py", "t.py"], rank_env={},
+                                   where=where(tmp_path, launcher=["/usr/bin/python3"]))
+    spec = json.loads(command.files[0][1])["ranks"]
+    devices = [[None, "rdma_en2", "rdma_en3"], ["rdma_en2", None, ["rdma_en4", "rdma_en5"]], ["rdma_en3", "rdma_en4", None]]
+    for r in spec:
+        assert set(r["mlx"]) == {"MLX_RANK", "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR"}
+        assert r["mlx"]["MLX_RANK"] == str(r["rank"]) and json.loads(r["mlx"]["MLX_IBV_DEVICES"]) == devices
+        assert r["mlx"]["MLX_JACCL_COORDINATOR"] == "10.0.0.1:32323" == mlxenv.jaccl_coordinator(c, 32323)
+        assert "MLX_HOSTFILE" not in r["argv"][-1]

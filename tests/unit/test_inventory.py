@@ -110,6 +110,13 @@ def test_shipped_inventories_are_valid():
     assert len(macs.hosts) == 4 and all(h.address for h in macs.hosts)
 
 
+TWO_MACS = """\
+hosts:
+  - {name: a, address: 10.0.0.1, rdma: [null, rdma_en2]}
+  - {name: b, address: 10.0.0.2, rdma: [rdma_en2, null]}
+launch: {backend: jaccl}
+"""
+
 # (inventory text, expected line, expected words in the message)
 MALFORMED = [
     ("", 1, "empty"),
@@ -157,6 +164,21 @@ MALFORMED = [
     ("hosts: [a]\nextra: 1\n", 2, "unknown key 'extra' in the inventory"),
     ("hosts: [a]\n---\nhosts: [b]\n", 2, "YAML syntax error"),
     ("hosts:\n  - name: a\n    workdir: ''\n", 3, "workdir must not be empty"),
+    # rdma: MLX's per-rank device list (docs/macos.md#jaccl)
+    (TWO_MACS.replace("[null, rdma_en2]", "rdma_en2"), 2, "rdma must be a list with one entry per rank"),
+    (TWO_MACS.replace("[null, rdma_en2]", "[null]"), 2, "rdma of a has 1 entries; expected 2, one per rank"),
+    (TWO_MACS.replace("[null, rdma_en2]", "[rdma_en3, rdma_en2]"), 2, "rdma entry 0 is a's own rank: it must be null"),
+    (TWO_MACS.replace("[null, rdma_en2]", "[null, 'en 2']"), 2, "rdma entry 1 (rank 1) must be a device name such as"),
+    (TWO_MACS.replace("[null, rdma_en2]", "[null, [rdma_en2, 7]]"), 2, "not the number 7"),
+    (TWO_MACS.replace("[null, rdma_en2]", "[null, []]"), 2, "or null, not an empty list"),
+    (TWO_MACS.replace("a, address: 10.0.0.1, ", "a, "), 2, "rdma needs a's data-plane `address` too"),
+    ("defaults: {rdma: [null]}\nhosts: [a]\n", 1, "unknown key 'rdma' in defaults"),
+    # with the jaccl backend (checked by clusterctl.launch.backends, still at the inventory's line)
+    (TWO_MACS.replace("[null, rdma_en2]", "[null, null]"), 2, "rdma of a has no device for b (entry 1): the jaccl "
+     "backend needs one between every pair of hosts"),
+    (TWO_MACS.replace(", rdma: [rdma_en2, null]", ""), 3, "b has no `rdma:` list, which the jaccl backend needs: add"),
+    (TWO_MACS.replace("rdma: [rdma_en2, null]", "slots: 2, rdma: [rdma_en2, null, null]").replace(
+        "[null, rdma_en2]", "[null, rdma_en2, rdma_en2]"), 3, "b has slots: 2, but the jaccl backend runs one rank per Mac"),
 ]
 
 

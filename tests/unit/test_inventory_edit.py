@@ -6,8 +6,8 @@ import pytest
 
 from clusterctl.errors import InventoryError
 from clusterctl.inventory import load, parse
-from clusterctl.inventory_edit import set_setting, write_setting
-from clusterctl.launch.backends import mlx_launch_argv
+from clusterctl.inventory_edit import set_setting, starter_inventory, write_setting
+from clusterctl.launch.backends import mlx_launch_argv, validated
 
 INVENTORY = """\
 # my cluster: keep this comment
@@ -110,3 +110,16 @@ def test_mlx_launch_gets_connections_per_ip_for_ring_only():
     assert ring[ring.index("--connections-per-ip") + 1] == "4"
     other = mlx_launch_argv(cluster, hostfile="/h.json", backend="jaccl", python="/py", program=["x.py"], env={})
     assert "--connections-per-ip" not in other
+
+
+def test_a_jaccl_starter_shows_each_host_the_shape_of_its_rdma_list():
+    """init cannot know a Mac's RDMA devices: it writes the line to fill in, and every command then names the
+    host still without one (docs/macos.md#jaccl)."""
+    text = starter_inventory(["m1", "m2"], user=None, python="python3", workdir="~/w", addresses=["10.0.0.1", "10.0.0.2"],
+                             backend="jaccl", date="2026-11-22", rdma=True)
+    assert "    # rdma: [null, rdma_enN_to_1]   # jaccl:" in text and "    # rdma: [rdma_enN_to_0, null]" in text
+    filled = text.replace("# rdma: [null, rdma_enN_to_1]", "rdma: [null, rdma_en2]").replace(
+        "# rdma: [rdma_enN_to_0, null]", "rdma: [rdma_en2, null]")
+    assert validated(parse(filled)).hosts[1].rdma == ("rdma_en2", None)
+    with pytest.raises(InventoryError, match="m1 has no `rdma:` list"):
+        validated(parse(text))

@@ -1,5 +1,5 @@
 # clusterctl's probe (POSIX sh: python may be the very thing that is broken). probe_script() puts the
-# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL MARKER PYTHON_INFO MESH_CONFIG_TEXT MESH_CONFIG, and
+# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL RDMA MARKER PYTHON_INFO MESH_CONFIG_TEXT MESH_CONFIG, and
 # the peers as "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
 esc() { case "$1" in
   *[\"\\]*|*[[:cntrl:]]*) printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g';;
@@ -61,7 +61,19 @@ while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
 (ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null) | while IFS= read -r line; do j iface "$line"; done
 # SIP strips DYLD_* variables (docs/macos.md#sip-strips-dyld)
-if [ "$(uname -s)" = Darwin ]; then j sip "$(csrutil status 2>&1)"; fi
+if [ "$(uname -s)" = Darwin ]; then
+  j sip "$(csrutil status 2>&1)"
+  j macos_version "$(sw_vers -productVersion 2>/dev/null)"
+  # jaccl: RDMA over Thunderbolt 5, enabled from Recovery; its devices as ibv_devices lists them (docs/macos.md#jaccl)
+  if [ "$RDMA" = yes ]; then
+    j rdma_ctl "$(command -v rdma_ctl 2>/dev/null)"
+    if command -v rdma_ctl >/dev/null 2>&1; then j rdma_status "$(rdma_ctl status 2>&1 </dev/null)"; fi
+    j ibv_devices "$(command -v ibv_devices 2>/dev/null)"
+    if command -v ibv_devices >/dev/null 2>&1; then
+      ibv_devices 2>&1 </dev/null | while IFS= read -r line; do j ibv_line "$line"; done
+    fi
+  fi
+fi
 if [ -n "$SSH_CONFIG" ]; then
   if [ -r "$SSH_CONFIG" ]; then j ssh_config yes; else j ssh_config no; fi
 fi
