@@ -1,5 +1,5 @@
-"""FSDP against data parallel in real multi-process runs: mpirun -np 2 (mpi backend), mlx.launch -n 2
-(ring backend), and mpirun -np 4 with hybrid fsdp x dp groups. Each run takes a few seconds; the worker
+"""FSDP against data parallel in real multi-process runs: mpirun -np 2 (mpi backend), `clusterctl run` (2
+ranks, ring backend, clusterctl's rank starter), and mpirun -np 4 with hybrid fsdp x dp groups. Each run takes a few seconds; the worker
 (fsdp_worker.py) trains both ways from the same weights and data and reports the differences.
 
 Tolerance: without max_norm FSDP must match DP bit for bit on 2 ranks (the gradient sums are the same
@@ -16,7 +16,6 @@ import sys
 
 import pytest
 
-from clusterctl.launch.backends import find_mlx_launch
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,10 +66,9 @@ def test_fsdp_matches_dp_on_two_mpi_ranks(tmp_path):
 
 
 def test_fsdp_matches_dp_on_two_ring_ranks(tmp_path):
-    mlx_launch = find_mlx_launch()
-    assert mlx_launch, "mlx.launch not found beside the test python"
-    argv = mlx_launch + ["-n", "2", "--backend", "ring", "--env", "CLUSTERCTL_WORLD_SIZE=2",
-                         "--env", f"PYTHONPATH={REPO}", "--", sys.executable, WORKER, "ring"]
+    # started as users start it: `clusterctl run` on this machine (2 ranks, clusterctl's rank starter)
+    argv = [sys.executable, "-m", "clusterctl", "run", "--no-sync", "--no-preflight", "--runs-dir",
+            str(tmp_path / "runs"), WORKER, "ring"]
     reports = launch(argv, 2, tmp_path)
     assert {rep["method"] for rep in reports} == {"all_sum"}    # ring has no sum_scatter in mlx 0.32.4
     check_equivalence(reports, 0.5)

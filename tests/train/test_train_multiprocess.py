@@ -1,5 +1,5 @@
-"""The trainer in real multi-process runs on this machine: mpirun -np 2 (mpi backend) and mlx.launch -n 2
-(ring backend). Tiny models; each test takes seconds.
+"""The trainer in real multi-process runs on this machine: mpirun -np 2 (mpi backend) and `clusterctl run`
+(2 ranks, ring backend, clusterctl's rank starter). Tiny models; each test takes seconds.
 
 Tolerances:
 * DP equivalence: 2 ranks x batch b against 1 rank x batch 2b after 10 AdamW steps (lr 1e-2, clipping
@@ -23,7 +23,6 @@ import mlx.core as mx
 import pytest
 from sshcluster import requires_private_roots
 
-from clusterctl.launch.backends import find_mlx_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -41,11 +40,14 @@ def mpirun(n: int, forward=("PYTHONPATH", "CLUSTERCTL_WORLD_SIZE")) -> list[str]
     return ["mpirun", *root, "--oversubscribe", "-np", str(n)] + [a for name in forward for a in ("-x", name)]
 
 
-def ring(n: int) -> list[str]:
-    mlx_launch = find_mlx_launch()
-    assert mlx_launch, "mlx.launch not found beside the test python"
-    return mlx_launch + ["-n", str(n), "--backend", "ring", "--env", f"PYTHONPATH={REPO}",
-                         "--env", f"CLUSTERCTL_WORLD_SIZE={n}", "--"]
+def ring(program: list[str], tmp_path) -> list[str]:
+    """`program` ([python, SCRIPT, ARGS...] or the trainer's `[python, -m, clusterctl.train, FLAGS...]`) on
+    2 ranks over the ring backend, started as users start it: `clusterctl run` on this machine, whose rank
+    starter gives each rank MLX_RANK and MLX_HOSTFILE (docs/launchers.md#our-rank-starter)."""
+    base = [sys.executable, "-m", "clusterctl", "run", "--no-sync", "--no-preflight", "--runs-dir", str(tmp_path / "runs")]
+    if program[1:3] == ["-m", "clusterctl.train"]:
+        return base + ["--", *program[3:]]
+    return base + program[1:]
 
 
 def run(argv, world=1, timeout=180) -> subprocess.CompletedProcess:
@@ -79,8 +81,8 @@ def one_rank_reference(tmp_path_factory):
 @pytest.mark.parametrize("launcher", ["mpi", "ring"])
 def test_two_ranks_match_one_rank_with_the_double_batch(launcher, one_rank_reference, tmp_path):
     out = str(tmp_path / "params.safetensors")
-    run((mpirun(2) if launcher == "mpi" else ring(2)) + [sys.executable, os.path.join(HERE, "dp_worker.py"), out],
-        world=2)
+    program = [sys.executable, os.path.join(HERE, "dp_worker.py"), out]
+    run(mpirun(2) + program if launcher == "mpi" else ring(program, tmp_path), world=2)
     ref, got = mx.load(one_rank_reference), mx.load(out)
     assert set(ref) == set(got) and len(ref) == 2 * 9 + 2
     diff = max(mx.abs(ref[k] - got[k]).max().item() for k in ref)
@@ -199,8 +201,8 @@ def test_training_from_prepared_shards_reads_each_ranks_own_shard(tmp_path):
 # ---- learning on the embedded corpus, world size check ----------------------------------------
 
 def test_loss_falls_30_percent_on_the_embedded_corpus_over_ring(tmp_path):
-    run(ring(2) + train_cmd("--steps", "60", "--lr", "3e-3", "--report-every", "1", "--eval-every", "30",
-                            "--ckpt-every", "0", "--out", str(tmp_path)), world=2)
+    run(ring(train_cmd("--steps", "60", "--lr", "3e-3", "--report-every", "1", "--eval-every", "30",
+                       "--ckpt-every", "0", "--out", str(tmp_path)), tmp_path), world=2)
     curve = losses(tmp_path)
     first, last = curve[1][0], sum(curve[s][0] for s in range(56, 61)) / 5
     assert last <= 0.7 * first, (first, last)
