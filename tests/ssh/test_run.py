@@ -135,11 +135,12 @@ def test_sigint_stops_every_rank_with_exit_130(make_cluster, tmp_path, backend):
     assert_nothing_left(cluster, run_id)
 
 
-def test_a_stopped_rank_trips_the_hang_timeout_and_is_named(make_cluster, tmp_path):
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_a_stopped_rank_trips_the_hang_timeout_and_is_named(make_cluster, tmp_path, backend):
     cluster = make_cluster(3)
     script = tmp_path / "sleepy.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
-    proc = start(str(script), "--hosts", str(cluster.inventory), "--backend", "mpi", "--hang-timeout", "5",
+    proc = start(str(script), "--hosts", str(cluster.inventory), "--backend", backend, "--hang-timeout", "5",
                  cwd=tmp_path)
     lines = wait_for_lines(proc, lambda l: l.rstrip().endswith("] up"), 3)
     run_id = TOKEN.search("".join(lines)).group(1)
