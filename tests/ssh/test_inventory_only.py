@@ -86,6 +86,9 @@ def test_sync_data_push_exec_and_bench(bare, tmp_path):
 @pytest.mark.parametrize("fmt,backend", [("openmpi", "mpi"), ("mlx", "ring")])
 def test_printed_launch_lines_work_as_printed(bare, tmp_path, fmt, backend):
     (tmp_path / "allsum.py").write_text(ALLSUM)
+    # the hosts' workdir exists, as after `clusterctl sync` (the lines start ranks there: -wdir / --cwd)
+    assert clusterctl(bare, "exec", "--hosts", str(bare.inventory), "--", "mkdir", "-p", bare.workdir,
+                      cwd=tmp_path).returncode == 0
     r = clusterctl(bare, "hostfile", "--hosts", str(bare.inventory), "--format", fmt, "-o", str(tmp_path / "hf"),
                    "--print-command", "--", str(tmp_path / "allsum.py"), backend, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
