@@ -221,8 +221,8 @@ def train(argv: list[str] | None = None) -> None:
                                         vocab_size))
     if rank == 0:
         print(presets.describe(config.training_dict(), how, count_parameters(model)), flush=True)
-        print(f"{config.strategy} on {world} rank(s): {len(train_tokens):,} training tokens on rank 0, {tokens_per_step:,} tokens per step, "
-              f"steps {start + 1}..{config.steps}, run directory {out_dir}"
+        print(f"{config.strategy} on {world} rank(s): {len(train_tokens):,} training tokens on rank 0, "
+              f"{tokens_per_step:,} tokens per step, steps {start + 1}..{config.steps}, run directory {out_dir}"
               + (f", resumed from {ckpt}" if ckpt else ""), flush=True)
     fit(model, optimizer, data, config, callbacks)
 
