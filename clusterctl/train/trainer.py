@@ -51,9 +51,10 @@ def init_world():
     return collectives.init_world(expected=expected)
 
 
-def device_kind() -> str:
-    """MLX's default device type, 'gpu' or 'cpu': what picks the preset when none is given."""
-    return mx.default_device().type.name
+def device_kind(group) -> str:
+    """Rank 0's MLX default device type, 'gpu' or 'cpu', on every rank: what picks the preset when none is
+    given. Rank 0's for all, so that Macs (GPU) and Linux boxes (CPU) in one job still build one model."""
+    return "gpu" if checkpoint.int_from_rank0(int(mx.default_device() == mx.gpu), group) else "cpu"
 
 
 def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, device: str):
@@ -191,10 +192,11 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
 
 def train(argv: list[str] | None = None) -> None:
     """One rank's run: flags, world, run directory and resume, data, model and optimizer, then fit."""
-    device = device_kind()
-    config, how = resolve(argv, device=device)
+    resolve(argv)                                              # bad flags fail before the world forms
     group = init_world()
     rank, world = group.rank(), group.size()
+    device = device_kind(group)
+    config, how = resolve(argv, device=device)
     config, how, out_dir, ckpt, resumed = resolve_run(config, how, argv, group, device)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
 
