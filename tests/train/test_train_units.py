@@ -167,6 +167,20 @@ def test_the_preset_line_names_the_preset_how_it_was_chosen_and_what_was_overrid
     assert "--preset tiny|small|base" in help_text and "small on a GPU, tiny on a CPU" in help_text
 
 
+def test_the_readmes_preset_table_is_the_code_s():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    for name, preset in presets.PRESETS.items():
+        [row] = [line for line in readme.splitlines() if line.strip().startswith(f"| `{name}` |")]
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        s = preset.settings
+        expected = [s["n_layers"], s["dim"], s["n_heads"], s["mlp_dim"], s["block_size"], s["batch_size"],
+                    s["steps"], s["lr"], s["warmup"]]
+        assert [float(c) for c in cells[1:10]] == expected, row
+        assert cells[11] == f"{s['report_every']} / {s['eval_every']} / {s['ckpt_every']}", row
+        config = parse_args(["--preset", name])
+        assert cells[10] == f"{count_parameters(Transformer(ModelArgs.from_config(config, VOCAB))) / 1e6:.2f}M"
+
+
 @pytest.mark.parametrize("text, message", [
     ("nonsense_key: 1\n", "unknown setting 'nonsense_key'"),
     ("steps: many\n", "steps must be int"),
