@@ -180,7 +180,8 @@ def resolve(argv: list[str] | None, checkpoint_config: dict | None = None,
     return TrainConfig(**merged), how
 
 
-def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None, device: str = "cpu") -> TrainConfig:
+def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None,
+               device: str = "cpu") -> TrainConfig:
     """flags > --config file > checkpoint config > preset > defaults (see resolve)."""
     return resolve(argv, checkpoint_config, device)[0]
 
