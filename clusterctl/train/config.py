@@ -1,8 +1,9 @@
 """The trainer's configuration: one frozen dataclass whose field help becomes the argparse flags.
 
 Precedence, highest first: command-line flags > `--config FILE.yaml` > the checkpoint's config (when
-resuming) > the defaults below. argparse, not click: the trainer runs under mpirun / mlx.launch with only
-the standard library, mlx and yaml.
+resuming) > the preset (`--preset`, else chosen by MLX's default device: presets.py) > the defaults below.
+argparse, not click: the trainer runs under mpirun / mlx.launch with only the standard library, mlx and
+yaml.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass, field, fields
 
 from ..errors import ConfigError
+from . import presets
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
 RUN_OPTIONS = ("out", "resume", "config")
@@ -24,6 +26,7 @@ def _opt(default, help: str, **extra):
 
 @dataclass(frozen=True)
 class TrainConfig:
+    preset: str | None = _opt(None, presets.help_text(), metavar="|".join(presets.PRESETS))
     # model
     n_layers: int = _opt(4, "Transformer blocks.")
     dim: int = _opt(256, "Model (embedding) width.")
@@ -83,6 +86,8 @@ class TrainConfig:
             raise ConfigError("need 0 <= --min-lr <= --lr and --lr > 0")
         if self.max_norm < 0:
             raise ConfigError("--max-norm must not be negative")
+        if self.preset is not None:
+            presets.get(self.preset)
 
     def training_dict(self) -> dict:
         """The settings that define the run (saved in checkpoints), without the per-invocation options."""
@@ -98,15 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m clusterctl.train", argument_default=argparse.SUPPRESS,
         description="Train a small Llama-style language model with MLX, on one or many ranks.",
-        epilog="Launch on 2 ranks: mlx.launch -n 2 --backend ring -- python -m clusterctl.train ... | "
+        epilog="Precedence: flags > --config > a resumed checkpoint's settings > the preset > the defaults "
+               "shown. Launch on 2 ranks: mlx.launch -n 2 --backend ring -- python -m clusterctl.train ... | "
                "mpirun -np 2 python -m clusterctl.train ... | clusterctl run (see README.md).")
     for f in fields(TrainConfig):
         kind = _base_type(f.type)
         metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind)
         parser.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind,
                             choices=f.metadata.get("choices"), metavar=metavar,
-                            help=f"{f.metadata['help']} (default: {f.default})")
+                            help=f.metadata["help"] + _default_help(f.name, f.default))
     return parser
+
+
+def _default_help(name: str, default) -> str:
+    if name == "preset":
+        return ""                                 # its help states the device rule itself
+    if name in presets.PRESET_FIELDS:
+        return " (default: the preset's: " + ", ".join(f"{p.name} {p.settings[name]:g}"
+                                                       for p in presets.PRESETS.values()) + ")"
+    return f" (default: {default})"
 
 
 def _base_type(annotation) -> type:
@@ -151,17 +166,24 @@ def load_yaml(path: str) -> dict:
     return from_mapping(values, path)
 
 
-def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None) -> TrainConfig:
-    """flags > --config file > checkpoint config > defaults."""
+def resolve(argv: list[str] | None, checkpoint_config: dict | None = None,
+            device: str = "cpu") -> tuple[TrainConfig, str]:
+    """(config, how its preset was chosen): flags > --config file > checkpoint config > the preset (given,
+    the checkpoint's, else the one for `device`, MLX's default device type: 'gpu' or 'cpu') > defaults."""
     given = vars(build_parser().parse_args(argv))
-    merged: dict = {}
-    if checkpoint_config:
-        merged.update({k: v for k, v in from_mapping(checkpoint_config, "checkpoint").items()
-                       if k not in RUN_OPTIONS})
-    if given.get("config"):
-        merged.update(load_yaml(given["config"]))
-    merged.update(given)
-    return TrainConfig(**merged)
+    from_file = load_yaml(given["config"]) if given.get("config") else {}
+    from_checkpoint = {k: v for k, v in from_mapping(checkpoint_config or {}, "checkpoint").items()
+                       if k not in RUN_OPTIONS}
+    name, how = presets.choose(given.get("preset"), from_file.get("preset"), from_checkpoint.get("preset"),
+                               device)
+    merged = {**presets.get(name).settings, **from_checkpoint, **from_file, **given, "preset": name}
+    return TrainConfig(**merged), how
+
+
+def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None,
+               device: str = "cpu") -> TrainConfig:
+    """flags > --config file > checkpoint config > preset > defaults (see resolve)."""
+    return resolve(argv, checkpoint_config, device)[0]
 
 
 def default_out_dir(when: time.struct_time) -> str:

@@ -3,7 +3,8 @@
 Launch (every rank runs this same program; rank 0 reports; mlx.launch needs the explicit `python`, see
 docs/launchers.md#mlx-launch-does-not-prepend-python):
 
-    python -m clusterctl.train --steps 300                                    # one process
+    python -m clusterctl.train                                                # one process, preset by device
+    python -m clusterctl.train --preset small --steps 300                     # a named size, fewer steps
     mlx.launch -n 2 --backend ring -- python -m clusterctl.train --steps 300  # 2 ranks, ring (TCP)
     mpirun -np 2 python -m clusterctl.train --strategy fsdp                   # 2 ranks, MPI
     clusterctl run --hosts inventory.yaml -- --data shards/ --steps 2000      # a cluster (see README)
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
-from . import checkpoint, collectives
+from . import checkpoint, collectives, presets
 from .callbacks import Callback, Callbacks, Checkpointing, Reporting
-from .config import ConfigError, TrainConfig, default_out_dir, parse_args
+from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
 from .step import make_optimizer, make_step
@@ -50,9 +51,16 @@ def init_world():
     return collectives.init_world(expected=expected)
 
 
-def resolve_run(config: TrainConfig, argv: list[str] | None, group):
-    """(config, run directory, checkpoint, its state). Resuming, the config is read again over the
-    checkpoint's (flags still win); not resuming, a directory that holds checkpoints is refused."""
+def device_kind(group) -> str:
+    """Rank 0's MLX default device type, 'gpu' or 'cpu', on every rank: what picks the preset when none is
+    given. Rank 0's for all, so that Macs (GPU) and Linux boxes (CPU) in one job still build one model."""
+    return "gpu" if checkpoint.int_from_rank0(int(mx.default_device() == mx.gpu), group) else "cpu"
+
+
+def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, device: str):
+    """(config, how its preset was chosen, run directory, checkpoint, its state). Resuming, the
+    config is read again over the checkpoint's (flags still win, and its preset beats the device's); not
+    resuming, a directory that holds checkpoints is refused."""
     if config.resume == "latest" and not config.out and not os.environ.get("CLUSTERCTL_RUN_DIR"):
         raise ConfigError("--resume latest needs --out DIR (the run to continue)")
     out_dir = out_dir_for(config, group)
@@ -60,14 +68,14 @@ def resolve_run(config: TrainConfig, argv: list[str] | None, group):
         if list(Path(out_dir, "checkpoints").glob("step-*")):
             raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
                               f"{out_dir}, or train into another --out")
-        return config, out_dir, None, None
+        return config, how, out_dir, None, None
     ckpt = checkpoint.resolve(config.resume, out_dir)
     resumed = checkpoint.read_state(ckpt)
-    config = parse_args(argv, resumed["config"])               # flags still win over the checkpoint
+    config, how = resolve(argv, resumed["config"], device)     # flags still win over the checkpoint
     checkpoint.check_compatible(resumed, config.strategy, group.size(), ckpt)
     if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
         out_dir = str(ckpt.parent.parent)                      # keep writing into the run that was resumed
-    return config, out_dir, ckpt, resumed
+    return config, how, out_dir, ckpt, resumed
 
 
 def out_dir_for(config: TrainConfig, group) -> str:
@@ -184,10 +192,12 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
 
 def train(argv: list[str] | None = None) -> None:
     """One rank's run: flags, world, run directory and resume, data, model and optimizer, then fit."""
-    config = parse_args(argv)
+    resolve(argv)                                              # bad flags fail before the world forms
     group = init_world()
     rank, world = group.rank(), group.size()
-    config, out_dir, ckpt, resumed = resolve_run(config, argv, group)
+    device = device_kind(group)
+    config, how = resolve(argv, device=device)
+    config, how, out_dir, ckpt, resumed = resolve_run(config, how, argv, group, device)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
 
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
@@ -212,9 +222,9 @@ def train(argv: list[str] | None = None) -> None:
                           Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer),
                                         vocab_size))
     if rank == 0:
-        print(f"{config.strategy} on {world} rank(s): {count_parameters(model) / 1e6:.2f}M parameters, "
-              f"{len(train_tokens):,} training tokens on rank 0, {tokens_per_step:,} tokens per step, "
-              f"steps {start + 1}..{config.steps}, run directory {out_dir}"
+        print(presets.describe(config.training_dict(), how, count_parameters(model)), flush=True)
+        print(f"{config.strategy} on {world} rank(s): {len(train_tokens):,} training tokens on rank 0, "
+              f"{tokens_per_step:,} tokens per step, steps {start + 1}..{config.steps}, run directory {out_dir}"
               + (f", resumed from {ckpt}" if ckpt else ""), flush=True)
     fit(model, optimizer, data, config, callbacks)
 

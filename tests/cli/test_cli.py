@@ -1,6 +1,8 @@
 """The command line, through click's CliRunner and through the real `python -m clusterctl` entry point."""
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ from click.testing import CliRunner
 from clusterctl import __version__
 from clusterctl.cli import EXAMPLES, cli
 from clusterctl.inventory import load
+from clusterctl.train import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -207,23 +210,27 @@ def test_run_without_a_script_trains_the_bundled_model_here(tmp_path):
 
 
 def test_the_readme_main_job_as_written_learns(tmp_path):
-    """The README's main job, with its exact flags (read from the README): the bundled trainer on this
-    machine's 2 ring ranks; the loss falls by at least 30% within the demo's steps, held-out loss too."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    """The README's main job exactly as written (what follows `.venv/bin/`, read from the README: a bare
+    `clusterctl run` picks the bundled trainer's preset by device): it names its preset, the printed loss
+    falls at every report, the final held-out loss is at least 30% below the first step's loss, and the run
+    stops at the preset's last step."""
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     command = readme.split("```sh\n", 1)[1].split("\n", 1)[0]
-    job = command.split("&& .venv/bin/clusterctl run ", 1)[1]
-    assert job.startswith("-- "), job
-    flags = job.split()[1:]
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--", *flags], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path)
+    program, *args = shlex.split(command.rsplit("&& .venv/bin/", 1)[1])
+    assert program == "clusterctl" and args[:1] == ["run"], command
+    r = subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    preset = re.search(r"^\[rank 0 localhost\] preset (\w+) \((chosen for \w+|given)\b", r.stdout, re.M)
+    assert preset, r.stdout[:2000]
+    printed = [float(x) for x in re.findall(r"^\[rank 0 localhost\] step +\d+/\d+ \| loss ([\d.]+)", r.stdout, re.M)]
+    assert len(printed) > 2 and all(b < a for a, b in zip(printed, printed[1:])), printed
     [run_dir] = list((tmp_path / "runs").iterdir())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    losses = [m["loss"] for m in records if "loss" in m]
+    losses = [m for m in records if "loss" in m]
     held_out = [m["val_loss"] for m in records if "val_loss" in m]
-    steps = int(flags[flags.index("--steps") + 1])
-    assert [m["step"] for m in records if "loss" in m][-1] == steps
-    assert losses[-1] <= 0.7 * losses[0] and held_out[-1] <= 0.7 * losses[0], (losses, held_out)
+    assert losses[0]["step"] == 1 and held_out[-1] <= 0.7 * losses[0]["loss"], (losses, held_out)
+    assert losses[-1]["step"] == presets.PRESETS[preset.group(1)].settings["steps"]
 
 
 def test_run_refuses_shards_of_another_world_size_before_launching(tmp_path):

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from mlx.utils import tree_flatten
 
 from clusterctl.cli import cli
-from clusterctl.train import checkpoint
+from clusterctl.train import checkpoint, presets
 from clusterctl.train.checkpoint import random_states, restore_random_state
-from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args
+from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args, resolve
 from clusterctl.train.generate import generate_text, load, sample_tokens
 from clusterctl.train.metrics import Reporter
 from clusterctl.train.model import ModelArgs, Transformer, count_parameters
@@ -100,15 +100,85 @@ def test_every_field_is_a_flag_with_help():
     assert "Sequences per micro-batch PER RANK" in help_text
 
 
-def test_precedence_flags_over_file_over_checkpoint_over_defaults(tmp_path):
+def test_precedence_flags_over_file_over_checkpoint_over_preset_over_defaults(tmp_path):
     cfg = tmp_path / "train.yaml"
     cfg.write_text("lr: 0.005\nsteps: 77\nbatch-size: 3\n")
-    checkpoint_config = {"lr": 0.02, "steps": 11, "dim": 64, "warmup": 9, "out": "ignored"}
-    c = parse_args(["--config", str(cfg), "--lr", "0.001"], checkpoint_config)
+    checkpoint_config = {"lr": 0.02, "steps": 11, "dim": 32, "warmup": 9, "out": "ignored"}
+    c = parse_args(["--config", str(cfg), "--lr", "0.001"], checkpoint_config, device="cpu")
     assert c.lr == 0.001                 # flag
     assert (c.steps, c.batch_size) == (77, 3)   # file
-    assert (c.dim, c.warmup) == (64, 9)  # checkpoint
-    assert c.n_layers == 4 and c.out is None    # default; run options never come from a checkpoint
+    assert (c.dim, c.warmup) == (32, 9)  # checkpoint
+    assert (c.preset, c.n_layers, c.block_size) == ("tiny", 2, 64)   # the preset (this checkpoint names none)
+    assert c.weight_decay == 0.1 and c.out is None   # default; run options never come from a checkpoint
+
+
+# ---- presets ----------------------------------------------------------------------------------
+
+def test_a_preset_sits_below_the_config_file_and_the_flags(tmp_path):
+    assert parse_args(["--preset", "small"]).steps == presets.PRESETS["small"].settings["steps"]
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("preset: small\nsteps: 77\nlr: 0.005\n")
+    c = parse_args(["--config", str(cfg), "--lr", "0.001"], device="cpu")
+    assert c.preset == "small" and (c.dim, c.block_size) == (128, 128)   # the file named the preset
+    assert c.steps == 77 and c.lr == 0.001                               # file over preset, flag over file
+    assert parse_args(["--config", str(cfg), "--preset", "base"]).dim == 256   # --preset over the file's
+
+
+def test_without_a_preset_the_device_chooses_one():
+    assert (presets.for_device("gpu"), presets.for_device("cpu")) == ("small", "tiny")
+    gpu, how = resolve([], device="gpu")
+    assert (gpu.preset, gpu.dim, gpu.steps, how) == ("small", 128, 1000, "chosen for gpu")
+    cpu, how = resolve([], device="cpu")
+    assert (cpu.preset, cpu.n_layers, cpu.dim, cpu.steps, how) == ("tiny", 2, 64, 400, "chosen for cpu")
+    assert resolve(["--preset", "base"], device="cpu")[1] == "given"
+
+
+def test_resuming_keeps_the_checkpoints_preset_on_another_device():
+    trained_on_a_cpu = parse_args([], device="cpu")
+    saved = json.loads(json.dumps(trained_on_a_cpu.training_dict()))      # as state.json holds it
+    resumed, how = resolve(["--resume", "latest"], saved, device="gpu")
+    assert resumed.training_dict() == trained_on_a_cpu.training_dict() and how == "from the checkpoint"
+    assert resolve(["--resume", "latest", "--steps", "500"], saved, device="gpu")[0].steps == 500
+    with pytest.raises(ConfigError, match="trained with preset tiny, not small"):
+        resolve(["--resume", "latest", "--preset", "small"], saved, device="gpu")
+
+
+def test_an_unknown_preset_is_a_one_line_error_naming_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match=r"^unknown preset 'huge': choose tiny, small, base$"):
+        parse_args(["--preset", "huge"])
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("preset: huge\n")
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        parse_args(["--config", str(cfg)])
+
+
+def test_base_is_the_built_in_defaults_and_every_preset_is_a_valid_config():
+    assert dict(presets.PRESETS["base"].settings) == {k: getattr(TrainConfig(), k) for k in presets.PRESET_FIELDS}
+    for name, preset in presets.PRESETS.items():
+        assert set(preset.settings) == set(presets.PRESET_FIELDS)
+        TrainConfig(preset=name, **preset.settings)
+
+
+def test_the_preset_line_names_the_preset_how_it_was_chosen_and_what_was_overridden():
+    config = parse_args(["--steps", "50"], device="cpu")
+    line = presets.describe(config.training_dict(), "chosen for cpu", 98_688)
+    assert line == "preset tiny (chosen for cpu; overridden: --steps): 2 layers, dim 64, 0.10M parameters, 50 steps"
+    help_text = build_parser().format_help()
+    assert "--preset tiny|small|base" in help_text and "small on a GPU, tiny on a CPU" in help_text
+
+
+def test_the_readmes_preset_table_is_the_code_s():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    for name, preset in presets.PRESETS.items():
+        [row] = [line for line in readme.splitlines() if line.strip().startswith(f"| `{name}` |")]
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        s = preset.settings
+        expected = [s["n_layers"], s["dim"], s["n_heads"], s["mlp_dim"], s["block_size"], s["batch_size"],
+                    s["steps"], s["lr"], s["warmup"]]
+        assert [float(c) for c in cells[1:10]] == expected, row
+        assert cells[11] == f"{s['report_every']} / {s['eval_every']} / {s['ckpt_every']}", row
+        config = parse_args(["--preset", name])
+        assert cells[10] == f"{count_parameters(Transformer(ModelArgs.from_config(config, VOCAB))) / 1e6:.2f}M"
 
 
 @pytest.mark.parametrize("text, message", [
