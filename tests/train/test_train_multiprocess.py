@@ -110,15 +110,44 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def rank_processes(launcher_pid: int) -> list[int]:
+    """The trainer's rank processes under a launcher: python running clusterctl.train (mpirun's children;
+    under clusterctl run, the bootstraps its rank starter started, below their watchdog shells)."""
+    ranks = []
+    for pid in descendants(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv[0]) and b"clusterctl.train" in argv:
+            ranks.append(pid)
+    return ranks
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
 @pytest.mark.parametrize("strategy", ["dp", "fsdp"])
-def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, tmp_path):
-    STEPS = 60     # the kill comes at step 12 or so: room to spare on a faster machine
+def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, backend, tmp_path):
+    STEPS = 200    # the kill comes at step 12 or so: room to spare on a faster machine (or launcher)
     args = ["--strategy", strategy, "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
             "--ckpt-every", "10", "--dropout", "0.1", "--accum", "2"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run(mpirun(2) + train_cmd(*args, "--out", str(whole)), world=2)
 
-    launcher = subprocess.Popen(mpirun(2) + train_cmd(*args, "--out", str(killed)), env={**ENV, "CLUSTERCTL_WORLD_SIZE": "2"},
+    def on_two(program):
+        return mpirun(2) + program if backend == "mpi" else ring(program, tmp_path)
+
+    run(on_two(train_cmd(*args, "--out", str(whole))), world=2)
+
+    launcher = subprocess.Popen(on_two(train_cmd(*args, "--out", str(killed))), env={**ENV, "CLUSTERCTL_WORLD_SIZE": "2"},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     latest, metrics = killed / "checkpoints" / "latest", killed / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -131,7 +160,7 @@ def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, tmp_pa
                 if max(losses(killed), default=0) >= ckpt_step + 2:
                     break
             time.sleep(0.02)
-        ranks = children(launcher.pid)
+        ranks = rank_processes(launcher.pid)
         assert len(ranks) == 2, ranks
         for pid in ranks:
             os.kill(pid, signal.SIGKILL)
@@ -142,7 +171,9 @@ def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, tmp_pa
             launcher.wait()
     assert launcher.returncode != 0
     assert max(losses(killed)) < STEPS
-    r = run(mpirun(2) + train_cmd("--resume", "latest", "--out", str(killed)), world=2)
+    # the checkpoint the run resumes from: a later one may have landed between the check above and the kill
+    ckpt_step = int(latest.read_text().strip().split("-")[1])
+    r = run(on_two(train_cmd("--resume", "latest", "--out", str(killed))), world=2)
     assert f"steps {ckpt_step + 1}..{STEPS}" in r.stdout and "resumed from" in r.stdout
     expected, got = losses(whole), losses(killed)
     assert sorted(got) == list(range(1, STEPS + 1))
