@@ -26,7 +26,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 def test_a_jaccl_inventory_needs_an_explicit_backend(tmp_path):
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(INVENTORY + "launch: {backend: jaccl}\n")
+    inventory.write_text(INVENTORY + "    rdma: [null]\nlaunch: {backend: jaccl}\n")   # a valid jaccl inventory
     r = subprocess.run([sys.executable, "-m", "clusterctl", "bench", "--hosts", str(inventory)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bench measures the mpi and ring backends" in r.stderr
