@@ -20,13 +20,15 @@ Everything the user sees goes through a RunEvents object (the CLI prints it; tes
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 from concurrent.futures import wait
 from dataclasses import dataclass
 
 from .atomic import write_text
-from .errors import EXIT_FAILED, ClusterctlError, UsageError
+from .transfer.shards import MANIFEST
+from .errors import EXIT_FAILED, ClusterctlError, ShardError, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
 from .hosts.openssh import ssh_options
@@ -85,12 +87,20 @@ class Program:
         return ("-m", [self.module, *self.args]) if self.module else (self.script, list(self.args))
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def program_for(script: str | None, args: tuple[str, ...], module: str | None) -> Program:
-    """SCRIPT, `-m MODULE` or the bundled trainer, from run's arguments (pure)."""
+    """SCRIPT, `-m MODULE` or the bundled trainer, from run's arguments (pure). A module name is checked
+    here, before anything starts: dotted Python identifiers, as `python -m` takes them."""
     if script is not None and script.startswith("-"):
         args, script = (script, *args), None     # `run -- --steps 100`: arguments for the default program
     if script is not None and module:
         raise UsageError("give a SCRIPT or --module, not both")
+    if module is not None and not _MODULE_NAME.fullmatch(module):
+        hint = (f"; to run the file, write `clusterctl run {module}`" if module.endswith(".py") or "/" in module
+                else "")
+        raise UsageError(f"-m {module!r} is not a module name (dotted Python identifiers, like pkg.train){hint}")
     if script is None:
         return Program(None, module or BUNDLED_TRAINER, tuple(args))
     return Program(script, None, tuple(args))
@@ -186,6 +196,12 @@ def stage(cluster: Cluster, options: RunOptions, program: Program, project: str,
     """Copy what the job needs to the hosts before launching, the project, clusterctl and the shards at
     once (they are independent); returns the ranks' extra environment."""
     kwargs = {"connect_timeout": options.connect_timeout}
+    if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, MANIFEST)):
+        # the trap of an option both accept: say whose --data this was (README "clusterctl run")
+        what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {MANIFEST} there"
+        raise ShardError(f"--data {options.data_dir}: {what}. This --data is clusterctl's, for shards from "
+                         f"`clusterctl data prepare`, because it came before the program; if it was meant for "
+                         f"{program.label}, write it after {program.label}")
     jobs = {}
     if options.sync:
         jobs["project"] = in_background(stage_project, cluster, project, **kwargs)

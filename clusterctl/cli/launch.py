@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 import click
 
@@ -77,12 +78,100 @@ class PrintedRun:
                     "still there", fg="yellow", err=True)
 
 
-@app.command("clusterctl run train.py --hosts inventory.yaml -- --lr 3e-4")
-@click.argument("script", required=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+# Options that name the launch itself, never a program's: a block of clusterctl options written after the
+# program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
+LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
+               "--no-preflight", "--rank0-only", "--start-timeout", "--hang-timeout", "--runs-dir")
+
+
+@dataclass(frozen=True)
+class RunWords:
+    """`clusterctl run`'s command line, split: clusterctl's own words, the program (SCRIPT, or `-m` MODULE,
+    or neither: the bundled trainer) and the program's arguments."""
+
+    options: list[str]
+    script: str | None
+    module: str | None
+    args: list[str]
+    trailing: list[str]          # clusterctl options taken from the end of the line (a note says so)
+
+
+def split_run_words(words: list[str], takes_value: dict[str, bool]) -> RunWords:
+    """Split run's words (pure). Everything after SCRIPT or `-m MODULE` belongs to the program, as with
+    `python -m` and torchrun; `clusterctl run [OPTIONS] -- ARGS` gives ARGS to the bundled trainer. Two
+    older spellings still work: `SCRIPT [OPTIONS] -- ARGS` (the words between the program and `--` are all
+    clusterctl options), and a block of clusterctl options at the very end of the line that starts with an
+    option naming the launch (LAUNCH_ONLY: --hosts, --fetch, ...), which the caller reports as taken.
+    `takes_value` maps each option spelling to whether it takes a value."""
+    options, i = [], 0
+    script = module = None
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return RunWords(options, None, None, words[i + 1:], [])
+        name, eq, _ = word.partition("=")
+        if word in ("-m", "--module") and i + 1 < len(words):
+            module, i = words[i + 1], i + 2
+            break
+        if name == "--module" and eq or word.startswith("-m") and len(word) > 2 and not word.startswith("--"):
+            module, i = (word.split("=", 1)[1] if eq else word[2:]), i + 1
+            break
+        if not word.startswith("-") or word == "-":
+            script, i = word, i + 1
+            break
+        options.append(word)
+        if takes_value.get(name) and not eq and i + 1 < len(words):
+            options.append(words[i + 1])
+            i += 1
+        i += 1
+    rest = words[i:]
+    if rest[:1] == ["--"]:
+        return RunWords(options, script, module, rest[1:], [])
+    if "--" in rest:
+        k = rest.index("--")
+        if k and _all_options(rest[:k], takes_value):
+            return RunWords(options + rest[:k], script, module, rest[k + 1:], [])
+    for start, word in enumerate(rest):
+        if word.partition("=")[0] in LAUNCH_ONLY and _all_options(rest[start:], takes_value):
+            return RunWords(options + rest[start:], script, module, rest[:start], rest[start:])
+    return RunWords(options, script, module, rest, [])
+
+
+def _all_options(words: list[str], takes_value: dict[str, bool]) -> bool:
+    """Whether `words` are entirely clusterctl options, each with its value."""
+    i = 0
+    while i < len(words):
+        name, eq, _ = words[i].partition("=")
+        if name not in takes_value or name in ("-m", "--module"):
+            return False
+        i += 2 if takes_value[name] and not eq else 1
+        if i > len(words):
+            return False
+    return True
+
+
+class RunCommand(click.Command):
+    """`run`'s parser: split_run_words decides what is clusterctl's and what is the program's; click then
+    parses clusterctl's options alone, and the program's words arrive untouched."""
+
+    def collect_usage_pieces(self, ctx):
+        return ["[OPTIONS]", "[SCRIPT | -m MODULE] [ARGS]..."]
+
+    def parse_args(self, ctx, args):
+        takes_value = {}
+        for param in self.params:
+            if isinstance(param, click.Option):
+                for opt in (*param.opts, *param.secondary_opts):
+                    takes_value[opt] = not param.is_flag and not param.count
+        words = split_run_words(list(args), takes_value)
+        ctx.meta["clusterctl.run"] = words
+        return super().parse_args(ctx, [*words.options, "--"])
+
+
+@app.command("clusterctl run --hosts inventory.yaml train.py --lr 3e-4", cls=RunCommand)
 @click.option("-m", "--module", metavar="MODULE",
-              help="Run this Python module on every rank (python -m MODULE). Default without SCRIPT: the "
-                   "bundled trainer, clusterctl.train.")
+              help="Run this Python module on every rank, as `python -m MODULE ARGS...`; the last of "
+                   "clusterctl's options: every word after MODULE is the module's.")
 @click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
               help="The inventory. Default: this machine, 2 ranks, ring backend.")
 @app.backend_option()
@@ -103,14 +192,37 @@ class PrintedRun:
               help="Do not copy the current directory (the project) and clusterctl to the hosts first.")
 @click.option("--no-fetch", is_flag=True,
               help="Leave what the job wrote in its run directory on the first host (default: copy it here).")
-@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
-def run_cmd(script, args, module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
+def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, data_dir):
-    """Run SCRIPT (or the bundled trainer) on every rank, supervised."""
+    """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
+
+    \b
+    clusterctl run [OPTIONS] SCRIPT [ARGS]...      python SCRIPT ARGS on every rank
+    clusterctl run [OPTIONS] -m MODULE [ARGS]...   python -m MODULE ARGS on every rank
+    clusterctl run [OPTIONS] [-- ARGS]             the bundled trainer (python -m clusterctl.train ARGS)
+
+    clusterctl's options come first: every word after SCRIPT or MODULE is the program's, as with
+    `python` and torchrun. For example, a package's subcommand with its own flags:
+
+    \b
+    clusterctl run --hosts inventory.yaml --fetch adapters -m mlx_lm lora --train --data data --adapter-path adapters
+
+    A block of clusterctl options at the very end of the line, starting with --hosts, --fetch, --launcher or
+    another option that names the launch, is still taken as clusterctl's (mlx.launch-style lines), with a
+    note; write `--` after SCRIPT or MODULE to give every following word to the program instead.
+    """
     from ..run import RunOptions, run
 
+    words: RunWords = click.get_current_context().meta["clusterctl.run"]
+    if words.trailing:
+        click.echo(f"note: took {' '.join(words.trailing)} from the end of the line as clusterctl's options "
+                   "(write `--` after the program to pass them to it)", err=True)
+    script, args = words.script, words.args
+    if module is not None or words.module is not None:
+        module = words.module or module
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,

@@ -36,8 +36,14 @@ def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
     return LaunchPlan(env, cluster.mpi.if_include or (str(subnet) if subnet else None))
 
 
-# Whether python can import a module the way a rank will: from the workdir, with the inventory's env.
-_FIND_MODULE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
+# Whether python can find a module the way a rank will: from the workdir, with the inventory's env. Exit 0:
+# found; 1: no such module; 2: a package on its path raised while being imported (its message printed:
+# find_spec imports the parents of a dotted name, not the module itself).
+_FIND_MODULE = ("import importlib.util, sys\n"
+                "try:\n    found = importlib.util.find_spec(sys.argv[1])\n"
+                "except ModuleNotFoundError:\n    sys.exit(1)\n"
+                "except BaseException as e:\n    print('%s: %s' % (type(e).__name__, e))\n    sys.exit(2)\n"
+                "sys.exit(0 if found else 1)")
 
 
 def discover(connector: Connector, timeout: float = 30.0, script: str | None = None,
@@ -58,10 +64,10 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
         if module is not None:
             env = " ".join(shlex.quote(f"{k}={v}") for k, v in host.env)
             # as a rank imports it: from the workdir, with the clusterctl that `run` ships there first
-            text += (f"\nif (cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
+            text += (f"\nm=$(cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
                      f"export PYTHONPATH; env {env} {quote_path(host.python)} "
-                     f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)}) >/dev/null 2>&1; "
-                     "then j module yes; else j module no; fi\n")
+                     f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)} 2>&1)\n"
+                     'case $? in 0) j module yes;; 1) j module no;; *) j module error; j module_error "$m";; esac\n')
         with connector.transport(host) as t:
             facts = parse_probe(t.run(text, timeout=timeout).stdout)
         if script is not None or module is not None:
@@ -73,8 +79,8 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
                 raise PreflightError(f"{host.name}: {where} does not exist there (run copies the current directory "
                                      "unless --no-sync; or `clusterctl sync`; --no-preflight skips this check)")
             if module is not None and facts.get("module") != "yes":
-                raise PreflightError(f"{host.name}: {host.python} cannot import {module} there (install it on "
-                                     "that host; --no-preflight skips this check)")
+                raise PreflightError(module_problem(host.name, host.python, module, facts.get("module"),
+                                                    facts.get("module_error")))
         return HostProbe(host, facts)
 
     group = run_all(cluster.hosts, probe, deadline=connector.connect_timeout + timeout + 5)
@@ -84,6 +90,17 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
         raise ConnectError(name, str(outcome.error).removeprefix(f"{name}: ") +
                            " (run `clusterctl doctor` for the whole picture)")
     return plan_from_probes(cluster, [o.value for o in group.values()])
+
+
+def module_problem(host: str, python: str, module: str, found: str | None, message: str | None) -> str:
+    """The pre-flight's one line for a module a host's python cannot run (pure)."""
+    if found == "error":
+        lines = [line for line in (message or "").splitlines() if line.strip()]
+        return (f"{host}: importing {module.rsplit('.', 1)[0]} (on the way to {module}) raised there: "
+                f"{lines[-1] if lines else 'no message'} (fix the package on that host; --no-preflight skips this check)")
+    hint = f"; to run the file, write `clusterctl run {module}`" if module.endswith(".py") else ""
+    return (f"{host}: no module named {module} for {python} there, from its workdir (install it on that host, or "
+            f"put it in the project that run copies{hint}; --no-preflight skips this check)")
 
 
 def _cache_path(cluster: Cluster) -> str:

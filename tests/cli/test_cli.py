@@ -314,3 +314,21 @@ def test_the_cli_prints_every_event_run_reports():
         def params(cls):
             return list(inspect.signature(getattr(cls, name)).parameters)
         assert params(PrintedRun) == params(RunEvents), name
+
+
+def test_an_option_both_accept_and_a_bad_module_name_each_give_one_line(tmp_path):
+    """`--data` before the program is clusterctl's: when it is not a shards directory the one-line error
+    says so and how to give it to the program; a module name that cannot be one is refused before anything
+    starts. Nothing is launched either way."""
+    (tmp_path / "mydata").mkdir()
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--data", "mydata", "train.py", "--steps", "2"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: --data mydata: no manifest.json there. This --data is clusterctl's")
+    assert r.stderr.strip().endswith("if it was meant for train.py, write it after train.py")
+    for module in ("pkg/train", "my pkg", "pkg."):
+        r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "-m", module, "train"], capture_output=True,
+                           text=True, timeout=60, cwd=tmp_path)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"-m {module!r} is not a module name" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()

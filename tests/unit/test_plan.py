@@ -73,8 +73,18 @@ def test_the_preflight_on_this_machine_names_what_is_missing(tmp_path):
     assert isinstance(discover(connector, module="mymod"), LaunchPlan)
     with pytest.raises(PreflightError, match=f"here: {tmp_path}/nope.py does not exist there"):
         discover(connector, script="nope.py")
-    with pytest.raises(PreflightError, match="cannot import no_such_module there"):
+    with pytest.raises(PreflightError, match="here: no module named no_such_module for .* there, from its workdir"):
         discover(connector, module="no_such_module")
+    # a package that raises while it is imported is named with the host's own message, not as missing
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "__init__.py").write_text("raise RuntimeError('needs a GPU driver')\n")
+    (tmp_path / "broken" / "train.py").write_text("")
+    with pytest.raises(PreflightError) as info:
+        discover(connector, module="broken.train")
+    assert str(info.value).startswith("here: importing broken (on the way to broken.train) raised there: "
+                                      "RuntimeError: needs a GPU driver (fix the package on that host")
+    with pytest.raises(PreflightError, match="to run the file, write `clusterctl run train.py`"):
+        discover(connector, module="train.py")
     with pytest.raises(PreflightError, match="python '/nonexistent/python3' not found on the non-interactive PATH"):
         discover(Connector(local(tmp_path, python="/nonexistent/python3")), script="train.py")
 

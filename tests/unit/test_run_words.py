@@ -1,0 +1,72 @@
+"""`clusterctl run`'s command line: what is clusterctl's and what is the program's (cli/launch.py)."""
+import subprocess
+import sys
+
+import pytest
+
+from clusterctl.cli.launch import LAUNCH_ONLY, RunCommand, run_cmd, split_run_words
+from clusterctl.errors import UsageError
+from clusterctl.run import program_for
+
+
+@pytest.fixture(scope="module")
+def takes_value():
+    """The option table RunCommand builds from run's own click options."""
+    out = {}
+    for param in run_cmd.params:
+        for opt in (*param.opts, *param.secondary_opts):
+            out[opt] = not param.is_flag and not param.count
+    return out
+
+
+def split(line, takes_value):
+    w = split_run_words(line.split(), takes_value)
+    return " ".join(w.options), w.script, w.module, " ".join(w.args), " ".join(w.trailing)
+
+
+def test_everything_after_the_program_is_the_programs(takes_value):
+    assert split("--hosts inv.yaml -m pkg train --out d --steps 20", takes_value) == \
+        ("--hosts inv.yaml", None, "pkg", "train --out d --steps 20", "")
+    # the program's own --data, --backend and --help are its own after the program
+    assert split("--hosts i train.py --data x --backend ring --help", takes_value) == \
+        ("--hosts i", "train.py", None, "--data x --backend ring --help", "")
+    assert split("-mpkg.sub a", takes_value)[2:4] == ("pkg.sub", "a")
+    assert split("--module=pkg a -m b", takes_value)[2:4] == ("pkg", "a -m b")
+
+
+def test_double_dash_keeps_working(takes_value):
+    assert split("-m pkg -- sub --x", takes_value) == ("", None, "pkg", "sub --x", "")
+    assert split("--hosts i -- --steps 5", takes_value) == ("--hosts i", None, None, "--steps 5", "")
+    assert split("train.py -- -- --x", takes_value)[3] == "-- --x"           # as python would
+    # the older spelling: SCRIPT [clusterctl options] -- ARGS
+    assert split("train.py --hosts i --backend mpi -- --lr 3", takes_value) == \
+        ("--hosts i --backend mpi", "train.py", None, "--lr 3", "")
+    # ... only when every word before -- is clusterctl's
+    assert split("train.py sub --hosts i -- --lr 3", takes_value)[3] == "sub --hosts i -- --lr 3"
+
+
+def test_a_trailing_block_of_launch_options_is_taken_and_reported(takes_value):
+    """mlx.launch-style lines: the block must start with an option naming the launch and hold nothing
+    but clusterctl options; otherwise the words stay the program's."""
+    assert split("-m pkg train --out o --steps 20 --hosts inv.yaml --backend ring", takes_value) == \
+        ("--hosts inv.yaml --backend ring", None, "pkg", "train --out o --steps 20", "--hosts inv.yaml --backend ring")
+    assert split("train.py --data x", takes_value)[3] == "--data x"              # not a launch option: the program's
+    assert split("train.py --hosts i extra", takes_value)[3] == "--hosts i extra"  # not at the very end
+    assert split("train.py --backend ring --hosts i", takes_value)[4] == "--hosts i"
+    assert "--data" not in LAUNCH_ONLY and "--backend" not in LAUNCH_ONLY and "--dry-run" not in LAUNCH_ONLY
+
+
+def test_module_names_are_checked_before_anything_starts():
+    assert program_for(None, ("a",), "pkg.sub_2").module == "pkg.sub_2"
+    for bad, hint in (("pkg/train", "clusterctl run pkg/train"), ("a b", None), ("1pkg", None), ("pkg.", None)):
+        with pytest.raises(UsageError, match="is not a module name") as info:
+            program_for(None, (), bad)
+        assert hint is None or hint in str(info.value)
+
+
+def test_help_shows_both_forms_and_a_module_with_a_subcommand():
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert r.stdout.startswith("Usage: clusterctl run [OPTIONS] [SCRIPT | -m MODULE] [ARGS]...")
+    assert "clusterctl run [OPTIONS] -m MODULE [ARGS]..." in r.stdout and "-m mlx_lm lora --train" in r.stdout
+    assert isinstance(run_cmd, RunCommand)
