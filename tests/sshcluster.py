@@ -204,7 +204,8 @@ class SSHCluster:
                   ""]
         self.ssh_config.write_text("\n".join(lines))
 
-    def write_inventory(self, **defaults: str) -> Path:
+    def write_inventory(self, env: dict[str, str] | None = None, **defaults: str) -> Path:
+        """The inventory, with `defaults` (strings) and `env` (every host's environment) under defaults."""
         d = {"python": sys.executable, "workdir": self.workdir, **defaults}
         if self.inventory_only:     # the issue's own example: hosts by address, the rest in defaults
             d = {"user": "root", "port": str(self.hosts[0].port), "identity_file": str(self.client_key),
@@ -212,6 +213,8 @@ class SSHCluster:
         lines = [] if self.inventory_only else ["ssh_config: ssh_config"]
         lines += ["defaults:"]
         lines += [f"  {k}: {v}" if k == "port" else f"  {k}: {_yaml_str(v)}" for k, v in d.items()]
+        if env:
+            lines += ["  env:"] + [f"    {k}: {_yaml_str(v)}" for k, v in env.items()]
         lines += ["hosts:"]
         for h in self.hosts:
             lines += [f"  - name: {h.address if self.inventory_only else h.name}", f"    address: {h.address}"]
