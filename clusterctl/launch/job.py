@@ -85,7 +85,8 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     run_id = new_run_id()
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
     os.makedirs(run_dir, exist_ok=True)
-    rank_env = rank_environment(cluster, plan, run_id, run_dir, extra_env)
+    # the backend the ranks were started for: the bundled trainer initialises exactly that one
+    rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {})})
     program = rank_program(cluster, run_id, script, args)
     if site.transport is None:
         launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout)

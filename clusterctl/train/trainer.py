@@ -44,11 +44,12 @@ if TYPE_CHECKING:
 def init_world():
     """The world group, failing loudly when it is not the size the launcher started (MLX can silently fall
     back to a world of one: docs/mlx-distributed.md#world-of-one-fallback). The launcher's size is
-    CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's."""
+    CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's. The backend is the one `clusterctl run` started
+    the ranks for (CLUSTERCTL_BACKEND), else MLX's own choice."""
     expected = None
     if not os.environ.get("CLUSTERCTL_WORLD_SIZE") and os.environ.get("OMPI_COMM_WORLD_SIZE", "").isdigit():
         expected = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    return collectives.init_world(expected=expected)
+    return collectives.init_world(os.environ.get("CLUSTERCTL_BACKEND") or "any", expected=expected)
 
 
 def device_kind(group) -> str:

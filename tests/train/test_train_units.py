@@ -353,7 +353,9 @@ def test_generate_command(saved_run):
 
 # ---- the trainer's refusals (in process, one rank) --------------------------------------------
 
-def test_trainer_refuses_to_overwrite_a_run_or_resume_past_its_end(tmp_path, capsys):
+def test_trainer_refuses_to_overwrite_a_run_or_resume_past_its_end(tmp_path, capsys, monkeypatch):
+    # a world of one without MPI in pytest's own process (see group() above): as under `clusterctl run --backend ring`
+    monkeypatch.setenv("CLUSTERCTL_BACKEND", "ring")
     flags = ["--n-layers", "1", "--dim", "16", "--n-heads", "2", "--mlp-dim", "16", "--block-size", "16",
              "--batch-size", "2", "--steps", "2", "--eval-batches", "1", "--out", str(tmp_path)]
     assert main(flags) == 0
