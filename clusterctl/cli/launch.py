@@ -80,8 +80,9 @@ class PrintedRun:
         for f in fetched:
             what = f.path.path + ("/" if f.kind == "dir" else "")
             if f.status == "copied":
-                click.echo(f"run {launch.run_id}: fetched {what} ({f.files} file(s), {size(f.nbytes)}) from {f.host} "
-                           f"into {_shown(f.dest)}", err=True)
+                route = ", over SFTP" if f.method == "sftp" else ""     # rsync missing here or on the host
+                click.echo(f"run {launch.run_id}: fetched {what} ({f.files} file(s), {size(f.nbytes)}{route}) from "
+                           f"{f.host} into {_shown(f.dest)}", err=True)
             elif f.status == "here":
                 click.echo(f"run {launch.run_id}: {what} is already here ({_shown(f.dest)}): rank 0 ran on this "
                            "machine, in this directory; nothing to copy", err=True)
