@@ -13,7 +13,8 @@
 3. Site: the launcher runs here when it is installed here, else on the first host (launch/launchers.py).
 4. Launch and supervise (launch/job.py, launch/supervise.py); when the pre-flight finds the hosts changed,
    the job is stopped and launched again from the fresh plan.
-5. Fetch: what the job wrote in its run directory on the first host comes home (checkpoints, metrics).
+5. Fetch: what the job wrote in its run directory on the first host comes home (checkpoints, metrics),
+   and every `--fetch PATH` from rank 0's host, or from every host (transfer/fetch.py), whatever the outcome.
 
 Everything the user sees goes through a RunEvents object (the CLI prints it; tests record it).
 """
@@ -41,6 +42,7 @@ from .launch.job import Launch, prepare
 from .launch.launchers import choose_site
 from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
 from .launch.supervise import Outcome, supervise
+from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
 from .transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
@@ -65,6 +67,8 @@ class RunOptions:
     launcher: str | None = None       # what starts the ranks; default: the backend's own (backends.get)
     sync: bool = True                 # copy the project (and clusterctl, for its modules) first
     fetch: bool = True                # bring the first host's run directory home afterwards
+    fetch_paths: tuple[str, ...] = () # and these (relative to rank 0's workdir, or absolute there)
+    fetch_all_ranks: bool = False     # fetch_paths from every host, into runs/<id>/host-<name>/
     data_dir: str | None = None       # shards from `clusterctl data prepare`
     project_dir: str | None = None    # default: the current directory
 
@@ -116,6 +120,7 @@ class RunEvents:
     def output(self, text: str, is_err: bool) -> None: ...
     def fetched(self, launch: Launch, host: str, remote_dir: str, files: int, nbytes: int) -> None: ...
     def fetch_failed(self, launch: Launch, host: str, remote_dir: str, error: BaseException) -> None: ...
+    def outputs_fetched(self, launch: Launch, fetched: list[Fetched]) -> None: ...
 
 
 @dataclass
@@ -133,6 +138,9 @@ class RunResult:
 
 def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEvents()) -> RunResult:
     program = program_for(options.script, options.args, options.module)
+    fetch_paths = check_fetch_paths(options.fetch_paths)          # a bad PATH: refused before anything starts
+    if options.fetch_all_ranks and not fetch_paths:
+        raise UsageError("--fetch-all-ranks says from where; --fetch PATH says what: give both")
     project = os.path.abspath(options.project_dir or os.getcwd())
     if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
@@ -169,6 +177,9 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     # rank 0 runs on the first host and says whether it left anything in the run directory there
     if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:
         _fetch(connector, launch, events)
+    if fetch_paths:
+        events.outputs_fetched(launch, fetch_outputs(connector, fetch_paths, project, launch.run_dir,
+                                                     all_ranks=options.fetch_all_ranks))
     return RunResult(launch, outcome)
 
 

@@ -77,6 +77,30 @@ class PrintedRun:
         click.secho(f"run {launch.run_id}: could not copy {remote_dir} from {host} ({one_line(error)}); it is "
                     "still there", fg="yellow", err=True)
 
+    def outputs_fetched(self, launch, fetched):
+        for f in fetched:
+            what = f.path.path + ("/" if f.kind == "dir" else "")
+            if f.status == "copied":
+                route = ", over SFTP" if f.method == "sftp" else ""     # rsync missing here or on the host
+                click.echo(f"run {launch.run_id}: fetched {what} ({f.files} file(s), {size(f.nbytes)}{route}) from "
+                           f"{f.host} into {_shown(f.dest)}", err=True)
+            elif f.status == "here":
+                click.echo(f"run {launch.run_id}: {what} is already here ({_shown(f.dest)}): rank 0 ran on this "
+                           "machine, in this directory; nothing to copy", err=True)
+            elif f.status == "missing":
+                click.secho(f"run {launch.run_id}: --fetch {f.path.given}: {f.host} has no {f.source}; nothing "
+                            "copied", fg="yellow", err=True)
+            else:
+                click.secho(f"run {launch.run_id}: could not fetch {f.source} from {f.host} ({one_line(f.error)}); "
+                            "it is still there", fg="yellow", err=True)
+        click.echo(f"run {launch.run_id}: logs and metrics in {_shown(launch.run_dir)}/", err=True)
+
+
+def _shown(path):
+    """A local path as the user would type it: ./x below the current directory, else absolute."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return path if rel.startswith("..") else os.path.join(".", rel)
+
 
 # Options that name the launch itself, never a program's: a block of clusterctl options written after the
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
@@ -192,11 +216,18 @@ class RunCommand(click.Command):
               help="Do not copy the current directory (the project) and clusterctl to the hosts first.")
 @click.option("--no-fetch", is_flag=True,
               help="Leave what the job wrote in its run directory on the first host (default: copy it here).")
+@click.option("--fetch", "fetch_paths", multiple=True, metavar="PATH",
+              help="After the job, whatever its outcome, copy PATH (a file or directory, relative to rank 0's "
+                   "workdir, or absolute there) from rank 0's host to the same relative path here (an absolute "
+                   "PATH: into runs/<id>/fetched/). Incremental. Repeatable.")
+@click.option("--fetch-all-ranks", is_flag=True,
+              help="With --fetch: bring PATH from every host, into runs/<id>/host-<name>/PATH.")
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
-            hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, data_dir):
+            hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
+            fetch_all_ranks, data_dir):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -226,7 +257,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
-                         launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch, data_dir=data_dir)
+                         launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
+                         fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir)
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun())
     launch, outcome = result.launch, result.outcome
     if outcome is None:

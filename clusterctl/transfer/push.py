@@ -1,6 +1,7 @@
 """Getting files onto one host, the one place the route is chosen: rsync over ssh when this machine and the
 host both have rsync, else the transport's file session (SFTP, or plain copies for this machine). `sync`
 and `data push` both come through here; each brings its own rsync arguments and its own SFTP plan.
+`run --fetch` pulls the other way with rsync_pull over the same RsyncTarget.
 
     pushed, method, note = rsync_else_sftp(options.method, rsync, with_rsync, with_sftp)
 
@@ -84,6 +85,22 @@ def rsync_push(rsync: str, src_root: str, items: Sequence[str], to: RsyncTarget,
                           excludes=excludes)
 
     return run_rsync(to.host, argv, items, on_bytes)
+
+
+def rsync_pull(rsync: str, source: RsyncTarget, items: Sequence[str], local_root: str, *,
+               excludes: bool = False) -> RsyncSummary:
+    """The other way round: rsync `items` (or, with `excludes`, everything but the rules' matches) from
+    the directory source.dest on the host into local_root here. Raises RsyncMissing when the host has no
+    rsync. Files land as rsync always lands them: a temporary `.NAME.XXXXXX`, then a rename."""
+    os.makedirs(local_root, exist_ok=True)
+
+    def argv(list_file: str) -> list[str]:
+        if source.target is None:
+            return rsync_argv(rsync, source.dest, list_file, local_root, excludes=excludes)
+        return rsync_argv(rsync, source.dest, list_file, local_root, target=source.target, rsh=source.rsh,
+                          excludes=excludes, pull=True)
+
+    return run_rsync(source.host, argv, items)
 
 
 class Uploader:

@@ -32,10 +32,11 @@ PARTIAL_OK = (24,)                 # "some source files vanished": the rest was 
 
 # ---- pure: argv ---------------------------------------------------------------------------------
 
-def remote_rsync_path(dest: str) -> str:
-    """What the host runs instead of plain `rsync`: create and enter the destination, check for rsync."""
+def remote_rsync_path(dest: str, create: bool = True) -> str:
+    """What the host runs instead of plain `rsync`: create (unless pulling from it) and enter the
+    destination, check for rsync."""
     d = quote_path(dest)
-    return (f"mkdir -p {d} && cd {d} && {{ command -v rsync >/dev/null 2>&1 || "
+    return (f"{f'mkdir -p {d} && ' if create else ''}cd {d} && {{ command -v rsync >/dev/null 2>&1 || "
             f"{{ echo {shlex.quote(MISSING_MARK)} >&2; exit 127; }}; }} && rsync")
 
 
@@ -47,11 +48,13 @@ def ssh_command(ssh_options: Sequence[str], ssh: str = "ssh") -> str:
 
 def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str | None = None,
                rsh: str | None = None, checksum: bool = False, dry_run: bool = False,
-               bwlimit_kbps: int | None = None, progress: bool = False, excludes: bool = False) -> list[str]:
+               bwlimit_kbps: int | None = None, progress: bool = False, excludes: bool = False,
+               pull: bool = False) -> list[str]:
     """Push the files named (NUL-separated, relative to src) in list_file to dest on target (or to the
     local directory dest when target is None); with `excludes`, list_file holds exclude rules instead and
-    the tree is walked recursively (filelist.exclusion_rules). -l -p -t: symlinks, permissions, times;
-    never owners (the user on the host may not exist here)."""
+    the tree is walked recursively (filelist.exclusion_rules). With `pull`, the other way round: src is
+    the directory on target, dest the one here. -l -p -t: symlinks, permissions, times; never owners (the
+    user on the host may not exist here)."""
     selection = ["-r", "--exclude-from", list_file] if excludes else ["--files-from", list_file]
     # --from0 first: rsync reads --exclude-from when it meets it on the command line
     argv = [rsync, "-lpt", "--from0", *selection, f"--out-format={OUT_FORMAT}", "--stats",
@@ -66,6 +69,9 @@ def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str |
         argv.append("--info=progress2")
     if target is None:
         return argv + ["--", src.rstrip("/") + "/", dest.rstrip("/") + "/"]
+    if pull:
+        return argv + ["-e", rsh or "ssh", f"--rsync-path={remote_rsync_path(src, create=False)}", "--",
+                       f"{target}:./", dest.rstrip("/") + "/"]
     return argv + ["-e", rsh or "ssh", f"--rsync-path={remote_rsync_path(dest)}", "--",
                    src.rstrip("/") + "/", f"{target}:."]
 

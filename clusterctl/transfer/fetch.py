@@ -1,0 +1,204 @@
+"""`run --fetch PATH`: what a job wrote outside its run directory (adapters, `--out outdir`), brought home.
+
+    paths = check_fetch_paths(["outdir", "/scratch/model.bin"])     # pure: refuses `..` escapes (exit 2)
+    local_destination(paths[0], project, run_dir)                    # pure: ./outdir here
+    fetch_outputs(connector, paths, project, run_dir, all_ranks=False) -> [Fetched, ...]
+
+Where PATH lands (local_destination):
+    relative PATH (to the host's workdir)   -> <project>/PATH, the same relative path here
+    absolute PATH on the host (/x, ~/x)     -> runs/<id>/fetched/<basename>
+    with all_ranks, from every host         -> runs/<id>/host-<name>/PATH  (absolute: .../host-<name>/fetched/<basename>)
+
+Each PATH (a file or a directory) comes over the route sync uses the other way (push.py): rsync over
+`ssh -F <the one rendering>` when this machine and the host both have it, else the host's file session
+(SFTP), sending only files whose sha256 differs. Either way an unchanged file is not sent again and every
+file lands under a temporary name and is renamed into place. A PATH the host does not have is reported,
+never an error; a PATH that is already here (rank 0 ran on this machine, in this directory) is not copied.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+
+from ..atomic import replacing
+from ..digest import file_sha256
+from ..errors import UsageError
+from ..hosts.connector import Connector
+from ..hosts.fanout import run_all
+from ..hosts.files import TMP_MARK
+from ..hosts.transport import quote_path
+from ..inventory import Host
+from . import remotefiles
+from .push import local_rsync, rsync_else_sftp, rsync_pull, rsync_target
+
+FETCH_TIMEOUT_S = 3600.0           # per host, every PATH
+PROBE_TIMEOUT_S = 30.0
+RSYNC_EXCLUDES = (f"*{TMP_MARK}*",)  # a file still being uploaded to the host (hosts/files.py)
+
+
+# ---- pure: which paths, and where they land ------------------------------------------------------
+
+@dataclass(frozen=True)
+class FetchPath:
+    given: str                     # as the user wrote it
+    path: str                      # normalised: relative to the workdir, or absolute ("/x", "~/x")
+
+    @property
+    def absolute(self) -> bool:
+        return self.path.startswith(("/", "~/"))
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+
+def check_fetch_paths(given) -> tuple[FetchPath, ...]:
+    """--fetch values -> FetchPaths (duplicates dropped); UsageError for a path that leaves the workdir,
+    names the whole workdir or file system, or lands where another absolute path lands."""
+    paths: dict[str, FetchPath] = {}
+    for text in given:
+        if text.startswith("~") and not (text == "~" or text.startswith("~/")):
+            raise UsageError(f"--fetch {text!r}: only ~/ (the home of the inventory's user) is understood")
+        home = text.startswith("~")
+        absolute = home or text.startswith("/")
+        # "~/a/../b" is "~/b"; normalised below "/" so that "~/.." cannot turn into a relative path
+        clean = "~" + posixpath.normpath(text[1:] or "/") if home else posixpath.normpath(text)
+        if not text.strip() or clean in (".", "/", "//", "~/"):
+            raise UsageError(f"--fetch {text!r}: name what the job wrote (a file or directory), not the whole "
+                             "workdir, home or file system")
+        if not absolute and (clean == ".." or clean.startswith("../")):
+            raise UsageError(f"--fetch {text!r} leaves the workdir: a relative PATH must stay inside rank 0's "
+                             "workdir (give an absolute path for anything elsewhere on the host)")
+        paths.setdefault(clean, FetchPath(text, clean))
+    names: dict[str, str] = {}
+    for p in paths.values():
+        if p.absolute and names.setdefault(p.name, p.given) != p.given:
+            raise UsageError(f"--fetch {names[p.name]!r} and {p.given!r} would both land in runs/<id>/fetched/"
+                             f"{p.name}: fetch their parent directory instead")
+    return tuple(paths.values())
+
+
+def remote_path(host: Host, path: FetchPath) -> str:
+    """PATH on the host: inside its workdir unless absolute."""
+    return path.path if path.absolute else posixpath.join(host.workdir, path.path)
+
+
+def local_destination(path: FetchPath, project: str, run_dir: str, host_name: str | None = None) -> str:
+    """Where PATH lands here (module docstring); with host_name, the per-host copy of --fetch-all-ranks."""
+    root = project if host_name is None else os.path.join(run_dir, f"host-{host_name}")
+    if path.absolute:
+        return os.path.join(run_dir if host_name is None else root, "fetched", path.name)
+    return os.path.join(root, *path.path.split("/"))
+
+
+@dataclass
+class Fetched:
+    """What became of one PATH from one host."""
+
+    path: FetchPath
+    host: str
+    source: str                    # the path on the host
+    dest: str                      # the path here
+    status: str                    # "copied", "here" (nothing to copy), "missing" or "failed"
+    kind: str = ""                 # "dir" or "file" (not for missing / failed)
+    files: int = 0                 # files moved (an unchanged file is not)
+    nbytes: int = 0
+    method: str = ""               # "rsync", "sftp", or "" when nothing was copied
+    error: BaseException | None = None
+
+
+# ---- moving ----------------------------------------------------------------------------------------
+
+def fetch_outputs(connector: Connector, paths, project: str, run_dir: str, *, all_ranks: bool = False,
+                  method: str = "auto") -> list[Fetched]:
+    """Bring every PATH home from rank 0's host (the first), or with all_ranks from every host at once.
+    One Fetched per (host, PATH), in host then PATH order; failures are recorded, never raised."""
+    rsync = local_rsync(method)
+    hosts = connector.cluster.hosts if all_ranks else connector.cluster.hosts[:1]
+
+    def one_host(host: Host) -> list[Fetched]:
+        return [_fetch_path(connector, host, p, local_destination(p, project, run_dir, host.name if all_ranks else None),
+                            rsync, method) for p in paths]
+
+    group = run_all(hosts, one_host, FETCH_TIMEOUT_S + connector.connect_timeout)
+    fetched: list[Fetched] = []
+    for host in hosts:
+        outcome = group[host.name]
+        fetched += outcome.value if outcome.ok else [
+            Fetched(p, host.name, remote_path(host, p), "", "failed", error=outcome.error) for p in paths]
+    return fetched
+
+
+def _fetch_path(connector: Connector, host: Host, path: FetchPath, dest: str, rsync: str | None,
+                method: str) -> Fetched:
+    source = remote_path(host, path)
+    result = Fetched(path, host.name, source, dest, "copied")
+    try:
+        with connector.transport(host) as transport:
+            result.kind = _kind(transport, source)
+        if result.kind == "missing":
+            result.status, result.kind = "missing", ""
+        elif host.local and os.path.realpath(os.path.expanduser(source)) == os.path.realpath(dest):
+            result.status = "here"
+        else:
+            # a directory: its tree into dest; a file: its name from its directory into dest's
+            root, names, local_root = ((source, list(RSYNC_EXCLUDES), dest) if result.kind == "dir" else
+                                       (posixpath.dirname(source), [path.name], os.path.dirname(dest)))
+            (result.files, result.nbytes), result.method, _ = rsync_else_sftp(
+                method, rsync,
+                lambda: _with_rsync(connector, host, rsync, root, names, local_root, result.kind == "dir"),
+                lambda: _with_sftp(connector, host, root, None if result.kind == "dir" else names, local_root))
+    except Exception as e:  # noqa: BLE001 - this path's failure is reported; the other paths go on
+        result.status, result.error = "failed", e
+    return result
+
+
+def _kind(transport, source: str) -> str:
+    script = (f'p={quote_path(source)}; if [ -d "$p" ]; then echo dir; elif [ -e "$p" ] || [ -L "$p" ]; '
+              'then echo file; else echo missing; fi')
+    result = transport.run(script, PROBE_TIMEOUT_S)
+    kind = result.stdout.strip()
+    if not result.ok or kind not in ("dir", "file", "missing"):
+        raise OSError(f"could not look for {source}: {(result.stderr or result.stdout).strip() or result.exit_code}")
+    return kind
+
+
+def _with_rsync(connector: Connector, host: Host, rsync: str, root: str, items: list[str], local_root: str,
+                excludes: bool) -> tuple[int, int]:
+    source = rsync_target(connector.cluster, host, root, connector.host_key_checking, connector.connect_timeout)
+    summary = rsync_pull(rsync, source, items, local_root, excludes=excludes)
+    return len(summary.moved), summary.moved_bytes
+
+
+def _with_sftp(connector: Connector, host: Host, root: str, names: list[str] | None,
+               local_root: str) -> tuple[int, int]:
+    """The host hashes its files (hosts/scripts/filehelper.py) and only those whose sha256 differs from
+    the copy here are fetched (names None: every file under root)."""
+    files = nbytes = 0
+    with connector.transport(host) as transport:
+        if names is None:
+            names = remotefiles.call(transport, host.python, "scan", {"root": root, "list": True, "dry": True})["tree"]
+        state = remotefiles.call(transport, host.python, "scan",
+                                 {"root": root, "paths": names, "hash": True, "dry": True})["files"]
+        with transport.files() as session:
+            for rel in names:
+                have, target = state.get(rel), os.path.join(local_root, *rel.split("/"))
+                if have is None or have[0] in (None, "other") or _same(target, have[0]):
+                    continue
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if have[0].startswith("link:"):
+                    with replacing(target) as tmp:
+                        os.symlink(have[0][len("link:"):], tmp)
+                else:
+                    session.get(posixpath.join(root, rel), target)
+                    os.chmod(target, have[1])
+                    nbytes += os.path.getsize(target)
+                files += 1
+    return files, nbytes
+
+
+def _same(target: str, want: str) -> bool:
+    if want.startswith("link:"):
+        return os.path.islink(target) and os.readlink(target) == want[len("link:"):]
+    return os.path.isfile(target) and not os.path.islink(target) and file_sha256(target) == want
