@@ -8,6 +8,7 @@ docs/launchers.md#mlx-launch-exit-status). It stops the job — SIGTERM to the l
 SIGKILL after a grace period, then `pkill -f <run id>` on every host over SSH — when a rank exits non-zero,
 on Ctrl-C, when no rank has started within --start-timeout, or when a started rank has been silent (no
 output, no heartbeat) for --hang-timeout.
+Progress-bar updates (`bar` lines) are shown live; only each bar's final state, an ordinary line, is logged.
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class _Rank:
         self.wrote: bool | None = None        # left files in its run directory (reported at its exit)
         self.last_seen = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
 
 
 def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
@@ -176,8 +178,13 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
         r.log.write(payload + "\n")
         r.log.flush()
         r.tail.append(payload)
-        if not rank0_only or rank == 0:
+        if (not rank0_only or rank == 0) and r.bar_shown.pop(kind, None) != payload:
             emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
+    elif kind == "bar":        # "<out|err> <the bar's latest state>": shown, never logged
+        stream, _, text = payload.partition(" ")
+        r.bar_shown[stream] = text
+        if not rank0_only or rank == 0:
+            emit(f"[rank {rank} {r.host}] {text}", stream == "err")
     elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
         code, _, wrote = payload.partition(" ")
         r.exit_code = int(code) if code.lstrip("-").isdigit() else 1
