@@ -23,8 +23,10 @@ docs/macos.md#sip-strips-dyld). It:
     (MLX_MPI_LIBNAME or the default name: docs/mlx-distributed.md#mlx-mpi-libname).
   - treats `\r` as a line redraw (progress bars, LINES below): a redrawn line's updates go out as `bar`
     lines at most once a second per stream, and its final state as an ordinary line when it ends;
-Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | bar | hb | exit;
-`bar`'s payload is "<out|err> <text>".
+  - reports the world MLX formed, from the program's first `mx.distributed.init()` (WORLD below), for the
+    supervisor's world check (docs/mlx-distributed.md#world-check).
+Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | bar | world | hb | exit;
+`bar`'s payload is "<out|err> <text>", `world`'s "<size> <backend the program asked for>".
 """
 
 MARK = "\x1eclusterctl "
@@ -104,7 +106,56 @@ class Lines:
         return text
 '''
 
-BOOTSTRAP = ENV_FILES + LINES + r'''
+# Report the world MLX forms, without forcing a backend or changing what the program gets: a one-shot
+# sys.meta_path finder waits for `mlx.core` to be imported (a program that never imports it pays nothing)
+# and, once the extension is loaded, replaces `mlx.core.distributed.init` with a wrapper that returns
+# exactly the group MLX returned and calls report(size, backend asked) after the first call that returns
+# one. Patched before the import statement completes, so `mx.distributed.init(...)` and
+# `from mlx.core.distributed import init` both get the wrapper. Limits: docs/mlx-distributed.md#world-check.
+WORLD = r'''
+def watch_world(report):
+    import sys, threading
+
+    def wrap(core):
+        real = getattr(getattr(core, "distributed", None), "init", None)
+        if real is None:
+            return
+        once = threading.Lock()
+
+        def init(*args, **kwargs):
+            group = real(*args, **kwargs)
+            if once.acquire(blocking=False):
+                report(group.size(), kwargs.get("backend", args[1] if len(args) > 1 else "any"))
+            return group
+
+        init.__name__ = init.__qualname__ = "init"
+        init.__module__, init.__doc__, init.__wrapped__ = "mlx.core.distributed", real.__doc__, real
+        core.distributed.init = init
+
+    class Finder:
+        def find_spec(self, name, path=None, target=None):
+            if name != "mlx.core":
+                return None
+            sys.meta_path.remove(self)
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+            loader = getattr(spec, "loader", None)
+            if loader is not None and hasattr(loader, "exec_module"):
+                load = loader.exec_module      # this spec's own loader object: nothing else is touched
+
+                def exec_module(module):
+                    load(module)
+                    wrap(module)
+                loader.exec_module = exec_module
+            return spec
+
+    if "mlx.core" in sys.modules:
+        wrap(sys.modules["mlx.core"])
+    else:
+        sys.meta_path.insert(0, Finder())
+'''
+
+BOOTSTRAP = ENV_FILES + LINES + WORLD + r'''
 import json, os, runpy, socket, sys, threading, time, traceback
 run_id, workdir, beat, script, *args = sys.argv[1:]
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
@@ -152,6 +203,7 @@ def heartbeat():
             for kind, lines in list(splitters.items()):
                 send(kind, lines.tick(time.monotonic()))
 threading.Thread(target=heartbeat, daemon=True).start()
+watch_world(lambda size, backend: emit("world", ("%d %s" % (size, backend)).encode()))
 code = 0
 made = []
 try:

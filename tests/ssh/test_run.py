@@ -269,6 +269,40 @@ def test_a_world_of_one_over_mpirun(make_cluster, tmp_path):
     assert "[rank 0 h1] world 1" in r.stdout and "exiting improperly" not in r.stdout + r.stderr
 
 
+ALONE = """\
+import os, sys, time
+if sys.argv[1] == "no-libmpi":          # MLX cannot load libmpi: a world of one per rank, no error
+    os.environ["MLX_MPI_LIBNAME"] = "/nonexistent/libmpi.so"
+if sys.argv[1] == "no-hostfile":        # the ring backend finds no peers: the same
+    os.environ.pop("MLX_HOSTFILE", None)
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[2])
+print("alone in a world of", g.size(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("backend, how, asked, cause", [
+    ("mpi", "no-libmpi", "mpi", "MLX could not join the ranks: under mpirun it could not load libmpi"),
+    ("mpi", "as-is", "ring", "the program asked MLX for the ring backend, but the ranks were started for mpi"),
+    ("ring", "no-hostfile", "any", "MLX could not join the ranks: its ring backend found no peers"),
+])
+def test_ranks_that_each_form_a_world_of_one_fail_the_job_naming_every_rank(make_cluster, tmp_path, backend, how,
+                                                                           asked, cause):
+    """MLX falls back to a world of one without an error (docs/mlx-distributed.md#world-of-one-fallback):
+    every rank would train alone and exit 0. The bootstrap reports the world the program's init formed and
+    run stops the job at once, naming the ranks and the cause."""
+    cluster = make_cluster(2)
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE)
+    started = time.monotonic()
+    r = run(str(script), how, asked, "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    assert time.monotonic() - started < 90      # the ranks sleep 600 s: they were stopped, not waited for
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"failed: rank 0 on h1 and rank 1 on h2 formed a world of 1, not 2: {cause}" in r.stderr, r.stderr
+    assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
+
+
 BAR = """\
 import sys, time
 print("before the bar", flush=True)

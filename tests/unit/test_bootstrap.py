@@ -1,6 +1,11 @@
-"""The bootstrap's pure parts, run from the very text every rank runs (bootstrap.LINES): splitting
-output into lines and progress-bar redraws."""
-from clusterctl.launch.bootstrap import BAR_EVERY_S, BOOTSTRAP, LINES
+"""The bootstrap's pure parts, run from the very text every rank runs (bootstrap.LINES, bootstrap.WORLD):
+splitting output into lines and progress-bar redraws, and reporting the world MLX formed."""
+import subprocess
+import sys
+
+import pytest
+
+from clusterctl.launch.bootstrap import BAR_EVERY_S, BOOTSTRAP, LINES, WORLD
 
 SNIPPETS: dict = {}
 exec(LINES, SNIPPETS)
@@ -16,7 +21,7 @@ def feed_all(chunks, every=1.0, step=0.01):
 
 
 def test_the_snippets_are_the_bootstrap_s_own():
-    assert LINES in BOOTSTRAP and f"Lines({BAR_EVERY_S!r})" in BOOTSTRAP
+    assert LINES in BOOTSTRAP and WORLD in BOOTSTRAP and f"Lines({BAR_EVERY_S!r})" in BOOTSTRAP
 
 
 def test_plain_lines_pass_through_as_they_are():
@@ -77,3 +82,35 @@ def test_a_bar_s_memory_stays_bounded():
     for i in range(20000):
         lines.feed(b"\r%d%%|%s|" % (i, b"#" * 40), i * 0.001)
     assert len(lines.rest) < 100 and lines.end() == [("line", b"19999%|" + b"#" * 40 + b"|")]
+
+
+def _under_watch(program: str) -> subprocess.CompletedProcess:
+    code = WORLD + "import sys\nwatch_world(lambda size, backend: print('REPORT', size, backend, flush=True))\n" + program
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_the_world_is_reported_once_whichever_way_init_is_called():
+    pytest.importorskip("mlx.core")
+    r = _under_watch("import mlx.core as mx\n"
+                     "g = mx.distributed.init(False, 'ring')\n"
+                     "from mlx.core.distributed import init\n"
+                     "assert init is mx.distributed.init and init.__name__ == 'init' and init.__doc__\n"
+                     "h = init(backend='any')\n"
+                     "print(type(g).__module__, type(g).__name__, g.size(), h.size())\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["REPORT 1 ring", "mlx.core.distributed Group 1 1"]
+
+
+def test_the_wrapper_is_in_place_for_a_from_import_before_any_call():
+    pytest.importorskip("mlx.core")
+    r = _under_watch("from mlx.core.distributed import init\nprint(init(backend='ring').size())\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["REPORT 1 ring", "1"], r.stderr
+
+
+def test_a_program_without_mlx_never_loads_it_and_a_failed_init_reports_nothing():
+    r = _under_watch("import json\nprint(sorted(m for m in sys.modules if m.startswith('mlx')))\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["[]"], r.stderr
+    pytest.importorskip("mlx.core")
+    r = _under_watch("import mlx.core as mx\ntry:\n    mx.distributed.init(strict=True, backend='ring')\n"
+                     "except RuntimeError:\n    print('raised')\n")
+    assert r.stdout.splitlines() == ["raised"], r.stderr
