@@ -21,7 +21,12 @@ docs/macos.md#sip-strips-dyld). It:
   - under `mpirun -np 1`, finalises MPI, which MLX initialised but will not finalise
     (docs/mlx-distributed.md#mpi-world-of-one-not-finalized), through the libmpi MLX already loaded
     (MLX_MPI_LIBNAME or the default name: docs/mlx-distributed.md#mlx-mpi-libname).
-Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | hb | exit.
+  - treats `\r` as a line redraw (progress bars, LINES below): a redrawn line's updates go out as `bar`
+    lines at most once a second per stream, and its final state as an ordinary line when it ends;
+  - reports the world MLX formed, from the program's first `mx.distributed.init()` (WORLD below), for the
+    supervisor's world check (docs/mlx-distributed.md#world-check).
+Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | bar | world | hb | exit;
+`bar`'s payload is "<out|err> <text>", `world`'s "<size> <backend the program asked for>".
 """
 
 MARK = "\x1eclusterctl "
@@ -42,7 +47,115 @@ def env_files():
     return made
 '''
 
-BOOTSTRAP = ENV_FILES + r'''
+BAR_EVERY_S = 1.0   # at most one progress-bar update a second per stream per rank
+
+# A stream's bytes -> complete lines and progress-bar redraws, as a terminal would show them. A \r that
+# something other than \n follows makes the line a bar: each \r starts a redraw, the last non-blank state
+# is what the line shows. feed() and end() return ("line", text) for every line that ended (a bar's final
+# state; \r\n counts as \n) and ("bar", text) for the current bar's latest state, at most once every
+# `every` seconds (tick() too, called from the heartbeat, so a stalled bar still shows its latest state).
+# Memory stays bounded: of a bar only its last complete state and the redraw in progress are kept.
+# Pure (time is passed in), tested by exec'ing this text: tests/unit/test_bootstrap.py.
+LINES = r'''
+class Lines:
+    def __init__(self, every):
+        self.every = every
+        self.rest = b""         # the current line since its last \r (a trailing \r waits: \r\n or a redraw?)
+        self.state = None       # a bar's last complete non-blank state (b"" before one); None: not a bar
+        self.shown = b""        # the update last shown of the current line
+        self.shown_at = None    # when the last update was shown (any line of this stream)
+
+    def feed(self, data, now):
+        *ended, partial = (self.rest + data).split(b"\n")
+        out = []
+        for line in ended:
+            self.rest = line[:-1] if line.endswith(b"\r") else line
+            out.append(("line", self._final()))
+        self.rest = partial
+        self._absorb()
+        return out + self.tick(now)
+
+    def end(self):
+        return [("line", self._final())] if self.rest or self.state is not None else []
+
+    def tick(self, now):
+        if self.state is None:
+            return []
+        drawing = self.rest.rstrip(b"\r")
+        latest = drawing if drawing.strip() else self.state
+        if not latest.strip() or latest == self.shown:
+            return []
+        if self.shown_at is not None and now - self.shown_at < self.every:
+            return []
+        self.shown, self.shown_at = latest, now
+        return [("bar", latest)]
+
+    def _absorb(self):
+        body, held = (self.rest[:-1], b"\r") if self.rest.endswith(b"\r") else (self.rest, b"")
+        *states, drawing = body.split(b"\r")
+        for state in states:
+            if state.strip() or self.state is None:
+                self.state = state
+        self.rest = drawing + held
+
+    def _final(self):
+        text = self.rest
+        if self.state is not None or b"\r" in text:
+            text = next((s for s in reversed(text.split(b"\r")) if s.strip()), self.state or b"")
+        self.rest, self.state, self.shown = b"", None, b""
+        return text
+'''
+
+# Report the world MLX forms, without forcing a backend or changing what the program gets: a one-shot
+# sys.meta_path finder waits for `mlx.core` to be imported (a program that never imports it pays nothing)
+# and, once the extension is loaded, replaces `mlx.core.distributed.init` with a wrapper that returns
+# exactly the group MLX returned and calls report(size, backend asked) after the first call that returns
+# one. Patched before the import statement completes, so `mx.distributed.init(...)` and
+# `from mlx.core.distributed import init` both get the wrapper. Limits: docs/mlx-distributed.md#world-check.
+WORLD = r'''
+def watch_world(report):
+    import sys, threading
+
+    def wrap(core):
+        real = getattr(getattr(core, "distributed", None), "init", None)
+        if real is None:
+            return
+        once = threading.Lock()
+
+        def init(*args, **kwargs):
+            group = real(*args, **kwargs)
+            if once.acquire(blocking=False):
+                report(group.size(), kwargs.get("backend", args[1] if len(args) > 1 else "any"))
+            return group
+
+        init.__name__ = init.__qualname__ = "init"
+        init.__module__, init.__doc__, init.__wrapped__ = "mlx.core.distributed", real.__doc__, real
+        core.distributed.init = init
+
+    class Finder:
+        def find_spec(self, name, path=None, target=None):
+            if name != "mlx.core":
+                return None
+            sys.meta_path.remove(self)
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+            loader = getattr(spec, "loader", None)
+            if loader is not None and hasattr(loader, "exec_module"):
+                load = loader.exec_module      # this spec's own loader object: nothing else is touched
+
+                def exec_module(module):
+                    load(module)
+                    wrap(module)
+                loader.exec_module = exec_module
+            return spec
+
+    if "mlx.core" in sys.modules:
+        wrap(sys.modules["mlx.core"])
+    else:
+        sys.meta_path.insert(0, Finder())
+'''
+
+BOOTSTRAP = ENV_FILES + LINES + WORLD + r'''
 import json, os, runpy, socket, sys, threading, time, traceback
 run_id, workdir, beat, script, *args = sys.argv[1:]
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
@@ -55,15 +168,22 @@ def emit(kind, payload=b""):
     with lock:
         real_out.write(tag + kind.encode() + b" " + payload.replace(b"\r", b"") + b"\n")
 emit("start", socket.gethostname().encode())
+split_lock = threading.Lock()    # feed / tick and their emits in order: a bar update never trails its line
+splitters = {}
+def send(kind, items):
+    for what, text in items:
+        if what == "line":
+            emit(kind, text)
+        else:
+            emit("bar", kind.encode() + b" " + text)
 def pump(fd, kind):
-    rest = b""
+    lines = splitters[kind] = Lines(%BAR_EVERY_S%)
     with os.fdopen(fd, "rb", buffering=0) as f:
         for chunk in iter(lambda: f.read(65536), b""):
-            *lines, rest = (rest + chunk).split(b"\n")
-            for line in lines:
-                emit(kind, line)
-    if rest:
-        emit(kind, rest)
+            with split_lock:
+                send(kind, lines.feed(chunk, time.monotonic()))
+    with split_lock:
+        send(kind, lines.end())
 saved, pumps = {}, []
 for fd, kind in ((1, "out"), (2, "err")):
     r, w = os.pipe()
@@ -79,7 +199,11 @@ def heartbeat():
     while True:
         time.sleep(float(beat))
         emit("hb")
+        with split_lock:
+            for kind, lines in list(splitters.items()):
+                send(kind, lines.tick(time.monotonic()))
 threading.Thread(target=heartbeat, daemon=True).start()
+watch_world(lambda size, backend: emit("world", ("%d %s" % (size, backend)).encode()))
 code = 0
 made = []
 try:
@@ -145,7 +269,7 @@ except OSError:
     wrote = False
 emit("exit", ("%d %d" % (code, wrote)).encode())
 sys.exit(code)   # a normal exit: atexit handlers run and MLX finalises MPI (mpirun aborts ranks that do not)
-'''
+'''.replace("%BAR_EVERY_S%", repr(BAR_EVERY_S))
 
 
 def parse_line(line: str) -> tuple[int, str, str] | None:

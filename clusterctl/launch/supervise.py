@@ -6,8 +6,10 @@ Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagge
 codes from each rank whatever the launcher (mlx.launch's own exit status says nothing about the ranks:
 docs/launchers.md#mlx-launch-exit-status). It stops the job — SIGTERM to the launcher's process group,
 SIGKILL after a grace period, then `pkill -f <run id>` on every host over SSH — when a rank exits non-zero,
-on Ctrl-C, when no rank has started within --start-timeout, or when a started rank has been silent (no
-output, no heartbeat) for --hang-timeout.
+on Ctrl-C, when no rank has started within --start-timeout, when a started rank has been silent (no
+output, no heartbeat) for --hang-timeout, or when the ranks' first `mx.distributed.init()` formed another
+world than the launch's (world.py; the rank's own failure then waits for that verdict, which says more).
+Progress-bar updates (`bar` lines) are shown live; only each bar's final state, an ordinary line, is logged.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from .bootstrap import parse_line
 from .job import Launch
 from .launchers import sweep
 from .plan import LaunchPlan
+from .world import WorldCheck
 
 FINISH_TIMEOUT_S = 30.0
 TAIL_LINES = 10
@@ -83,6 +86,7 @@ class _Rank:
         self.wrote: bool | None = None        # left files in its run directory (reported at its exit)
         self.last_seen = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
 
 
 def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
@@ -93,6 +97,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     check = _Preflight(preflight, plan)
     preflight_error: BaseException | None = None
     ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
+    world = WorldCheck(len(ranks), launch.backend)
     launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
     lines: queue.Queue = queue.Queue()
     proc = launch.start(lines)
@@ -107,14 +112,19 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
             except queue.Empty:
                 line = None
             if line is not None:
-                outcome = _handle(line, is_err, ranks, launcher_log, emit, rank0_only)
-                if outcome is not None and outcome.exit_code == 0:
-                    outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only)
+                ended = _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world)
+                if ended is not None and world.wrong:     # the world check's line names the cause
+                    outcome = _world_verdict(world, ranks, force=ended.exit_code == 0)
+                elif ended is not None and ended.exit_code == 0:
+                    outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world)
+                else:
+                    outcome = ended or _world_verdict(world, ranks)
                 continue
             if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
-                outcome = _launcher_ended(proc.returncode, ranks, launcher_log)
+                outcome = _world_verdict(world, ranks, force=True) or _launcher_ended(proc.returncode, ranks, launcher_log)
                 break
-            outcome = check.verdict() or _check_timeouts(ranks, started_at, start_timeout, hang_timeout)
+            outcome = (check.verdict() or _world_verdict(world, ranks)
+                       or _check_timeouts(ranks, started_at, start_timeout, hang_timeout))
         if outcome.replan is None and check.future is not None:
             # The job ended before the pre-flight did: its verdict still decides what to report (a rank's
             # "No such file" is less useful than "host h2: train.py does not exist there") and what to cache.
@@ -159,7 +169,7 @@ def _stop_on_signals() -> dict:
     return previous
 
 
-def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | None:
+def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldCheck) -> Outcome | None:
     parsed = parse_line(line)
     if parsed is None or not 0 <= parsed[0] < len(ranks):
         launcher_log.write(line + "\n")
@@ -176,8 +186,15 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
         r.log.write(payload + "\n")
         r.log.flush()
         r.tail.append(payload)
-        if not rank0_only or rank == 0:
+        if (not rank0_only or rank == 0) and r.bar_shown.pop(kind, None) != payload:
             emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
+    elif kind == "bar":        # "<out|err> <the bar's latest state>": shown, never logged
+        stream, _, text = payload.partition(" ")
+        r.bar_shown[stream] = text
+        if not rank0_only or rank == 0:
+            emit(f"[rank {rank} {r.host}] {text}", stream == "err")
+    elif kind == "world":
+        world.report(rank, r.host, payload, time.monotonic())
     elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
         code, _, wrote = payload.partition(" ")
         r.exit_code = int(code) if code.lstrip("-").isdigit() else 1
@@ -189,7 +206,7 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only) -> Outcome | No
     return None
 
 
-def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outcome:
+def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world) -> Outcome:
     """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
     to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize:
     docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
@@ -201,11 +218,18 @@ def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only) -> Outc
         t.join(5)
     while not lines.empty():
         is_err, line = lines.get()
-        _handle(line, is_err, ranks, launcher_log, emit, rank0_only)
+        _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world)
     if proc.returncode != 0:
         return Outcome(proc.returncode, f"every rank finished but the launcher exited {proc.returncode} "
                        f"(see {launcher_log.name})")
     return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
+
+
+def _world_verdict(world: WorldCheck, ranks, force: bool = False) -> Outcome | None:
+    reason = world.verdict({r.rank for r in ranks if r.exit_code is not None}, time.monotonic(), force)
+    if reason is None:
+        return None
+    return Outcome(EXIT_FAILED, reason, failed_rank=min(r for r, rep in world.reports.items() if rep[1] != world.expected))
 
 
 def _launcher_ended(code: int, ranks, launcher_log) -> Outcome:

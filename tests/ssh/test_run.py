@@ -267,3 +267,70 @@ def test_a_world_of_one_over_mpirun(make_cluster, tmp_path):
     r = run(str(script), "--hosts", str(cluster.inventory), "--backend", "mpi", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank 0 h1] world 1" in r.stdout and "exiting improperly" not in r.stdout + r.stderr
+
+
+ALONE = """\
+import os, sys, time
+if sys.argv[1] == "no-libmpi":          # MLX cannot load libmpi: a world of one per rank, no error
+    os.environ["MLX_MPI_LIBNAME"] = "/nonexistent/libmpi.so"
+if sys.argv[1] == "no-hostfile":        # the ring backend finds no peers: the same
+    os.environ.pop("MLX_HOSTFILE", None)
+import mlx.core as mx
+g = mx.distributed.init(backend=sys.argv[2])
+print("alone in a world of", g.size(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("backend, how, asked, cause", [
+    ("mpi", "no-libmpi", "mpi", "MLX could not join the ranks: under mpirun it could not load libmpi"),
+    ("mpi", "as-is", "ring", "the program asked MLX for the ring backend, but the ranks were started for mpi"),
+    ("ring", "no-hostfile", "any", "MLX could not join the ranks: its ring backend found no peers"),
+])
+def test_ranks_that_each_form_a_world_of_one_fail_the_job_naming_every_rank(make_cluster, tmp_path, backend, how,
+                                                                           asked, cause):
+    """MLX falls back to a world of one without an error (docs/mlx-distributed.md#world-of-one-fallback):
+    every rank would train alone and exit 0. The bootstrap reports the world the program's init formed and
+    run stops the job at once, naming the ranks and the cause."""
+    cluster = make_cluster(2)
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE)
+    started = time.monotonic()
+    r = run(str(script), how, asked, "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    assert time.monotonic() - started < 90      # the ranks sleep 600 s: they were stopped, not waited for
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"failed: rank 0 on h1 and rank 1 on h2 formed a world of 1, not 2: {cause}" in r.stderr, r.stderr
+    assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
+
+
+BAR = """\
+import sys, time
+print("before the bar", flush=True)
+n = 2000
+for i in range(n + 1):
+    sys.stderr.write("\\r%3d%%|%-20s| %d/%d" % (i * 100 // n, "#" * (i * 20 // n), i, n))
+    sys.stderr.flush()
+    time.sleep(3 / n)
+sys.stderr.write("\\n")
+print("after the bar", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_a_progress_bar_stays_a_few_lines_live_and_one_in_the_log(make_cluster, tmp_path, backend):
+    """2000 `\\r` redraws over ~3 s on every rank: a few updates live (at most one a second per rank), the
+    final state live and in each rank's log, every other line untouched."""
+    cluster = make_cluster(2)
+    script = tmp_path / "bar.py"
+    script.write_text(BAR)
+    r = run(str(script), "--hosts", str(cluster.inventory), "--backend", backend, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_dir = tmp_path / "runs" / TOKEN.search(r.stderr).group(1)
+    final = "100%|####################| 2000/2000"
+    for k in range(2):
+        live = [l for l in r.stderr.splitlines() if l.startswith(f"[rank {k} h{k + 1}] ") and "%|" in l]
+        assert 1 <= len(live) <= 10 and live[-1] == f"[rank {k} h{k + 1}] {final}", live
+        log = (run_dir / f"rank-{k}.log").read_text().splitlines()
+        # stdout and stderr are separate pipes: their lines may interleave either way
+        assert sorted(log) == sorted(["before the bar", final, "after the bar"]), log
+        assert f"[rank {k} h{k + 1}] before the bar" in r.stdout and f"[rank {k} h{k + 1}] after the bar" in r.stdout

@@ -1,0 +1,116 @@
+"""The bootstrap's pure parts, run from the very text every rank runs (bootstrap.LINES, bootstrap.WORLD):
+splitting output into lines and progress-bar redraws, and reporting the world MLX formed."""
+import subprocess
+import sys
+
+import pytest
+
+from clusterctl.launch.bootstrap import BAR_EVERY_S, BOOTSTRAP, LINES, WORLD
+
+SNIPPETS: dict = {}
+exec(LINES, SNIPPETS)
+Lines = SNIPPETS["Lines"]
+
+
+def feed_all(chunks, every=1.0, step=0.01):
+    """Feed `chunks` (bytes) one by one, `step` seconds apart; every item out, then the end."""
+    lines, out = Lines(every), []
+    for i, chunk in enumerate(chunks):
+        out += lines.feed(chunk, i * step)
+    return out + lines.end()
+
+
+def test_the_snippets_are_the_bootstrap_s_own():
+    assert LINES in BOOTSTRAP and WORLD in BOOTSTRAP and f"Lines({BAR_EVERY_S!r})" in BOOTSTRAP
+
+
+def test_plain_lines_pass_through_as_they_are():
+    assert feed_all([b"one\ntw", b"o\n\nthree"]) == [("line", b"one"), ("line", b"two"), ("line", b""),
+                                                     ("line", b"three")]
+    assert feed_all([b"  indented  \n"]) == [("line", b"  indented  ")]
+    assert feed_all([]) == [] and feed_all([b""]) == []
+
+
+def test_crlf_is_a_line_end_even_split_across_reads():
+    assert feed_all([b"a\r\nb\r", b"\nc\r\n"]) == [("line", b"a"), ("line", b"b"), ("line", b"c")]
+    # a trailing \r waits for what follows: no bar update for "b" before its \n arrives
+    lines = Lines(0.0)
+    assert lines.feed(b"b\r", 0.0) == [] and lines.feed(b"\n", 5.0) == [("line", b"b")]
+
+
+def test_a_bar_shows_its_first_state_then_at_most_one_update_a_second_and_always_its_final_state():
+    chunks = [b"\r%3d%%|%s|" % (i, b"#" * (i // 10)) for i in range(101)] + [b"\n"]
+    out = feed_all(chunks, every=1.0, step=0.03)      # 101 redraws over 3 s
+    bars = [text for kind, text in out if kind == "bar"]
+    assert out[-1] == ("line", b"100%|##########|")
+    assert [kind for kind, _ in out].count("line") == 1
+    assert bars[0] == b"  0%||" and 3 <= len(bars) <= 5, bars
+
+
+def test_the_final_state_is_the_last_non_blank_redraw():
+    assert feed_all([b"\r 50%\r100%\r    \r\n"]) == [("line", b"100%")]
+    assert feed_all([b"working...\rdone      \n"]) == [("line", b"done      ")]
+    assert feed_all([b"\r\r\n"]) == [("line", b"")]
+
+
+def test_a_bar_then_lines_then_another_bar():
+    out = feed_all([b"\rA 1/2", b"\rA 2/2\nlog line\n\rB 1/3\rB 3/3", b"\nend"], every=100.0)
+    assert [x for x in out if x[0] == "line"] == [("line", b"A 2/2"), ("line", b"log line"), ("line", b"B 3/3"),
+                                                  ("line", b"end")]
+    assert [x for x in out if x[0] == "bar"] == [("bar", b"A 1/2")]    # one update per 100 s here
+
+
+def test_a_bar_split_mid_state_shows_the_partial_state_live_but_ends_whole():
+    lines = Lines(0.0)
+    assert lines.feed(b"\r 10%|#", 0.0) == [("bar", b" 10%|#")]
+    assert lines.feed(b"#  |", 1.0) == [("bar", b" 10%|##  |")]
+    assert lines.feed(b"\r 20%|###|", 2.0) == [("bar", b" 20%|###|")]
+    assert lines.feed(b"\r 20%|###|", 3.0) == []                       # the same state is not shown again
+    assert lines.end() == [("line", b" 20%|###|")]                    # the stream ended mid-bar
+
+
+def test_tick_shows_a_stalled_bar_s_latest_state_once():
+    lines = Lines(1.0)
+    assert lines.feed(b"\r1%", 0.0) == [("bar", b"1%")]
+    assert lines.feed(b"\r2%\r3%", 0.5) == []                          # too soon
+    assert lines.tick(1.0) == [("bar", b"3%")] and lines.tick(5.0) == []
+    assert lines.tick(6.0) == [] and Lines(1.0).tick(9.0) == []
+
+
+def test_a_bar_s_memory_stays_bounded():
+    lines = Lines(1.0)
+    for i in range(20000):
+        lines.feed(b"\r%d%%|%s|" % (i, b"#" * 40), i * 0.001)
+    assert len(lines.rest) < 100 and lines.end() == [("line", b"19999%|" + b"#" * 40 + b"|")]
+
+
+def _under_watch(program: str) -> subprocess.CompletedProcess:
+    code = WORLD + "import sys\nwatch_world(lambda size, backend: print('REPORT', size, backend, flush=True))\n" + program
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_the_world_is_reported_once_whichever_way_init_is_called():
+    pytest.importorskip("mlx.core")
+    r = _under_watch("import mlx.core as mx\n"
+                     "g = mx.distributed.init(False, 'ring')\n"
+                     "from mlx.core.distributed import init\n"
+                     "assert init is mx.distributed.init and init.__name__ == 'init' and init.__doc__\n"
+                     "h = init(backend='any')\n"
+                     "print(type(g).__module__, type(g).__name__, g.size(), h.size())\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["REPORT 1 ring", "mlx.core.distributed Group 1 1"]
+
+
+def test_the_wrapper_is_in_place_for_a_from_import_before_any_call():
+    pytest.importorskip("mlx.core")
+    r = _under_watch("from mlx.core.distributed import init\nprint(init(backend='ring').size())\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["REPORT 1 ring", "1"], r.stderr
+
+
+def test_a_program_without_mlx_never_loads_it_and_a_failed_init_reports_nothing():
+    r = _under_watch("import json\nprint(sorted(m for m in sys.modules if m.startswith('mlx')))\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["[]"], r.stderr
+    pytest.importorskip("mlx.core")
+    r = _under_watch("import mlx.core as mx\ntry:\n    mx.distributed.init(strict=True, backend='ring')\n"
+                     "except RuntimeError:\n    print('raised')\n")
+    assert r.stdout.splitlines() == ["raised"], r.stderr
