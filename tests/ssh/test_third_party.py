@@ -63,3 +63,26 @@ def test_a_module_missing_on_a_host_is_named_as_missing(make_cluster, site, tmp_
     r = clusterctl_run("--hosts", str(inventory), "-m", "mlxdp_typo", "train", cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "h1: no module named mlxdp_typo for " in r.stderr and "install it on that host" in r.stderr
+
+
+def test_its_progress_bar_stays_readable_and_its_world_is_checked(make_cluster, site, tmp_path):
+    """The same package drawing a \\r bar (2,000 redraws): a few live lines per rank, the final state in both
+    the stream and the logs. Asked to init a backend the launch did not start (ring under mpirun), it trains
+    each rank alone: run fails, naming both ranks and the cause."""
+    cluster = make_cluster(2)
+    inventory = cluster.write_inventory(env={"PYTHONPATH": site})
+    r = clusterctl_run("--hosts", str(inventory), "--backend", "mpi", "-m", "mlxdp", "train", "--out", "o",
+                       "--steps", "20", "--bar", "2000", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank, host in ((0, "h1"), (1, "h2")):
+        bar = [line for line in r.stdout.splitlines() if line.startswith(f"[rank {rank} {host}] train ")]
+        assert 1 <= len(bar) <= 10 and bar[-1].startswith(f"[rank {rank} {host}] train 100% |####"), bar
+    [run_dir] = (tmp_path / "runs").iterdir()
+    for rank in (0, 1):
+        logged = [line for line in (run_dir / f"rank-{rank}.log").read_text().splitlines() if line.startswith("train ")]
+        assert len(logged) == 1 and logged[0].startswith("train 100% |####################| loss"), logged
+    r = clusterctl_run("--hosts", str(inventory), "--backend", "mpi", "-m", "mlxdp", "train", "--out", "o",
+                       "--steps", "20", "--backend", "ring", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "rank 0 on h1 and rank 1 on h2 formed a world of 1, not 2" in r.stderr
+    assert "asked MLX for the ring backend, but the ranks were started for mpi" in r.stderr
