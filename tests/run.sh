@@ -22,6 +22,7 @@ installed libopenmpi-dev || packages+=(libopenmpi-dev)
 command -v rsync >/dev/null || packages+=(rsync)
 command -v unshare >/dev/null || packages+=(util-linux)
 command -v ps >/dev/null || packages+=(procps)
+command -v zsh >/dev/null || packages+=(zsh)          # fake-Darwin hosts log in with zsh (tests/fakedarwin)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "tests/run.sh: installing Debian packages: ${packages[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

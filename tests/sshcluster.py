@@ -37,6 +37,11 @@ SSH_KEYGEN = shutil.which("ssh-keygen")
 DEFAULT_SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 10.0
 HOME_BASHRC = os.path.expanduser("~/.bashrc")
+# Fake-Darwin hosts (tests/fakedarwin/README.md): stand-ins first on PATH, then this machine's tools minus
+# what macOS does not have
+FAKE_DARWIN = Path(__file__).resolve().parent / "fakedarwin"
+ABSENT_ON_MACOS = {"sha256sum", "sha1sum", "md5sum", "timeout", "setsid", "nproc", "flock", "tac", "ip", "ss",
+                   "realpath", "stdbuf", "numfmt", "getent", "lscpu", "free", "runuser", "systemctl"}
 
 
 def unshare_works() -> bool:
@@ -126,7 +131,7 @@ class SSHCluster:
     _instances = 0
 
     def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
-                 stock_sshd: bool = False):
+                 stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset()):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -141,6 +146,8 @@ class SSHCluster:
         # stock_sshd (implies inventory_only): sshd with OpenSSH's own defaults, its post-quantum key exchange
         # included, and no client tuning at all: what a Mac's Remote Login offers
         self.stock_sshd = stock_sshd
+        # darwin: the hosts (1-based) that behave like Macs: zsh login shell, macOS's tools and refusals
+        self.darwin = frozenset(darwin)
         self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
         self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
@@ -167,6 +174,8 @@ class SSHCluster:
         self.empty_keys.write_text("")
         self.plain_bashrc.write_text("# a plain shell for test hosts (see the module docstring)\n")
         common_port = free_port_on([h.address for h in self.hosts]) if self.inventory_only else None
+        if self.darwin:
+            self._prepare_darwin()
         for host in self.hosts:
             host.dir.mkdir(exist_ok=True)
             (host.dir / "tmp").mkdir(exist_ok=True)
@@ -179,6 +188,8 @@ class SSHCluster:
             if self.inventory_only:      # no ~/.ssh/config, no known_hosts: the host starts from nothing
                 (host.dir / "home").mkdir(exist_ok=True)
                 host.session_env["HOME"] = str(host.dir / "home")
+            if host.index in self.darwin:
+                self._make_darwin(host)
         self.client_home.mkdir(exist_ok=True)
         self.write_ssh_config()
         self.write_inventory()
@@ -189,6 +200,49 @@ class SSHCluster:
             self.stop_all()
             raise
         return self
+
+    def _prepare_darwin(self) -> None:
+        """What every fake Mac shares: a PATH directory of this machine's tools minus the GNU-only ones
+        macOS lacks, and /etc/passwd with zsh as root's login shell."""
+        if not self.private_roots:
+            raise RuntimeError("fake-Darwin hosts need unshare -m (a private /etc/passwd per host)")
+        if not shutil.which("zsh"):
+            raise RuntimeError("fake-Darwin hosts log in with zsh: apt-get install zsh (tests/run.sh does this)")
+        farm = self.root / "darwin_path"
+        farm.mkdir(exist_ok=True)
+        for directory in DEFAULT_SESSION_PATH.split(":"):
+            if not os.path.isdir(directory):
+                continue
+            for name in sorted(os.listdir(directory)):
+                target = os.path.join(directory, name)
+                link = farm / name
+                if name in ABSENT_ON_MACOS or link.exists() or link.is_symlink() or not os.access(target, os.X_OK):
+                    continue
+                link.symlink_to(target)
+        self.darwin_path = f"{FAKE_DARWIN / 'bin'}:{farm}"
+        lines = []
+        with open("/etc/passwd", encoding="utf-8") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(":")
+                if fields[0] == "root" and len(fields) == 7:
+                    fields[6] = shutil.which("zsh")
+                lines.append(":".join(fields))
+        self.darwin_passwd = self.root / "passwd.zsh"
+        self.darwin_passwd.write_text("\n".join(lines) + "\n")
+
+    def _make_darwin(self, host: TestHost) -> None:
+        host.session_env.update({
+            "PATH": self.darwin_path,
+            "FAKE_DARWIN_OUTPUTS": str(FAKE_DARWIN / "outputs"),
+            "FAKE_DARWIN_FIXTURES": str(FAKE_DARWIN.parent / "fixtures" / "macos"),
+            "FAKE_DARWIN_LOG": str(host.dir / "refused.log"),
+        })
+        host.binds["/etc/passwd"] = str(self.darwin_passwd)
+
+    def refused(self, index: int) -> list[str]:
+        """What fake-Darwin host `index`'s stand-ins refused (GNU-only usage we sent it), one line each."""
+        log = self.host(index).dir / "refused.log"
+        return log.read_text().splitlines() if log.exists() else []
 
     def write_ssh_config(self) -> None:
         lines = []

@@ -29,6 +29,8 @@ from .bootstrap import BOOTSTRAP
 from .launchers import LaunchSite
 from .plan import LaunchPlan
 
+# what a launch from the first host asks it first: its home, whether we are root there, its ssh
+LAUNCH_HOST_FACTS = 'printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"'
 HEARTBEAT_S = 1.0          # every rank's bootstrap beats this often (supervise's hang timeout reads it)
 
 
@@ -108,7 +110,7 @@ def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, progr
 
 def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
     host, remote = site.host, site.transport
-    facts = remote.run('printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"', timeout=30).stdout.split("\n")
+    facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
     home, uid, ssh = (facts + ["", "", ""])[:3]
     workdir = home + host.workdir[1:] if host.workdir.startswith("~") else host.workdir
     there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"

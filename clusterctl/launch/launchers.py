@@ -51,9 +51,9 @@ def choose_site(cluster: Cluster, backend: Backend, launch_from: str, connector:
     return LaunchSite(launcher=launcher)
 
 
-def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:
-    """Kill whatever is left of this run on every host: every rank carries its run id on its command line.
-    Returns the hosts where something may survive (unreachable, or a process that would not die)."""
+def sweep_script(run_id: str) -> str:
+    """The POSIX sh a host runs to kill what is left of a run: every rank carries its run id on its command
+    line. Exit 1, listing them, when something would not die."""
     token = f"clusterctl-run-{run_id}"
     # A regular expression that matches the ranks' command lines but no command line holding the pattern
     # itself: not the sweeping shell, nor a pgrep / pkill of a sweep running beside it on the same machine.
@@ -61,8 +61,14 @@ def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]
     wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
     # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
     # there when `run` returns
-    script = (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
-              f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
+    return (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
+            f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
+
+
+def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:
+    """Kill whatever is left of this run on every host (sweep_script). Returns the hosts where something
+    may survive (unreachable, or a process that would not die)."""
+    script = sweep_script(run_id)
 
     def one(host):
         with connector.transport(host) as t:

@@ -62,12 +62,7 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
             where = script if script.startswith(("/", "~")) else f"{host.workdir.rstrip('/')}/{script}"
             text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"
         if module is not None:
-            env = " ".join(shlex.quote(f"{k}={v}") for k, v in host.env)
-            # as a rank imports it: from the workdir, with the clusterctl that `run` ships there first
-            text += (f"\nm=$(cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
-                     f"export PYTHONPATH; env {env} {quote_path(host.python)} "
-                     f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)} 2>&1)\n"
-                     'case $? in 0) j module yes;; 1) j module no;; *) j module error; j module_error "$m";; esac\n')
+            text += module_check(host, module)
         with connector.transport(host) as t:
             facts = parse_probe(t.run(text, timeout=timeout).stdout)
         if script is not None or module is not None:
@@ -90,6 +85,18 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
         raise ConnectError(name, str(outcome.error).removeprefix(f"{name}: ") +
                            " (run `clusterctl doctor` for the whole picture)")
     return plan_from_probes(cluster, [o.value for o in group.values()])
+
+
+def module_check(host, module: str) -> str:
+    """The probe's lines that look for `module` as a rank imports it: from the workdir, with the inventory's
+    env and the clusterctl that `run` ships there first."""
+    # exported by the shell itself, not through /usr/bin/env: macOS SIP would strip DYLD_* there
+    # (docs/macos.md#sip-strips-dyld)
+    env = "".join(f"{k}={shlex.quote(v)}; export {k}; " for k, v in host.env if k.isidentifier())
+    return (f"\nm=$(cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
+            f"export PYTHONPATH; {env}{quote_path(host.python)} "
+            f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)} 2>&1)\n"
+            'case $? in 0) j module yes;; 1) j module no;; *) j module error; j module_error "$m";; esac\n')
 
 
 def module_problem(host: str, python: str, module: str, found: str | None, message: str | None) -> str:

@@ -165,10 +165,11 @@ def test_dry_run_and_preflight(make_cluster, tmp_path):
     r = run(str(tmp_path / "missing.py"), "--hosts", str(cluster.inventory), cwd=tmp_path)
     assert r.returncode == 1 and "h1: " in r.stderr and "missing.py does not exist there" in r.stderr
     cluster.stop_host(2)
-    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", cwd=tmp_path)
+    # clusterctl's options first (the canonical spelling: no note about options taken from the end)
+    r = run("--hosts", str(cluster.inventory), "--connect-timeout", "3", str(script), cwd=tmp_path)
     assert r.returncode == 1 and "could not copy the project" in r.stderr and "h2: " in r.stderr
     assert "Connection refused" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
-    r = run(str(script), "--hosts", str(cluster.inventory), "--connect-timeout", "3", "--no-sync", cwd=tmp_path)
+    r = run("--hosts", str(cluster.inventory), "--connect-timeout", "3", "--no-sync", str(script), cwd=tmp_path)
     assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -35,7 +35,11 @@ m=$(command -v mpirun 2>/dev/null)
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
-  mr=$(readlink -f "$m" 2>/dev/null || printf '%s' "$m")
+  # follow the symlinks by hand: `readlink -f` is GNU's (macOS before 12.3 has none: docs/macos.md#bsd-userland)
+  mr=$m; n=0
+  while [ -L "$mr" ] && [ $n -lt 20 ]; do
+    t=$(readlink "$mr"); case $t in /*) mr=$t;; *) mr=$(dirname "$mr")/$t;; esac; n=$((n+1))
+  done
   j mpirun_real "$mr"
   if [ "$FULL" = yes ]; then ( j mpirun_version "$(mpirun --version 2>&1 </dev/null | head -n 3)" ) & fi
   mdir=$(dirname "$(dirname "$mr")")/lib

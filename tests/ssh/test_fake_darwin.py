@@ -1,0 +1,182 @@
+"""A Mac in the lab: 3 hosts, two of them fake-Darwin (zsh login shell, macOS's tools and their refusals of
+GNU-only usage: tests/fakedarwin/README.md) and one Linux. Everything clusterctl sends a host must work on
+them, and none of it may lean on a GNU-only tool or flag: every test ends by checking that no stand-in
+refused anything."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sshcluster import requires_private_roots
+from test_run import ALLSUM, RANK, TOKEN, assert_nothing_left, job_processes, start, wait_for_lines
+
+pytestmark = pytest.mark.ssh
+
+HOSTILE = ["it's $(touch pwned).txt", "a b;c`x`", "new\nline", "ünï cødé.py", "-starts-with-dash", "star*?[x]"]
+
+
+@pytest.fixture
+def macs(make_cluster):
+    requires_private_roots(why="a private /etc/passwd with zsh as the login shell, per fake Mac")
+    cluster = make_cluster(3, darwin={1, 2})
+    yield cluster
+    for i in (1, 2):
+        assert cluster.refused(i) == [], f"h{i} refused GNU-only usage: {cluster.refused(i)}"
+
+
+def clusterctl(*args, cwd, timeout=300):
+    env = {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
+    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def test_the_fake_macs_are_macs(macs):
+    for i in (1, 2):
+        r = macs.ssh(i, 'echo "$ZSH_VERSION"; uname -s; command -v sha256sum timeout setsid nproc flock tac ip; stat -c %s / ')
+        lines = r.stdout.splitlines()
+        assert lines[0] and lines[1] == "Darwin" and lines[2:] == [], r.stdout     # zsh; no GNU-only tool
+        assert r.returncode != 0 and "illegal option -- c" in r.stderr
+    assert macs.ssh(3, "uname -s").stdout.strip() == "Linux"
+    for i in (1, 2):                                          # the refusals above were this test's own doing
+        assert macs.refused(i) == ["stat: refused c in: stat -c %s /"]
+        macs.host(i).dir.joinpath("refused.log").unlink()
+
+
+def test_doctor_is_green_and_names_the_macs_findings(macs, tmp_path):
+    r = clusterctl("doctor", "--json", "--hosts", str(macs.inventory), cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"] is True, [c for c in doc["checks"] if c["status"] == "fail"]
+    macos = {(c["host"], c["detail"].split(" ")[0]) for c in doc["checks"] if c["check"] == "macos"}
+    assert macos == {("h1", "SIP"), ("h1", "the"), ("h2", "SIP"), ("h2", "the")}     # SIP and Local Network
+    mesh = [(c["host"], c["peer"], c["status"]) for c in doc["checks"] if c["check"] == "ssh-mesh"]
+    assert len(mesh) == 6 and {s for *_, s in mesh} == {"pass"}                     # zsh to zsh, zsh to bash
+    smoke = {c["check"]: c["status"] for c in doc["checks"] if c["check"].endswith("smoke")}
+    assert smoke == {"mpi-smoke": "pass", "ring-smoke": "pass"}
+
+
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_run_works_and_a_crash_ctrl_c_and_a_hang_leave_nothing(macs, tmp_path, backend):
+    script = tmp_path / "allsum.py"
+    script.write_text(ALLSUM)
+    r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", backend, str(script), backend, "x", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(l for l in r.stdout.splitlines() if "world" in l) == \
+        [f"[rank {k} h{k + 1}] world 3 sum [3.0, 3.0, 3.0, 3.0] arg x" for k in range(3)]
+    # a crash: rank 1 (a Mac) exits 3, the others sleep
+    fail = tmp_path / "fail.py"
+    fail.write_text(f"import os, sys, time\nrank = {RANK}\nprint('up', flush=True)\n"
+                    "if rank == 1:\n    time.sleep(1)\n    sys.exit(3)\ntime.sleep(600)\n")
+    r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", backend, str(fail), cwd=tmp_path)
+    assert r.returncode == 3 and "rank 1 on h2 exited 3" in r.stderr, r.stderr[-2000:]
+    assert_nothing_left(macs, TOKEN.search(r.stderr).group(1))
+    # Ctrl-C, then a hang (rank 0, on a Mac, stopped)
+    sleepy = tmp_path / "sleepy.py"
+    sleepy.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    for how in ("sigint", "hang"):
+        extra = ["--hang-timeout", "5"] if how == "hang" else []
+        proc = start("--hosts", str(macs.inventory), "--backend", backend, *extra, str(sleepy), cwd=tmp_path)
+        lines = wait_for_lines(proc, lambda l: l.rstrip().endswith("] up"), 3)
+        run_id = TOKEN.search("".join(lines)).group(1)
+        if how == "sigint":
+            proc.send_signal(signal.SIGINT)
+        else:
+            rank0 = [p for p in job_processes(run_id) if _environ(p).get("CLUSTERCTL_RUN_ID") == run_id
+                     and _environ(p).get("MLX_RANK", _environ(p).get("OMPI_COMM_WORLD_RANK")) == "0" and _python(p)]
+            assert len(rank0) == 1, rank0
+            os.kill(rank0[0], signal.SIGSTOP)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode == (130 if how == "sigint" else 124), out[-2000:]
+        assert_nothing_left(macs, run_id)
+
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return {k.decode(): v.decode() for k, _, v in (e.partition(b"=") for e in f.read().split(b"\0")) if k}
+    except OSError:
+        return {}
+
+
+def _python(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"python" in os.path.basename(f.read().split(b"\0")[0])
+    except OSError:
+        return False
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_sync_and_data_push_land_byte_exact_with_hostile_names(macs, tmp_path, method):
+    project = tmp_path / "project"
+    (project / "sub dir").mkdir(parents=True)
+    for i, name in enumerate(HOSTILE):
+        (project / name).write_bytes(os.urandom(1000 + i))
+        (project / "sub dir" / name).write_bytes(name.encode() * 3)
+    r = clusterctl("sync", ".", "--hosts", str(macs.inventory), "--method", method, cwd=project)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "pwned").exists() and not (project / "pwned").exists()
+    want = {k: v for k, v in _tree(project).items() if not k.startswith(".cache/")}   # clusterctl's own, made meanwhile
+    for i in (1, 2, 3):
+        listing = macs.ssh(i, f"cd {macs.workdir} && {sys.executable} -c 'import hashlib, os, json, sys\n"
+                              "out = {}\nfor d, _, fs in os.walk(\".\"):\n    for f in fs:\n"
+                              "        p = os.path.join(d, f)[2:]\n"
+                              "        out[p] = hashlib.sha256(open(p, \"rb\").read()).hexdigest()\n"
+                              "print(json.dumps(out))'")
+        got = {k: v for k, v in json.loads(listing.stdout).items() if not k.startswith((".clusterctl", "data/"))}
+        assert got == want, (i, set(got) ^ set(want))
+    # data push: host i gets shard i, checked by sha256 on the host (a Mac has no sha256sum)
+    prep = clusterctl("data", "prepare", "embedded:60", "--world", "3", "--out", str(tmp_path / "shards"), cwd=tmp_path)
+    assert prep.returncode == 0, prep.stderr
+    r = clusterctl("data", "push", str(tmp_path / "shards"), "--hosts", str(macs.inventory), "--method", method,
+                   cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for i in (1, 2, 3):
+        shard = f"shard-{i - 1:05d}-of-00003.bin"
+        remote = macs.ssh(i, f"cd {macs.workdir}/data/shards && {sys.executable} -c "
+                             f"'import hashlib; print(hashlib.sha256(open(\"{shard}\", \"rb\").read()).hexdigest())'")
+        assert remote.stdout.strip() == hashlib.sha256((tmp_path / "shards" / shard).read_bytes()).hexdigest()
+
+
+def test_exec_bench_and_the_watchdog(macs, tmp_path):
+    r = clusterctl("exec", "--hosts", str(macs.inventory), "--", "uname", "-s", cwd=tmp_path)
+    assert r.returncode == 0 and sorted(r.stdout.split()) == sorted(
+        ["[0", "h1]", "Darwin", "[1", "h2]", "Darwin", "[2", "h3]", "Linux"]), r.stdout
+    r = clusterctl("bench", "--hosts", str(macs.inventory), "--backend", "ring", "--sizes", "1K..64K",
+                   cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # the transport's watchdog on a Mac: a command whose channel closes is killed with its whole tree
+    marker = "clusterctl-watchdog-probe-" + str(os.getpid())
+    pattern = "'clusterctl-watchdog-prob[e]-" + str(os.getpid()) + "'"     # never the pgrep's own shell
+    proc = subprocess.Popen([sys.executable, "-c", f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+from clusterctl.hosts.connector import Connector
+from clusterctl.launch.backends import load_cluster
+import queue
+c = load_cluster({str(macs.inventory)!r})
+t = Connector(c).transport(c.hosts[0])
+p = t.stream("sh -c 'sleep 600; : {marker}' & sleep 600; : {marker}", queue.Queue())
+print('started', flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 10
+    while not macs.ssh(1, f"pgrep -f {pattern}").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert macs.ssh(1, f"pgrep -f {pattern}").stdout.strip()
+    proc.kill()                                   # the controller dies: its SSH channel closes
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while macs.ssh(1, f"pgrep -f {pattern}").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert macs.ssh(1, f"pgrep -f {pattern}").stdout.strip() == ""

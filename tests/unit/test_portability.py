@@ -1,0 +1,113 @@
+"""Every shell script clusterctl sends a host, built by the code that sends it, must parse under POSIX sh
+(and the outer command under zsh, a Mac's login shell) and use no GNU-only tool or flag: a new GNU-ism
+fails here, in the unit tier, before the fake-Darwin tier (tests/ssh/test_fake_darwin.py) or a real Mac
+sees it. The checker is shown catching a deliberately bad script."""
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from clusterctl.hosts.probe import probe_script
+from clusterctl.hosts.transport import remote_command, shell_command
+from clusterctl.inventory import parse
+from clusterctl.launch.backends import Where, get
+from clusterctl.launch.job import LAUNCH_HOST_FACTS
+from clusterctl.launch.launchers import sweep_script
+from clusterctl.launch.plan import LaunchPlan, module_check
+from clusterctl.transfer.rsync import remote_rsync_path
+
+# GNU-only forms and what macOS has instead (docs/macos.md#bsd-userland)
+FORBIDDEN = [
+    (r"\bstat\s+(-\S+\s+)*(-[a-zA-Z]*c\b|--format|--printf)", "stat -c (GNU): BSD stat formats with -f"),
+    (r"\breadlink\s+(-\S+\s+)*-[a-zA-Z]*[fem]\b", "readlink -f (GNU; macOS only since 12.3)"),
+    (r"\bsed\s+(-\S+\s+)*-i(?!\s*(''|\"\"|\.))", "sed -i without a suffix (BSD sed takes one: -i '')"),
+    (r"\bsed\s+(-\S+\s+)*-r\b", "sed -r (GNU; BSD: -E)"),
+    (r"-f?printf\b(?!\s+['\"%])", "find -printf (GNU)"),
+    (r"\bdate\b[^\n;|&]*%N", "date +%N (GNU nanoseconds)"),
+    (r"\bxargs\s+(-\S+\s+)*-(r\b|-no-run-if-empty)", "xargs -r (GNU)"),
+    (r"\b(cp|mv|ln)\s+(-\S+\s+)*-[a-zA-Z]*T\b", "cp/mv/ln -T (GNU)"),
+    (r"\bgrep\s+(-\S+\s+)*-[a-zA-Z]*P", "grep -P (GNU)"),
+    (r"\bbase64\s+(-\S+\s+)*--decode", "base64 --decode (GNU; BSD: -D / -d)"),
+    (r"(?<![\w/.-])(sha256sum|sha1sum|md5sum|timeout|setsid|nproc|flock|tac|realpath|stdbuf|numfmt)\s",
+     "a GNU coreutils tool macOS does not have"),
+    (r"(?<![\w/.-])ip\s+-", "iproute2's ip (not on macOS) without an ifconfig fallback"),
+]
+
+
+def gnu_isms(script: str) -> list[str]:
+    """The GNU-only forms in a shell script. Single-quoted words are data (python programs, patterns,
+    values), not commands: they are blanked first. A line that falls back to ifconfig may try ip first."""
+    found = []
+    text = re.sub(r"'[^']*'", "''", script)
+    for line in text.splitlines():
+        for pattern, why in FORBIDDEN:
+            if re.search(pattern, line) and not (why.startswith("iproute2") and "ifconfig" in line):
+                found.append(f"{why}: {line.strip()[:120]}")
+    return found
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return parse("defaults: {python: '~/venv/bin/python3', workdir: '~/work dir', env: {DYLD_LIBRARY_PATH: /opt/x}}\n"
+                 "hosts:\n  - {name: mac-1, address: 10.0.0.1}\n  - {name: mac-2, address: 10.0.0.2}\n"
+                 "launch: {backend: ring}\n", str(tmp_path / "inv.yaml"))
+
+
+def every_script(cluster, tmp_path) -> dict[str, str]:
+    """name -> the shell text a host receives, as the code builds it."""
+    host = cluster.hosts[0]
+    scripts = {
+        "probe (doctor)": probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir="/opt/homebrew/lib",
+                                       peers=["mac-2"], mesh_config="Host mac-2\n  Port 22", ssh_config="/etc/x",
+                                       mpi_libname="/opt/homebrew/lib/libmpi.dylib", full=True, rdma=True),
+        "probe + module check (pre-flight)": probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=None,
+                                                          peers=[], mesh_config=None, ssh_config=None, full=False)
+        + module_check(host, "pkg.train"),
+        "sweep": sweep_script("20261124-000000-abcdef"),
+        "rsync's remote side": remote_rsync_path("~/work dir/sub") + " --server -lpt . .",
+        "launch from the first host": LAUNCH_HOST_FACTS,
+        "a command with env": shell_command(["python3", "-c", "print(1)"], {"A": "it's", "B": "$(x)"}, cwd="~/w d"),
+    }
+    command = get("ring").command(cluster, LaunchPlan({}), program=["py", "-c", "x", "a b"], rank_env={"K": "v"},
+                                  where=Where(str(tmp_path), "/usr/bin/ssh", False, ["python3"], ("-F", "/c")))
+    rank = json.loads(command.files[0][1])["ranks"][0]["argv"][-1]       # what ssh hands the login shell
+    scripts["a rank (clusterctl's rank starter)"] = rank
+    return {name: text for name, text in scripts.items()}
+
+
+def outer_and_inner(name, text):
+    """The text the login shell parses (the watchdog-wrapped command) and the script /bin/sh then runs."""
+    wrapped = text if text.startswith("exec /bin/sh -c ") else remote_command(text)
+    return wrapped, text
+
+
+def test_every_script_we_send_parses_under_sh_and_zsh(cluster, tmp_path):
+    zsh = shutil.which("zsh")
+    for name, text in every_script(cluster, tmp_path).items():
+        outer, inner = outer_and_inner(name, text)
+        for shell, script in (("/bin/sh", inner), ("/bin/sh", outer), (zsh, outer)):
+            if shell is None:
+                continue
+            path = tmp_path / "s.sh"
+            path.write_text(script)
+            r = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True)
+            assert r.returncode == 0, (name, shell, r.stderr)
+
+
+def test_no_script_we_send_uses_a_gnu_only_tool_or_flag(cluster, tmp_path):
+    for name, text in every_script(cluster, tmp_path).items():
+        outer, inner = outer_and_inner(name, text)
+        assert gnu_isms(inner) == [] and gnu_isms(outer) == [], name
+
+
+def test_the_checker_catches_a_gnu_ism_and_a_syntax_error(tmp_path):
+    bad = "size=$(stat -c %s \"$f\")\nwhile read x; do echo $x; done | xargs -r rm\nd=$(date +%s%N)\nsha256sum \"$f\"\n"
+    assert [line.split(":")[0] for line in gnu_isms(bad)] == [
+        "stat -c (GNU)", "xargs -r (GNU)", "date +%N (GNU nanoseconds)", "a GNU coreutils tool macOS does not have"]
+    assert gnu_isms("s=$(stat -f %z \"$f\"); sed -i '' -e 's/a/b/' f; python3 -c 'import timeout'") == []
+    path = tmp_path / "broken.sh"
+    path.write_text("if [ -f x ]; then echo\n")        # no fi
+    assert subprocess.run(["/bin/sh", "-n", str(path)], capture_output=True).returncode != 0
