@@ -1,4 +1,5 @@
-"""The few lines every rank runs before the user's script, passed as `python -c BOOTSTRAP ...`.
+"""The few lines every rank runs before the user's script, passed as `python -c "#clusterctl-run-<id>\\n"BOOTSTRAP
+WORKDIR HEARTBEAT SCRIPT ARGS...` (the run id first, where `pgrep -f` sees it: docs/macos.md#pgrep-2048-bytes).
 
 It needs nothing but the standard library (hosts need not have clusterctl installed) and sits between the
 launcher and the script without a shell (macOS SIP would strip DYLD_* through /bin/sh, see
@@ -157,7 +158,7 @@ def watch_world(report):
 
 BOOTSTRAP = ENV_FILES + LINES + WORLD + r'''
 import json, os, runpy, socket, sys, threading, time, traceback
-run_id, workdir, beat, script, *args = sys.argv[1:]
+workdir, beat, script, *args = sys.argv[1:]     # the run id is the comment on our first line
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
 if workdir.startswith("["):
     workdir = json.loads(workdir)[int(rank)]

@@ -114,3 +114,16 @@ def test_a_program_without_mlx_never_loads_it_and_a_failed_init_reports_nothing(
     r = _under_watch("import mlx.core as mx\ntry:\n    mx.distributed.init(strict=True, backend='ring')\n"
                      "except RuntimeError:\n    print('raised')\n")
     assert r.stdout.splitlines() == ["raised"], r.stderr
+
+
+def test_the_run_id_sits_in_the_first_bytes_of_every_ranks_command_line():
+    """pgrep -f on macOS <= 13 (and toybox) matches only the first 2,048 bytes of a command line; the sweep
+    finds ranks by their run id, so it must come before the ~3 KB bootstrap (docs/macos.md#pgrep-2048-bytes)."""
+    from clusterctl.inventory import parse
+    from clusterctl.launch.job import rank_program
+
+    cluster = parse("hosts: [{name: h1, python: /opt/homebrew/bin/python3}, {name: h2}]\n", "i.yaml")
+    argv = rank_program(cluster, "20260101-abcdef", "train.py", ["--lr", "3e-4"])
+    line = " ".join(argv)
+    assert 0 <= line.find("clusterctl-run-20260101-abcdef") < 200 and len(line) > 2048
+    assert argv[:2] == ["/opt/homebrew/bin/python3", "-c"] and argv[-3:] == ["train.py", "--lr", "3e-4"]
