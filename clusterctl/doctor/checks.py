@@ -302,7 +302,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
     # docs/macos.md#sip-strips-dyld
     out = [Finding("macos", name, WARN if "enabled" in f.get("sip", "enabled") else PASS,
                    "SIP strips DYLD_* variables through /bin/sh, env and nohup",
-                   "nothing to do with clusterctl run: it passes DYLD_LIBRARY_PATH with mpirun -x straight "
+                   "nothing to do with clusterctl run: it passes DYLD_FALLBACK_LIBRARY_PATH with mpirun -x straight "
                    "to python; when launching by hand do the same")]
     members = bridge_members(f.all("iface"))
     if backends.get(cluster.launch.backend).needs_addresses and members:   # mlx.launch: a ring of hosts

@@ -13,8 +13,10 @@ from .probe import Facts, HostProbe
 
 def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
     """What `run` exports so that MLX finds this libmpi (docs/mlx-distributed.md#mlx-mpi-libname), passed with
-    mpirun -x, which SIP cannot strip (docs/macos.md#sip-strips-dyld)."""
-    var = "DYLD_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
+    mpirun -x, which SIP cannot strip (docs/macos.md#sip-strips-dyld). On a Mac the fallback path: dyld
+    searches it only for a library not found where it was linked, where DYLD_LIBRARY_PATH would put, say,
+    Homebrew's libssl before a conda python's own (docs/macos.md#dyld-fallback-library-path)."""
+    var = "DYLD_FALLBACK_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
     return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
 
 

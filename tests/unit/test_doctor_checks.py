@@ -179,9 +179,11 @@ def test_software_checks_on_the_non_interactive_path():
     assert {f.check: f for f in broken}["mpirun"].status == WARN       # ring does not need mpirun
 
 
-def test_libmpi_env_is_dyld_on_macos_and_ld_on_linux():
+def test_libmpi_env_is_the_dyld_fallback_path_on_macos_and_ld_on_linux():
+    # DYLD_LIBRARY_PATH would make every library resolve in Homebrew's lib first (its libssl into a conda
+    # python): the fallback path is searched only when a library is not found where it was linked
     assert host_facts.libmpi_env("Darwin", "/opt/homebrew/lib/libmpi.dylib") == {
-        "DYLD_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}
+        "DYLD_FALLBACK_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}
     assert host_facts.libmpi_env("Linux", "/usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so")["LD_LIBRARY_PATH"] == \
         "/usr/lib/x86_64-linux-gnu/openmpi/lib"
     assert checks.libmpi(probe(1, os="Linux"), "mpi")[0].status == FAIL
