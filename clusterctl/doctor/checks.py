@@ -5,7 +5,7 @@ import re
 from collections import Counter
 
 from ..hosts.facts import (JACCL_MIN_MACOS, bridge_members, choose_libmpi, ibv_device_names, libmpi_env,
-                           macos_version, rdma_state, ring_port, shared_subnet)
+                           macos_version, rdma_state, ring_port, rsync_label, shared_subnet)
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
 from ..inventory import Cluster, Host
 from ..launch import backends, mlxenv
@@ -161,7 +161,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
             out.append(Finding("mpirun", name, PASS, detail))
     rsync = f.get("rsync")
     out.append(Finding("rsync", name, PASS if rsync else WARN,
-                       f"{' '.join(f.get('rsync_version').split()[:3])} at {rsync}" if rsync else "rsync not found",
+                       f"{rsync_label(f.get('rsync_version'))} at {rsync}" if rsync else "rsync not found",
                        None if rsync else "install rsync (sync falls back to slower SFTP without it)"))
     # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     if f.values.get("ssh_config") == ["no"]:

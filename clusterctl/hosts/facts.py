@@ -20,6 +20,16 @@ def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
     return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
 
 
+def rsync_label(version_line: str) -> str:
+    """The first line of `rsync --version`, shortened: `rsync version 3.2.7` (rsync, 2.6.9 included), or
+    `openrsync (protocol 29)` for macOS 15's openrsync, whose first line names no version of its own
+    (docs/macos.md#mac-rsync-output)."""
+    m = re.match(r"\s*openrsync:\s*protocol version (\d+)", version_line)
+    if m:
+        return f"openrsync (protocol {m.group(1)})"
+    return " ".join(version_line.split()[:3])
+
+
 def choose_libmpi(f: Facts) -> str | None:
     found = f.all("libmpi")
     return found[0] if found else None

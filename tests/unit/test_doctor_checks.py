@@ -1,6 +1,7 @@
 """Doctor's pure parts on canned outputs: probe parsing, the checks, the smoke judge, the report."""
 import ipaddress
 import json
+import os
 import shlex
 import subprocess
 
@@ -301,3 +302,20 @@ def test_a_probe_that_ran_long_is_reported_slow_with_what_it_finished():
     assert slow.status == FAIL and "slow, not refused" in slow.detail and "--connect-timeout" in slow.fix
     assert "powered on" not in slow.fix and "Remote Login" not in slow.fix
     assert checks.probe_time(probe(2)) == []
+
+
+def test_rsync_row_names_openrsync_and_rsync_2_6_9_by_their_first_version_line():
+    """The probe sends `rsync --version | head -n 1`; macOS 15's openrsync prints `openrsync: protocol version
+    29` there (tests/fixtures/rsync/), which the first three words made 'openrsync: protocol version'."""
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "fixtures", "rsync")
+
+    def row(name):
+        with open(os.path.join(fixtures, name)) as f:
+            first = f.read().splitlines()[0]
+        found = checks.host_software(probe(1, python_path="/p", python_info=info(), rsync="/usr/bin/rsync",
+                                           rsync_version=first), backend="ring")
+        return {f.check: f for f in found}["rsync"].detail
+
+    assert row("version.openrsync.txt") == "openrsync (protocol 29) at /usr/bin/rsync"
+    assert row("version.rsync-2.6.9.txt") == "rsync version 2.6.9 at /usr/bin/rsync"
+    assert host_facts.rsync_label("rsync  version 3.2.7  protocol version 31") == "rsync version 3.2.7"
