@@ -113,6 +113,19 @@ def _mesh_fix(why: str, source: Host, target: Host) -> str:
 # ---- software on each host's non-interactive PATH ------------------------------------------------
 # (docs/ssh.md#non-interactive-path; on a Mac, docs/macos.md#homebrew-path-in-non-login-zsh)
 
+def _install_mlx(python: str, os_name: str, info: dict) -> str:
+    """How to install mlx into the host's python: pip, or, for a python marked externally managed (PEP 668:
+    Homebrew's, Debian's), a venv made with it, which pip would otherwise refuse
+    (docs/macos.md#externally-managed-python)."""
+    package = "mlx" if os_name == "Darwin" else "'mlx[cpu]'"
+    if info.get("externally_managed"):
+        who = "Homebrew / PEP 668" if os_name == "Darwin" else "PEP 668"
+        return (f"{python} is externally managed ({who}), so pip refuses to install into it: {python} -m venv "
+                f"~/mlx-venv && ~/mlx-venv/bin/pip install {package}, then set `python:` in the inventory to "
+                "that venv's python by its full path")
+    return f"{python} -m pip install {package}"
+
+
 def host_software(p: HostProbe, backend: str) -> list[Finding]:
     f, name = p.facts, p.host.name
     if f is None:
@@ -136,7 +149,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
                                None if not dist else "reinstall mlx (Linux: pip install 'mlx[cpu]')"))
         else:
             out.append(Finding("mlx", name, FAIL, f"import mlx failed: {info.get('mlx_error', '')[:200]}",
-                               f"{p.host.python} -m pip install " + ("mlx" if f.get("os") == "Darwin" else "'mlx[cpu]'")))
+                               _install_mlx(p.host.python, f.get("os"), info)))
     mpirun = f.get("mpirun")
     version = f.get("mpirun_version")
     needs_mpi = backends.get(backend).needs_mpi

@@ -4,6 +4,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 
 from clusterctl.doctor import checks
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
@@ -319,3 +320,30 @@ def test_rsync_row_names_openrsync_and_rsync_2_6_9_by_their_first_version_line()
     assert row("version.openrsync.txt") == "openrsync (protocol 29) at /usr/bin/rsync"
     assert row("version.rsync-2.6.9.txt") == "rsync version 2.6.9 at /usr/bin/rsync"
     assert host_facts.rsync_label("rsync  version 3.2.7  protocol version 31") == "rsync version 3.2.7"
+
+
+def test_a_missing_mlx_in_an_externally_managed_python_is_fixed_with_a_venv():
+    """Homebrew's python (and Debian's) are marked EXTERNALLY-MANAGED (PEP 668): `pip install` into them is
+    refused, so doctor suggests a venv and the inventory's `python:` pointing into it."""
+    missing = {"python": "3.13.1", "mlx_error": "ModuleNotFoundError: No module named 'mlx'"}
+    managed = checks.host_software(probe(1, os="Darwin", python_path="/opt/homebrew/bin/python3", python_info=json.dumps(
+        {**missing, "externally_managed": True})), backend="ring")
+    fix = {f.check: f for f in managed}["mlx"].fix
+    assert "-m venv" in fix and "pip install mlx" in fix and "python:" in fix and "externally managed" in fix
+    plain = checks.host_software(probe(1, os="Darwin", python_path="/venv/bin/python", python_info=json.dumps(missing)),
+                                 backend="ring")
+    assert {f.check: f for f in plain}["mlx"].fix.endswith("-m pip install mlx")
+
+
+def test_python_info_reports_an_externally_managed_python():
+    """Run with this machine's interpreters: a venv is never externally managed; Debian's /usr/bin/python3 is."""
+    script = os.path.join(os.path.dirname(checks.__file__), "..", "hosts", "scripts", "python_info.py")
+    venv = json.loads(subprocess.run([sys.executable, script], capture_output=True, text=True, check=True).stdout)
+    assert venv["externally_managed"] is False
+    system = "/usr/bin/python3"
+    if not os.path.exists(system):
+        return
+    marked = subprocess.run([system, "-c", "import sysconfig, os; print(os.path.exists(os.path.join("
+                             "sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"], capture_output=True, text=True)
+    info = json.loads(subprocess.run([system, script], capture_output=True, text=True, check=True).stdout)
+    assert info["externally_managed"] is (marked.stdout.strip() == "True")
