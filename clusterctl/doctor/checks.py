@@ -5,7 +5,7 @@ import re
 from collections import Counter
 
 from ..hosts.facts import (JACCL_MIN_MACOS, bridge_members, choose_libmpi, ibv_device_names, libmpi_env,
-                           macos_version, rdma_state, ring_port, shared_subnet)
+                           macos_version, rdma_state, ring_port, rsync_label, shared_subnet)
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
 from ..inventory import Cluster, Host
 from ..launch import backends, mlxenv
@@ -113,6 +113,19 @@ def _mesh_fix(why: str, source: Host, target: Host) -> str:
 # ---- software on each host's non-interactive PATH ------------------------------------------------
 # (docs/ssh.md#non-interactive-path; on a Mac, docs/macos.md#homebrew-path-in-non-login-zsh)
 
+def _install_mlx(python: str, os_name: str, info: dict) -> str:
+    """How to install mlx into the host's python: pip, or, for a python marked externally managed (PEP 668:
+    Homebrew's, Debian's), a venv made with it, which pip would otherwise refuse
+    (docs/macos.md#externally-managed-python)."""
+    package = "mlx" if os_name == "Darwin" else "'mlx[cpu]'"
+    if info.get("externally_managed"):
+        who = "Homebrew / PEP 668" if os_name == "Darwin" else "PEP 668"
+        return (f"{python} is externally managed ({who}), so pip refuses to install into it: {python} -m venv "
+                f"~/mlx-venv && ~/mlx-venv/bin/pip install {package}, then set `python:` in the inventory to "
+                "that venv's python by its full path")
+    return f"{python} -m pip install {package}"
+
+
 def host_software(p: HostProbe, backend: str) -> list[Finding]:
     f, name = p.facts, p.host.name
     if f is None:
@@ -136,7 +149,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
                                None if not dist else "reinstall mlx (Linux: pip install 'mlx[cpu]')"))
         else:
             out.append(Finding("mlx", name, FAIL, f"import mlx failed: {info.get('mlx_error', '')[:200]}",
-                               f"{p.host.python} -m pip install " + ("mlx" if f.get("os") == "Darwin" else "'mlx[cpu]'")))
+                               _install_mlx(p.host.python, f.get("os"), info)))
     mpirun = f.get("mpirun")
     version = f.get("mpirun_version")
     needs_mpi = backends.get(backend).needs_mpi
@@ -161,7 +174,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
             out.append(Finding("mpirun", name, PASS, detail))
     rsync = f.get("rsync")
     out.append(Finding("rsync", name, PASS if rsync else WARN,
-                       f"{' '.join(f.get('rsync_version').split()[:3])} at {rsync}" if rsync else "rsync not found",
+                       f"{rsync_label(f.get('rsync_version'))} at {rsync}" if rsync else "rsync not found",
                        None if rsync else "install rsync (sync falls back to slower SFTP without it)"))
     # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     if f.values.get("ssh_config") == ["no"]:
@@ -302,7 +315,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
     # docs/macos.md#sip-strips-dyld
     out = [Finding("macos", name, WARN if "enabled" in f.get("sip", "enabled") else PASS,
                    "SIP strips DYLD_* variables through /bin/sh, env and nohup",
-                   "nothing to do with clusterctl run: it passes DYLD_LIBRARY_PATH with mpirun -x straight "
+                   "nothing to do with clusterctl run: it passes DYLD_FALLBACK_LIBRARY_PATH with mpirun -x straight "
                    "to python; when launching by hand do the same")]
     members = bridge_members(f.all("iface"))
     if backends.get(cluster.launch.backend).needs_addresses and members:   # mlx.launch: a ring of hosts

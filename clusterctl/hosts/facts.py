@@ -13,9 +13,21 @@ from .probe import Facts, HostProbe
 
 def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
     """What `run` exports so that MLX finds this libmpi (docs/mlx-distributed.md#mlx-mpi-libname), passed with
-    mpirun -x, which SIP cannot strip (docs/macos.md#sip-strips-dyld)."""
-    var = "DYLD_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
+    mpirun -x, which SIP cannot strip (docs/macos.md#sip-strips-dyld). On a Mac the fallback path: dyld
+    searches it only for a library not found where it was linked, where DYLD_LIBRARY_PATH would put, say,
+    Homebrew's libssl before a conda python's own (docs/macos.md#dyld-fallback-library-path)."""
+    var = "DYLD_FALLBACK_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
     return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
+
+
+def rsync_label(version_line: str) -> str:
+    """The first line of `rsync --version`, shortened: `rsync version 3.2.7` (rsync, 2.6.9 included), or
+    `openrsync (protocol 29)` for macOS 15's openrsync, whose first line names no version of its own
+    (docs/macos.md#mac-rsync-output)."""
+    m = re.match(r"\s*openrsync:\s*protocol version (\d+)", version_line)
+    if m:
+        return f"openrsync (protocol {m.group(1)})"
+    return " ".join(version_line.split()[:3])
 
 
 def choose_libmpi(f: Facts) -> str | None:

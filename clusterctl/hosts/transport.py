@@ -76,13 +76,14 @@ def shell_command(command: str | Sequence[str], env: Mapping[str, str] | None = 
 # The watchdog: the command runs in the background with stdin from /dev/null; the watchdog reads the
 # channel's stdin (kept on fd 3: a background job's stdin would otherwise be /dev/null), which only ends
 # when the channel closes, then kills the command's process tree (found with POSIX ps + awk: macOS and
-# Linux alike; dash has no job control, so no process groups, without a tty).
+# Linux alike; dash has no job control, so no process groups, without a tty). `;`, not `&&`, between the
+# kills: a pid that exited after ps listed it makes `kill` return non-zero, and the KILL must still come.
 _WATCHDOG = r"""exec 3<&0
 /bin/sh -c {script} </dev/null 3<&- &
 c=$!
 {{ cat <&3 >/dev/null
   t=$(ps -A -o pid= -o ppid= | awk -v r="$c" '{{p[$1]=$2}} END{{d[r]=1; n=1; while (n) {{n=0; for (x in p) if (!(x in d) && (p[x] in d)) {{d[x]=1; n=1}}}} for (x in d) print x}}')
-  [ -n "$t" ] && kill -TERM $t && sleep {grace} && kill -KILL $t
+  [ -n "$t" ] && {{ kill -TERM $t; sleep {grace}; kill -KILL $t; }}
 }} >/dev/null 2>&1 &
 exec 3<&-
 wait $c"""

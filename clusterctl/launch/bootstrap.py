@@ -1,4 +1,5 @@
-"""The few lines every rank runs before the user's script, passed as `python -c BOOTSTRAP ...`.
+"""The few lines every rank runs before the user's script, passed as `python -c "#clusterctl-run-<id>\\n"BOOTSTRAP
+WORKDIR HEARTBEAT SCRIPT ARGS...` (the run id first, where `pgrep -f` sees it: docs/macos.md#pgrep-2048-bytes).
 
 It needs nothing but the standard library (hosts need not have clusterctl installed) and sits between the
 launcher and the script without a shell (macOS SIP would strip DYLD_* through /bin/sh, see
@@ -18,6 +19,8 @@ docs/macos.md#sip-strips-dyld). It:
   - writes the files MLX reads by path (MLX_HOSTFILE, MLX_IBV_DEVICES) from CLUSTERCTL_ENV_FILES, a JSON
     object of variable -> file text that clusterctl's rank starter sets, into private temporary files it
     removes at the end, and points each variable at its file (docs/launchers.md#our-rank-starter);
+  - raises the open-file soft limit towards the hard one (a Mac's sshd session starts at 256:
+    docs/macos.md#open-file-limit-256);
   - under `mpirun -np 1`, finalises MPI, which MLX initialised but will not finalise
     (docs/mlx-distributed.md#mpi-world-of-one-not-finalized), through the libmpi MLX already loaded
     (MLX_MPI_LIBNAME or the default name: docs/mlx-distributed.md#mlx-mpi-libname).
@@ -157,7 +160,26 @@ def watch_world(report):
 
 BOOTSTRAP = ENV_FILES + LINES + WORLD + r'''
 import json, os, runpy, socket, sys, threading, time, traceback
-run_id, workdir, beat, script, *args = sys.argv[1:]
+workdir, beat, script, *args = sys.argv[1:]     # the run id is the comment on our first line
+def raise_nofile():
+    # launchd gives a Mac's sshd sessions 256 open files; Open MPI's btl_tcp_links 8 x 31 peers needs ~250
+    # sockets (docs/macos.md#open-file-limit-256). Towards the hard limit; macOS refuses more than
+    # kern.maxfilesperproc (often 10240) even under an unlimited hard limit, hence the smaller tries.
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):      # no such limit here: nothing to raise
+        return
+    for want in (65536, 10240, 4096):
+        want = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        if soft != resource.RLIM_INFINITY and soft >= want:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return
+        except (OSError, ValueError):               # above what the kernel allows: try a smaller one
+            continue
+raise_nofile()     # the run id is the comment on our first line
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
 if workdir.startswith("["):
     workdir = json.loads(workdir)[int(rank)]

@@ -44,7 +44,7 @@ def cause(backend: str, asked: set[str]) -> str:
                 f"{backend} (pass backend={backend!r}, or run with --backend {other[0]})")
     if backend == "mpi":
         return ("MLX could not join the ranks: under mpirun it could not load libmpi (MLX_MPI_LIBNAME, "
-                "LD_LIBRARY_PATH / DYLD_LIBRARY_PATH; see clusterctl doctor)")
+                "LD_LIBRARY_PATH / DYLD_FALLBACK_LIBRARY_PATH; see clusterctl doctor)")
     files = "MLX_IBV_DEVICES" if backend == "jaccl" else "MLX_HOSTFILE"
     return (f"MLX could not join the ranks: its {backend} backend found no peers (did the program change "
             f"{files}? check the inventory's addresses; clusterctl doctor runs a smoke test)")

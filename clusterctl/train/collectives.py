@@ -56,7 +56,7 @@ def init_world(backend: str = "any", expected: int | None = None) -> mx.distribu
                                     "is not an integer") from None
     # MLX finds libmpi through MLX_MPI_LIBNAME or the loader's path (docs/mlx-distributed.md#mlx-mpi-libname).
     hint = (" (under mpirun MLX could not load libmpi: set MLX_MPI_LIBNAME or LD_LIBRARY_PATH/"
-            "DYLD_LIBRARY_PATH; `clusterctl doctor` checks it)")
+            "DYLD_FALLBACK_LIBRARY_PATH; `clusterctl doctor` checks it)")
     try:    # strict: raise instead of falling back to a world of one (docs/mlx-distributed.md#strict-init-raises)
         group = mx.distributed.init(backend=backend, strict=expected is not None and expected > 1)
     except RuntimeError as e:

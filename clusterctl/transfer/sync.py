@@ -226,6 +226,9 @@ def _delete_extra(session: _Session, host: Host, dest: str) -> list[str]:
         extra = [p for p in tree if p not in local]
         keep = ignored_by_project(plan.root, plan.selection, extra, options.excludes)
         doomed = [p for p in extra if p not in keep]
-        if not doomed or options.dry_run:
-            return doomed
-        return remotefiles.call(transport, host.python, "delete", {"root": dest, "paths": doomed})["deleted"]
+        if not doomed:
+            return []
+        # `keep`: the helper never removes a name that is the same file as one of ours (case-insensitive
+        # APFS, docs/macos.md#case-insensitive-apfs); asked even for a dry run, so that it lists the truth
+        return remotefiles.call(transport, host.python, "delete", {
+            "root": dest, "paths": doomed, "keep": sorted(local), "dry": options.dry_run})["deleted"]

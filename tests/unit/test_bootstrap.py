@@ -114,3 +114,35 @@ def test_a_program_without_mlx_never_loads_it_and_a_failed_init_reports_nothing(
     r = _under_watch("import mlx.core as mx\ntry:\n    mx.distributed.init(strict=True, backend='ring')\n"
                      "except RuntimeError:\n    print('raised')\n")
     assert r.stdout.splitlines() == ["raised"], r.stderr
+
+
+def test_the_run_id_sits_in_the_first_bytes_of_every_ranks_command_line():
+    """pgrep -f on macOS <= 13 (and toybox) matches only the first 2,048 bytes of a command line; the sweep
+    finds ranks by their run id, so it must come before the ~3 KB bootstrap (docs/macos.md#pgrep-2048-bytes)."""
+    from clusterctl.inventory import parse
+    from clusterctl.launch.job import rank_program
+
+    cluster = parse("hosts: [{name: h1, python: /opt/homebrew/bin/python3}, {name: h2}]\n", "i.yaml")
+    argv = rank_program(cluster, "20260101-abcdef", "train.py", ["--lr", "3e-4"])
+    line = " ".join(argv)
+    assert 0 <= line.find("clusterctl-run-20260101-abcdef") < 200 and len(line) > 2048
+    assert argv[:2] == ["/opt/homebrew/bin/python3", "-c"] and argv[-3:] == ["train.py", "--lr", "3e-4"]
+
+
+def test_the_bootstrap_raises_the_open_file_soft_limit(tmp_path):
+    """launchd gives a Mac's sshd sessions a soft limit of 256 open files; Open MPI with btl_tcp_links 8 and 31
+    peers needs about 250 sockets. The bootstrap raises the soft limit towards the hard one before the program
+    runs (docs/macos.md#open-file-limit-256). Here under `ulimit -n 256` in sh."""
+    from clusterctl.inventory import parse
+    from clusterctl.launch.job import rank_program
+
+    script = tmp_path / "limits.py"
+    script.write_text("import resource\nprint('NOFILE', *resource.getrlimit(resource.RLIMIT_NOFILE))\n")
+    cluster = parse(f"hosts: [{{name: h1, python: {sys.executable}, workdir: {tmp_path}}}]\n", "i.yaml")
+    argv = rank_program(cluster, "1-x", str(script), [])
+    r = subprocess.run(["sh", "-c", 'ulimit -S -n 256 && exec "$@"', "sh", *argv], capture_output=True, text=True,
+                       timeout=60)
+    out = [line.split(" ", 3)[3] for line in r.stdout.splitlines() if " out NOFILE " in line]
+    assert r.returncode == 0 and len(out) == 1, r
+    soft, hard = (int(x) for x in out[0].split()[1:])
+    assert soft == min(hard, 65536) and soft >= 4096 or hard < 4096 and soft == hard

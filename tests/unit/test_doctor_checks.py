@@ -1,8 +1,10 @@
 """Doctor's pure parts on canned outputs: probe parsing, the checks, the smoke judge, the report."""
 import ipaddress
 import json
+import os
 import shlex
 import subprocess
+import sys
 
 from clusterctl.doctor import checks
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
@@ -179,9 +181,11 @@ def test_software_checks_on_the_non_interactive_path():
     assert {f.check: f for f in broken}["mpirun"].status == WARN       # ring does not need mpirun
 
 
-def test_libmpi_env_is_dyld_on_macos_and_ld_on_linux():
+def test_libmpi_env_is_the_dyld_fallback_path_on_macos_and_ld_on_linux():
+    # DYLD_LIBRARY_PATH would make every library resolve in Homebrew's lib first (its libssl into a conda
+    # python): the fallback path is searched only when a library is not found where it was linked
     assert host_facts.libmpi_env("Darwin", "/opt/homebrew/lib/libmpi.dylib") == {
-        "DYLD_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}
+        "DYLD_FALLBACK_LIBRARY_PATH": "/opt/homebrew/lib", "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}
     assert host_facts.libmpi_env("Linux", "/usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so")["LD_LIBRARY_PATH"] == \
         "/usr/lib/x86_64-linux-gnu/openmpi/lib"
     assert checks.libmpi(probe(1, os="Linux"), "mpi")[0].status == FAIL
@@ -299,3 +303,47 @@ def test_a_probe_that_ran_long_is_reported_slow_with_what_it_finished():
     assert slow.status == FAIL and "slow, not refused" in slow.detail and "--connect-timeout" in slow.fix
     assert "powered on" not in slow.fix and "Remote Login" not in slow.fix
     assert checks.probe_time(probe(2)) == []
+
+
+def test_rsync_row_names_openrsync_and_rsync_2_6_9_by_their_first_version_line():
+    """The probe sends `rsync --version | head -n 1`; macOS 15's openrsync prints `openrsync: protocol version
+    29` there (tests/fixtures/rsync/), which the first three words made 'openrsync: protocol version'."""
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "fixtures", "rsync")
+
+    def row(name):
+        with open(os.path.join(fixtures, name)) as f:
+            first = f.read().splitlines()[0]
+        found = checks.host_software(probe(1, python_path="/p", python_info=info(), rsync="/usr/bin/rsync",
+                                           rsync_version=first), backend="ring")
+        return {f.check: f for f in found}["rsync"].detail
+
+    assert row("version.openrsync.txt") == "openrsync (protocol 29) at /usr/bin/rsync"
+    assert row("version.rsync-2.6.9.txt") == "rsync version 2.6.9 at /usr/bin/rsync"
+    assert host_facts.rsync_label("rsync  version 3.2.7  protocol version 31") == "rsync version 3.2.7"
+
+
+def test_a_missing_mlx_in_an_externally_managed_python_is_fixed_with_a_venv():
+    """Homebrew's python (and Debian's) are marked EXTERNALLY-MANAGED (PEP 668): `pip install` into them is
+    refused, so doctor suggests a venv and the inventory's `python:` pointing into it."""
+    missing = {"python": "3.13.1", "mlx_error": "ModuleNotFoundError: No module named 'mlx'"}
+    managed = checks.host_software(probe(1, os="Darwin", python_path="/opt/homebrew/bin/python3", python_info=json.dumps(
+        {**missing, "externally_managed": True})), backend="ring")
+    fix = {f.check: f for f in managed}["mlx"].fix
+    assert "-m venv" in fix and "pip install mlx" in fix and "python:" in fix and "externally managed" in fix
+    plain = checks.host_software(probe(1, os="Darwin", python_path="/venv/bin/python", python_info=json.dumps(missing)),
+                                 backend="ring")
+    assert {f.check: f for f in plain}["mlx"].fix.endswith("-m pip install mlx")
+
+
+def test_python_info_reports_an_externally_managed_python():
+    """Run with this machine's interpreters: a venv is never externally managed; Debian's /usr/bin/python3 is."""
+    script = os.path.join(os.path.dirname(checks.__file__), "..", "hosts", "scripts", "python_info.py")
+    venv = json.loads(subprocess.run([sys.executable, script], capture_output=True, text=True, check=True).stdout)
+    assert venv["externally_managed"] is False
+    system = "/usr/bin/python3"
+    if not os.path.exists(system):
+        return
+    marked = subprocess.run([system, "-c", "import sysconfig, os; print(os.path.exists(os.path.join("
+                             "sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"], capture_output=True, text=True)
+    info = json.loads(subprocess.run([system, script], capture_output=True, text=True, check=True).stdout)
+    assert info["externally_managed"] is (marked.stdout.strip() == "True")

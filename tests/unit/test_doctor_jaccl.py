@@ -1,6 +1,7 @@
 """doctor's jaccl check (docs/macos.md#jaccl) on canned macOS outputs (tests/fixtures/macos/, where each
 comes from is in its README): the parsers, the check, and the probe's own shell code run against stand-in
 `uname`, `sw_vers`, `rdma_ctl` and `ibv_devices` that print those outputs."""
+import ipaddress
 import os
 import stat
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from clusterctl.doctor import checks
 from clusterctl.doctor.report import FAIL, PASS, WARN
-from clusterctl.hosts.facts import ibv_device_names, macos_version, rdma_state
+from clusterctl.hosts.facts import bridge_members, ibv_device_names, interfaces, macos_version, rdma_state
 from clusterctl.hosts.probe import Facts, HostProbe, parse_probe, probe_script
 from clusterctl.inventory import load, parse
 from clusterctl.launch.backends import load_cluster, validated
@@ -146,3 +147,34 @@ def test_the_probe_reports_what_the_check_needs_on_a_mac(tmp_path, shell):
                          ssh_config=None, full=False)
     out = subprocess.run([*shell, "-c", plain], capture_output=True, text=True, env=env, timeout=30).stdout
     assert parse_probe(out).get("rdma_status") == "" and parse_probe(out).get("macos_version") == "26.2"
+
+
+@pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"]])
+def test_the_probe_lists_interfaces_with_ifconfig_on_a_mac_even_when_an_ip_command_exists(tmp_path, shell):
+    """iproute2mac puts an `ip` on a Mac's PATH, whose listing has no bridge members: on Darwin the probe
+    must use `ifconfig -a`, or doctor's bridge0 warning never fires (docs/macos.md#ifconfig-not-ip-on-macos)."""
+    standins = {**STANDINS,
+                "ip": "echo '2: en0    inet 192.168.1.237/24 brd 192.168.1.255 en0'",
+                "ifconfig": 'cat "$FIX/ifconfig-a.bridge0-en1-en2.txt"'}
+    for name, body in standins.items():
+        path = tmp_path / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    script = probe_script(python="python3", workdir=str(tmp_path / "w"), mpi_lib_dir=None, peers=[],
+                          mesh_config=None, ssh_config=None, full=False)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "FIX": FIXTURES}
+    out = subprocess.run([*shell, "-c", script], capture_output=True, text=True, env=env, timeout=30).stdout
+    lines = parse_probe(out).all("iface")
+    assert bridge_members(lines) == ["en1", "en2"]
+    assert ("en0", ipaddress.IPv4Interface("192.168.1.237/24")) in interfaces(lines)
+    # Linux keeps `ip` (the stand-in uname says Linux, and no ifconfig output appears)
+    (tmp_path / "uname").write_text('#!/bin/sh\ncase "$1" in -s) echo Linux;; *) echo x;; esac\n')
+    out = subprocess.run([*shell, "-c", script], capture_output=True, text=True, env=env, timeout=30).stdout
+    assert parse_probe(out).all("iface") == ["2: en0    inet 192.168.1.237/24 brd 192.168.1.255 en0"]
+
+
+def test_the_ifconfig_parser_finds_the_thunderbolt_ports_in_bridge0():
+    with open(os.path.join(FIXTURES, "ifconfig-a.bridge0-en1-en2.txt")) as f:
+        lines = f.read().splitlines()
+    assert bridge_members(lines) == ["en1", "en2"]
+    assert [n for n, _ in interfaces(lines)] == ["lo0", "en0"]

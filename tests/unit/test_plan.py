@@ -27,7 +27,7 @@ def probes(cluster, os_name="Darwin", libmpi="/opt/homebrew/lib/libmpi.dylib"):
 def test_the_plan_exports_the_first_hosts_libmpi_and_pins_mpi_to_the_shared_subnet():
     cluster = parse("hosts: [{name: h1, address: 10.0.0.1}, {name: h2, address: 10.0.0.2}]\n")
     plan = plan_from_probes(cluster, probes(cluster))
-    assert plan == LaunchPlan({"DYLD_LIBRARY_PATH": "/opt/homebrew/lib",
+    assert plan == LaunchPlan({"DYLD_FALLBACK_LIBRARY_PATH": "/opt/homebrew/lib",
                                "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}, "10.0.0.0/24")
 
 

@@ -86,3 +86,20 @@ def test_a_large_request_travels_as_an_uploaded_file_that_is_removed_after(tmp_p
 def test_a_helper_that_cannot_run_is_a_command_failure_naming_the_op(tmp_path):
     with pytest.raises(CommandFailed, match=r"here: `/nonexistent/python \(clusterctl file helper: scan\)` exited 127"):
         remotefiles.call(LocalTransport("here"), "/nonexistent/python", "scan", {"root": str(tmp_path)})
+
+
+def test_delete_never_removes_a_name_that_is_the_same_file_as_a_kept_path(tmp_path):
+    """A case-insensitive APFS after `git mv Model.py model.py`: the host's old name `Model.py` is listed as
+    extra, yet it is the same file as the kept `model.py`, and unlinking it would delete the project's
+    file. Two names for one inode (a hard link) reproduce that on Linux (docs/macos.md#case-insensitive-apfs)."""
+    root = tmp_path / "w"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "model.py").write_text("m")
+    os.link(root / "pkg" / "model.py", root / "pkg" / "Model.py")
+    (root / "old.py").write_text("o")
+    request = {"root": str(root), "paths": ["pkg/Model.py", "old.py"], "keep": ["pkg/model.py", "absent.py"]}
+    assert call("delete", {**request, "dry": True}) == {"deleted": ["old.py"]}
+    assert (root / "old.py").exists()
+    assert call("delete", request) == {"deleted": ["old.py"]}
+    assert (root / "pkg" / "Model.py").exists() and (root / "pkg" / "model.py").read_text() == "m"
+    assert not (root / "old.py").exists()

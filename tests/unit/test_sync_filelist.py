@@ -130,3 +130,18 @@ def test_exclusion_rules_select_the_same_files_as_the_list(tmp_path):
     assert arrived == [e.rel for e in entries]
     (tmp_path / "pkg" / "we*ird.py").write_text("")
     assert exclusion_rules(str(tmp_path), entries) is None     # would read as a wildcard: use the list
+
+
+def test_finders_and_apple_double_files_never_ship(tmp_path):
+    """Finder's .DS_Store and the AppleDouble `._name` files macOS writes beside files on non-APFS volumes
+    are never shipped, with or without git (docs/macos.md#ds-store-and-apple-double)."""
+    from clusterctl.transfer.filelist import select_files
+
+    for rel in ("train.py", ".DS_Store", "._train.py", "pkg/.DS_Store", "pkg/._model.py", "pkg/model.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    entries, mode = select_files(str(tmp_path), ())
+    assert mode == "gitignore" and sorted(e.rel for e in entries) == ["pkg/model.py", "train.py"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    entries, mode = select_files(str(tmp_path), ())
+    assert mode == "git" and sorted(e.rel for e in entries) == ["pkg/model.py", "train.py"]

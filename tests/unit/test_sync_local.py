@@ -1,4 +1,5 @@
 """sync and shard push to a `local: true` host (this machine, no SSH): the core end to end, quickly."""
+import os
 import hashlib
 import json
 
@@ -114,3 +115,23 @@ def test_an_hf_tokenized_dataset_sends_its_tokenizer_too(tmp_path):
     assert files_for_host(m, host) == [("s0", "a"), ("v", "c"), ("tokenizer.json", "d")]
     m.tokenizer = {"type": "byte"}
     assert files_for_host(m, host) == [("s0", "a"), ("v", "c")]
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_sync_delete_keeps_an_extra_name_that_is_the_same_file_as_a_synced_one(tmp_path, method):
+    """`git mv Model.py model.py` then `sync --delete` to a case-insensitive Mac: the host still lists
+    `Model.py`, which there is the same file as `model.py`. A hard link stands in for that on Linux."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.py").write_text("m\n")
+    (src / "old.py").write_text("o\n")
+    cluster = local_cluster(tmp_path)
+    sync_tree(cluster, plan_sync(str(src)), SyncOptions(method=method))
+    (src / "old.py").unlink()
+    os.link(tmp_path / "w" / "model.py", tmp_path / "w" / "Model.py")
+    options = SyncOptions(method=method, delete=True)
+    dry = sync_tree(cluster, plan_sync(str(src)), SyncOptions(method=method, delete=True, dry_run=True))["here"].value
+    assert dry.deleted == ["old.py"]
+    done = sync_tree(cluster, plan_sync(str(src)), options)["here"].value
+    assert done.deleted == ["old.py"]
+    assert (tmp_path / "w" / "Model.py").exists() and (tmp_path / "w" / "model.py").read_text() == "m\n"

@@ -1,4 +1,6 @@
-"""rsync argv and output parsing (pure), checked on canned output recorded from rsync 3.2/3.5."""
+"""rsync argv and output parsing (pure), checked on canned output recorded from rsync 3.2/3.5, and on a Mac
+controller's rsync 2.6.9 / openrsync output constructed from their sources (tests/fixtures/rsync/README.md)."""
+import os
 import shlex
 import shutil
 import subprocess
@@ -91,3 +93,26 @@ def test_remote_rsync_path_quotes_a_hostile_workdir_and_reports_missing_rsync(tm
     r = subprocess.run(["/bin/sh", "-c", remote_rsync_path("~/x") + " --version"], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 0 and "rsync" in r.stdout and (tmp_path / "x").is_dir()
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "rsync")
+
+
+def _fixture(name: str) -> str:
+    with open(os.path.join(FIXTURES, name)) as f:
+        return f.read()
+
+
+def test_parse_a_mac_controllers_rsync_2_6_9_output():
+    """macOS's /usr/bin/rsync up to 14 is 2.6.9: 9-character itemize strings (tests/fixtures/rsync/README.md)."""
+    s = parse_output(_fixture("push.rsync-2.6.9.txt"))
+    assert s.moved == ["pkg/model.py", "latest", "train.py", "name with spaces.txt"]
+    assert s.moved_bytes == 1843 + 2301 + 11 and s.attrs_only == ["run.sh"] and s.wire_bytes == 4496
+
+
+def test_parse_a_mac_controllers_openrsync_output():
+    """macOS 15's /usr/bin/rsync is openrsync: 9-character itemize strings and `Total sent: N B`."""
+    s = parse_output(_fixture("push.openrsync.txt"))
+    # openrsync marks every file it logs as sent, a permissions-only change included (its log.c)
+    assert s.moved == ["pkg/model.py", "latest", "train.py", "run.sh", "name with spaces.txt"]
+    assert s.moved_bytes == 1843 + 2301 + 120 + 11 and s.wire_bytes == 4496

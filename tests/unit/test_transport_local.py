@@ -1,5 +1,8 @@
 """LocalTransport and the shell-quoting builders, run through a real /bin/sh."""
+import os
 import shlex
+import shutil
+import signal
 import subprocess
 import time
 
@@ -112,3 +115,39 @@ def test_read_until_keeps_what_a_stopped_command_printed(tmp_path):
     assert proc.poll() is not None                                       # stopped, not left running
     lines = queue.Queue()
     assert read_until(LocalTransport().stream("echo a; echo b", lines), lines, timeout=30) == (["a", "b"], [], True)
+
+
+def test_the_watchdog_kills_what_ignores_term_even_when_a_listed_pid_is_already_gone(tmp_path):
+    """The watchdog lists the tree with ps, then signals it. A process that exits in between (a rank that
+    saw its pipes close) makes `kill -TERM` fail for that pid; the KILL must still follow for the one that
+    ignores TERM. A `ps` stand-in first on PATH makes that window certain: it lets the real ps list the
+    tree, then tells the short-lived process to exit and waits until it has."""
+    real_ps = shutil.which("ps")
+    flag, quitter_pid, stubborn_pid = tmp_path / "listed", tmp_path / "quitter.pid", tmp_path / "stubborn.pid"
+    fake = tmp_path / "bin" / "ps"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\n{real_ps} "$@"\n: > {flag}\n'
+                    f'while kill -0 "$(cat {quitter_pid})" 2>/dev/null; do sleep 0.02; done\n')
+    fake.chmod(0o755)
+    script = shell_command(
+        f"sh -c 'while [ ! -e {flag} ]; do sleep 0.02; done' & echo $! > {quitter_pid}\n"
+        f"sh -c \"trap '' TERM; while :; do sleep 0.2; done\" & echo $! > {stubborn_pid}\n"
+        "wait")
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(["/bin/sh", "-c", remote_command(script, grace=0.5)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 20
+    while not all(p.exists() and p.read_text().endswith("\n") for p in (quitter_pid, stubborn_pid)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stubborn = int(stubborn_pid.read_text())
+    time.sleep(0.3)
+    proc.stdin.close()   # the channel closes
+    try:
+        assert _gone(stubborn, within=10), "the TERM-ignoring process must be KILLed after the grace period"
+    finally:
+        try:
+            os.kill(stubborn, signal.SIGKILL)     # only when the watchdog failed: do not leave it running
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)

@@ -4,7 +4,8 @@ reading). It prints one JSON answer. Ops:
   scan    create `root` and `dirs` (unless dry), remove leftover temporary files, and report `paths`:
           [sha256 or None, mode] (or ["link:TARGET", 0o777]); with `list`, every file under root, pruning
           `prune_top` (paths) and `prune_names` (names) and virtualenvs
-  delete  unlink `paths` under root and the directories that became empty
+  delete  unlink `paths` under root and the directories that became empty, never one that is the same file
+          as a path in `keep` (a case-insensitive filesystem's other spelling); with `dry`, only report
   verify  dataset shards: check staged files against their sha256, rename the good ones into place,
           remove any other shard file matching `stale`, report the sha256 of `check`
 """
@@ -67,13 +68,28 @@ def scan(root, req):
     return out
 
 
+def inode(p):
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def delete(root, req):
+    # On a case-insensitive filesystem (macOS's default APFS) `Model.py` and `model.py` are one file: after
+    # `git mv Model.py model.py` the host lists the old spelling as extra, and unlinking it would delete the
+    # file we keep. Any name that is the same file (device and inode) as a kept path stays.
+    kept = set(filter(None, (inode(os.path.join(root, p)) for p in req.get("keep", []))))
     gone = []
     for p in req["paths"]:
         full = os.path.join(root, p)
-        if os.path.islink(full) or os.path.isfile(full):
-            os.unlink(full)
-            gone.append(p)
+        if not (os.path.islink(full) or os.path.isfile(full)) or inode(full) in kept:
+            continue
+        gone.append(p)
+        if req.get("dry"):
+            continue
+        os.unlink(full)
         d = os.path.dirname(full)
         while d != root and d.startswith(root + os.sep):
             try:

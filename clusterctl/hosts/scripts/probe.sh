@@ -63,7 +63,10 @@ fi
 d=$WD
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
-(ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null) | while IFS= read -r line; do j iface "$line"; done
+# a Mac: ifconfig even when iproute2mac's `ip` exists, whose listing has no bridge members
+# (docs/macos.md#ifconfig-not-ip-on-macos)
+if [ "$(uname -s)" = Darwin ]; then ifconfig -a 2>/dev/null
+else ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null; fi | while IFS= read -r line; do j iface "$line"; done
 # SIP strips DYLD_* variables (docs/macos.md#sip-strips-dyld)
 if [ "$(uname -s)" = Darwin ]; then
   j sip "$(csrutil status 2>&1)"

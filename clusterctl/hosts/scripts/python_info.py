@@ -1,12 +1,26 @@
-"""Run by the probe with the host's python: its version and prefix, and whether mlx (with mx.distributed)
+"""Run by the probe with the host's python: its version and prefix, whether it is externally managed (PEP 668), and whether mlx (with mx.distributed)
 and mpi4py import, as one JSON line. Any failure is reported in the JSON, never raised."""
 import json
+import os
 import platform
 import sys
 
 
+def externally_managed() -> bool:
+    """PEP 668: a distribution's python (Homebrew's, Debian's) refuses `pip install` outside a venv when its
+    stdlib directory holds EXTERNALLY-MANAGED; a venv never is."""
+    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
+        return False
+    try:
+        import sysconfig
+        return os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+    except (KeyError, OSError, ValueError):     # an odd build without the path: not managed, pip will tell
+        return False
+
+
 def info() -> dict:
-    d = {"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix}
+    d = {"python": platform.python_version(), "executable": sys.executable, "prefix": sys.prefix,
+         "externally_managed": externally_managed()}
     try:
         import mlx.core as mx
         d["mlx"] = mx.__version__
