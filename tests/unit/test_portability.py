@@ -38,10 +38,11 @@ FORBIDDEN = [
 
 
 def gnu_isms(script: str) -> list[str]:
-    """The GNU-only forms in a shell script. Single-quoted words are data (python programs, patterns,
-    values), not commands: they are blanked first. A line that falls back to ifconfig may try ip first."""
+    """The GNU-only forms in a shell script. Comments are dropped, and single-quoted words are data (python
+    programs, patterns, values), not commands: they are blanked first. A line that falls back to ifconfig may try ip first."""
     found = []
-    text = re.sub(r"'[^']*'", "''", script)
+    text = re.sub(r"(^|(?<=\s))#[^\n]*", "", script, flags=re.M)      # comments say what they like
+    text = re.sub(r"'[^']*'", "''", text)
     for line in text.splitlines():
         for pattern, why in FORBIDDEN:
             if re.search(pattern, line) and not (why.startswith("iproute2") and "ifconfig" in line):
