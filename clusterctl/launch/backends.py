@@ -298,12 +298,14 @@ def _runs_where(host, where: Where) -> bool:
 
 
 def free_port_block(count: int, low: int = RING_STARTING_PORT, high: int = 60000) -> int:
-    """The first of `count` consecutive ports free on 127.0.0.1 from `low` on: two jobs on one machine
-    never ask MLX for the same ring ports."""
+    """The first of `count` consecutive ports free on 127.0.0.1, searched from a random point between `low`
+    and `high` (then from `low`): two jobs started on one machine at the same moment, each checking before its
+    ranks bind, do not both land on the first free block."""
+    import random
     import socket
 
-    port = low
-    while port + count < high:
+    start = random.randrange(low, max(low + 1, high - count))
+    for port in (*range(start, high - count), *range(low, start)):
         held = []
         try:
             for p in range(port, port + count):
@@ -312,7 +314,7 @@ def free_port_block(count: int, low: int = RING_STARTING_PORT, high: int = 60000
                 s.bind(("127.0.0.1", p))
             return port
         except OSError:
-            port = p + 1
+            continue
         finally:
             for s in held:
                 s.close()
