@@ -122,6 +122,7 @@ def _last_write(run_dir: str) -> float | None:
 
 def run_info(run_dir: str) -> RunInfo:
     """One run, from its directory."""
+    run_dir = os.path.abspath(run_dir)
     run_id = os.path.basename(os.path.normpath(run_dir))
     launch = _read_json(os.path.join(run_dir, "launch.json")) or {}
     summary = _read_json(os.path.join(run_dir, SUMMARY))
