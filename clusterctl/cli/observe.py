@@ -108,7 +108,7 @@ def _size(text: str) -> tuple[int, int]:
 @click.option("--size", default="960x640", show_default=True, metavar="WxH", help="The image's size in pixels.")
 @runs_dir_option
 def plot_cmd(run_refs, output, size, runs_dir):
-    """Plot loss (and held-out loss, tokens/s, peak memory) against step for runs, overlaid."""
+    """Plot runs' loss, held-out loss, tokens/s and memory by step."""
     from ..observe.plot import Curves, render_text, write_image
     from ..observe.runs import read_metrics, resolve
 
@@ -181,7 +181,7 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
 @runs_dir_option
 @app.connect_timeout_option()
 def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
-    """Stop a run's processes on every host (RUN: an id, a prefix, latest), or --all runs'."""
+    """Stop a run's processes on every host (or --all runs')."""
     from ..hosts.connector import Connector
     from ..observe.procs import kill_runs
     from ..observe.runs import RUN_ID, resolve
