@@ -61,6 +61,10 @@ class UsageError(BadInput):
     """A combination of options or arguments the core refuses (the CLI shows it like click's own)."""
 
 
+class MissingExtra(BadInput):
+    """An optional dependency the command needs is not installed; the message names the pip line."""
+
+
 # ---- reaching hosts ---------------------------------------------------------------------------
 
 class ConnectError(ClusterctlError):

@@ -15,6 +15,8 @@
    the job is stopped and launched again from the fresh plan.
 5. Fetch: what the job wrote in its run directory on the first host comes home (checkpoints, metrics),
    and every `--fetch PATH` from rank 0's host, or from every host (transfer/fetch.py), whatever the outcome.
+6. Record: runs/<id>/summary.json (exit code, reason, times) and the runs index (observe/record.py), and,
+   for the bundled trainer, runs/<id>/loss.png when matplotlib is installed (observe/plot.py).
 
 Everything the user sees goes through a RunEvents object (the CLI prints it; tests record it).
 """
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 from .atomic import write_text
 from .transfer.shards import MANIFEST
-from .errors import EXIT_FAILED, ClusterctlError, ShardError, UsageError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
 from .hosts.openssh import ssh_options
@@ -42,6 +44,9 @@ from .launch.job import Launch, prepare
 from .launch.launchers import choose_site
 from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
 from .launch.supervise import Outcome, supervise
+from .observe.plot import plot_run
+from .observe.record import RunRecord
+from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
 from .transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
 
@@ -157,30 +162,52 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     site = choose_site(cluster, backend, options.launch_from, connector)
     if site.host is not None:
         events.launching_from(site.host.name, backend.launcher_label)
-    while True:
-        launch = prepare(cluster, plan, script=program.argv[0], args=args, backend=backend,
-                         runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
-                         extra_env=extra_env)
-        if options.dry_run:
-            return RunResult(launch, None)
-        events.started(launch, program.label, cluster.world_size, backend.name)
-        outcome = supervise(launch, connector, emit=events.output, rank0_only=options.rank0_only,
-                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
-                            preflight=preflight, plan=plan)
-        if outcome.replan is None:
-            break
-        events.relaunching(launch, outcome.reason)
-        plan, preflight = outcome.replan, None
-        remember_plan(cluster, plan)
-    if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
-        remember_plan(cluster, preflight.result())
-    # rank 0 runs on the first host and says whether it left anything in the run directory there
-    if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:
-        _fetch(connector, launch, events)
-    if fetch_paths:
-        events.outputs_fetched(launch, fetch_outputs(connector, fetch_paths, project, launch.run_dir,
-                                                     all_ranks=options.fetch_all_ranks))
-    return RunResult(launch, outcome)
+    record: RunRecord | None = None
+    try:
+        while True:
+            launch = prepare(cluster, plan, script=program.argv[0], args=args, backend=backend,
+                             runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
+                             extra_env=extra_env)
+            if options.dry_run:
+                return RunResult(launch, None)
+            events.started(launch, program.label, cluster.world_size, backend.name)
+            record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size, backend=backend.name,
+                                     hosts=[h.name for h in cluster.hosts], program=program.label)
+            outcome = supervise(launch, connector, emit=events.output, rank0_only=options.rank0_only,
+                                start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
+                                preflight=preflight, plan=plan)
+            if outcome.replan is None:
+                break
+            events.relaunching(launch, outcome.reason)
+            record.end(outcome.exit_code, outcome.reason)
+            plan, preflight = outcome.replan, None
+            remember_plan(cluster, plan)
+        if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
+            remember_plan(cluster, preflight.result())
+        # rank 0 runs on the first host and says whether it left anything in the run directory there
+        if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:
+            _fetch(connector, launch, events)
+        if fetch_paths:
+            events.outputs_fetched(launch, fetch_outputs(connector, fetch_paths, project, launch.run_dir,
+                                                         all_ranks=options.fetch_all_ranks))
+        if program.module == BUNDLED_TRAINER:
+            _plot_losses(launch)
+    except BaseException as e:
+        if record is not None:
+            record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
+                       f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
+        raise
+    result = RunResult(launch, outcome)
+    record.end(result.exit_code, outcome.reason, outcome.failed_rank)
+    return result
+
+
+def _plot_losses(launch: Launch) -> None:
+    """runs/<id>/loss.png when matplotlib is installed; a plot never fails the run it pictures."""
+    try:
+        plot_run(launch.run_dir, read_metrics(launch.run_dir), launch.run_id)
+    except (OSError, ValueError, RuntimeError, ImportError, ClusterctlError):
+        pass      # a picture of the run is a convenience (matplotlib broken, disk full): not the run's failure
 
 
 def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: Program):

@@ -51,13 +51,19 @@ def choose_site(cluster: Cluster, backend: Backend, launch_from: str, connector:
     return LaunchSite(launcher=launcher)
 
 
-def sweep_script(run_id: str) -> str:
-    """The POSIX sh a host runs to kill what is left of a run: every rank carries its run id on its command
-    line. Exit 1, listing them, when something would not die."""
-    token = f"clusterctl-run-{run_id}"
-    # A regular expression that matches the ranks' command lines but no command line holding the pattern
-    # itself: not the sweeping shell, nor a pgrep / pkill of a sweep running beside it on the same machine.
-    pattern = shlex.quote(token.replace("run-", "ru[n]-", 1))
+def sweep_pattern(run_id: str | None) -> str:
+    """The pkill -f / pgrep -f pattern (extended regular expression) of one run's processes, or of every
+    clusterctl run's (None). It matches the ranks' command lines but no command line holding the pattern
+    itself: not the sweeping shell, nor a pgrep / pkill of a sweep running beside it on the same machine."""
+    if run_id is None:
+        return "clusterctl-ru[n]-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}"
+    return f"clusterctl-ru[n]-{run_id}"
+
+
+def sweep_script(run_id: str | None) -> str:
+    """The POSIX sh a host runs to kill what is left of a run (None: of every clusterctl run): every rank
+    carries its run id on its command line. Exit 1, listing them, when something would not die."""
+    pattern = shlex.quote(sweep_pattern(run_id))
     wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
     # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
     # there when `run` returns
@@ -65,9 +71,9 @@ def sweep_script(run_id: str) -> str:
             f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
 
 
-def sweep(connector: Connector, run_id: str, timeout: float = 15.0) -> list[str]:
-    """Kill whatever is left of this run on every host (sweep_script). Returns the hosts where something
-    may survive (unreachable, or a process that would not die)."""
+def sweep(connector: Connector, run_id: str | None, timeout: float = 15.0) -> list[str]:
+    """Kill whatever is left of this run (None: of every clusterctl run) on every host (sweep_script).
+    Returns the hosts where something may survive (unreachable, or a process that would not die)."""
     script = sweep_script(run_id)
 
     def one(host):

@@ -1,6 +1,7 @@
 """The package's structure, read from the source: which part may import which (README, "Layout").
 
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
+    cli, run -> observe (runs, logs, plots, processes) -> launch / hosts
 
 launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
 import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.
@@ -17,8 +18,9 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 BASE = {"errors", "atomic", "digest", "resources", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
-    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train"},
-    "run": {"launch", "transfer", "hosts"},
+    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe"},
+    "run": {"launch", "transfer", "hosts", "observe"},
+    "observe": {"launch", "hosts"},
     "doctor": {"launch", "hosts"},
     "bench": {"launch", "transfer", "hosts"},
     "launch": {"hosts"},

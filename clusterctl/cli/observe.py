@@ -1,0 +1,213 @@
+"""clusterctl runs, logs, plot, ps, kill, completion: looking at runs, past and present."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import click
+
+from . import app
+from .console import table
+
+runs_dir_option = click.option("--runs-dir", default="runs", show_default=True,
+                               help="Where the project's runs/<id>/ directories are.")
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{s:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _when(iso) -> str:
+    return iso[:19].replace("T", " ") if iso else "-"
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+@app.command("clusterctl runs --all")
+@runs_dir_option
+@click.option("--all", "everywhere", is_flag=True,
+              help="Every run this machine started, in any project (from ~/.cache/clusterctl/runs.jsonl).")
+@app.json_option
+def runs_cmd(runs_dir, everywhere, as_json):
+    """List runs: start, duration, hosts, outcome, final loss."""
+    from ..observe.runs import list_all, list_runs
+
+    infos = list_all(runs_dir) if everywhere else list_runs(runs_dir)
+    if as_json:
+        click.echo(json.dumps([i.as_json() for i in infos], indent=2))
+        return
+    if not infos:
+        click.echo(f"no runs in {runs_dir}/" + ("" if everywhere else " (--all: every project)"), err=True)
+        return
+    rows = [{"id": i.run_id, "start": _when(i.start), "duration": _duration(i.duration_s),
+             "hosts": _short(",".join(i.hosts) or "-", 30), "world": i.world or "-", "backend": i.backend or "-",
+             "outcome": _short(i.outcome), "loss": f"{i.final_loss:.4f}" if i.final_loss is not None else "-",
+             **({"dir": i.dir} if everywhere else {})} for i in infos]
+    table(rows, ["id", "start", "duration", "hosts", "world", "backend", "outcome", "loss"]
+          + (["dir"] if everywhere else []))
+
+
+@app.command("clusterctl logs latest --rank 0 --grep loss")
+@click.argument("run_ref", metavar="RUN")
+@click.option("--rank", type=int, help="Only this rank's log (default: every rank, merged in time order).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+@click.option("--grep", "pattern", metavar="PATTERN", help="Only lines matching this regular expression.")
+@runs_dir_option
+def logs_cmd(run_ref, rank, follow, pattern, runs_dir):
+    """Show a run's rank logs (RUN: an id, a prefix of one, or latest)."""
+    from ..errors import UsageError
+    from ..observe.logs import follow_logs, rank_hosts, read_logs
+    from ..observe.runs import resolve
+
+    info = resolve(runs_dir, run_ref)
+    try:
+        regex = re.compile(pattern) if pattern is not None else None
+    except re.error as e:
+        raise click.BadParameter(f"{pattern!r}: {e}", param_hint="--grep") from None
+    ranks = rank_hosts(info.dir)
+    if rank is not None and rank not in ranks:
+        raise UsageError(f"run {info.run_id} has no rank {rank} (ranks {', '.join(map(str, sorted(ranks))) or 'none'})")
+
+    def show(line):
+        click.echo(line.text if rank is not None else f"[rank {line.rank} {line.host}] {line.text}")
+
+    if follow:
+        for line in follow_logs(info, rank, regex):
+            show(line)
+        return
+    lines, timed = read_logs(info, rank, regex)
+    if rank is None and not timed and len(ranks) > 1:
+        click.echo(f"note: run {info.run_id} has no log-times.jsonl (made before clusterctl timed its logs): "
+                   "ranks shown one after another", err=True)
+    for line in lines:
+        show(line)
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not m or not (100 <= int(m.group(1)) <= 8000 and 100 <= int(m.group(2)) <= 8000):
+        raise click.BadParameter(f"{text!r}: WIDTHxHEIGHT in pixels, 100 to 8000 each", param_hint="--size")
+    return int(m.group(1)), int(m.group(2))
+
+
+@app.command("clusterctl plot latest -o loss.png")
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write an image (.png, .svg, .pdf; needs matplotlib: pip install 'clusterctl[plot]'). "
+                   "Default: a text chart here.")
+@click.option("--size", default="960x640", show_default=True, metavar="WxH", help="The image's size in pixels.")
+@runs_dir_option
+def plot_cmd(run_refs, output, size, runs_dir):
+    """Plot runs' loss, held-out loss, tokens/s and memory by step."""
+    from ..observe.plot import Curves, render_text, write_image
+    from ..observe.runs import read_metrics, resolve
+
+    infos = [resolve(runs_dir, ref) for ref in run_refs]
+    curves = [Curves.of(i.run_id, read_metrics(i.dir)) for i in infos]
+    for i, c in zip(infos, curves):
+        if c.empty:
+            click.secho(f"run {i.run_id}: no losses in {os.path.join(i.dir, 'metrics.jsonl')}", fg="yellow", err=True)
+    if output is None:
+        for line in render_text(curves):
+            click.echo(line)
+        return
+    path = write_image(curves, output, _size(size))
+    click.echo(f"wrote {path}", err=True)
+
+
+def _cluster(inventory_path):
+    from ..inventory import Cluster
+
+    return app.load(inventory_path) if inventory_path else Cluster.this_machine(os.getcwd())
+
+
+hosts_or_here_option = click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
+                                    help="The inventory. Default: this machine.")
+
+
+def _age(seconds: int) -> str:
+    if seconds < 3600:
+        return f"{seconds // 60}:{seconds % 60:02d}"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds < 86400 else f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _print_failures(found) -> bool:
+    failed = [h for h in found if h.error]
+    for h in failed:
+        click.secho(f"[{h.host}] error: {h.error}", fg="red", err=True)
+    return bool(failed)
+
+
+@app.command("clusterctl ps --hosts inventory.yaml")
+@hosts_or_here_option
+@click.option("-v", "--verbose", is_flag=True, help="Also the shells and ssh clients that carry the ranks.")
+@app.connect_timeout_option()
+@app.json_option
+def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
+    """List the processes of clusterctl runs on every host."""
+    from ..hosts.connector import Connector
+    from ..observe.procs import list_processes
+
+    found = list_processes(Connector(_cluster(inventory_path), connect_timeout=connect_timeout))
+    if as_json:
+        click.echo(json.dumps([{"host": h.host, "error": h.error, "processes": [p.as_json() for p in h.processes]}
+                               for h in found], indent=2))
+    else:
+        rows = [{"host": p.host, "run": p.run_id, "rank": "-" if p.rank is None else p.rank, "kind": p.kind,
+                 "pid": p.pid, "age": _age(p.age_s), "cpu%": f"{p.cpu:.1f}", "mem": f"{p.rss_kb / 1024:.1f} MiB"}
+                for h in found for p in h.processes if verbose or p.kind in ("rank", "launcher")]
+        if rows:
+            table(rows, ["host", "run", "rank", "kind", "pid", "age", "cpu%", "mem"])
+        else:
+            click.echo(f"no clusterctl runs on {len(found)} host(s)", err=True)
+    if _print_failures(found):
+        sys.exit(1)
+
+
+@app.command("clusterctl kill latest --hosts inventory.yaml")
+@click.argument("run_ref", metavar="RUN", required=False)
+@click.option("--all", "every_run", is_flag=True, help="Every clusterctl run on the hosts, not one.")
+@hosts_or_here_option
+@runs_dir_option
+@app.connect_timeout_option()
+def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
+    """Stop a run's processes on every host (or --all runs')."""
+    from ..hosts.connector import Connector
+    from ..observe.procs import kill_runs
+    from ..observe.runs import RUN_ID, resolve
+
+    if (run_ref is None) == (not every_run):
+        raise click.UsageError("give a RUN or --all (not both)")
+    run_id = None if every_run else run_ref if RUN_ID.fullmatch(run_ref) else resolve(runs_dir, run_ref).run_id
+    what = "every clusterctl run" if run_id is None else f"run {run_id}"
+    result = kill_runs(Connector(_cluster(inventory_path), connect_timeout=connect_timeout), run_id)
+    failed = _print_failures(result.remaining)
+    for h in result.remaining:
+        for p in h.processes:
+            click.secho(f"[{h.host}] still there: pid {p.pid} ({p.kind}) {p.command[:100]}", fg="red", err=True)
+    if result.left or result.unconfirmed or failed:
+        names = ", ".join(result.unconfirmed) or "some host"
+        click.secho(f"kill: could not confirm that every process of {what} is gone on {names}", fg="red", err=True)
+        sys.exit(1)
+    click.echo(f"kill: {what}: no process left on {len(result.remaining)} host(s)", err=True)
+
+
+@app.command("clusterctl completion bash >> ~/.bashrc")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion_cmd(shell):
+    """Print the shell completion script (bash, zsh, fish): click's own."""
+    from click.shell_completion import get_completion_class
+
+    complete = get_completion_class(shell)(click.get_current_context().find_root().command, {}, "clusterctl",
+                                           "_CLUSTERCTL_COMPLETE")
+    click.echo(complete.source())

@@ -1,0 +1,155 @@
+"""The processes of clusterctl runs on every host, and stopping them.
+
+    found = list_processes(connector)            # host -> RunProcess rows (or the error reaching it)
+    killed = kill_runs(connector, run_id)        # None: every clusterctl run; the sweep `run` itself uses
+
+Every process `run` starts for a rank carries `clusterctl-run-<id>` on its command line (launch/job.py):
+the rank's python (kind "rank"), the shells that wrap it ("shell"), the ssh that reaches its host from the
+launching machine ("ssh"), and mpirun ("launcher"). They are found with one portable ps (PS_COMMAND: the
+same options on macOS's BSD ps and Linux's procps; no /proc) parsed by parse_ps, a pure function. A rank's
+number is read from the `MLX_RANK=N` its wrapping shell sets (ring and jaccl); under mpirun it is not on
+any command line, and is left unknown.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from ..launch.launchers import sweep
+
+PS_COMMAND = "ps -A -o pid= -o ppid= -o etime= -o pcpu= -o rss= -o args="
+PS_TIMEOUT_S = 20.0
+TOKEN = re.compile(r"clusterctl-run-(\d{8}-\d{6}-[0-9a-f]{6})")
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+((?:\d+-)?(?:\d+:)?\d+:\d+)\s+(\d+(?:[.,]\d+)?)\s+(\d+)(?:\s(.*))?$")
+_MLX_RANK = re.compile(r"\bMLX_RANK=['\"]?(\d+)")
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "tcsh", "csh"}
+LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "prte", "mlx.launch"}
+
+
+@dataclass(frozen=True)
+class PsRow:
+    pid: int
+    ppid: int
+    age_s: int
+    cpu: float            # percent of one core, as ps reports it
+    rss_kb: int
+    args: str
+
+
+@dataclass(frozen=True)
+class RunProcess:
+    host: str
+    run_id: str
+    rank: int | None
+    kind: str             # rank, shell, ssh, launcher
+    pid: int
+    age_s: int
+    cpu: float
+    rss_kb: int
+    command: str
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def etime_seconds(text: str) -> int:
+    """ps's elapsed time, `[[DD-]HH:]MM:SS`, in seconds (pure)."""
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, s = parts
+    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def parse_ps(text: str) -> list[PsRow]:
+    """PS_COMMAND's output as rows (pure). A line that does not start with the numeric columns continues
+    the previous row's command line (a command line with a newline in it, where a ps prints it raw)."""
+    rows: list[PsRow] = []
+    for line in text.splitlines():
+        m = _ROW.match(line)
+        if m is None:
+            if rows and line.strip():
+                last = rows[-1]
+                rows[-1] = PsRow(last.pid, last.ppid, last.age_s, last.cpu, last.rss_kb, f"{last.args}\n{line}")
+            continue
+        pid, ppid, etime, cpu, rss, args = m.groups()
+        rows.append(PsRow(int(pid), int(ppid), etime_seconds(etime), float(cpu.replace(",", ".")), int(rss),
+                          args or ""))
+    return rows
+
+
+def kind_of(args: str) -> str:
+    program = os.path.basename(args.split(None, 1)[0]) if args.strip() else ""
+    if program.lstrip("-") in SHELLS:
+        return "shell"
+    if program == "ssh":
+        return "ssh"
+    if program in LAUNCHERS:
+        return "launcher"
+    return "rank"
+
+
+def run_processes(host: str, rows: list[PsRow]) -> list[RunProcess]:
+    """The rows of clusterctl runs, each with its run id, kind and (where a command line says it) rank;
+    by run, rank, pid (pure)."""
+    by_pid = {r.pid: r for r in rows}
+
+    def rank_of(row: PsRow) -> int | None:
+        seen = set()
+        while row is not None and row.pid not in seen:      # the nearest MLX_RANK=N, self first
+            seen.add(row.pid)
+            m = _MLX_RANK.search(row.args)
+            if m:
+                return int(m.group(1))
+            row = by_pid.get(row.ppid)
+        return None
+
+    found = []
+    for row in rows:
+        m = TOKEN.search(row.args)
+        if m is None:
+            continue
+        kind = kind_of(row.args)
+        found.append(RunProcess(host, m.group(1), rank_of(row) if kind != "launcher" else None, kind, row.pid,
+                                row.age_s, row.cpu, row.rss_kb, " ".join(row.args.split())[:200]))
+    return sorted(found, key=lambda p: (p.run_id, -1 if p.rank is None else p.rank, p.pid))
+
+
+@dataclass(frozen=True)
+class HostProcesses:
+    host: str
+    processes: list[RunProcess]
+    error: str | None = None
+
+
+def list_processes(connector, run_id: str | None = None) -> list[HostProcesses]:
+    """Every host's clusterctl-run processes (of `run_id` only, when given), in inventory order."""
+    group = connector.run_everywhere(PS_COMMAND, PS_TIMEOUT_S)
+    found = []
+    for name, outcome in group.items():
+        if not outcome.ok:
+            error = outcome.error or f"ps exited {outcome.value.exit_code}: {outcome.value.stderr.strip()}"
+            found.append(HostProcesses(name, [], " ".join(str(error).split())))
+            continue
+        procs = [p for p in run_processes(name, parse_ps(outcome.value.stdout)) if run_id in (None, p.run_id)]
+        found.append(HostProcesses(name, procs))
+    return found
+
+
+@dataclass(frozen=True)
+class KillResult:
+    unconfirmed: list[str]            # hosts the sweep could not reach, or where something would not die
+    remaining: list[HostProcesses]    # what ps finds afterwards (run_id's, or every run's)
+
+    @property
+    def left(self) -> int:
+        return sum(len(h.processes) for h in self.remaining)
+
+
+def kill_runs(connector, run_id: str | None) -> KillResult:
+    """Stop a run's processes (None: every clusterctl run's) on every host as `run`'s own cleanup does
+    (SIGTERM, then SIGKILL, waiting for them to go), then look again."""
+    unconfirmed = sweep(connector, run_id)
+    return KillResult(unconfirmed, list_processes(connector, run_id))

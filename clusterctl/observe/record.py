@@ -1,0 +1,154 @@
+"""What `run` records about a run, beside the logs supervise writes (README "clusterctl runs").
+
+    record = RunRecord.start(launch, program="clusterctl.train", hosts=[...], world=2)
+    ...                                   # the job runs; log-times.jsonl is sampled meanwhile
+    record.end(exit_code=0, reason="all 2 ranks finished")
+
+In runs/<id>/:
+  clusterctl.pid    "PID HOSTNAME" of the `clusterctl run` process, written when the run starts: `logs
+                    --follow` knows the run ended when that process is gone (or summary.json appears).
+  log-times.jsonl   {"t": epoch seconds, "sizes": [bytes of rank-0.log, rank-1.log, ...]} whenever a rank
+                    log grew, sampled every SAMPLE_S: the time each log line arrived, to within SAMPLE_S,
+                    without a timestamp in the logs themselves (supervise.py writes them as the ranks print).
+  summary.json      written once, atomically, when the run has ended (after fetching its outputs):
+                    {"format": 1, "run_id", "started", "ended" (ISO 8601, local time with offset),
+                     "duration_s", "exit_code", "reason", "failed_rank", "world", "backend", "hosts",
+                     "program"}. Its appearing means the run is over. Readers ignore keys they do not know,
+                    so it may grow (restarts, say) without breaking them.
+The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
+({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program"}) and
+one when it ends ({"event": "end", "run_id", "ended", "duration_s", "exit_code", "reason"}). Each line is one
+write(2) to a file opened O_APPEND, so concurrent runs never interleave inside a line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..atomic import write_text
+
+SUMMARY = "summary.json"
+PID_FILE = "clusterctl.pid"
+LOG_TIMES = "log-times.jsonl"
+INDEX_NAME = "runs.jsonl"
+SAMPLE_S = 0.25
+
+
+def cache_dir() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "clusterctl")
+
+
+def index_path() -> str:
+    return os.path.join(cache_dir(), INDEX_NAME)
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def append_line(path: str, record: dict) -> None:
+    """One JSON line, appended with a single write(2) on an O_APPEND descriptor."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+class LogClock:
+    """Samples the sizes of a run's rank logs every SAMPLE_S in a daemon thread and appends a line to
+    log-times.jsonl whenever one grew."""
+
+    def __init__(self, run_dir: str, world: int):
+        self.paths = [os.path.join(run_dir, f"rank-{r}.log") for r in range(world)]
+        self.out = os.path.join(run_dir, LOG_TIMES)
+        self.last: list[int] = [0] * world
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="log-clock", daemon=True)
+
+    def _sizes(self) -> list[int]:
+        sizes = []
+        for path in self.paths:
+            try:
+                sizes.append(os.stat(path).st_size)
+            except FileNotFoundError:
+                sizes.append(0)
+        return sizes
+
+    def sample(self) -> None:
+        sizes = self._sizes()
+        if sizes != self.last:
+            self.last = sizes
+            append_line(self.out, {"t": round(time.time(), 3), "sizes": sizes})
+
+    def _loop(self) -> None:
+        while not self.done.wait(SAMPLE_S):
+            try:
+                self.sample()
+            except OSError:        # the run directory went away: nothing left to time
+                return
+
+    def start(self) -> "LogClock":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(2 * SAMPLE_S + 1)
+        try:
+            self.sample()          # the last lines, written after the last tick
+        except OSError:
+            pass
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    run_dir: str
+    started: float
+    facts: dict                            # world, backend, hosts, program
+    clock: LogClock | None = None
+    ended: bool = field(default=False)
+
+    @classmethod
+    def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],
+              program: str) -> "RunRecord":
+        now = time.time()
+        facts = {"world": world, "backend": backend, "hosts": hosts, "program": program}
+        write_text(os.path.join(run_dir, PID_FILE), f"{os.getpid()} {socket.gethostname()}\n")
+        record = cls(run_id, run_dir, now, facts, LogClock(run_dir, world).start())
+        _index({"event": "start", "run_id": run_id, "dir": os.path.abspath(run_dir), "started": iso(now),
+                "pid": os.getpid(), "host": socket.gethostname(), **facts})
+        return record
+
+    def end(self, exit_code: int, reason: str, failed_rank: int | None = None) -> dict:
+        """Stop timing the logs, write summary.json and the index's end line (once)."""
+        if self.ended:
+            return {}
+        self.ended = True
+        if self.clock is not None:
+            self.clock.stop()
+        now = time.time()
+        summary = {"format": 1, "run_id": self.run_id, "started": iso(self.started), "ended": iso(now),
+                   "duration_s": round(now - self.started, 3), "exit_code": exit_code, "reason": reason,
+                   "failed_rank": failed_rank, **self.facts}
+        write_text(os.path.join(self.run_dir, SUMMARY), json.dumps(summary, indent=2) + "\n")
+        _index({"event": "end", "run_id": self.run_id, "ended": summary["ended"],
+                "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason})
+        return summary
+
+
+def _index(record: dict) -> None:
+    """The index is a convenience for `runs --all`: a cache we cannot write costs only that."""
+    try:
+        append_line(index_path(), record)
+    except OSError:
+        pass

@@ -1,0 +1,222 @@
+"""The runs of a project's runs/ directory, or of every project (the runs index), as rows.
+
+    infos = list_runs("runs")                 # newest first
+    info = resolve("runs", "latest")          # or an id, a unique id prefix, a run directory
+    info.outcome, info.final_loss
+
+Everything is read from what a run left: launch.json (written before a run starts, by every clusterctl
+version), summary.json (at its end; runs from before it existed show outcome "unknown"), clusterctl.pid
+(whether it is still running), metrics.jsonl (the bundled trainer's losses). Nothing is required but the
+directory: a run killed before it wrote anything is still listed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from ..errors import UsageError
+from .record import LOG_TIMES, PID_FILE, SUMMARY, index_path, iso
+
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    dir: str
+    start: str | None               # ISO 8601
+    duration_s: float | None
+    hosts: list[str]
+    world: int | None
+    backend: str | None
+    status: str                     # "ok", "failed", "running", "unknown"
+    exit_code: int | None
+    reason: str | None
+    final_loss: float | None
+    final_val_loss: float | None
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+    @property
+    def outcome(self) -> str:
+        if self.status in ("running", "unknown"):
+            return self.status
+        return f"exit {self.exit_code}: {self.reason}" if self.reason else f"exit {self.exit_code}"
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """metrics.jsonl's records (a torn last line, from a run still writing, is skipped)."""
+    records = []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    value = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(value, dict):
+                    records.append(value)
+    except OSError:
+        pass
+    return records
+
+
+def final_losses(records: list[dict]) -> tuple[float | None, float | None]:
+    loss = next((r["loss"] for r in reversed(records) if isinstance(r.get("loss"), (int, float))), None)
+    val = next((r["val_loss"] for r in reversed(records) if isinstance(r.get("val_loss"), (int, float))), None)
+    return loss, val
+
+
+def run_alive(run_dir: str) -> bool | None:
+    """Whether the `clusterctl run` process of this run still exists: None when unknown (no pid file, or
+    the run was started on another machine)."""
+    try:
+        with open(os.path.join(run_dir, PID_FILE), encoding="utf-8") as f:
+            pid_text, _, host = f.read().strip().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    if host and host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def id_time(run_id: str) -> float | None:
+    """A run id starts with its local start time: 20250101-120000-abcdef."""
+    try:
+        return datetime.strptime(run_id[:15], "%Y%m%d-%H%M%S").timestamp()
+    except ValueError:
+        return None
+
+
+def _last_write(run_dir: str) -> float | None:
+    times = []
+    for name in os.listdir(run_dir):
+        if name.endswith(".log") or name in ("metrics.jsonl", LOG_TIMES):
+            try:
+                times.append(os.stat(os.path.join(run_dir, name)).st_mtime)
+            except OSError:
+                pass
+    return max(times) if times else None
+
+
+def run_info(run_dir: str) -> RunInfo:
+    """One run, from its directory."""
+    run_dir = os.path.abspath(run_dir)
+    run_id = os.path.basename(os.path.normpath(run_dir))
+    launch = _read_json(os.path.join(run_dir, "launch.json")) or {}
+    summary = _read_json(os.path.join(run_dir, SUMMARY))
+    ranks = [h for h in launch.get("rank_hosts", []) if isinstance(h, str)]
+    hosts = list(dict.fromkeys(ranks))
+    loss, val = final_losses(read_metrics(run_dir))
+    if summary is not None:
+        code = summary.get("exit_code")
+        return RunInfo(run_id, run_dir, summary.get("started"), summary.get("duration_s"),
+                       summary.get("hosts") or hosts, summary.get("world") or len(ranks) or None,
+                       summary.get("backend") or launch.get("backend"), "ok" if code == 0 else "failed", code,
+                       summary.get("reason"), loss, val)
+    start = id_time(run_id)
+    alive = run_alive(run_dir)
+    last = _last_write(run_dir) if os.path.isdir(run_dir) else None
+    end = None if alive else last
+    duration = round(end - start, 3) if start is not None and end is not None and end >= start else None
+    return RunInfo(run_id, run_dir, iso(start) if start is not None else None, duration, hosts,
+                   len(ranks) or None, launch.get("backend"), "running" if alive else "unknown", None, None,
+                   loss, val)
+
+
+def _run_dirs(runs_dir: str) -> list[str]:
+    try:
+        names = os.listdir(runs_dir)
+    except FileNotFoundError:
+        return []
+    return [os.path.join(runs_dir, n) for n in names
+            if RUN_ID.fullmatch(n) and os.path.isdir(os.path.join(runs_dir, n))]
+
+
+def list_runs(runs_dir: str) -> list[RunInfo]:
+    """The runs in `runs_dir`, newest first."""
+    return sorted((run_info(d) for d in _run_dirs(runs_dir)), key=lambda r: r.run_id, reverse=True)
+
+
+def read_index(path: str | None = None) -> dict[str, dict]:
+    """run id -> its start line merged with its end line, from the runs index (pure reading; damaged
+    lines are skipped)."""
+    runs: dict[str, dict] = {}
+    try:
+        with open(path or index_path(), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("run_id"), str):
+                    runs.setdefault(record["run_id"], {}).update(record)
+    except FileNotFoundError:
+        pass
+    return runs
+
+
+def list_all(runs_dir: str) -> list[RunInfo]:
+    """Every run the index knows (every project on this machine), plus those of `runs_dir` it does not
+    (made before the index existed); read from their directories when they still exist."""
+    found: dict[str, RunInfo] = {r.run_id: r for r in list_runs(runs_dir)}
+    for run_id, entry in read_index().items():
+        directory = entry.get("dir")
+        if not isinstance(directory, str) or os.path.abspath(directory) in {os.path.abspath(r.dir) for r in found.values()}:
+            continue
+        if os.path.isdir(directory):
+            found[run_id] = run_info(directory)
+            continue
+        code = entry.get("exit_code")
+        status = "unknown" if "exit_code" not in entry else ("ok" if code == 0 else "failed")
+        found[run_id] = RunInfo(run_id, directory, entry.get("started"), entry.get("duration_s"),
+                                entry.get("hosts") or [], entry.get("world"), entry.get("backend"), status, code,
+                                (entry.get("reason") or "") + " (directory gone)", None, None)
+    return sorted(found.values(), key=lambda r: r.run_id, reverse=True)
+
+
+def resolve(runs_dir: str, ref: str) -> RunInfo:
+    """A run from what a user types: `latest`, a run directory, a run id or a unique prefix of one (looked
+    up in `runs_dir`, then in the runs index)."""
+    if os.path.isdir(ref) and (os.path.exists(os.path.join(ref, "launch.json")) or
+                               os.path.exists(os.path.join(ref, "metrics.jsonl"))):
+        return run_info(ref)
+    local = list_runs(runs_dir)
+    if ref == "latest":
+        if not local:
+            raise UsageError(f"no runs in {runs_dir}/ (run `clusterctl run` first, or give --runs-dir)")
+        return local[0]
+    matches = [r for r in local if r.run_id.startswith(ref)]
+    if not matches:
+        matches = [run_info(e["dir"]) for i, e in read_index().items()
+                   if i.startswith(ref) and isinstance(e.get("dir"), str) and os.path.isdir(e["dir"])]
+    exact = [r for r in matches if r.run_id == ref]
+    if exact:
+        return exact[0]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(f"no run {ref!r} in {runs_dir}/ or the runs index (`clusterctl runs --all` lists them)")
+    ids = ", ".join(r.run_id for r in matches[:5])
+    raise UsageError(f"{ref!r} matches {len(matches)} runs ({ids}{', ...' if len(matches) > 5 else ''}): give more of the id")

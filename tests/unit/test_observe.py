@@ -1,0 +1,199 @@
+"""observe/: the pure parsers and readers on canned inputs (ps outputs, run directories, log sizes)."""
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.errors import UsageError
+from clusterctl.launch.launchers import sweep_pattern
+from clusterctl.observe import record
+from clusterctl.observe.logs import LogLine, merge, read_logs, split_lines
+from clusterctl.observe.plot import MARKS, VAL_MARKS, Curves, render_text
+from clusterctl.observe.procs import etime_seconds, kind_of, parse_ps, run_processes
+from clusterctl.observe.runs import final_losses, list_all, list_runs, read_index, resolve, run_info
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "ps"
+
+
+# ---- ps ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,seconds", [("00:05", 5), ("01:12:16", 4336), ("12-03:04:05", 12 * 86400 + 11045),
+                                          ("  59:59", 3599)])
+def test_etime(text, seconds):
+    assert etime_seconds(text.strip()) == seconds
+
+
+def test_linux_procps_output_recorded_during_a_two_rank_run():
+    rows = parse_ps((FIXTURES / "linux-procps.txt").read_text())
+    assert len(rows) == 11 and rows[0].pid == 2 and rows[0].args == "[kthreadd]"
+    procs = run_processes("localhost", rows)
+    assert {p.run_id for p in procs} == {"20261124-011806-1f0fe2"}
+    ranks = [p for p in procs if p.kind == "rank"]
+    assert [(p.rank, p.pid) for p in ranks] == [(0, 18154), (1, 18155)]
+    assert all(p.rss_kb > 10000 and p.age_s == 4 and p.command.startswith("/work/wt-observe/.venv/bin/python -c")
+               for p in ranks)
+    shells = [p for p in procs if p.kind == "shell"]
+    assert len(shells) == 6 and {p.rank for p in shells} == {0, 1}     # MLX_RANK from the wrapper, or its parent
+    assert 18052 not in {p.pid for p in procs}                          # `clusterctl run` itself carries no token
+
+
+def test_macos_bsd_output_with_raw_newlines_mpi_and_a_sweeps_pgrep():
+    rows = parse_ps((FIXTURES / "macos-bsd.txt").read_text())
+    assert [r.pid for r in rows] == [1, 341, 7311, 7314, 7316, 7320, 8001, 8010, 8200, 8300]
+    assert rows[0].age_s == 12 * 86400 + 3 * 3600 + 4 * 60 + 5
+    assert "def env_files" in rows[7].args and rows[7].args.endswith("-m clusterctl.train")   # continuation lines
+    procs = {p.pid: p for p in run_processes("mac1", rows)}
+    assert set(procs) == {7311, 7314, 7316, 7320, 8001, 8010}           # not the pgrep of a sweep
+    rank = procs[7316]
+    assert (rank.kind, rank.rank, rank.run_id, rank.cpu, rank.rss_kb) == ("rank", 2, "20250301-093000-a1b2c3", 187.5, 2211840)
+    assert (procs[8001].kind, procs[8001].rank) == ("launcher", None)
+    assert (procs[8010].kind, procs[8010].rank) == ("rank", None)        # under mpirun no command line says
+    assert procs[7311].kind == "shell" and procs[7311].rank == 2
+
+
+def test_kinds():
+    assert kind_of("-zsh -c exec /bin/sh") == "shell"
+    assert kind_of("/usr/bin/ssh -F cfg -- h2 exec /bin/sh") == "ssh"
+    assert kind_of("/opt/homebrew/bin/mpirun -np 2") == "launcher"
+    assert kind_of("/usr/bin/python3 -c ...") == "rank"
+
+
+def test_sweep_patterns_match_runs_but_not_themselves():
+    one, every = sweep_pattern("20250301-093000-a1b2c3"), sweep_pattern(None)
+    line = "python -c ... clusterctl-run-20250301-093000-a1b2c3 /w 1.0 train.py"
+    assert re.search(one, line) and re.search(every, line)
+    assert not re.search(one, line.replace("a1b2c3", "a1b2c4"))
+    for pattern in (one, every):                     # a pgrep / pkill of the pattern is not matched by it
+        assert not re.search(pattern, f"pkill -f {pattern}")
+
+
+# ---- logs -------------------------------------------------------------------------------------
+
+def test_split_lines_keeps_a_partial_line_for_later():
+    lines, used = split_lines(b"a\nbb\ncc")
+    assert lines == [(2, "a"), (5, "bb")] and used == 5
+
+
+def test_merge_orders_by_sample_time_then_rank_and_keeps_file_order():
+    per_rank = {0: [(2, "a0"), (4, "b0"), (6, "c0")], 1: [(3, "x1"), (6, "y1")]}
+    samples = [(10.0, [2, 0]), (11.0, [4, 3]), (12.0, [4, 6])]
+    lines = merge(per_rank, {0: "h1", 1: "h2"}, samples)
+    assert [(l.rank, l.text, l.t) for l in lines] == [
+        (0, "a0", 10.0), (0, "b0", 11.0), (1, "x1", 11.0), (1, "y1", 12.0), (0, "c0", None)]
+    assert lines[1] == LogLine(0, "h1", "b0", 11.0)
+
+
+def _fake_run(root: Path, run_id: str, *, ranks=("h1", "h2"), summary=None, metrics=(), logs=None,
+              times=None) -> Path:
+    d = root / run_id
+    d.mkdir(parents=True)
+    (d / "launch.json").write_text(json.dumps({"run_id": run_id, "backend": "ring", "rank_hosts": list(ranks)}))
+    for r, text in (logs or {}).items():
+        (d / f"rank-{r}.log").write_text(text)
+    if metrics:
+        (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + '{"step": 9, "lo')
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+    if times is not None:
+        (d / "log-times.jsonl").write_text("".join(json.dumps({"t": t, "sizes": s}) + "\n" for t, s in times))
+    return d
+
+
+def test_read_logs_merged_by_log_times_or_rank_after_rank_without(tmp_path):
+    old = _fake_run(tmp_path, "20250101-100000-aaaaaa", logs={0: "a\nb\n", 1: "x\n"})
+    info = run_info(str(old))
+    lines, timed = read_logs(info)
+    assert not timed and [(l.rank, l.host, l.text) for l in lines] == [(0, "h1", "a"), (0, "h1", "b"), (1, "h2", "x")]
+    new = _fake_run(tmp_path, "20250101-100001-bbbbbb", logs={0: "a\nb\n", 1: "x\n"}, times=[(1.0, [2, 2]), (2.0, [4, 2])])
+    lines, timed = read_logs(run_info(str(new)), pattern=re.compile("[bx]"))
+    assert timed and [l.text for l in lines] == ["x", "b"]
+    assert [l.text for l in read_logs(run_info(str(new)), rank=1)[0]] == ["x"]
+
+
+# ---- runs -------------------------------------------------------------------------------------
+
+def test_runs_before_the_index_existed_and_after(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    _fake_run(runs, "20250101-100000-aaaaaa", logs={0: "hello\n"},
+              metrics=[{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0}, {"step": 2, "val_loss": 4.5}])
+    _fake_run(runs, "20250102-100000-bbbbbb", summary={"format": 1, "started": "2025-01-02T10:00:00+00:00",
+                                                      "duration_s": 12.5, "exit_code": 3, "reason": "rank 1 on h2 exited 3",
+                                                      "world": 2, "backend": "ring", "hosts": ["h1", "h2"]})
+    (runs / "not-a-run").mkdir()
+    infos = list_runs(str(runs))
+    assert [i.run_id for i in infos] == ["20250102-100000-bbbbbb", "20250101-100000-aaaaaa"]
+    new, old = infos
+    assert (new.status, new.outcome, new.duration_s) == ("failed", "exit 3: rank 1 on h2 exited 3", 12.5)
+    assert (old.status, old.hosts, old.world, old.final_loss, old.final_val_loss) == ("unknown", ["h1", "h2"], 2, 4.0, 4.5)
+    assert old.start.startswith("2025-01-01T10:00:00") and old.duration_s is not None   # the id's time -> last write
+    assert resolve(str(runs), "latest").run_id == new.run_id
+    assert resolve(str(runs), "20250101").run_id == old.run_id
+    with pytest.raises(UsageError, match="matches 2 runs"):
+        resolve(str(runs), "2025")
+    with pytest.raises(UsageError, match="no run"):
+        resolve(str(runs), "1999")
+
+
+def test_a_recorded_run_writes_its_summary_and_the_index(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    run_dir = tmp_path / "elsewhere" / "runs" / "20250103-100000-cccccc"
+    run_dir.mkdir(parents=True)
+    rec = record.RunRecord.start("20250103-100000-cccccc", str(run_dir), world=2, backend="mpi", hosts=["h1", "h2"],
+                                 program="train.py")
+    info = run_info(str(run_dir))
+    assert info.status == "running"                        # this process is the run's
+    (run_dir / "rank-0.log").write_text("one\n")
+    summary = rec.end(0, "all 2 ranks finished")
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert summary["exit_code"] == 0 and summary["world"] == 2 and summary["duration_s"] >= 0
+    assert json.loads((run_dir / "log-times.jsonl").read_text().splitlines()[-1])["sizes"] == [4, 0]
+    index = read_index()
+    assert index["20250103-100000-cccccc"]["event"] == "end" and index["20250103-100000-cccccc"]["pid"] == os.getpid()
+    every = list_all(str(tmp_path / "runs"))                # another project's run, through the index
+    assert [(i.run_id, i.status) for i in every] == [("20250103-100000-cccccc", "ok")]
+    assert resolve(str(tmp_path / "runs"), "20250103").dir == str(run_dir)
+
+
+def test_index_lines_appended_from_many_threads_stay_whole(tmp_path):
+    path = str(tmp_path / "runs.jsonl")
+    payload = "x" * 300
+
+    def work(k):
+        for i in range(50):
+            record.append_line(path, {"run_id": f"{k}-{i}", "pad": payload})
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = Path(path).read_text().splitlines()
+    assert len(lines) == 400 and all(json.loads(l)["pad"] == payload for l in lines)
+
+
+def test_final_losses_skip_a_torn_line(tmp_path):
+    d = _fake_run(tmp_path, "20250101-100000-dddddd", metrics=[{"step": 5, "loss": 2.0}])
+    assert run_info(str(d)).final_loss == 2.0
+    assert final_losses([]) == (None, None)
+
+
+# ---- plot (text) ------------------------------------------------------------------------------
+
+def test_text_chart_marks_each_run_and_held_out_points():
+    a = Curves.of("run-a", [{"step": 1, "loss": 5.0, "tokens_per_s": 100.0, "peak_mem_mb": 10.0},
+                            {"step": 10, "loss": 3.0}, {"step": 10, "val_loss": 3.2}])
+    b = Curves.of("run-b", [{"step": 1, "loss": 4.0}, {"step": 10, "loss": float("nan")}, {"step": 10, "loss": 2.0}])
+    lines = render_text([a, b], width=40, height=10)
+    chart = "\n".join(lines[:10])
+    assert lines[0].startswith("5.000 |" ) and lines[9].startswith("2.000 |")
+    for mark in (MARKS[0], VAL_MARKS[0], MARKS[1]):
+        assert mark in chart
+    assert lines[-2].startswith(f"{MARKS[0]} {VAL_MARKS[0]} run-a | loss 5.000 -> 3.000 at step 10 | held-out 3.200")
+    assert "100 tok/s" in lines[-2] and "peak mem 10.0 MB" in lines[-2]
+    assert lines[-1].startswith(f"{MARKS[1]} {VAL_MARKS[1]} run-b | loss 4.000 -> 2.000")
+    assert render_text([Curves.of("empty", [])]) == ["nothing to plot: no losses in metrics.jsonl"]
