@@ -158,7 +158,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         if options.data_dir and program.module == BUNDLED_TRAINER:
             args = [args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *args[1:]]
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
-    plan, preflight = _plan(cluster, connector, options, program)
+    plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
     site = choose_site(cluster, backend, options.launch_from, connector)
     if site.host is not None:
         events.launching_from(site.host.name, backend.launcher_label)
@@ -210,8 +210,9 @@ def _plot_losses(launch: Launch) -> None:
         pass      # a picture of the run is a convenience (matplotlib broken, disk full): not the run's failure
 
 
-def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: Program):
-    """(the plan to launch from, the pre-flight Future verifying it meanwhile or None)."""
+def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: Program, needs_mpi: bool = False):
+    """(the plan to launch from, the pre-flight Future verifying it meanwhile or None). `needs_mpi`: every
+    host must have mpirun (the backend's daemons start there)."""
     if not options.preflight:
         return LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include), None
     if options.dry_run:
@@ -219,7 +220,7 @@ def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: 
     plan = cached_plan(cluster)
 
     def verify() -> LaunchPlan:
-        return discover(connector, script=program.script, module=program.module)
+        return discover(connector, script=program.script, module=program.module, needs_mpi=needs_mpi)
 
     if plan is None:
         plan = verify()

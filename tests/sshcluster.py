@@ -40,6 +40,7 @@ HOME_BASHRC = os.path.expanduser("~/.bashrc")
 # Fake-Darwin hosts (tests/fakedarwin/README.md): stand-ins first on PATH, then this machine's tools minus
 # what macOS does not have
 FAKE_DARWIN = Path(__file__).resolve().parent / "fakedarwin"
+OPEN_MPI_TOOLS = ("mpirun", "mpiexec", "orterun", "orted", "ompi_info", "prterun", "prted", "prte")
 ABSENT_ON_MACOS = {"sha256sum", "sha1sum", "md5sum", "timeout", "setsid", "nproc", "flock", "tac", "ip", "ss",
                    "realpath", "stdbuf", "numfmt", "getent", "lscpu", "free", "runuser", "systemctl"}
 
@@ -131,7 +132,8 @@ class SSHCluster:
     _instances = 0
 
     def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
-                 stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset()):
+                 stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset(),
+                 homebrew_mpi: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -148,6 +150,9 @@ class SSHCluster:
         self.stock_sshd = stock_sshd
         # darwin: the hosts (1-based) that behave like Macs: zsh login shell, macOS's tools and refusals
         self.darwin = frozenset(darwin)
+        # homebrew_mpi: on the fake Macs, Open MPI is where Homebrew puts it (/opt/homebrew/bin), which is not
+        # on sshd's PATH, as on a real Mac
+        self.homebrew_mpi = homebrew_mpi
         self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
         self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
@@ -218,7 +223,16 @@ class SSHCluster:
                 link = farm / name
                 if name in ABSENT_ON_MACOS or link.exists() or link.is_symlink() or not os.access(target, os.X_OK):
                     continue
+                if self.homebrew_mpi and name in OPEN_MPI_TOOLS:
+                    continue
                 link.symlink_to(target)
+        if self.homebrew_mpi:      # /opt, as the fake Macs see it: homebrew/bin with Open MPI's tools
+            brew = self.root / "opt" / "homebrew" / "bin"
+            brew.mkdir(parents=True, exist_ok=True)
+            for name in OPEN_MPI_TOOLS:
+                found = shutil.which(name, path=DEFAULT_SESSION_PATH)
+                if found and not (brew / name).exists():
+                    (brew / name).symlink_to(found)
         self.darwin_path = f"{FAKE_DARWIN / 'bin'}:{farm}"
         lines = []
         with open("/etc/passwd", encoding="utf-8") as f:
@@ -238,6 +252,8 @@ class SSHCluster:
             "FAKE_DARWIN_LOG": str(host.dir / "refused.log"),
         })
         host.binds["/etc/passwd"] = str(self.darwin_passwd)
+        if self.homebrew_mpi:
+            host.binds["/opt"] = str(self.root / "opt")
 
     def refused(self, index: int) -> list[str]:
         """What fake-Darwin host `index`'s stand-ins refused (GNU-only usage we sent it), one line each."""

@@ -307,16 +307,56 @@ def clock(p: HostProbe) -> list[Finding]:
     return [Finding("clock", p.host.name, PASS, "within 5s of this machine")]
 
 
+SIP_PROTECTED = ("/usr/bin/", "/bin/", "/sbin/", "/usr/sbin/", "/usr/libexec/", "/System/")
+
+
+def sip_protected(python: str, shebang: str | None) -> str | None:
+    """Why SIP would strip DYLD_* from this interpreter (pure), or None: it lives in a protected directory,
+    or it is a script whose #! line runs it through one (a `#!/usr/bin/env python3` shim)."""
+    if python.startswith(SIP_PROTECTED):
+        return "SIP-protected"
+    if shebang:
+        interpreter = shebang[2:].strip().split(" ", 1)[0]
+        if interpreter.startswith(SIP_PROTECTED):
+            return f"a script run through {interpreter}, which SIP protects"
+    return None
+
+
+# macOS privacy (TCC) folders sshd may not enter without Full Disk Access (docs/macos.md#tcc-blocks-sshd)
+TCC_FOLDERS = ("~/Documents", "~/Desktop", "~/Downloads", "~/Library/Mobile Documents", "/Volumes/")
+
+
+def workdir_write(p: HostProbe) -> list[Finding]:
+    """Can a session of this host write in its workdir? On a Mac a privacy-protected folder refuses sshd."""
+    f = p.facts
+    result = f.get("workdir_write") if f is not None else None
+    if not result:           # not asked (the pre-flight's short probe), or the probe was cut short
+        return []
+    name, workdir = p.host.name, p.host.workdir
+    if result == "yes":
+        return [Finding("workdir", name, PASS, f"{workdir} is writable")]
+    home = f.get("home") or ""
+    shown = "~" + workdir[len(home):] if home and workdir.startswith(home + "/") else workdir
+    tcc = f.get("os") == "Darwin" and shown.startswith(TCC_FOLDERS)
+    fix = ("macOS privacy (TCC) keeps sshd out of this folder: give sshd-keygen-wrapper Full Disk Access "
+           "(System Settings > Privacy & Security > Full Disk Access) or choose a workdir outside ~/Documents, "
+           "~/Desktop, ~/Downloads, iCloud and /Volumes") if tcc else f"make {workdir} writable on {name}"
+    return [Finding("workdir", name, FAIL, f"cannot write in {workdir}: {result}", fix)]
+
+
 def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
     f = p.facts
     if f is None or f.get("os") != "Darwin":
         return []
     name = p.host.name
-    # docs/macos.md#sip-strips-dyld
-    out = [Finding("macos", name, WARN if "enabled" in f.get("sip", "enabled") else PASS,
-                   "SIP strips DYLD_* variables through /bin/sh, env and nohup",
-                   "nothing to do with clusterctl run: it passes DYLD_FALLBACK_LIBRARY_PATH with mpirun -x straight "
-                   "to python; when launching by hand do the same")]
+    # docs/macos.md#sip-strips-dyld: only a SIP-protected interpreter (or a shim through one) loses DYLD_*
+    out = []
+    protected = sip_protected(f.get("python_path") or p.host.python, f.get("python_shebang"))
+    if "enabled" in f.get("sip", "enabled") and protected:
+        out.append(Finding("macos", name, WARN, f"python {p.host.python} is {protected}: SIP strips DYLD_* "
+                           "variables from it, so MLX may not find libmpi through DYLD_FALLBACK_LIBRARY_PATH",
+                           "use a python outside /usr/bin and /System (a venv of Homebrew's or python.org's "
+                           "python) as `python:`; clusterctl also passes MLX_MPI_LIBNAME, an absolute path"))
     members = bridge_members(f.all("iface"))
     if backends.get(cluster.launch.backend).needs_addresses and members:   # mlx.launch: a ring of hosts
         out.append(Finding("macos", name, WARN, f"bridge0 holds {', '.join(members)}: Thunderbolt ports in a "

@@ -87,8 +87,9 @@ class Backend:
         """The launcher's argv prefix on this machine, None when it is not installed here."""
         raise NotImplementedError
 
-    def launcher_on_host(self, python: str) -> list[str]:
-        """The launcher's argv prefix on a host whose python is `python` (doctor checked it is there)."""
+    def launcher_on_host(self, python: str, mpirun: str | None = None) -> list[str]:
+        """The launcher's argv prefix on a host whose python is `python` (doctor checked it is there) and
+        whose mpirun, if it has one, is at `mpirun` (an absolute path the host reported)."""
         raise NotImplementedError
 
     def command(self, cluster: Cluster, plan: LaunchPlan, *, program: Sequence[str], rank_env: Mapping[str, str],
@@ -132,10 +133,13 @@ class MPIBackend(Backend):
                     "run clusterctl from one of the hosts")
 
     def launcher_here(self):
-        return ["mpirun"] if shutil.which("mpirun") else None
+        # by its absolute path: Open MPI then starts its daemons on the other hosts from the same prefix, so
+        # they need not be on sshd's PATH there (docs/launchers.md#mpirun-absolute-path)
+        found = shutil.which("mpirun")
+        return [os.path.abspath(found)] if found else None
 
-    def launcher_on_host(self, python):
-        return ["mpirun"]
+    def launcher_on_host(self, python, mpirun=None):
+        return [mpirun or "mpirun"]
 
     def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
         files = []
@@ -187,7 +191,7 @@ class MLXLaunchBackend(Backend):
     def launcher_here(self):
         return find_mlx_launch()
 
-    def launcher_on_host(self, python):
+    def launcher_on_host(self, python, mpirun=None):
         return [python, "-c", MLX_LAUNCH_MODULE]
 
     def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
@@ -233,7 +237,7 @@ class RankStarterBackend(Backend):
     def launcher_here(self):
         return [sys.executable]
 
-    def launcher_on_host(self, python):
+    def launcher_on_host(self, python, mpirun=None):
         return [python]
 
     def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):

@@ -29,8 +29,11 @@ from .bootstrap import BOOTSTRAP
 from .launchers import LaunchSite
 from .plan import LaunchPlan
 
-# what a launch from the first host asks it first: its home, whether we are root there, its ssh
-LAUNCH_HOST_FACTS = 'printf "%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)"'
+# what a launch from the first host asks it first: its home, whether we are root there, its ssh and its mpirun
+# (by absolute path, also where Homebrew puts it: sshd's PATH on a Mac does not have it)
+LAUNCH_HOST_FACTS = ('m=$(command -v mpirun); if [ -z "$m" ]; then for d in /opt/homebrew/bin /usr/local/bin '
+                     '/opt/local/bin; do if [ -x "$d/mpirun" ]; then m=$d/mpirun; break; fi; done; fi; '
+                     'printf "%s\\n%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)" "$m"')
 HEARTBEAT_S = 1.0          # every rank's bootstrap beats this often (supervise's hang timeout reads it)
 
 
@@ -112,12 +115,13 @@ def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, progr
 def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
     host, remote = site.host, site.transport
     facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
-    home, uid, ssh = (facts + ["", "", ""])[:3]
+    home, uid, ssh, mpirun = (facts + ["", "", "", ""])[:4]
     workdir = home + host.workdir[1:] if host.workdir.startswith("~") else host.workdir
     there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
     # the launcher's ssh on that host reads that host's rendering of the inventory, sent with the launch
     config = f"{there}/ssh_config"
-    where = Where(there, ssh.strip() or None, uid.strip() == "0", backend.launcher_on_host(host.python),
+    where = Where(there, ssh.strip() or None, uid.strip() == "0",
+                  backend.launcher_on_host(host.python, mpirun=mpirun.strip() or None),
                   ("-F", config), host.name, host=host.name)
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
     command.files.append((config, host_config_text(cluster, host, connect_timeout=connect_timeout), 0o600))

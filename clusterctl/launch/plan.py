@@ -47,7 +47,7 @@ _FIND_MODULE = ("import importlib.util, sys\n"
 
 
 def discover(connector: Connector, timeout: float = 30.0, script: str | None = None,
-             module: str | None = None) -> LaunchPlan:
+             module: str | None = None, needs_mpi: bool = False) -> LaunchPlan:
     """Probe every host at once (no peer checks) and plan from what they report. With `script` (or
     `module`), this is also the pre-flight of a run: every host must be reachable, with its python and the
     script (a path relative to the host's workdir, or absolute) or module in place; the first host that
@@ -70,6 +70,10 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
             if not facts.get("python_path"):
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
+            if needs_mpi and not facts.get("mpirun"):
+                raise PreflightError(f"{host.name}: no mpirun on the PATH a session gets there, nor in /opt/homebrew/bin, "
+                                     "/usr/local/bin or /opt/local/bin (install Open MPI there, or use --backend ring; "
+                                     "`clusterctl doctor` shows more)")
             if script is not None and facts.get("script") != "yes":
                 raise PreflightError(f"{host.name}: {where} does not exist there (run copies the current directory "
                                      "unless --no-sync; or `clusterctl sync`; --no-preflight skips this check)")

@@ -51,8 +51,11 @@ def test_doctor_is_green_and_names_the_macs_findings(macs, tmp_path):
     r = clusterctl("doctor", "--json", "--hosts", str(macs.inventory), cwd=tmp_path)
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["ok"] is True, [c for c in doc["checks"] if c["status"] == "fail"]
-    macos = {(c["host"], c["detail"].split(" ")[0]) for c in doc["checks"] if c["check"] == "macos"}
-    assert macos == {("h1", "SIP"), ("h1", "the"), ("h2", "SIP"), ("h2", "the")}     # SIP and Local Network
+    macos = sorted((c["host"], c["detail"]) for c in doc["checks"] if c["check"] == "macos")
+    # the Local Network prompt on each Mac; no SIP warning: the hosts' python is a venv's, not /usr/bin's
+    assert [host for host, _ in macos] == ["h1", "h2"] and all("Local Network" in d for _, d in macos), macos
+    workdir = sorted((c["host"], c["status"]) for c in doc["checks"] if c["check"] == "workdir")
+    assert workdir == [("h1", "pass"), ("h2", "pass"), ("h3", "pass")]
     mesh = [(c["host"], c["peer"], c["status"]) for c in doc["checks"] if c["check"] == "ssh-mesh"]
     assert len(mesh) == 6 and {s for *_, s in mesh} == {"pass"}                     # zsh to zsh, zsh to bash
     smoke = {c["check"]: c["status"] for c in doc["checks"] if c["check"].endswith("smoke")}
@@ -180,3 +183,31 @@ sys.stdin.read()
     while macs.ssh(1, f"pgrep -f {pattern}").stdout.strip() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert macs.ssh(1, f"pgrep -f {pattern}").stdout.strip() == ""
+
+
+def test_mpirun_where_homebrew_puts_it_is_found_and_launched_by_its_path(make_cluster, tmp_path):
+    """Two fake Macs whose Open MPI is in /opt/homebrew/bin, not on sshd's PATH: the pre-flight finds it
+    there, a launch from the first host runs it by its absolute path (so its daemons start from the same
+    prefix on the other Mac), and a host without any mpirun is named before anything starts."""
+    requires_private_roots(why="/opt/homebrew on the fake Macs only")
+    macs = make_cluster(2, darwin={1, 2}, homebrew_mpi=True)
+    assert macs.ssh(1, "command -v mpirun || echo none").stdout.strip() == "none"
+    script = tmp_path / "allsum.py"
+    script.write_text(ALLSUM)
+    r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", "mpi", "--launch-from", "first-host",
+                   str(script), "mpi", "x", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    launch = json.loads((tmp_path / "runs" / TOKEN.search(r.stderr).group(1) / "launch.json").read_text())
+    assert launch["argv"][0] == "/opt/homebrew/bin/mpirun" and "exec /opt/homebrew/bin/mpirun " in launch["remote_command"]
+    assert len([l for l in r.stdout.splitlines() if "world 2 sum" in l]) == 2
+    for i in (1, 2):
+        assert macs.refused(i) == []
+    # a Mac with no Open MPI at all (h2's /opt is empty): the pre-flight names it before anything starts
+    empty = tmp_path / "empty-opt"
+    empty.mkdir()
+    macs.restart(2, binds={"/opt": str(empty)})
+    elsewhere = tmp_path / "elsewhere"            # its own plan cache: the pre-flight runs before the launch
+    elsewhere.mkdir()
+    r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", "mpi", str(script), "mpi", "x", cwd=elsewhere)
+    assert r.returncode == 1 and "h2: no mpirun on the PATH a session gets there" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not (elsewhere / "runs").exists()      # nothing launched

@@ -204,8 +204,41 @@ def test_disk_clock_and_macos():
     mac = checks.macos(HostProbe(ring.hosts[0], facts(os="Darwin", sip="System Integrity Protection status: enabled.",
                                                       iface=MACOS_IFCONFIG.splitlines())), ring)
     assert any("bridge0 holds en2, en3" in f.detail for f in mac)
-    assert any("SIP" in f.detail for f in mac) and any("Local Network" in f.detail for f in mac)
+    assert any("Local Network" in f.detail for f in mac)
     assert checks.macos(HostProbe(ring.hosts[0], facts(os="Linux")), ring) == []
+
+
+def test_sip_is_named_only_for_an_interpreter_it_protects():
+    """SIP strips DYLD_* only from protected binaries: Xcode's /usr/bin/python3, or a shim run through
+    /usr/bin/env; a venv or Homebrew python keeps them (docs/macos.md#sip-strips-dyld)."""
+    ring = parse("hosts: [{name: m, address: 192.168.10.2}]\n", "i.yaml")
+    sip = "System Integrity Protection status: enabled."
+
+    def sip_findings(**fact):
+        found = checks.macos(HostProbe(ring.hosts[0], facts(os="Darwin", sip=sip, **fact)), ring)
+        return [f.detail for f in found if "SIP" in f.detail]
+
+    assert sip_findings(python_path="/opt/homebrew/bin/python3") == []
+    assert sip_findings(python_path="/Users/me/venv/bin/python3") == []
+    assert "is SIP-protected" in sip_findings(python_path="/usr/bin/python3")[0]
+    shim = sip_findings(python_path="/Users/me/.pyenv/shims/python3", python_shebang="#!/usr/bin/env bash")
+    assert "a script run through /usr/bin/env, which SIP protects" in shim[0]
+    assert checks.sip_protected("/System/Library/Frameworks/Python.framework/python3", None) == "SIP-protected"
+
+
+def test_a_workdir_sshd_may_not_write_is_named_with_the_full_disk_access_fix():
+    """macOS privacy controls (TCC) keep sshd out of ~/Documents, ~/Desktop, iCloud and /Volumes."""
+    mac = parse("hosts: [{name: m, workdir: /Users/me/Documents/proj}, {name: n, workdir: /Users/me/work}]\n",
+                "i.yaml")
+    denied = "mkdir: /Users/me/Documents/proj: Operation not permitted"
+    [f] = checks.workdir_write(HostProbe(mac.hosts[0], facts(os="Darwin", home="/Users/me", workdir_write=denied)))
+    assert f.status == FAIL and f.detail == f"cannot write in /Users/me/Documents/proj: {denied}"
+    assert "Full Disk Access" in f.fix and "~/Documents" in f.fix
+    [g] = checks.workdir_write(HostProbe(mac.hosts[1], facts(os="Darwin", home="/Users/me",
+                                                             workdir_write="Permission denied")))
+    assert g.status == FAIL and g.fix == "make /Users/me/work writable on n"
+    [ok] = checks.workdir_write(HostProbe(mac.hosts[1], facts(os="Darwin", workdir_write="yes")))
+    assert ok.status == PASS and checks.workdir_write(HostProbe(mac.hosts[1], facts(os="Darwin"))) == []
 
 
 def test_dataplane_pairs_bind_failures_and_subnet():

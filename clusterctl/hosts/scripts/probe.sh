@@ -7,6 +7,7 @@ esc() { case "$1" in
 esac; }
 j() { printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")"; }
 j time "$(date +%s)"
+j home "$HOME"
 # this host's rendering of the inventory for OpenSSH: installed (atomically) unless it is there already
 if [ -n "$MESH_CONFIG_TEXT" ]; then
   if [ "$(cat "$MESH_CONFIG" 2>/dev/null)" = "$MESH_CONFIG_TEXT" ]; then j mesh_config current
@@ -31,7 +32,11 @@ j path "$PATH"
 p=$(command -v "$PY" 2>/dev/null)
 j python_path "$p"
 if [ -n "$p" ] && [ "$FULL" = yes ]; then ( j python_info "$("$PY" -c "$PYTHON_INFO" 2>&1 </dev/null | cut -c1-2000)" ) & fi
+# mpirun: on the PATH a session gets, else where Homebrew and MacPorts put it (not on sshd's PATH on a Mac:
+# docs/macos.md#homebrew-path-in-non-login-zsh)
 m=$(command -v mpirun 2>/dev/null)
+if [ -z "$m" ]; then for d in /opt/homebrew/bin /usr/local/bin /opt/local/bin; do
+  if [ -x "$d/mpirun" ]; then m=$d/mpirun; break; fi; done; fi
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
@@ -60,6 +65,14 @@ done
 if [ -n "$LIBNAME" ]; then
   if [ -e "$LIBNAME" ]; then j libname_exists yes; else j libname_exists no; fi
 fi
+# can this session write in the workdir? (on a Mac, privacy controls (TCC) stop sshd under ~/Documents,
+# ~/Desktop, iCloud and /Volumes without Full Disk Access: docs/macos.md#tcc-blocks-sshd)
+if [ "$FULL" = yes ]; then
+  t="$WD/.clusterctl-write-test.$$"
+  if e=$( { mkdir -p "$WD" && : >"$t" && rm -f "$t"; } 2>&1 ); then j workdir_write yes; else rm -f "$t" 2>/dev/null; j workdir_write "$e"; fi
+fi
+# the interpreter itself, or the script a shim runs it through (#!/usr/bin/env ...: SIP, docs/macos.md#sip-strips-dyld)
+if [ -n "$p" ] && [ "$(head -c 2 "$p" 2>/dev/null)" = "#!" ]; then j python_shebang "$(head -n 1 "$p")"; fi
 d=$WD
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
