@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from record import write_record  # noqa: E402
+from sshcluster import descendants  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 FLAGS = ["--n-layers", "2", "--dim", "64", "--mlp-dim", "128", "--block-size", "64", "--batch-size", "8",
@@ -48,25 +49,6 @@ def cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / TICK      # utime + stime
     except (OSError, IndexError, ValueError):
         return None
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def cmdline(pid: int) -> str:

@@ -21,7 +21,7 @@ import time
 
 import mlx.core as mx
 import pytest
-from sshcluster import requires_private_roots
+from sshcluster import descendants, requires_private_roots
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -95,29 +95,6 @@ def test_two_ranks_match_one_rank_with_the_double_batch(launcher, one_rank_refer
 
 
 # ---- resume after kill -9 ---------------------------------------------------------------------
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
 
 def rank_processes(launcher_pid: int) -> list[int]:
     """The trainer's rank processes under a launcher: python running clusterctl.train (mpirun's children;
