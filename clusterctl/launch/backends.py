@@ -228,11 +228,13 @@ class RankStarterBackend(Backend):
     needs_addresses = True
     install_hint = "it is part of clusterctl"
 
-    def __init__(self, name: str, fallback: Backend, benchmarked: bool = False, tune_count: str | None = None,
-                 neighbours_only: bool = False, rdma: str | None = None):
-        self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
-        self.rdma = rdma
+    def __init__(self, fallback: MLXLaunchBackend):
+        """The same MLX backend as `fallback` (mlx.launch's entry): its name, what bench measures and tunes
+        and how a tuned value is stored, its rdma layout; only who starts the ranks differs."""
+        self.fallback = fallback
         self.fallbacks = {fallback.launcher_name: fallback}
+        self.name, self.benchmarked, self.tune_count = fallback.name, fallback.benchmarked, fallback.tune_count
+        self.neighbours_only, self.rdma = fallback.neighbours_only, fallback.rdma
 
     def launcher_here(self):
         return [sys.executable]
@@ -241,22 +243,23 @@ class RankStarterBackend(Backend):
         return [python]
 
     def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
-        if where.ssh is None and not all(_runs_where(h, where) for h in cluster.hosts):
-            raise LaunchError(f"starting ranks on other hosts needs an OpenSSH client (ssh) on {where.name}")
-        ranks = []
         local_only = all(_runs_where(h, where) for h in cluster.hosts)
+        if where.ssh is None and not local_only:
+            raise LaunchError(f"starting ranks on other hosts needs an OpenSSH client (ssh) on {where.name}")
         port = free_port_block(cluster.world_size * cluster.launch.connections_per_ip) if local_only \
             else RING_STARTING_PORT
+        files = self.rank_files(cluster, port)
+        ranks = []
         for rank, host in enumerate(h for h in cluster.hosts for _ in range(h.slots)):
-            env = {**rank_env, **self.rank_env(cluster, rank, port)}
-            script = shell_command([host.python, *program[1:]], env)
-            wrapped = remote_command(script)
+            mlx = self.rank_env(cluster, rank, port)
+            env = {**rank_env, **mlx}
+            if files:
+                env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
+            wrapped = remote_command(shell_command([host.python, *program[1:]], env))
             argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
                 [where.ssh, *where.ssh_options, "--", host.name, wrapped]
             # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text
-            mlx = {k: v for k, v in env.items() if k.startswith("MLX_")}
-            mlx.update(json.loads(env.get("CLUSTERCTL_ENV_FILES", "{}")))
-            ranks.append({"rank": rank, "host": host.name, "mlx": mlx, "argv": argv})
+            ranks.append({"rank": rank, "host": host.name, "mlx": {**mlx, **files}, "argv": argv})
         spec = os.path.join(where.dir, self.hostfile_name)
         starter = os.path.join(where.dir, "ranks.py")
         files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_text("ranks.py"), None)]
@@ -264,36 +267,38 @@ class RankStarterBackend(Backend):
 
     def hostfile(self, cluster: Cluster) -> str:
         """The ranks need none; this is the hostfile mlx.launch would read for them (`clusterctl hostfile`)."""
-        return next(iter(self.fallbacks.values())).hostfile(cluster)
+        return self.fallback.hostfile(cluster)
 
-    def rank_env(self, cluster: Cluster, rank: int, port: int) -> dict[str, str]:
-        """What MLX reads besides the job's own variables, as mlx.launch 0.32 gives it (launch/mlxenv.py):
-        ring: MLX_RANK and MLX_HOSTFILE (every rank's `ip:port` list, ports counted up from `port`); jaccl:
-        MLX_RANK, MLX_IBV_DEVICES (every rank's RDMA devices) and MLX_JACCL_COORDINATOR (rank 0's address and
-        `port`). The variables that name a file get it through CLUSTERCTL_ENV_FILES: the bootstrap writes the
-        text on the rank's host and points the variable at it. A ring of one gets no hostfile."""
-        files, env = {}, {"MLX_RANK": str(rank)}
+    def rank_files(self, cluster: Cluster, port: int) -> dict[str, str]:
+        """The files MLX reads by path, by the variable that names them, with their text, as mlx.launch 0.32
+        writes them (launch/mlxenv.py): ring, MLX_HOSTFILE (every rank's `ip:port` list, ports counted up
+        from `port`; none for a ring of one); jaccl, MLX_IBV_DEVICES (every rank's RDMA devices). The same
+        for every rank: the bootstrap writes them on the rank's host from CLUSTERCTL_ENV_FILES and points
+        each variable at its file."""
         try:
             if self.rdma is None:
                 text = mlxenv.ring_hostfile_json(cluster, port, cluster.launch.connections_per_ip)
-                if text:
-                    files["MLX_HOSTFILE"] = text
-            else:
-                files["MLX_IBV_DEVICES"] = mlxenv.ibv_devices_json(cluster)
-                env.update({k: v for k, v in mlxenv.jaccl_env(cluster, rank, port, "", ring=self.rdma == "ring").items()
-                            if k != "MLX_IBV_DEVICES"})
+                return {"MLX_HOSTFILE": text} if text else {}
+            return {"MLX_IBV_DEVICES": mlxenv.ibv_devices_json(cluster)}
         except ValueError as e:
             raise LaunchError(f"{e} (run clusterctl doctor)") from None
-        if files:
-            env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
-        return env
+
+    def rank_env(self, cluster: Cluster, rank: int, port: int) -> dict[str, str]:
+        """The variables rank `rank` gets besides the files: MLX_RANK; for jaccl also MLX_JACCL_COORDINATOR
+        (rank 0's address and `port`) and, for its ring variant, MLX_JACCL_RING."""
+        if self.rdma is None:
+            return {"MLX_RANK": str(rank)}
+        try:
+            env = mlxenv.jaccl_env(cluster, rank, port, "", ring=self.rdma == "ring")
+        except ValueError as e:
+            raise LaunchError(f"{e} (run clusterctl doctor)") from None
+        return {k: v for k, v in env.items() if k != "MLX_IBV_DEVICES"}
 
     def with_setting(self, cluster, setting):
-        return dataclasses.replace(cluster, launch=dataclasses.replace(
-            cluster.launch, connections_per_ip=setting["connections_per_ip"]))
+        return self.fallback.with_setting(cluster, setting)
 
     def inventory_lines(self, setting, plan):
-        return [("launch", "connections_per_ip", str(setting["connections_per_ip"]))]
+        return self.fallback.inventory_lines(setting, plan)
 
 
 def _runs_where(host, where: Where) -> bool:
@@ -330,12 +335,11 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
     MPIBackend(),
     # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours:
     # docs/mlx-distributed.md#ring-sends-to-neighbours-only)
-    RankStarterBackend("ring", MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip",
-                                                neighbours_only=True),
-                       benchmarked=True, tune_count="connections_per_ip", neighbours_only=True),
+    RankStarterBackend(MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip",
+                                        neighbours_only=True)),
     # jaccl: RDMA over Thunderbolt 5 between every pair of ranks (docs/macos.md#jaccl); its `jaccl-ring`
-    # variant would be RankStarterBackend("jaccl-ring", MLXLaunchBackend("jaccl-ring", rdma="ring"), rdma="ring")
-    RankStarterBackend("jaccl", MLXLaunchBackend("jaccl", rdma="mesh"), rdma="mesh"),
+    # variant would be RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring"))
+    RankStarterBackend(MLXLaunchBackend("jaccl", rdma="mesh")),
 )}
 
 
