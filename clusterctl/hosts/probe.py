@@ -33,6 +33,17 @@ class DataplaneSpec:
     peers: tuple[tuple[str, str, int], ...]   # (name, address, port)
 
 
+# Where Homebrew and MacPorts put mpirun: not on sshd's PATH on a Mac (docs/launchers.md#mpirun-absolute-path)
+MPIRUN_DIRS = ("/opt/homebrew/bin", "/usr/local/bin", "/opt/local/bin")
+
+
+def find_mpirun_sh() -> str:
+    """POSIX sh setting $m to mpirun's path: on the session's PATH, else in MPIRUN_DIRS; empty if neither."""
+    dirs = " ".join(MPIRUN_DIRS)
+    return (f'm=$(command -v mpirun 2>/dev/null); if [ -z "$m" ]; then for d in {dirs}; do '
+            'if [ -x "$d/mpirun" ]; then m=$d/mpirun; break; fi; done; fi')
+
+
 def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: list[str],
                  mesh_config: str | None, ssh_config: str | None, mpi_libname: str | None = None,
                  full: bool = True, rdma: bool = False) -> str:
@@ -51,6 +62,7 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
         f"FULL={'yes' if full else 'no'}", f"RDMA={'yes' if rdma else 'no'}", f"MARKER={MESH_MARKER}",
         f"PYTHON_INFO={shlex.quote(script_text('python_info.py'))}",
         f"MESH_CONFIG_TEXT={shlex.quote((mesh_config or '').rstrip(chr(10)))}", f"MESH_CONFIG=\"$WD\"/{HOST_CONFIG}",
+        f"find_mpirun() {{ {find_mpirun_sh()}; }}",
         "set --" + "".join(" " + shlex.quote(p) for p in peers),
     ])
     return values + "\n" + script_text("probe.sh")

@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..atomic import write_text
 from ..hosts.openssh import host_config_text, ssh_options
+from ..hosts.probe import find_mpirun_sh
 from ..hosts.transport import LocalTransport, Process
 from ..inventory import Cluster
 from .backends import Backend, LauncherCommand, Where, write_files
@@ -31,9 +32,7 @@ from .plan import LaunchPlan
 
 # what a launch from the first host asks it first: its home, whether we are root there, its ssh and its mpirun
 # (by absolute path, also where Homebrew puts it: sshd's PATH on a Mac does not have it)
-LAUNCH_HOST_FACTS = ('m=$(command -v mpirun); if [ -z "$m" ]; then for d in /opt/homebrew/bin /usr/local/bin '
-                     '/opt/local/bin; do if [ -x "$d/mpirun" ]; then m=$d/mpirun; break; fi; done; fi; '
-                     'printf "%s\\n%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)" "$m"')
+LAUNCH_HOST_FACTS = find_mpirun_sh() + '; printf "%s\\n%s\\n%s\\n%s" "$HOME" "$(id -u)" "$(command -v ssh)" "$m"'
 HEARTBEAT_S = 1.0          # every rank's bootstrap beats this often (supervise's hang timeout reads it)
 
 

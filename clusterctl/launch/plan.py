@@ -15,7 +15,7 @@ from ..errors import ConnectError, PreflightError
 from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
 from ..hosts.fanout import run_all
-from ..hosts.probe import HostProbe, parse_probe, probe_script
+from ..hosts.probe import MPIRUN_DIRS, HostProbe, parse_probe, probe_script
 from ..hosts.transport import quote_path
 from ..inventory import Cluster
 
@@ -71,8 +71,8 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
             if needs_mpi and not facts.get("mpirun"):
-                raise PreflightError(f"{host.name}: no mpirun on the PATH a session gets there, nor in /opt/homebrew/bin, "
-                                     "/usr/local/bin or /opt/local/bin (install Open MPI there, or use --backend ring; "
+                raise PreflightError(f"{host.name}: no mpirun on the PATH a session gets there, nor in "
+                                     f"{', '.join(MPIRUN_DIRS)} (install Open MPI there, or use --backend ring; "
                                      "`clusterctl doctor` shows more)")
             if script is not None and facts.get("script") != "yes":
                 raise PreflightError(f"{host.name}: {where} does not exist there (run copies the current directory "

@@ -1,6 +1,6 @@
 # clusterctl's probe (POSIX sh: python may be the very thing that is broken). probe_script() puts the
-# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL RDMA MARKER PYTHON_INFO MESH_CONFIG_TEXT MESH_CONFIG, and
-# the peers as "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
+# values first: PY WD LIBDIR LIBNAME SSH_CONFIG FULL RDMA MARKER PYTHON_INFO MESH_CONFIG_TEXT MESH_CONFIG, the
+# function find_mpirun, and the peers as "$@". One JSON object per line; the parser ignores anything else a chatty shell profile prints.
 esc() { case "$1" in
   *[\"\\]*|*[[:cntrl:]]*) printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g';;
   *) printf '%s' "$1";;
@@ -34,9 +34,7 @@ j python_path "$p"
 if [ -n "$p" ] && [ "$FULL" = yes ]; then ( j python_info "$("$PY" -c "$PYTHON_INFO" 2>&1 </dev/null | cut -c1-2000)" ) & fi
 # mpirun: on the PATH a session gets, else where Homebrew and MacPorts put it (not on sshd's PATH on a Mac:
 # docs/macos.md#homebrew-path-in-non-login-zsh)
-m=$(command -v mpirun 2>/dev/null)
-if [ -z "$m" ]; then for d in /opt/homebrew/bin /usr/local/bin /opt/local/bin; do
-  if [ -x "$d/mpirun" ]; then m=$d/mpirun; break; fi; done; fi
+find_mpirun      # sets m (hosts/probe.py find_mpirun_sh, shared with a launch from the first host)
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
