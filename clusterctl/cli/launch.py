@@ -181,13 +181,13 @@ class RunCommand(click.Command):
     def collect_usage_pieces(self, ctx):
         return ["[OPTIONS]", "[SCRIPT | -m MODULE] [ARGS]..."]
 
+    def takes_value(self) -> dict[str, bool]:
+        """Every spelling of run's options -> whether it takes a value (what split_run_words needs)."""
+        return {opt: not param.is_flag and not param.count for param in self.params
+                if isinstance(param, click.Option) for opt in (*param.opts, *param.secondary_opts)}
+
     def parse_args(self, ctx, args):
-        takes_value = {}
-        for param in self.params:
-            if isinstance(param, click.Option):
-                for opt in (*param.opts, *param.secondary_opts):
-                    takes_value[opt] = not param.is_flag and not param.count
-        words = split_run_words(list(args), takes_value)
+        words = split_run_words(list(args), self.takes_value())
         ctx.meta["clusterctl.run"] = words
         return super().parse_args(ctx, [*words.options, "--"])
 
@@ -251,9 +251,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     if words.trailing:
         click.echo(f"note: took {' '.join(words.trailing)} from the end of the line as clusterctl's options "
                    "(write `--` after the program to pass them to it)", err=True)
-    script, args = words.script, words.args
-    if module is not None or words.module is not None:
-        module = words.module or module
+    # -m is taken by split_run_words (click's --module only documents it), so the module is the split's
+    script, args, module = words.script, words.args, words.module
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
