@@ -29,10 +29,10 @@ DRAIN_S = 2.0           # after every rank exited, how long a pipe a grandchild 
 
 
 class Rank:
-    def __init__(self, spec, env):
+    def __init__(self, spec):
         self.rank, self.host = spec["rank"], spec["host"]
         self.proc = subprocess.Popen(spec["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env)
+                                     stderr=subprocess.PIPE)
         self.code = None
         self.open = 2                  # stdout and stderr not yet at EOF
         self.rest = {}                 # fd -> a partial line
@@ -57,7 +57,6 @@ def describe(rank, code):
 def main(argv):
     with open(argv[1], encoding="utf-8") as f:
         spec = json.load(f)
-    env = dict(os.environ)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -71,7 +70,7 @@ def main(argv):
     sel.register(wake_r, selectors.EVENT_READ, None)
     ranks = []
     for entry in spec["ranks"]:
-        r = Rank(entry, env)
+        r = Rank(entry)
         ranks.append(r)
         for stream, out in ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer)):
             sel.register(stream.fileno(), selectors.EVENT_READ, (r, out))
