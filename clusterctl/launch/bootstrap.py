@@ -233,8 +233,9 @@ try:
     wd = os.path.expanduser(workdir)
     os.makedirs(wd, exist_ok=True)
     os.chdir(wd)
-    if not os.path.isabs(os.environ.get("CLUSTERCTL_RUN_DIR", "/")):
-        os.environ["CLUSTERCTL_RUN_DIR"] = os.path.join(wd, os.environ["CLUSTERCTL_RUN_DIR"])
+    for name in ("CLUSTERCTL_RUN_DIR", "CLUSTERCTL_RESUME_DIR"):
+        if not os.path.isabs(os.environ.get(name, "/")):
+            os.environ[name] = os.path.join(wd, os.environ[name])
     lib = os.path.join(wd, ".clusterctl", "lib")
     if os.path.isdir(lib):
         sys.path.insert(0, lib)

@@ -51,6 +51,7 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
     replan: LaunchPlan | None = None  # the pre-flight found other hosts than the cached plan: launch again
     rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
+    stopped_by_user: bool = False     # Ctrl-C, SIGTERM or SIGHUP: never restarted
 
 
 PREFLIGHT_WAIT_S = 30.0
@@ -78,15 +79,24 @@ class _Preflight:
 
 
 class _Rank:
-    def __init__(self, rank: int, host: str, log_path: str):
+    def __init__(self, rank: int, host: str, log_paths: list[str]):
         self.rank, self.host = rank, host
-        self.log = open(log_path, "a", encoding="utf-8", errors="replace")
+        self.logs = [open(p, "a", encoding="utf-8", errors="replace") for p in log_paths]
         self.started = False
         self.exit_code: int | None = None
         self.wrote: bool | None = None        # left files in its run directory (reported at its exit)
         self.last_seen = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
+
+    def write(self, line: str) -> None:
+        for log in self.logs:
+            log.write(line + "\n")
+            log.flush()
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
 
 
 def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
@@ -96,9 +106,11 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     Future of discover()) verifies, while the job starts, the cached `plan` it was launched from."""
     check = _Preflight(preflight, plan)
     preflight_error: BaseException | None = None
-    ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
+    # an attempt's logs (run --max-restarts: runs/<id>/attempt-K/), and the run's, which hold every attempt
+    log_dirs = list(dict.fromkeys([launch.log_dir, launch.run_dir]))
+    ranks = [_Rank(r, h, [os.path.join(d, f"rank-{r}.log") for d in log_dirs]) for r, h in enumerate(launch.rank_hosts)]
     world = WorldCheck(len(ranks), launch.backend)
-    launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
+    launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
     lines: queue.Queue = queue.Queue()
     proc = launch.start(lines)
     readers = proc.readers
@@ -131,9 +143,10 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
             if outcome.exit_code != 0:
                 outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
     except KeyboardInterrupt:
-        outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank")
+        outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank", stopped_by_user=True)
     except SignalReceived as e:
-        outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank")
+        outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank",
+                          stopped_by_user=True)
     except ClusterctlError as e:   # the pre-flight failed: stop the job, then say why
         preflight_error = e
         outcome = Outcome(EXIT_FAILED, str(e))
@@ -147,7 +160,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
                 outcome.reason += (f"; could not confirm that every process of the run is gone on "
                                    f"{', '.join(leftover)} (look for clusterctl-run-{launch.run_id} there)")
         for r in ranks:
-            r.log.close()
+            r.close()
         launcher_log.close()
     if preflight_error is not None:
         raise preflight_error
@@ -183,8 +196,7 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
     if kind == "start":
         r.started = True
     elif kind in ("out", "err"):
-        r.log.write(payload + "\n")
-        r.log.flush()
+        r.write(payload)
         r.tail.append(payload)
         if (not rank0_only or rank == 0) and r.bar_shown.pop(kind, None) != payload:
             emit(f"[rank {rank} {r.host}] {payload}", kind == "err")

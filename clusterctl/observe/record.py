@@ -117,6 +117,15 @@ class RunRecord:
     facts: dict                            # world, backend, hosts, program
     clock: LogClock | None = None
     ended: bool = field(default=False)
+    attempts: list[dict] = field(default_factory=list)   # run --max-restarts: one entry per attempt
+
+    def attempt(self, entry: dict) -> None:
+        self.attempts.append(entry)
+
+    def lost(self, steps: int | None) -> None:
+        """The steps the last attempt lost: trained past the checkpoint the next one continues from."""
+        if self.attempts:
+            self.attempts[-1]["steps_lost"] = steps
 
     @classmethod
     def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],
@@ -140,6 +149,9 @@ class RunRecord:
         summary = {"format": 1, "run_id": self.run_id, "started": iso(self.started), "ended": iso(now),
                    "duration_s": round(now - self.started, 3), "exit_code": exit_code, "reason": reason,
                    "failed_rank": failed_rank, **self.facts}
+        if self.attempts:
+            summary["restarts"] = len(self.attempts) - 1
+            summary["attempts"] = self.attempts
         write_text(os.path.join(self.run_dir, SUMMARY), json.dumps(summary, indent=2) + "\n")
         _index({"event": "end", "run_id": self.run_id, "ended": summary["ended"],
                 "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason})

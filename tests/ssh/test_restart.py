@@ -1,0 +1,180 @@
+"""`clusterctl run --max-restarts N [--elastic MIN]` on the real loopback cluster (3 sshd hosts, each with its
+own root where `unshare -m` works), with the bundled trainer checkpointing every few steps.
+
+- kill -9 of one rank: the run restarts, resumes from the newest checkpoint and finishes; its metrics.jsonl
+  is one curve equal, step for step, to an uninterrupted run's;
+- a host whose sshd stops (its ranks die with it) under --elastic 2: the run finishes on the 2 others;
+- a program that always fails uses exactly N restarts and exits with its own code.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from sshcluster import requires_private_roots
+
+pytestmark = pytest.mark.ssh
+
+TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+STEP = re.compile(r"\] step +(\d+)/\d+ \|")
+CHECKPOINT = re.compile(r"\] step (\d+) \| checkpoint ")
+STEPS = 150
+TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
+         "--batch-size", "4", "--warmup", "5", "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
+         "--ckpt-every", "10", "--dropout", "0.1"]
+
+
+def _env(cwd):
+    return {**os.environ, "XDG_CACHE_HOME": os.path.join(str(cwd), ".cache")}
+
+
+def clusterctl(*args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=_env(cwd))
+
+
+def start(*args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "clusterctl", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=_env(cwd))
+
+
+def until_past_a_checkpoint(job, limit=180.0) -> tuple[str, list[str]]:
+    """Read the job's output until training is 2 steps past a checkpoint; (run id, lines so far)."""
+    lines, ckpt, deadline = [], None, time.monotonic() + limit
+    while time.monotonic() < deadline:
+        line = job.stdout.readline()
+        assert line, "the job ended early:\n" + "".join(lines)
+        lines.append(line)
+        if (m := CHECKPOINT.search(line)):
+            ckpt = int(m.group(1))
+        if ckpt is not None and (m := STEP.search(line)) and int(m.group(1)) >= ckpt + 2:
+            return TOKEN.search("".join(lines)).group(1), lines
+    raise AssertionError("no checkpoint in time:\n" + "".join(lines))
+
+
+def rank_pid(run_id: str, rank: int) -> int:
+    """The python of rank `rank` of this run (every simulated host is this machine)."""
+    for pid in subprocess.run(["pgrep", "-f", f"clusterctl-run-{run_id}"], capture_output=True, text=True).stdout.split():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv[0]) and b"clusterctl.train" in argv and env.get(b"MLX_RANK") == str(rank).encode():
+            return int(pid)
+    raise AssertionError(f"no rank {rank} of run {run_id}")
+
+
+def curve(run_dir) -> dict[int, tuple[float, float]]:
+    records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == sorted(set(steps)), steps           # one curve: what the failed attempt repeated is gone
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in records if "loss" in r}
+
+
+def summary(cwd, run_id):
+    with open(os.path.join(cwd, "runs", run_id, "summary.json")) as f:
+        return json.load(f)
+
+
+def nothing_left(cluster, run_id, hosts):
+    left = subprocess.run(["pgrep", "-f", f"clusterctl-run-{run_id}"], capture_output=True, text=True).stdout.split()
+    if left:
+        time.sleep(3)      # a rank's last moments after the run said it ended are not a leftover; then ask again
+        left = subprocess.run(["pgrep", "-f", f"clusterctl-run-{run_id}"], capture_output=True, text=True).stdout.split()
+    assert not left, subprocess.run(["ps", "-o", "pid,ppid,etime,args", "-p", ",".join(left)], capture_output=True,
+                                    text=True).stdout[:3000]
+    for i in hosts:
+        ps = cluster.ssh(i, "ps -eo args")
+        assert ps.returncode == 0 and f"clusterctl-run-{run_id}" not in ps.stdout
+
+
+def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_curve(make_cluster, tmp_path):
+    cluster = make_cluster(3)
+    requires_private_roots(cluster, "each host keeps its own checkpoints")
+    whole = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--", *TRAIN, cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+    reference = curve(tmp_path / "runs" / TOKEN.search(whole.stderr).group(1))
+
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--restart-delay", "1",
+                "--", *TRAIN, cwd=tmp_path)
+    try:
+        run_id, lines = until_past_a_checkpoint(job)
+        os.kill(rank_pid(run_id, 1), 9)
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    lines.append(out)
+    text = "".join(lines)
+    assert job.returncode == 0, text[-3000:]
+    assert "restart 1 of 1" in text and "resumed from" in text
+    got = curve(tmp_path / "runs" / run_id)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert got == reference          # every step, before and after the resume, as the uninterrupted run
+    s = summary(tmp_path, run_id)
+    assert s["exit_code"] == 0 and s["restarts"] == 1
+    first, second = s["attempts"]
+    assert first["outcome"] == "failed" and first["world"] == 3 and first["exit_code"] != 0
+    assert second["outcome"] == "ok" and second["world"] == 3
+    resumed = int(second["resumed_from"].split("-")[1])
+    assert resumed % 10 == 0 and resumed >= 10 and first["steps_lost"] >= 2
+    assert f"resumed from {cluster.workdir}/runs/{run_id}/checkpoints/{second['resumed_from']}" in text
+    for k in (0, 1):                                      # each attempt's own logs
+        assert (tmp_path / "runs" / run_id / f"attempt-{k}" / "rank-0.log").stat().st_size > 0
+    nothing_left(cluster, run_id, (1, 2, 3))
+
+
+def test_elastic_finishes_on_the_hosts_that_remain_when_one_stops(make_cluster, tmp_path):
+    cluster = make_cluster(3)
+    requires_private_roots(cluster, "each host keeps its own checkpoints")
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--elastic", "2",
+                "--restart-delay", "1", "--", *TRAIN, cwd=tmp_path)
+    try:
+        run_id, lines = until_past_a_checkpoint(job)
+        cluster.stop_host(3)                    # its sshd and every session under it: rank 2 dies with them
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    text = "".join(lines) + out
+    assert job.returncode == 0, text[-3000:]
+    assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in text
+    s = summary(tmp_path, run_id)
+    assert s["exit_code"] == 0 and s["restarts"] == 1
+    assert [(a["world"], a["hosts"], a["outcome"]) for a in s["attempts"]] == [
+        (3, ["h1", "h2", "h3"], "failed"), (2, ["h1", "h2"], "ok")]
+    assert s["attempts"][1]["resumed_from"].startswith("step-")
+    got = curve(tmp_path / "runs" / run_id)
+    assert sorted(got) == list(range(1, STEPS + 1))      # one curve across the world change
+    assert "this run has 2" in text                      # the trainer says the batches differ from here
+    nothing_left(cluster, run_id, (1, 2))
+
+
+def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_code(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    (tmp_path / "fail.py").write_text(
+        "import os, sys\n"
+        "print('attempt', os.environ['CLUSTERCTL_RESTART'], os.environ.get('CLUSTERCTL_RESUME_DIR', '-'), flush=True)\n"
+        "sys.exit(3)\n")
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "2",
+                   "--restart-delay", "0", "fail.py", cwd=tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    run_id = TOKEN.search(r.stderr).group(1)
+    s = summary(tmp_path, run_id)
+    assert s["exit_code"] == 3 and s["restarts"] == 2
+    assert [a["attempt"] for a in s["attempts"]] == [0, 1, 2]
+    assert all(a["outcome"] == "failed" and a["exit_code"] == 3 for a in s["attempts"])
+    assert r.stderr.count("restart ") == 2 and "restart 2 of 2" in r.stderr
+    seen = sorted(set(re.findall(r"\] attempt (\d) (\S+)", r.stdout)))
+    where = f"{cluster.workdir}/runs/{run_id}"         # absolute on the host, as CLUSTERCTL_RUN_DIR
+    assert seen == [("0", "-"), ("1", where), ("2", where)], r.stdout
+    # without --max-restarts: today's single attempt, logs directly in runs/<id>/, no restart variables
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "fail.py", cwd=tmp_path)
+    assert r.returncode == 1 and "KeyError: 'CLUSTERCTL_RESTART'" in r.stdout + r.stderr
+    once = TOKEN.search(r.stderr).group(1)
+    assert not [p for p in os.listdir(tmp_path / "runs" / once) if p.startswith("attempt-")]
+    assert "attempts" not in summary(tmp_path, once)
