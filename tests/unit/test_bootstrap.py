@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.launch.bootstrap import AWAKE, BAR_EVERY_S, BOOTSTRAP, LINES, WORLD
+from sshcluster import caffeinates
 
 SNIPPETS: dict = {}
 exec(LINES, SNIPPETS)
@@ -176,19 +177,6 @@ def _rank_with_path(tmp_path, path_dirs, program):
     return subprocess.Popen(rank_program(cluster, "1-x", str(script), []), stdout=subprocess.PIPE, text=True, env=env)
 
 
-def _caffeinates_watching(pid):
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = [a.decode() for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if any(a.endswith("/caffeinate") for a in argv[:2]) and argv[-2:] == ["-w", str(pid)]:
-            found.append(int(entry))
-    return found
-
-
 def test_a_rank_on_a_fake_mac_has_caffeinate_while_it_runs_and_none_after_even_killed(tmp_path):
     """The fake-Darwin stand-ins (a `uname` printing Darwin, a `caffeinate` that waits for -w's pid) first on
     PATH: the bootstrap starts caffeinate for the rank's own pid, stops it when the program ends, and a rank
@@ -197,15 +185,15 @@ def test_a_rank_on_a_fake_mac_has_caffeinate_while_it_runs_and_none_after_even_k
         rank = _rank_with_path(tmp_path, [str(FAKE_DARWIN_BIN)], "import os, time\nprint('pid', os.getpid())\n"
                                "time.sleep(600 if %r == 'killed' else 2)\n" % how)
         pid = int(next(l for l in rank.stdout if " out pid " in l).split()[-1])
-        assert pid == rank.pid and len(_caffeinates_watching(pid)) == 1
+        assert pid == rank.pid and len(caffeinates({pid})) == 1
         if how == "killed":
             rank.kill()
         rank.wait(30)
         rank.stdout.close()
         deadline = time.monotonic() + 5
-        while _caffeinates_watching(pid) and time.monotonic() < deadline:
+        while caffeinates({pid}) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _caffeinates_watching(pid) == []
+        assert caffeinates({pid}) == {}
     assert not (tmp_path / "refused.log").exists()            # caffeinate took every flag we gave it
 
 
@@ -216,6 +204,6 @@ def test_off_a_mac_no_caffeinate_is_started_even_when_one_is_on_path(tmp_path):
     (alone / "caffeinate").symlink_to(FAKE_DARWIN_BIN / "caffeinate")
     rank = _rank_with_path(tmp_path, [str(alone)], "import os, time\nprint('pid', os.getpid())\ntime.sleep(1)\n")
     pid = int(next(l for l in rank.stdout if " out pid " in l).split()[-1])
-    assert _caffeinates_watching(pid) == []
+    assert caffeinates({pid}) == {}
     assert rank.wait(30) == 0
     rank.stdout.close()
