@@ -110,6 +110,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def caffeinates(pids) -> dict[int, int]:
+    """The caffeinate processes on this machine (every simulated host lives here) that watch one of `pids`
+    (`caffeinate ... -w PID`, as the bootstrap starts them on a Mac): watched pid -> caffeinate's pid."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+        except (OSError, ValueError):
+            continue
+        if any(a.endswith("/caffeinate") for a in argv[:2]) and len(argv) > 2 and argv[-2] == "-w" \
+                and argv[-1].isdigit() and int(argv[-1]) in pids:
+            out[int(argv[-1])] = int(entry)
+    return out
+
+
 @dataclass
 class TestHost:
     index: int                 # 1-based: h1 is the first host
