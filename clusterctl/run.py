@@ -204,6 +204,7 @@ class _Job:
         self.policy = options.restart
         self.record: RunRecord | None = None
         self.run_id: str | None = None
+        self.run_dir = ""
         self.restarts = 0
         self.world = 0                  # the first attempt's world (the run's log files are one per rank of it)
         self.whole: Connector | None = None   # the inventory's hosts, all of them
@@ -232,7 +233,7 @@ class _Job:
                                               backend=backend.name, hosts=[h.name for h in cluster.hosts],
                                               program=program.label)
             if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
-                self.run_id = launch.run_id
+                self.run_id, self.run_dir = launch.run_id, launch.run_dir
             outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
                                 start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
                                 preflight=preflight, plan=plan)
@@ -289,14 +290,21 @@ class _Job:
         if cluster.world_size != before.world_size or cluster.names != before.names:
             self.events.reshaped(cluster.names, cluster.world_size, lost)
             if self.options.data_dir:
-                self._restage_data(cluster)
+                self._restage_data(cluster, self.run_dir)
         if not lost:
             return cluster, whole, plan
         return cluster, Connector(cluster, connect_timeout=options.connect_timeout, targets=whole.targets), plan
 
-    def _restage_data(self, cluster: Cluster) -> None:
-        raise RestartError("--elastic with --data: the shards were prepared for "
-                           f"{self.world} ranks, and the world is now {cluster.world_size}")
+    def _restage_data(self, cluster: Cluster, run_dir: str) -> None:
+        """--data on a changed world: every rank reads one equal shard, and the ranks that remain are
+        numbered again, so the shards are re-prepared (cut again from the same tokens, data.shards.reshard,
+        into runs/<id>/data-world-N/) and each host is sent its new ones; the data directory's name on the
+        hosts stays the same."""
+        where = stage_data(cluster, self.options.data_dir, connect_timeout=self.options.connect_timeout,
+                           reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
+        self.extra_env["CLUSTERCTL_DATA_DIR"] = where
+        if self.program.module == BUNDLED_TRAINER:      # run put `--data DIR` first among its arguments
+            self.args[2] = where
 
     def _note_resume_point(self, connector: Connector, launch: Launch) -> None:
         """For the bundled trainer: the checkpoint the next attempt continues from (the newest any of its hosts

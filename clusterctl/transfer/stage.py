@@ -70,12 +70,19 @@ def ship_clusterctl(cluster: Cluster, *, connect_timeout: float = 10.0,
 
 
 def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0,
-               host_key_checking: str | None = None) -> str:
+               host_key_checking: str | None = None, reshard_into: str | None = None) -> str:
     """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
-    should read. On this machine alone nothing moves: the ranks read data_dir itself."""
+    should read. On this machine alone nothing moves: the ranks read data_dir itself. With `reshard_into`
+    (an elastic restart on another world size), shards prepared for another world are first cut again
+    for this one into reshard_into/<the data directory's name> (data.shards.reshard)."""
+    from ..data.shards import reshard
     from .shards import check_world, push_shards, read_manifest, remote_dir
 
     data_dir = os.path.abspath(data_dir)
+    if reshard_into is not None and read_manifest(data_dir).world_size != cluster.world_size:
+        target = os.path.join(reshard_into, os.path.basename(data_dir.rstrip("/")))
+        reshard(data_dir, cluster.world_size, target)
+        data_dir = target
     if all(h.local for h in cluster.hosts):
         check_world(data_dir, read_manifest(data_dir), cluster)     # as push_shards would, before launching
         return data_dir

@@ -130,10 +130,13 @@ def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_cu
 
 
 def test_elastic_finishes_on_the_hosts_that_remain_when_one_stops(make_cluster, tmp_path):
+    """With shards prepared for 3 ranks (--data): the 2 that remain get the same tokens cut in 2."""
     cluster = make_cluster(3)
     requires_private_roots(cluster, "each host keeps its own checkpoints")
+    prep = clusterctl("data", "prepare", "embedded:300", "--world", "3", "--out", str(tmp_path / "tiny"), cwd=tmp_path)
+    assert prep.returncode == 0, prep.stderr
     job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--elastic", "2",
-                "--restart-delay", "1", "--", *TRAIN, cwd=tmp_path)
+                "--restart-delay", "1", "--data", str(tmp_path / "tiny"), "--", *TRAIN, cwd=tmp_path)
     try:
         run_id, lines = until_past_a_checkpoint(job)
         cluster.stop_host(3)                    # its sshd and every session under it: rank 2 dies with them
@@ -151,6 +154,10 @@ def test_elastic_finishes_on_the_hosts_that_remain_when_one_stops(make_cluster, 
     got = curve(tmp_path / "runs" / run_id)
     assert sorted(got) == list(range(1, STEPS + 1))      # one curve across the world change
     assert "this run has 2" in text                      # the trainer says the batches differ from here
+    for i in (1, 2):                                     # each remaining host holds its new shard only
+        ls = cluster.ssh(i, f"ls {cluster.workdir}/data/tiny").stdout.split()
+        assert ls == sorted([f"shard-0000{i - 1}-of-00002.bin", "val.bin", "manifest.json"]), ls
+    assert (tmp_path / "runs" / run_id / "data-world-2" / "tiny" / "manifest.json").is_file()
     nothing_left(cluster, run_id, (1, 2))
 
 
