@@ -13,8 +13,10 @@ In runs/<id>/:
   summary.json      written once, atomically, when the run has ended (after fetching its outputs):
                     {"format": 1, "run_id", "started", "ended" (ISO 8601, local time with offset),
                      "duration_s", "exit_code", "reason", "failed_rank", "world", "backend", "hosts",
-                     "program"}. Its appearing means the run is over. Readers ignore keys they do not know,
-                    so it may grow (restarts, say) without breaking them.
+                     "program"}, and for `run --max-restarts`: "restarts" and "attempts", one entry per
+                    attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
+                    lines, resumed_from, steps_lost). Its appearing means the run is over. Readers ignore
+                    keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
 ({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program"}) and
 one when it ends ({"event": "end", "run_id", "ended", "duration_s", "exit_code", "reason"}). Each line is one
