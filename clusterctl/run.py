@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import tempfile
 import time
 from concurrent.futures import wait
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from .launch import backends
 from .launch.backends import Where
 from .launch.hostfile import render as render_hostfile
 from .launch.job import Launch, prepare
-from .launch.launchers import choose_site
+from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
 from .launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
 from .launch.supervise import Outcome, supervise
@@ -50,7 +51,7 @@ from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
+from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
 DEFAULT_SLOTS = 2                     # `clusterctl run` without --hosts: two ranks on this machine
@@ -131,6 +132,7 @@ class RunEvents:
     def outputs_fetched(self, launch: Launch, fetched: list[Fetched]) -> None: ...
     def restarting(self, launch: Launch, restart: int, max_restarts: int, reason: str, delay_s: float) -> None: ...
     def reshaped(self, hosts: list[str], world: int, lost: dict[str, str]) -> None: ...
+    def spread(self, step: str, holder: str, hosts: list[str]) -> None: ...
 
 
 @dataclass
@@ -264,6 +266,9 @@ class _Job:
             time.sleep(self.policy.delay_s)
             try:
                 cluster, connector, plan = self._recheck(whole, cluster)
+                # what an earlier attempt left on a host that did not answer when it was stopped (a Mac that
+                # slept through it) would hold the ranks' ports: gone before the next launch
+                sweep(connector, self.run_id)
                 self._note_resume_point(connector, launch)
                 return cluster, connector, plan
             except ClusterctlError as e:
@@ -311,9 +316,19 @@ class _Job:
         holds, as the trainer picks it) and so the steps the failed attempt lost."""
         if self.program.module != BUNDLED_TRAINER:
             return
-        step = newest_checkpoint(connector, launch)
+        steps = checkpoint_steps(connector, launch)
+        step = max((s for s in steps.values() if s is not None), default=None)
         self.resume_point = step
         self.record.lost(steps_lost(launch.log_dir, step))
+        lacking = [h for h in connector.cluster.hosts if steps.get(h.name) != step]
+        if step is not None and lacking:     # a host that was away while it was written, back for this restart
+            holder = next(h for h in connector.cluster.hosts if steps.get(h.name) == step)
+            scratch = tempfile.mkdtemp(prefix=".spread-", dir=launch.run_dir)
+            try:
+                spread_checkpoint(connector, launch.run_id, f"step-{step:06d}", holder, lacking, scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            self.events.spread(f"step-{step:06d}", holder.name, [h.name for h in lacking])
 
     def _resumed_from(self) -> str | None:
         return None if self.resume_point is None else f"step-{self.resume_point:06d}"
@@ -331,26 +346,34 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
             "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir)}
 
 
-def newest_checkpoint(connector: Connector, launch: Launch) -> int | None:
-    """The newest checkpoint step any host of `connector`'s cluster holds in this run's directory (each
-    host keeps a full copy, train/checkpoint.py), read from checkpoints/latest; None: none yet."""
+def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | None]:
+    """host -> the newest complete checkpoint step (a step-N directory with its state.json, as the trainer
+    picks it) in this run's directory there (each host keeps a full copy, train/checkpoint.py); None: none,
+    or the host did not answer."""
     cluster = connector.cluster
-    rel = f"runs/{launch.run_id}/checkpoints/latest"
     if all(h.local for h in cluster.hosts):       # the ranks' run directory is the local one (job.py)
-        try:
-            with open(os.path.join(launch.run_dir, "checkpoints", "latest"), encoding="utf-8") as f:
-                return checkpoint_step(f.read())
-        except OSError:
-            return None
+        return {h.name: newest(_local_steps(os.path.join(launch.run_dir, "checkpoints"))) for h in cluster.hosts}
+    listing = 'for d in step-*; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
 
     def ask(host):
+        where = quote_path(f"{host.workdir.rstrip('/')}/runs/{launch.run_id}/checkpoints")
         with connector.transport(host) as t:
-            out = t.run(f"cat {quote_path(host.workdir.rstrip('/') + '/' + rel)} 2>/dev/null || true", timeout=15)
-        return checkpoint_step(out.stdout)
+            return newest(t.run(f"cd {where} 2>/dev/null && {listing}; true", timeout=15).stdout.split())
 
     group = run_all(cluster.hosts, ask, deadline=connector.connect_timeout + 20)
-    steps = [o.value for o in group.values() if o.error is None and o.value is not None]
-    return max(steps, default=None)
+    return {name: o.value if o.error is None else None for name, o in group.items()}
+
+
+def _local_steps(root: str) -> list[str]:
+    try:
+        return [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "state.json"))]
+    except OSError:
+        return []
+
+
+def newest(names: list[str]) -> int | None:
+    """The largest N of the step-N names (pure)."""
+    return max((n for n in map(checkpoint_step, names) if n is not None), default=None)
 
 
 def steps_lost(log_dir: str, resumed: int | None) -> int | None:

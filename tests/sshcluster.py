@@ -151,7 +151,7 @@ class SSHCluster:
 
     def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
                  stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset(),
-                 homebrew_mpi: bool = False):
+                 homebrew_mpi: bool = False, persistent_roots: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -171,6 +171,10 @@ class SSHCluster:
         # homebrew_mpi: on the fake Macs, Open MPI is where Homebrew puts it (/opt/homebrew/bin), which is not
         # on sshd's PATH, as on a real Mac
         self.homebrew_mpi = homebrew_mpi
+        # persistent_roots: each host's private root is a directory of its own on this disk instead of a tmpfs,
+        # so a host stopped with stop_host() comes back with start_host() holding what it held (a Mac that
+        # slept and woke), where otherwise it comes back empty
+        self.persistent_roots = persistent_roots
         self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
         self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
@@ -350,7 +354,12 @@ class SSHCluster:
             binds = dict(host.binds)
             if os.path.isfile(HOME_BASHRC):
                 binds.setdefault(HOME_BASHRC, str(self.plain_bashrc))
-            mounts = ['mount -t tmpfs -o mode=0755 tmpfs "$1"']
+            if self.persistent_roots:
+                disk = host.dir / "disk"
+                disk.mkdir(mode=0o755, exist_ok=True)
+                mounts = [f'mount --bind {shlex.quote(str(disk))} "$1"']
+            else:
+                mounts = ['mount -t tmpfs -o mode=0755 tmpfs "$1"']
             mounts += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items()]
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     " && ".join(mounts) + ' && shift && exec "$@"', "sh", str(self.host_root), *sshd]

@@ -70,6 +70,10 @@ class PrintedRun:
         click.secho(f"run {launch.run_id}: {reason}; restart {restart} of {max_restarts} in {delay_s:g}s "
                     f"(logs of the attempt that failed: {_shown(launch.log_dir)}/)", fg="yellow", err=True)
 
+    def spread(self, step, holder, hosts):
+        click.echo(f"elastic: copied checkpoint {step} from {holder} to {', '.join(hosts)} (away while it was "
+                   "written)", err=True)
+
     def reshaped(self, hosts, world, lost):
         gone = "; ".join(f"{name} ({why})" for name, why in lost.items()) or "none"
         click.secho(f"elastic: continuing on {world} rank(s) on {', '.join(hosts)}; left out: {gone}",

@@ -3,7 +3,8 @@ own root where `unshare -m` works), with the bundled trainer checkpointing every
 
 - kill -9 of one rank: the run restarts, resumes from the newest checkpoint and finishes; its metrics.jsonl
   is one curve equal, step for step, to an uninterrupted run's;
-- a host whose sshd stops (its ranks die with it) under --elastic 2: the run finishes on the 2 others;
+- a host whose sshd stops (its ranks die with it) under --elastic 2: the run goes on with the 2 others, and
+  takes the host back, with the checkpoint it missed, when it answers again;
 - a program that always fails uses exactly N restarts and exits with its own code.
 """
 import json
@@ -129,36 +130,46 @@ def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_cu
     nothing_left(cluster, run_id, (1, 2, 3))
 
 
-def test_elastic_finishes_on_the_hosts_that_remain_when_one_stops(make_cluster, tmp_path):
-    """With shards prepared for 3 ranks (--data): the 2 that remain get the same tokens cut in 2."""
-    cluster = make_cluster(3)
+def test_elastic_finishes_on_the_hosts_that_remain_and_takes_back_one_that_returns(make_cluster, tmp_path):
+    """Shards prepared for 3 ranks (--data). Host 3 stops (its sshd and every session under it: rank 2 dies
+    with them): the run goes on with 2 ranks, on the same tokens cut in 2. Host 3 comes back with its disk
+    (a Mac waking up) and rank 1 is killed: the next attempt runs on all 3 again, host 3 given the
+    checkpoint it missed."""
+    cluster = make_cluster(3, persistent_roots=True)
     requires_private_roots(cluster, "each host keeps its own checkpoints")
     prep = clusterctl("data", "prepare", "embedded:300", "--world", "3", "--out", str(tmp_path / "tiny"), cwd=tmp_path)
     assert prep.returncode == 0, prep.stderr
-    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--elastic", "2",
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "2", "--elastic", "2",
                 "--restart-delay", "1", "--data", str(tmp_path / "tiny"), "--", *TRAIN, cwd=tmp_path)
     try:
         run_id, lines = until_past_a_checkpoint(job)
-        cluster.stop_host(3)                    # its sshd and every session under it: rank 2 dies with them
+        cluster.stop_host(3)
+        _, more = until_past_a_checkpoint(job)          # the second attempt, on 2 hosts, past its own checkpoint
+        lines += more
+        assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in "".join(more)
+        cluster.start_host(3)
+        os.kill(rank_pid(run_id, 1), 9)
         out, _ = job.communicate(timeout=300)
     finally:
         job.kill()
     text = "".join(lines) + out
     assert job.returncode == 0, text[-3000:]
-    assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in text
+    assert "elastic: continuing on 3 rank(s) on h1, h2, h3; left out: none" in text
     s = summary(tmp_path, run_id)
-    assert s["exit_code"] == 0 and s["restarts"] == 1
+    assert s["exit_code"] == 0 and s["restarts"] == 2
     assert [(a["world"], a["hosts"], a["outcome"]) for a in s["attempts"]] == [
-        (3, ["h1", "h2", "h3"], "failed"), (2, ["h1", "h2"], "ok")]
-    assert s["attempts"][1]["resumed_from"].startswith("step-")
+        (3, ["h1", "h2", "h3"], "failed"), (2, ["h1", "h2"], "failed"), (3, ["h1", "h2", "h3"], "ok")]
+    first, second, third = s["attempts"]
+    assert first["resumed_from"] is None and second["resumed_from"] < third["resumed_from"]
+    assert f"elastic: copied checkpoint {third['resumed_from']} from h1 to h3" in text
     got = curve(tmp_path / "runs" / run_id)
-    assert sorted(got) == list(range(1, STEPS + 1))      # one curve across the world change
-    assert "this run has 2" in text                      # the trainer says the batches differ from here
-    for i in (1, 2):                                     # each remaining host holds its new shard only
+    assert sorted(got) == list(range(1, STEPS + 1))      # one curve across both world changes
+    assert "this run has 2" in text and "this run has 3" in text   # the trainer says the batches differ
+    for i, shard in ((1, "shard-00000-of-00003.bin"), (2, "shard-00001-of-00003.bin"), (3, "shard-00002-of-00003.bin")):
         ls = cluster.ssh(i, f"ls {cluster.workdir}/data/tiny").stdout.split()
-        assert ls == sorted([f"shard-0000{i - 1}-of-00002.bin", "val.bin", "manifest.json"]), ls
+        assert ls == sorted([shard, "val.bin", "manifest.json"]), ls
     assert (tmp_path / "runs" / run_id / "data-world-2" / "tiny" / "manifest.json").is_file()
-    nothing_left(cluster, run_id, (1, 2))
+    nothing_left(cluster, run_id, (1, 2, 3))
 
 
 def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_code(make_cluster, tmp_path):
