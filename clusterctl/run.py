@@ -237,7 +237,8 @@ class _Job:
             if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
                 self.run_id, self.run_dir = launch.run_id, launch.run_dir
             outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
-                                start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
+                                start_timeout=options.start_timeout,
+                                hang_timeout=self.policy.hang_timeout(options.hang_timeout),
                                 preflight=preflight, plan=plan)
             if outcome.replan is None:
                 break

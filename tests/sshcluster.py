@@ -415,6 +415,25 @@ class SSHCluster:
     def thaw(self, index: int) -> None:
         os.kill(self.host(index).pid, signal.SIGCONT)
 
+    def sleep_host(self, index: int) -> list[int]:
+        """A Mac going to sleep: SIGSTOP host `index`'s sshd and every session under it (the ranks there
+        included). Connections hang without a banner, open ones carry nothing. Returns what was stopped."""
+        host = self.host(index)
+        stopped = [host.pid] + descendants(host.pid)
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        return stopped
+
+    def wake_host(self, index: int, stopped: list[int]) -> None:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def restart(self, index: int, binds: dict[str, str] | None = None, **overrides: str) -> None:
         """Restart a host's sshd with sshd_config overrides and bind mounts (its private root starts empty)."""
         self.stop_host(index)

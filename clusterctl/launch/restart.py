@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from ..errors import UsageError
 
 BATCH_POLICIES = ("rank", "global")
+# A rank's bootstrap beats every second whatever its program does, so silence this long means its host
+# stopped answering (asleep, unplugged), not a slow step: a restartable run watches for it unless
+# --hang-timeout says otherwise.
+SILENT_HOST_S = 60.0
 _STEP_LINE = re.compile(r"^step +(\d+)/\d+ \|")     # the bundled trainer's report line (train/metrics.py)
 
 
@@ -60,6 +64,11 @@ class RestartPolicy:
         """After an attempt: restart unless it succeeded, the user stopped it (Ctrl-C, SIGTERM, SIGHUP), or
         the restarts are used up."""
         return exit_code != 0 and not stopped_by_user and restarts < self.max_restarts
+
+    def hang_timeout(self, given: float | None) -> float | None:
+        """--hang-timeout as given, else SILENT_HOST_S for a restartable run (without one, a sleeping host's
+        ranks would stall the others forever)."""
+        return given if given is not None or not self.enabled else SILENT_HOST_S
 
     def world_ok(self, ranks: int) -> bool:
         return ranks >= (self.elastic or 1)

@@ -172,6 +172,34 @@ def test_elastic_finishes_on_the_hosts_that_remain_and_takes_back_one_that_retur
     nothing_left(cluster, run_id, (1, 2, 3))
 
 
+def test_a_host_that_goes_to_sleep_is_noticed_by_its_silence_and_left_out(make_cluster, tmp_path):
+    """Host 3 freezes, ranks and sshd (a Mac asleep): no error ever comes, only silence. A restartable run
+    notices its ranks' heartbeats stopped, and the re-check finds the host not answering; the run finishes
+    on the 2 others. Woken afterwards, what the first attempt left there is stopped by `clusterctl kill`."""
+    cluster = make_cluster(3)
+    requires_private_roots(cluster, "each host keeps its own checkpoints")
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--elastic", "2",
+                "--restart-delay", "0", "--hang-timeout", "4", "--connect-timeout", "3", "--", *TRAIN, cwd=tmp_path)
+    frozen = []
+    try:
+        run_id, lines = until_past_a_checkpoint(job)
+        frozen = cluster.sleep_host(3)
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+        cluster.wake_host(3, frozen)
+    text = "".join(lines) + out
+    assert job.returncode == 0, text[-3000:]
+    assert "hang timeout: no output and no heartbeat from rank 2 on h3" in text
+    assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in text
+    s = summary(tmp_path, run_id)
+    assert [(a["world"], a["outcome"], a["exit_code"]) for a in s["attempts"]] == [(3, "failed", 124), (2, "ok", 0)]
+    assert s["attempts"][0]["failed_host"] == "h3"
+    k = clusterctl("kill", run_id, "--hosts", str(cluster.inventory), cwd=tmp_path)
+    assert k.returncode == 0, k.stdout + k.stderr
+    nothing_left(cluster, run_id, (1, 2, 3))
+
+
 def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_code(make_cluster, tmp_path):
     cluster = make_cluster(2)
     (tmp_path / "fail.py").write_text(

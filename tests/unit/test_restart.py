@@ -94,3 +94,9 @@ def test_the_global_batch_policy_changes_accum_to_keep_the_global_batch():
     assert elastic_batch(config, {"world_size": 2, "config": {"accum": 2}}, 2, "global").accum == 2
     with pytest.raises(ConfigError, match="cannot share equally"):
         elastic_batch(config, {"world_size": 3, "config": {"accum": 1}}, 2, "global")
+
+
+def test_a_restartable_run_watches_for_silent_hosts_unless_told_otherwise():
+    assert RestartPolicy(2).hang_timeout(None) == 60.0
+    assert RestartPolicy(2).hang_timeout(5.0) == 5.0
+    assert RestartPolicy().hang_timeout(None) is None          # today's behaviour without --max-restarts
