@@ -218,6 +218,15 @@ def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_
     seen = sorted(set(re.findall(r"\] attempt (\d) (\S+)", r.stdout)))
     where = f"{cluster.workdir}/runs/{run_id}"         # absolute on the host, as CLUSTERCTL_RUN_DIR
     assert seen == [("0", "-"), ("1", where), ("2", where)], r.stdout
+    # each attempt's logs on their own; the run's hold them all; runs says how many restarts it took
+    logs = clusterctl("logs", run_id, "--attempt", "1", cwd=tmp_path)
+    assert logs.returncode == 0 and set(re.findall(r"\] attempt (\d)", logs.stdout)) == {"1"}, logs.stdout
+    assert set(re.findall(r"\] attempt (\d)", clusterctl("logs", run_id, cwd=tmp_path).stdout)) == {"0", "1", "2"}
+    bad = clusterctl("logs", run_id, "--attempt", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and f"run {run_id} has no attempt 3 (attempts 0, 1, 2)" in bad.stderr
+    info = json.loads(clusterctl("runs", "--json", cwd=tmp_path).stdout)[0]
+    assert info["run_id"] == run_id and info["restarts"] == 2
+    assert "exit 3: rank" in clusterctl("runs", cwd=tmp_path).stdout and "after 2 restarts" in clusterctl("runs", cwd=tmp_path).stdout
     # without --max-restarts: today's single attempt, logs directly in runs/<id>/, no restart variables
     r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "fail.py", cwd=tmp_path)
     assert r.returncode == 1 and "KeyError: 'CLUSTERCTL_RESTART'" in r.stdout + r.stderr
