@@ -41,6 +41,10 @@ from .world import WorldCheck
 
 FINISH_TIMEOUT_S = 30.0
 TAIL_LINES = 10
+# After a rank fails, how long to listen for the rank starter's word that another rank died without
+# reporting its exit (killed, its host gone; hosts/scripts/ranks.py): that one is the cause, not the ranks
+# that failed after losing it.
+CAUSE_WAIT_S = 0.5
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Outcome:
     replan: LaunchPlan | None = None  # the pre-flight found other hosts than the cached plan: launch again
     rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
     stopped_by_user: bool = False     # Ctrl-C, SIGTERM or SIGHUP: never restarted
+    lost: bool = False                # the failed rank died without reporting its exit (the rank starter said)
 
 
 PREFLIGHT_WAIT_S = 30.0
@@ -116,21 +121,31 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     readers = proc.readers
     started_at = time.monotonic()
     outcome: Outcome | None = None
+    failed: Outcome | None = None           # a rank's failure, held CAUSE_WAIT_S for a rank lost before it
+    failed_at = 0.0
     previous = _stop_on_signals()
     try:
         while outcome is None:
+            if failed is not None and (failed.lost or time.monotonic() - failed_at > CAUSE_WAIT_S):
+                outcome = failed
+                break
             try:
-                is_err, line = lines.get(timeout=0.2)
+                is_err, line = lines.get(timeout=0.05 if failed is not None else 0.2)
             except queue.Empty:
                 line = None
             if line is not None:
                 ended = _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world)
                 if ended is not None and world.wrong:     # the world check's line names the cause
                     outcome = _world_verdict(world, ranks, force=ended.exit_code == 0)
-                elif ended is not None and ended.exit_code == 0:
+                elif ended is not None and ended.exit_code == 0 and failed is None:
                     outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world)
+                elif ended is not None and ended.exit_code != 0:
+                    if failed is None or ended.lost:
+                        failed, failed_at = ended, failed_at or time.monotonic()
                 else:
-                    outcome = ended or _world_verdict(world, ranks)
+                    outcome = _world_verdict(world, ranks)
+                continue
+            if failed is not None:
                 continue
             if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
                 outcome = _world_verdict(world, ranks, force=True) or _launcher_ended(proc.returncode, ranks, launcher_log)
@@ -207,6 +222,10 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
             emit(f"[rank {rank} {r.host}] {text}", stream == "err")
     elif kind == "world":
         world.report(rank, r.host, payload, time.monotonic())
+    elif kind == "lost":       # the rank starter: the rank died, status <code>, without its own exit line
+        code = int(payload) if payload.lstrip("-").isdigit() else 1
+        r.exit_code = 128 - code if code < 0 else code
+        return Outcome(r.exit_code, f"rank {rank} on {r.host} {_lost(code)}", failed_rank=rank, lost=True)
     elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
         code, _, wrote = payload.partition(" ")
         r.exit_code = int(code) if code.lstrip("-").isdigit() else 1
@@ -216,6 +235,21 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
         if all(x.exit_code == 0 for x in ranks):
             return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
     return None
+
+
+def _lost(code: int) -> str:
+    """What a rank's status says when it died without reporting (pure): killed by a signal (the watchdog
+    shell's 128 + N, or the starter's own child), or its ssh gone (255: the host went away)."""
+    if code < 0 or 128 < code < 192:
+        number = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"was killed by {name}"
+    if code == 255:
+        return "lost its ssh connection (status 255): the host went away, or refused it"
+    return f"ended with status {code} without reporting its exit"
 
 
 def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world) -> Outcome:

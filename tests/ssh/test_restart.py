@@ -22,7 +22,7 @@ pytestmark = pytest.mark.ssh
 TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 STEP = re.compile(r"\] step +(\d+)/\d+ \|")
 CHECKPOINT = re.compile(r"\] step (\d+) \| checkpoint ")
-STEPS = 150
+STEPS = 60
 TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
          "--batch-size", "4", "--warmup", "5", "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
          "--ckpt-every", "10", "--dropout", "0.1"]
@@ -120,7 +120,10 @@ def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_cu
     s = summary(tmp_path, run_id)
     assert s["exit_code"] == 0 and s["restarts"] == 1
     first, second = s["attempts"]
-    assert first["outcome"] == "failed" and first["world"] == 3 and first["exit_code"] != 0
+    assert first["outcome"] == "failed" and first["world"] == 3 and first["exit_code"] == 137
+    # the killed rank is named, not the ranks that failed after losing it
+    assert (first["failed_rank"], first["failed_host"]) == (1, "h2")
+    assert first["reason"] == "rank 1 on h2 was killed by SIGKILL"
     assert second["outcome"] == "ok" and second["world"] == 3
     resumed = int(second["resumed_from"].split("-")[1])
     assert resumed % 10 == 0 and resumed >= 10 and first["steps_lost"] >= 2
@@ -160,6 +163,8 @@ def test_elastic_finishes_on_the_hosts_that_remain_and_takes_back_one_that_retur
     assert [(a["world"], a["hosts"], a["outcome"]) for a in s["attempts"]] == [
         (3, ["h1", "h2", "h3"], "failed"), (2, ["h1", "h2"], "failed"), (3, ["h1", "h2", "h3"], "ok")]
     first, second, third = s["attempts"]
+    assert first["failed_host"] == "h3" and "lost its ssh connection" in first["reason"]
+    assert second["reason"] == "rank 1 on h2 was killed by SIGKILL"
     assert first["resumed_from"] is None and second["resumed_from"] < third["resumed_from"]
     assert f"elastic: copied checkpoint {third['resumed_from']} from h1 to h3" in text
     got = curve(tmp_path / "runs" / run_id)

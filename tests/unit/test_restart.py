@@ -100,3 +100,12 @@ def test_a_restartable_run_watches_for_silent_hosts_unless_told_otherwise():
     assert RestartPolicy(2).hang_timeout(None) == 60.0
     assert RestartPolicy(2).hang_timeout(5.0) == 5.0
     assert RestartPolicy().hang_timeout(None) is None          # today's behaviour without --max-restarts
+
+
+def test_a_rank_that_died_without_reporting_is_described_by_its_status():
+    from clusterctl.launch.supervise import _lost
+
+    assert _lost(137) == "was killed by SIGKILL" and _lost(-9) == "was killed by SIGKILL"
+    assert _lost(143) == "was killed by SIGTERM"
+    assert _lost(255).startswith("lost its ssh connection (status 255)")
+    assert _lost(3) == "ended with status 3 without reporting its exit"
