@@ -26,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import time
 from concurrent.futures import wait
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ from .launch.job import Launch, prepare
 from .launch.launchers import choose_site
 from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
 from .launch.supervise import Outcome, supervise
+from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord
 from .observe.runs import read_metrics
@@ -123,6 +125,8 @@ class RunEvents:
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
     def output(self, text: str, is_err: bool) -> None: ...
+    def watching(self, launch: Launch, live: LiveRun) -> None: ...   # the ranks' live state, kept while supervised
+    def watched(self, launch: Launch) -> None: ...                   # supervision ended, whatever the way
     def fetched(self, launch: Launch, host: str, remote_dir: str, files: int, nbytes: int) -> None: ...
     def fetch_failed(self, launch: Launch, host: str, remote_dir: str, error: BaseException) -> None: ...
     def outputs_fetched(self, launch: Launch, fetched: list[Fetched]) -> None: ...
@@ -173,9 +177,14 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
             events.started(launch, program.label, cluster.world_size, backend.name)
             record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size, backend=backend.name,
                                      hosts=[h.name for h in cluster.hosts], program=program.label)
-            outcome = supervise(launch, connector, emit=events.output, rank0_only=options.rank0_only,
-                                start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
-                                preflight=preflight, plan=plan)
+            live = LiveRun(launch.rank_hosts, time.monotonic())
+            events.watching(launch, live)
+            try:
+                outcome = supervise(launch, connector, emit=events.output, rank0_only=options.rank0_only,
+                                    start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
+                                    preflight=preflight, plan=plan, status=live.update)
+            finally:
+                events.watched(launch)
             if outcome.replan is None:
                 break
             events.relaunching(launch, outcome.reason)

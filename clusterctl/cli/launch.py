@@ -11,7 +11,7 @@ import click
 from ..launch import backends
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
-from . import app
+from . import app, panel
 from .console import one_line, size
 
 
@@ -51,7 +51,11 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 
 class PrintedRun:
     """`run`'s events (run.RunEvents: every method of it) as lines: progress on stderr, the ranks' output
-    on stdout / stderr."""
+    on stdout / stderr; with `live`, the ranks' panel under them while the job runs (cli/panel.py)."""
+
+    def __init__(self, live: bool = False):
+        self.live = live
+        self.panel: panel.Panel | None = None
 
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
@@ -67,7 +71,19 @@ class PrintedRun:
         click.echo(f"run {launch.run_id}: {reason}", err=True)
 
     def output(self, text, is_err):
-        click.echo(text, err=is_err)
+        if self.panel is not None:
+            self.panel.print(text)
+        else:
+            click.echo(text, err=is_err)
+
+    def watching(self, launch, live):
+        if self.live:
+            self.panel = panel.Panel(live)
+
+    def watched(self, launch):
+        if self.panel is not None:
+            self.panel.stop()
+            self.panel = None
 
     def fetched(self, launch, host, remote_dir, files, nbytes):
         click.echo(f"run {launch.run_id}: copied {files} file(s), {size(nbytes)} from {host}:{remote_dir} "
@@ -105,7 +121,7 @@ def _shown(path):
 # Options that name the launch itself, never a program's: a block of clusterctl options written after the
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
-               "--no-preflight", "--rank0-only", "--start-timeout", "--hang-timeout", "--runs-dir")
+               "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--runs-dir")
 
 
 @dataclass(frozen=True)
@@ -202,6 +218,8 @@ class RunCommand(click.Command):
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; launch nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip checking SSH, python and the script on every host first.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (every rank is still logged).")
+@click.option("--plain", is_flag=True,
+              help="No live panel of the ranks under the output (it is drawn only on a terminal anyway).")
 @click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
 @click.option("--hang-timeout", type=float, metavar="S", help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
@@ -225,7 +243,7 @@ class RunCommand(click.Command):
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
-def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
+def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, plain, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
             fetch_all_ranks, data_dir):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
@@ -258,7 +276,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
                          launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir)
-    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun())
+    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel.wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))
