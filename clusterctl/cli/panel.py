@@ -65,7 +65,7 @@ def render(snap: Snapshot):
         table.add_row(str(r.rank), r.host, Text(r.state, style=STATE_STYLE.get(r.state, "")), step,
                       _num(r.loss, "{:.4f}"), _num(r.tokens_per_s, "{:,.0f}"), _num(r.peak_mem_mb, "{:,.1f} MB"),
                       _num(r.since_seen_s, "{:.1f}s ago"), f"{r.lines_per_s:.1f}")
-    return Group(Text("run: " + "  ".join(parts), style="bold"), table)
+    return Group(Text("job: " + "  ".join(parts), style="bold"), table)
 
 
 def clock(seconds: float) -> str:

@@ -38,7 +38,7 @@ class JobRow:
     elapsed_s: float
     step: int | None                # the slowest reporting rank's
     total_steps: int | None
-    eta_s: float | None             # from the step rate; None until two steps are known
+    eta_s: float | None             # from the step rate, counting down since the last step; None until two steps are known
     tokens_per_s: float | None      # the ranks' sum
 
 
@@ -111,7 +111,7 @@ class LiveRun:
             if step is not None and total and len(self._steps) >= 2:
                 (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
                 if t1 > t0 and s1 > s0:
-                    eta = max(0, total - step) / ((s1 - s0) / (t1 - t0))
+                    eta = max(0.0, max(0, total - step) / ((s1 - s0) / (t1 - t0)) - (now - t1))
             rates = [row.tokens_per_s for row in rows if row.tokens_per_s is not None]
             job = JobRow(now - self.started, step, total, eta, sum(rates) if rates else None)
         return Snapshot(rows, job)
