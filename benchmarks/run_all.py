@@ -106,8 +106,17 @@ def _train(r: dict) -> str:
             f"tokens/s abs.: {tps}")
 
 
+def _panel(r: dict) -> str:
+    q = r["results"]
+    cpu = ""
+    if q["panel"]["clusterctl_cpu"] is not None and q["plain"]["clusterctl_cpu"] is not None:
+        cpu = f"; clusterctl CPU {q['panel']['clusterctl_cpu'] * 100:.1f}% vs {q['plain']['clusterctl_cpu'] * 100:.1f}% of a core"
+    return (f"trainer tokens/s with the live panel / --plain: {q['ratio']['median']:.3f} (pairs "
+            f"{q['ratio']['pairs_min']:.3f}..{q['ratio']['pairs_max']:.3f}){cpu}")
+
+
 SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
-             "prepare": _prepare, "train": _train}
+             "prepare": _prepare, "train": _train, "panel": _panel}
 
 
 def _generic(r: dict) -> str:

@@ -11,7 +11,7 @@ import click
 from ..launch import backends
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
-from . import app, panel
+from . import app
 from .console import one_line, size
 
 
@@ -55,7 +55,7 @@ class PrintedRun:
 
     def __init__(self, live: bool = False):
         self.live = live
-        self.panel: panel.Panel | None = None
+        self.panel = None
 
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
@@ -78,7 +78,8 @@ class PrintedRun:
 
     def watching(self, launch, live):
         if self.live:
-            self.panel = panel.Panel(live)
+            from .panel import Panel      # imports rich: only when a panel is drawn
+            self.panel = Panel(live)
 
     def watched(self, launch):
         if self.panel is not None:
@@ -110,6 +111,11 @@ class PrintedRun:
                 click.secho(f"run {launch.run_id}: could not fetch {f.source} from {f.host} ({one_line(f.error)}); "
                             "it is still there", fg="yellow", err=True)
         click.echo(f"run {launch.run_id}: logs and metrics in {_shown(launch.run_dir)}/", err=True)
+
+
+def panel_wanted(plain: bool) -> bool:
+    """run's live panel is drawn only on a terminal: stdout and stderr both a tty, and no --plain."""
+    return not plain and sys.stdout.isatty() and sys.stderr.isatty()
 
 
 def _shown(path):
@@ -276,7 +282,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
                          launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir)
-    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel.wanted(plain)))
+    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))

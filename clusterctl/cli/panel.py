@@ -1,13 +1,23 @@
 """run's live panel: observe/live.py's snapshot, drawn with rich under the scrolling `[rank N host]` lines.
 
-rich's Live keeps the panel at the bottom of the terminal: a line printed through its console goes above
-the panel, whole, and the panel is redrawn from rich's own timer (REFRESH_PER_S) at the terminal's current
-width and height, so a resize is redrawn at the next tick. rich is imported only when a panel is shown.
+rich's Live keeps the panel at the bottom of the terminal: what is printed through its console goes above
+the panel, whole, and the panel is redrawn at the terminal's current width and height (a resize is drawn at
+the next tick). Everything is written from rich's own timer thread, REFRESH_PER_S times a second: the
+output lines that arrived since the last tick in one write, then the panel once. Redrawing the panel under
+each line instead costs about a millisecond of CPU per line (benchmarks/RESULTS.md). This module imports
+rich; cli/launch.py imports it only when a panel is drawn.
 """
 from __future__ import annotations
 
-import sys
+import threading
 import time
+
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
 
 from ..observe.live import LiveRun, Snapshot
 
@@ -15,41 +25,62 @@ REFRESH_PER_S = 4
 STATE_STYLE = {"starting": "yellow", "running": "green", "finished": "dim", "failed": "bold red"}
 
 
-def wanted(plain: bool) -> bool:
-    """The panel is drawn only on a terminal: stdout and stderr both a tty, and no --plain."""
-    return not plain and sys.stdout.isatty() and sys.stderr.isatty()
-
-
 class Panel:
     def __init__(self, live: LiveRun):
-        from rich.console import Console
-        from rich.live import Live
-
         self.state = live
-        self.console = Console(highlight=False, markup=False, emoji=False)
-        self.live = Live(console=self.console, get_renderable=self._render, refresh_per_second=REFRESH_PER_S,
-                         transient=False, redirect_stdout=True, redirect_stderr=True)
+        self._pending: list[str] = []
+        self._lock = threading.Lock()
+        self.live = _Live(self._take_lines, console=Console(highlight=False, markup=False, emoji=False),
+                          get_renderable=self._render, refresh_per_second=REFRESH_PER_S, transient=False)
         self.live.start()
 
     def print(self, text: str) -> None:
-        """One output line, above the panel (rank stderr too: the panel owns the terminal while it runs)."""
-        self.console.out(text, highlight=False)
+        """One output line (rank stderr too: the panel owns the terminal while it runs), shown above the
+        panel at the next tick."""
+        with self._lock:
+            self._pending.append(text)
 
     def stop(self) -> None:
-        """The last state stays on screen; the cursor is shown again."""
+        """The lines still queued are printed, the last state stays on screen, the cursor is shown again."""
         self.live.stop()
+
+    def _take_lines(self) -> list[str]:
+        with self._lock:
+            lines, self._pending = self._pending, []
+        return lines
 
     def _render(self):
         return render(self.state.snapshot(time.monotonic()))
 
 
+class _Live(Live):
+    """rich's Live that, at each refresh, first prints the lines queued since the last one."""
+
+    def __init__(self, take_lines, **kwargs):
+        super().__init__(**kwargs)
+        self._take_lines = take_lines
+
+    def refresh(self) -> None:
+        lines = self._take_lines()
+        if lines:
+            self.console.print(_Lines(lines), crop=False, soft_wrap=True)
+        super().refresh()
+
+
+class _Lines:
+    """Lines written as they are: no markup, no wrapping by rich (the terminal wraps a long one)."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+
+    def __rich_console__(self, console, options):
+        for line in self.lines:
+            yield Segment(line)
+            yield Segment.line()
+
+
 def render(snap: Snapshot):
     """The panel for one snapshot: a line for the job, a row per rank."""
-    from rich import box
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
     job = snap.job
     parts = [f"elapsed {clock(job.elapsed_s)}"]
     if job.step is not None:

@@ -140,7 +140,7 @@ def test_the_panel_renders_a_row_per_rank_and_the_job_line():
 
 
 def test_no_panel_without_a_terminal_or_with_plain():
-    from clusterctl.cli.panel import wanted
+    from clusterctl.cli.launch import panel_wanted
 
-    assert wanted(plain=True) is False
-    assert wanted(plain=False) is (sys.stdout.isatty() and sys.stderr.isatty())
+    assert panel_wanted(plain=True) is False
+    assert panel_wanted(plain=False) is (sys.stdout.isatty() and sys.stderr.isatty())
