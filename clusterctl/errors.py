@@ -169,6 +169,12 @@ class PreflightError(ClusterctlError):
     """A host is not ready for the launch: python, the script or the module is missing there (exit 1)."""
 
 
+class RestartError(ClusterctlError):
+    """A restart (run --max-restarts) cannot go on: too few hosts answer for --elastic."""
+
+    exit_code = EXIT_CONNECT
+
+
 class SignalReceived(Exception):
     """SIGTERM or SIGHUP reached `run`: raised in the main thread to stop the job like Ctrl-C does.
     Not a ClusterctlError: it is caught by the supervisor, never shown as an error."""

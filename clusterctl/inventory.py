@@ -9,13 +9,14 @@ applied later, for user/port/identity) > built-in defaults.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
@@ -131,6 +132,17 @@ class Cluster:
         clusterctl as its python: what `clusterctl run` uses without an inventory."""
         host = Host(name="localhost", rank=0, line=1, python=sys.executable, workdir=workdir, slots=slots, local=True)
         return cls("(this machine)", (host,), launch=LaunchSettings(backend=backend))
+
+    def subset(self, names: Iterable[str]) -> "Cluster":
+        """The cluster of these hosts alone, in inventory order, ranks renumbered from 0 (what an elastic
+        restart runs on when some hosts do not answer). jaccl's per-rank RDMA lists name every rank of the
+        whole cluster, so they cannot shrink: such a cluster is refused by the caller."""
+        keep, rank, hosts = set(names), 0, []
+        for h in self.hosts:
+            if h.name in keep:
+                hosts.append(dataclasses.replace(h, rank=rank))
+                rank += h.slots
+        return dataclasses.replace(self, hosts=tuple(hosts))
 
     def host(self, name: str) -> Host:
         for h in self.hosts:

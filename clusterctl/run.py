@@ -26,31 +26,33 @@ import os
 import re
 import shlex
 import shutil
+import tempfile
 import time
 from concurrent.futures import wait
 from dataclasses import dataclass
 
 from .atomic import write_text
 from .transfer.shards import MANIFEST
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, UsageError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, RestartError, ShardError, UsageError
 from .hosts.connector import Connector
-from .hosts.fanout import GroupResult, in_background
+from .hosts.fanout import GroupResult, in_background, run_all
 from .hosts.openssh import ssh_options
-from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
+from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S, quote_path
 from .inventory import Cluster
 from .launch import backends
 from .launch.backends import Where
 from .launch.hostfile import render as render_hostfile
 from .launch.job import Launch, prepare
-from .launch.launchers import choose_site
-from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
+from .launch.launchers import choose_site, sweep
+from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
+from .launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
 from .launch.supervise import Outcome, supervise
 from .observe.live import LiveRun
 from .observe.plot import plot_run
-from .observe.record import RunRecord
+from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
+from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
 DEFAULT_SLOTS = 2                     # `clusterctl run` without --hosts: two ranks on this machine
@@ -78,6 +80,7 @@ class RunOptions:
     fetch_all_ranks: bool = False     # fetch_paths from every host, into runs/<id>/host-<name>/
     data_dir: str | None = None       # shards from `clusterctl data prepare`
     project_dir: str | None = None    # default: the current directory
+    restart: RestartPolicy = RestartPolicy()   # --max-restarts, --restart-delay, --elastic, --elastic-batch
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class RunEvents:
     def fetched(self, launch: Launch, host: str, remote_dir: str, files: int, nbytes: int) -> None: ...
     def fetch_failed(self, launch: Launch, host: str, remote_dir: str, error: BaseException) -> None: ...
     def outputs_fetched(self, launch: Launch, fetched: list[Fetched]) -> None: ...
+    def restarting(self, launch: Launch, restart: int, max_restarts: int, reason: str, delay_s: float) -> None: ...
+    def reshaped(self, hosts: list[str], world: int, lost: dict[str, str]) -> None: ...
+    def spread(self, step: str, holder: str, hosts: list[str]) -> None: ...
 
 
 @dataclass
@@ -155,44 +161,27 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
     backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
     backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
+    policy = options.restart
+    policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
+                 bundled_fsdp=program.module == BUNDLED_TRAINER and bundled_strategy(program.args) == "fsdp")
     args = list(program.argv[1])
     extra_env: dict[str, str] = {}
     if not options.dry_run:
         extra_env = stage(cluster, options, program, project, events)
         if options.data_dir and program.module == BUNDLED_TRAINER:
             args = [args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *args[1:]]
+    if policy.elastic is not None:
+        extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
-    site = choose_site(cluster, backend, options.launch_from, connector)
-    if site.host is not None:
-        events.launching_from(site.host.name, backend.launcher_label)
-    record: RunRecord | None = None
+    job = _Job(options, program, backend, args, extra_env, events)
+    launch, outcome = job.attempt(cluster, connector, plan, preflight)
+    if outcome is None:
+        return RunResult(launch, None)
     try:
-        while True:
-            launch = prepare(cluster, plan, script=program.argv[0], args=args, backend=backend,
-                             runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
-                             extra_env=extra_env)
-            if options.dry_run:
-                return RunResult(launch, None)
-            events.started(launch, program.label, cluster.world_size, backend.name)
-            record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size, backend=backend.name,
-                                     hosts=[h.name for h in cluster.hosts], program=program.label)
-            live = LiveRun(launch.rank_hosts, time.monotonic())
-            events.watching(launch, live)
-            try:
-                outcome = supervise(launch, connector, emit=events.output, rank0_only=options.rank0_only,
-                                    start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
-                                    preflight=preflight, plan=plan, status=live.update)
-            finally:
-                events.watched(launch)
-            if outcome.replan is None:
-                break
-            events.relaunching(launch, outcome.reason)
-            record.end(outcome.exit_code, outcome.reason)
-            plan, preflight = outcome.replan, None
-            remember_plan(cluster, plan)
-        if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
-            remember_plan(cluster, preflight.result())
+        while policy.should_restart(outcome.stopped_by_user, outcome.exit_code, job.restarts):
+            cluster, connector, plan = job.restart(launch, outcome, cluster, connector)
+            launch, outcome = job.attempt(cluster, connector, plan, None)
         # rank 0 runs on the first host and says whether it left anything in the run directory there
         if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:
             _fetch(connector, launch, events)
@@ -202,13 +191,211 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         if program.module == BUNDLED_TRAINER:
             _plot_losses(launch)
     except BaseException as e:
-        if record is not None:
-            record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
+        job.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
                        f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
         raise
     result = RunResult(launch, outcome)
-    record.end(result.exit_code, outcome.reason, outcome.failed_rank)
+    job.record.end(result.exit_code, outcome.reason, outcome.failed_rank)
     return result
+
+
+class _Job:
+    """One `run`: its attempts (one, or up to 1 + --max-restarts), each launched, supervised and recorded."""
+
+    def __init__(self, options: RunOptions, program: Program, backend, args: list[str], extra_env: dict[str, str],
+                 events: RunEvents):
+        self.options, self.program, self.backend, self.args = options, program, backend, args
+        self.extra_env, self.events = extra_env, events
+        self.policy = options.restart
+        self.record: RunRecord | None = None
+        self.run_id: str | None = None
+        self.run_dir = ""
+        self.restarts = 0
+        self.world = 0                  # the first attempt's world (the run's log files are one per rank of it)
+        self.whole: Connector | None = None   # the inventory's hosts, all of them
+        self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
+
+    def attempt(self, cluster: Cluster, connector: Connector, plan: LaunchPlan, preflight):
+        """Launch and supervise one attempt to its end, launching again at once when the pre-flight finds the
+        hosts changed since the cached plan. (launch, outcome), outcome None for a dry run."""
+        options, backend, program = self.options, self.backend, self.program
+        site = choose_site(cluster, backend, options.launch_from, connector)
+        if site.host is not None:
+            self.events.launching_from(site.host.name, backend.launcher_label)
+        attempt = self.restarts if self.policy.enabled else None
+        started = time.time()
+        self.whole = self.whole or connector
+        while True:
+            launch = prepare(cluster, plan, script=program.argv[0], args=self.args, backend=backend,
+                             runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
+                             extra_env=self.extra_env, run_id=self.run_id, restart=attempt)
+            if options.dry_run:
+                return launch, None
+            self.events.started(launch, program.label, cluster.world_size, backend.name)
+            if self.record is None:
+                self.world = cluster.world_size
+                self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
+                                              backend=backend.name, hosts=[h.name for h in cluster.hosts],
+                                              program=program.label)
+            if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
+                self.run_id, self.run_dir = launch.run_id, launch.run_dir
+            live = LiveRun(launch.rank_hosts, time.monotonic())
+            self.events.watching(launch, live)
+            try:
+                outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
+                                    start_timeout=options.start_timeout,
+                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout),
+                                    preflight=preflight, plan=plan, status=live.update)
+            finally:
+                self.events.watched(launch)
+            if outcome.replan is None:
+                break
+            self.events.relaunching(launch, outcome.reason)
+            if not self.policy.enabled:    # today's behaviour: the launch from the fresh plan is a run of its own
+                self.record.end(outcome.exit_code, outcome.reason)
+                self.record = None
+            plan, preflight = outcome.replan, None
+            remember_plan(cluster, plan)
+        if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
+            remember_plan(cluster, preflight.result())
+        if self.policy.enabled:
+            self.record.attempt(attempt_record(attempt, cluster, launch, outcome, started, self._resumed_from()))
+        return launch, outcome
+
+    def restart(self, launch: Launch, outcome: Outcome, cluster: Cluster, connector: Connector):
+        """Wait --restart-delay, re-check the hosts (the pre-flight) and return (cluster, connector, plan) of the
+        next attempt: the same hosts, or with --elastic those that answer. A re-check that fails uses up a
+        restart of its own (a Mac waking up may answer the next one); the last one's error is raised."""
+        # an elastic restart asks every host of the inventory again: one that came back is used again
+        whole = connector if self.policy.elastic is None else self.whole
+        while True:
+            self.restarts += 1
+            self.events.restarting(launch, self.restarts, self.policy.max_restarts, outcome.reason,
+                                   self.policy.delay_s)
+            time.sleep(self.policy.delay_s)
+            try:
+                cluster, connector, plan = self._recheck(whole, cluster)
+                # what an earlier attempt left on a host that did not answer when it was stopped (a Mac that
+                # slept through it) would hold the ranks' ports: gone before the next launch
+                sweep(connector, self.run_id)
+                self._note_resume_point(connector, launch)
+                return cluster, connector, plan
+            except ClusterctlError as e:
+                self.record.attempt({"attempt": self.restarts, "outcome": "pre-flight failed", "reason": str(e),
+                                     "exit_code": e.exit_code, "started": iso(time.time())})
+                if self.restarts >= self.policy.max_restarts:
+                    raise
+                outcome = Outcome(e.exit_code, f"the pre-flight failed: {e}")
+
+    def _recheck(self, whole: Connector, before: Cluster):
+        options, program = self.options, self.program
+        kwargs = {"script": program.script, "module": program.module, "needs_mpi": self.backend.needs_mpi}
+        if not options.preflight:
+            return before, whole, LaunchPlan(dict(before.hosts[0].env_dict), before.mpi.if_include)
+        if self.policy.elastic is None:
+            plan = discover(whole, **kwargs)
+            remember_plan(whole.cluster, plan)
+            return before, whole, plan
+        cluster, plan, lost = discover_reachable(whole, **kwargs)
+        why = "; ".join(f"{name}: {reason}" for name, reason in lost.items())
+        if not self.policy.world_ok(cluster.world_size):
+            raise RestartError(f"--elastic {self.policy.elastic}: only {cluster.world_size} rank(s) on the hosts that "
+                               f"answer ({why})")
+        if cluster.world_size != before.world_size or cluster.names != before.names:
+            self.events.reshaped(cluster.names, cluster.world_size, lost)
+            if self.options.data_dir:
+                self._restage_data(cluster, self.run_dir)
+        if not lost:
+            return cluster, whole, plan
+        return cluster, Connector(cluster, connect_timeout=options.connect_timeout, targets=whole.targets), plan
+
+    def _restage_data(self, cluster: Cluster, run_dir: str) -> None:
+        """--data on a changed world: every rank reads one equal shard, and the ranks that remain are
+        numbered again, so the shards are re-prepared (cut again from the same tokens, data.shards.reshard,
+        into runs/<id>/data-world-N/) and each host is sent its new ones; the data directory's name on the
+        hosts stays the same."""
+        where = stage_data(cluster, self.options.data_dir, connect_timeout=self.options.connect_timeout,
+                           reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
+        self.extra_env["CLUSTERCTL_DATA_DIR"] = where
+        if self.program.module == BUNDLED_TRAINER:      # run put `--data DIR` first among its arguments
+            self.args[2] = where
+
+    def _note_resume_point(self, connector: Connector, launch: Launch) -> None:
+        """For the bundled trainer: the checkpoint the next attempt continues from (the newest any of its hosts
+        holds, as the trainer picks it) and so the steps the failed attempt lost."""
+        if self.program.module != BUNDLED_TRAINER:
+            return
+        steps = checkpoint_steps(connector, launch)
+        step = max((s for s in steps.values() if s is not None), default=None)
+        self.resume_point = step
+        self.record.lost(steps_lost(launch.log_dir, step))
+        lacking = [h for h in connector.cluster.hosts if steps.get(h.name) != step]
+        if step is not None and lacking:     # a host that was away while it was written, back for this restart
+            holder = next(h for h in connector.cluster.hosts if steps.get(h.name) == step)
+            scratch = tempfile.mkdtemp(prefix=".spread-", dir=launch.run_dir)
+            try:
+                spread_checkpoint(connector, launch.run_id, f"step-{step:06d}", holder, lacking, scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            self.events.spread(f"step-{step:06d}", holder.name, [h.name for h in lacking])
+
+    def _resumed_from(self) -> str | None:
+        return None if self.resume_point is None else f"step-{self.resume_point:06d}"
+
+
+def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float,
+                   resumed_from: str | None) -> dict:
+    """One attempt, as summary.json lists it (README "clusterctl run --max-restarts")."""
+    failed = outcome.failed_rank
+    return {"attempt": attempt, "world": cluster.world_size, "hosts": cluster.names, "started": iso(started),
+            "ended": iso(time.time()), "outcome": "ok" if outcome.exit_code == 0 else
+            ("stopped" if outcome.stopped_by_user else "failed"), "exit_code": outcome.exit_code,
+            "reason": outcome.reason, "failed_rank": failed,
+            "failed_host": launch.rank_hosts[failed] if failed is not None and failed < len(launch.rank_hosts) else None,
+            "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir)}
+
+
+def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | None]:
+    """host -> the newest complete checkpoint step (a step-N directory with its state.json, as the trainer
+    picks it) in this run's directory there (each host keeps a full copy, train/checkpoint.py); None: none,
+    or the host did not answer."""
+    cluster = connector.cluster
+    if all(h.local for h in cluster.hosts):       # the ranks' run directory is the local one (job.py)
+        return {h.name: newest(_local_steps(os.path.join(launch.run_dir, "checkpoints"))) for h in cluster.hosts}
+    listing = 'for d in step-*; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
+
+    def ask(host):
+        where = quote_path(f"{host.workdir.rstrip('/')}/runs/{launch.run_id}/checkpoints")
+        with connector.transport(host) as t:
+            return newest(t.run(f"cd {where} 2>/dev/null && {listing}; true", timeout=15).stdout.split())
+
+    group = run_all(cluster.hosts, ask, deadline=connector.connect_timeout + 20)
+    return {name: o.value if o.error is None else None for name, o in group.items()}
+
+
+def _local_steps(root: str) -> list[str]:
+    try:
+        return [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "state.json"))]
+    except OSError:
+        return []
+
+
+def newest(names: list[str]) -> int | None:
+    """The largest N of the step-N names (pure)."""
+    return max((n for n in map(checkpoint_step, names) if n is not None), default=None)
+
+
+def steps_lost(log_dir: str, resumed: int | None) -> int | None:
+    """Steps the failed attempt trained past the checkpoint the next one continues from, by rank 0's last
+    report line (so at least this many: the report interval hides the last few)."""
+    try:
+        with open(os.path.join(log_dir, "rank-0.log"), encoding="utf-8", errors="replace") as f:
+            reached = last_step(f.read().splitlines()[-200:])
+    except OSError:
+        return None
+    if reached is None:
+        return None
+    return max(reached - (resumed or 0), 0)
 
 
 def _plot_losses(launch: Launch) -> None:

@@ -110,6 +110,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def caffeinates(pids) -> dict[int, int]:
+    """The caffeinate processes on this machine (every simulated host lives here) that watch one of `pids`
+    (`caffeinate ... -w PID`, as the bootstrap starts them on a Mac): watched pid -> caffeinate's pid."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+        except (OSError, ValueError):
+            continue
+        if any(a.endswith("/caffeinate") for a in argv[:2]) and len(argv) > 2 and argv[-2] == "-w" \
+                and argv[-1].isdigit() and int(argv[-1]) in pids:
+            out[int(argv[-1])] = int(entry)
+    return out
+
+
 @dataclass
 class TestHost:
     index: int                 # 1-based: h1 is the first host
@@ -133,7 +151,7 @@ class SSHCluster:
 
     def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
                  stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset(),
-                 homebrew_mpi: bool = False):
+                 homebrew_mpi: bool = False, persistent_roots: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -153,6 +171,10 @@ class SSHCluster:
         # homebrew_mpi: on the fake Macs, Open MPI is where Homebrew puts it (/opt/homebrew/bin), which is not
         # on sshd's PATH, as on a real Mac
         self.homebrew_mpi = homebrew_mpi
+        # persistent_roots: each host's private root is a directory of its own on this disk instead of a tmpfs,
+        # so a host stopped with stop_host() comes back with start_host() holding what it held (a Mac that
+        # slept and woke), where otherwise it comes back empty
+        self.persistent_roots = persistent_roots
         self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
         self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
@@ -332,7 +354,12 @@ class SSHCluster:
             binds = dict(host.binds)
             if os.path.isfile(HOME_BASHRC):
                 binds.setdefault(HOME_BASHRC, str(self.plain_bashrc))
-            mounts = ['mount -t tmpfs -o mode=0755 tmpfs "$1"']
+            if self.persistent_roots:
+                disk = host.dir / "disk"
+                disk.mkdir(mode=0o755, exist_ok=True)
+                mounts = [f'mount --bind {shlex.quote(str(disk))} "$1"']
+            else:
+                mounts = ['mount -t tmpfs -o mode=0755 tmpfs "$1"']
             mounts += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items()]
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     " && ".join(mounts) + ' && shift && exec "$@"', "sh", str(self.host_root), *sshd]
@@ -387,6 +414,25 @@ class SSHCluster:
 
     def thaw(self, index: int) -> None:
         os.kill(self.host(index).pid, signal.SIGCONT)
+
+    def sleep_host(self, index: int) -> list[int]:
+        """A Mac going to sleep: SIGSTOP host `index`'s sshd and every session under it (the ranks there
+        included). Connections hang without a banner, open ones carry nothing. Returns what was stopped."""
+        host = self.host(index)
+        stopped = [host.pid] + descendants(host.pid)
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        return stopped
+
+    def wake_host(self, index: int, stopped: list[int]) -> None:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def restart(self, index: int, binds: dict[str, str] | None = None, **overrides: str) -> None:
         """Restart a host's sshd with sshd_config overrides and bind mounts (its private root starts empty)."""

@@ -64,11 +64,24 @@ class PrintedRun:
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
 
     def started(self, launch, program, world, backend):
-        click.echo(f"run {launch.run_id}: {program} on {world} ranks over {backend}; logs in {launch.run_dir}",
+        click.echo(f"run {launch.run_id}: {program} on {world} ranks over {backend}; logs in {launch.log_dir}",
                    err=True)
 
     def relaunching(self, launch, reason):
         click.echo(f"run {launch.run_id}: {reason}", err=True)
+
+    def restarting(self, launch, restart, max_restarts, reason, delay_s):
+        click.secho(f"run {launch.run_id}: {reason}; restart {restart} of {max_restarts} in {delay_s:g}s "
+                    f"(logs of the attempt that failed: {_shown(launch.log_dir)}/)", fg="yellow", err=True)
+
+    def spread(self, step, holder, hosts):
+        click.echo(f"elastic: copied checkpoint {step} from {holder} to {', '.join(hosts)} (away while it was "
+                   "written)", err=True)
+
+    def reshaped(self, hosts, world, lost):
+        gone = "; ".join(f"{name} ({why})" for name, why in lost.items()) or "none"
+        click.secho(f"elastic: continuing on {world} rank(s) on {', '.join(hosts)}; left out: {gone}",
+                    fg="yellow", err=True)
 
     def output(self, text, is_err):
         if self.panel is not None:
@@ -127,7 +140,8 @@ def _shown(path):
 # Options that name the launch itself, never a program's: a block of clusterctl options written after the
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
-               "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--runs-dir")
+               "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--runs-dir",
+               "--max-restarts", "--restart-delay", "--elastic", "--elastic-batch")
 
 
 @dataclass(frozen=True)
@@ -249,9 +263,23 @@ class RunCommand(click.Command):
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="When a rank fails, a host stops answering or the launcher dies: stop every rank, wait "
+                   "--restart-delay, check the hosts again and launch again, up to N times. The bundled trainer "
+                   "continues from its newest checkpoint; other programs get CLUSTERCTL_RESTART and "
+                   "CLUSTERCTL_RESUME_DIR. Each attempt logs into runs/<id>/attempt-K/.")
+@click.option("--restart-delay", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
+              help="Seconds between an attempt's end and the next one's pre-flight.")
+@click.option("--elastic", type=click.IntRange(min=1), metavar="MIN",
+              help="With --max-restarts: restart on the hosts that answer, as long as they run at least MIN ranks "
+                   "(data-parallel only; a host that comes back is used again at the next restart).")
+@click.option("--elastic-batch", type=click.Choice(["rank", "global"]), default="rank", show_default=True,
+              help="After the world changes, keep each rank's batch (the global batch changes with the world), or "
+                   "keep the global batch by changing the bundled trainer's --accum (exported to every program "
+                   "as CLUSTERCTL_ELASTIC_BATCH).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, plain, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
-            fetch_all_ranks, data_dir):
+            fetch_all_ranks, data_dir, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -269,6 +297,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     another option that names the launch, is still taken as clusterctl's (mlx.launch-style lines), with a
     note; write `--` after SCRIPT or MODULE to give every following word to the program instead.
     """
+    from ..launch.restart import RestartPolicy
     from ..run import RunOptions, run
 
     words: RunWords = click.get_current_context().meta["clusterctl.run"]
@@ -281,7 +310,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
                          hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
                          launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
-                         fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir)
+                         fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
+                         restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch))
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:
@@ -292,7 +322,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
         return
     click.secho(f"run {launch.run_id} failed: {outcome.reason}", fg="red", err=True)
     if outcome.failed_rank is not None and outcome.tail:
-        click.echo(f"last lines of {os.path.join(launch.run_dir, f'rank-{outcome.failed_rank}.log')}:", err=True)
+        click.echo(f"last lines of {os.path.join(launch.log_dir, f'rank-{outcome.failed_rank}.log')}:", err=True)
         for line in outcome.tail:
             click.echo(f"  {line}", err=True)
     sys.exit(result.exit_code)

@@ -62,14 +62,31 @@ def runs_cmd(runs_dir, everywhere, as_json):
 @click.option("--rank", type=int, help="Only this rank's log (default: every rank, merged in time order).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 @click.option("--grep", "pattern", metavar="PATTERN", help="Only lines matching this regular expression.")
+@click.option("--attempt", type=click.IntRange(min=0), metavar="K",
+              help="A restarted run (run --max-restarts): only attempt K's logs (runs/<id>/attempt-K/; default: "
+                   "every attempt, one after the other).")
 @runs_dir_option
-def logs_cmd(run_ref, rank, follow, pattern, runs_dir):
+def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir):
     """Show a run's rank logs (RUN: an id, a prefix of one, or latest)."""
+    from dataclasses import replace
+
     from ..errors import UsageError
-    from ..observe.logs import follow_logs, rank_hosts, read_logs
-    from ..observe.runs import resolve
+    from ..observe.logs import follow_logs, rank_hosts, read_logs, run_ended
+    from ..observe.runs import attempts, resolve
 
     info = resolve(runs_dir, run_ref)
+    ended = run_ended
+    if attempt is not None:
+        there = attempts(info.dir)
+        if attempt not in there:
+            raise UsageError(f"run {info.run_id} has no attempt {attempt} (" + (
+                f"attempts {', '.join(map(str, there))})" if there else "it was not started with --max-restarts)"))
+        whole = info.dir
+        # an attempt is over when the run is, or when the next attempt has begun
+
+        def ended(_):
+            return run_ended(whole) or os.path.isdir(os.path.join(whole, f"attempt-{attempt + 1}"))
+        info = replace(info, dir=os.path.join(info.dir, f"attempt-{attempt}"))
     try:
         regex = re.compile(pattern) if pattern is not None else None
     except re.error as e:
@@ -82,12 +99,14 @@ def logs_cmd(run_ref, rank, follow, pattern, runs_dir):
         click.echo(line.text if rank is not None else f"[rank {line.rank} {line.host}] {line.text}")
 
     if follow:
-        for line in follow_logs(info, rank, regex):
+        for line in follow_logs(info, rank, regex, ended=ended):
             show(line)
         return
     lines, timed = read_logs(info, rank, regex)
     if rank is None and not timed and len(ranks) > 1:
-        click.echo(f"note: run {info.run_id} has no log-times.jsonl (made before clusterctl timed its logs): "
+        click.echo(f"note: attempt {attempt}'s logs carry no times: ranks shown one after another (without "
+                   "--attempt, the run's logs are merged in time order)" if attempt is not None else
+                   f"note: run {info.run_id} has no log-times.jsonl (made before clusterctl timed its logs): "
                    "ranks shown one after another", err=True)
     for line in lines:
         show(line)

@@ -268,18 +268,69 @@ def _encode(tok, dtype: str, batch: list[tuple[int, str]], val_fraction: float):
 
 def _copy_range(src: str, start: int, length: int, dst: str) -> str:
     """Copy `length` bytes of `src` from `start` into a new file `dst`; return their sha256."""
+    return _copy_span([src], start, length, dst)
+
+
+def _copy_span(srcs: list[str], start: int, length: int, dst: str) -> str:
+    """Copy `length` bytes of the files `srcs` read one after another as one stream, from `start`, into a
+    new file `dst`; return their sha256."""
     h = hashlib.sha256()
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        fin.seek(start)
-        left = length
-        while left:
-            block = fin.read(min(COPY_BLOCK, left))
-            if not block:
-                raise ShardError(f"{src}: ended early while splitting")
-            h.update(block)
-            fout.write(block)
-            left -= len(block)
+    left = length
+    with open(dst, "wb") as fout:
+        for src in srcs:
+            size = os.path.getsize(src)
+            if start >= size:
+                start -= size
+                continue
+            with open(src, "rb") as fin:
+                fin.seek(start)
+                start = 0
+                while left:
+                    block = fin.read(min(COPY_BLOCK, left))
+                    if not block:
+                        break
+                    h.update(block)
+                    fout.write(block)
+                    left -= len(block)
+            if not left:
+                break
+    if left:
+        raise ShardError(f"{srcs[-1]}: ended early while splitting")
     return h.hexdigest()
+
+
+def reshard(data_dir: str, world: int, out_dir: str) -> Manifest:
+    """The prepared training tokens of `data_dir` cut again into `world` equal shards in `out_dir`, for a
+    world that changed after `prepare` (an elastic restart, README "clusterctl run --elastic"). Nothing is
+    tokenized again: the shards, read in rank order, are the stream prepare cut, and it is cut again the
+    same way (what does not fill `world` equal shards is dropped); val.bin and the tokenizer file are
+    copied. Returns the new manifest."""
+    manifest = read_manifest(data_dir)
+    if world < 1:
+        raise ShardError(f"world size must be a whole number >= 1, not {world!r}")
+    size = manifest.itemsize
+    total = manifest.tokens_per_shard * manifest.world_size
+    per_shard = total // world
+    if per_shard == 0:
+        raise ShardError(f"{data_dir}: {total} training tokens cannot fill {world} shards")
+    os.makedirs(out_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".reshard-", dir=out_dir)
+    try:
+        srcs = [os.path.join(data_dir, s.file) for s in manifest.shards]
+        shards = []
+        for rank in range(world):
+            name = shard_name(rank, world)
+            digest = _copy_span(srcs, rank * per_shard * size, per_shard * size, os.path.join(staging, name))
+            shards.append(TokenFileInfo(name, per_shard, digest))
+        for name in {VAL_FILE, manifest.tokenizer.get("path")} - {None}:
+            shutil.copyfile(os.path.join(data_dir, name), os.path.join(staging, name))
+        new = Manifest(FORMAT, manifest.tokenizer, manifest.vocab_size, manifest.dtype, world, per_shard,
+                       manifest.dropped_tokens + total - per_shard * world, manifest.source, tuple(shards),
+                       manifest.val)
+        _publish(staging, out_dir, new)
+        return new
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _describe(source: str, kind: str) -> str:

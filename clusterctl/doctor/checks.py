@@ -5,7 +5,8 @@ import re
 from collections import Counter
 
 from ..hosts.facts import (JACCL_MIN_MACOS, bridge_members, choose_libmpi, ibv_device_names, libmpi_env,
-                           macos_version, rdma_state, ring_port, rsync_label, shared_subnet)
+                           macos_version, pmset_settings, power_source, rdma_state, ring_port, rsync_label,
+                           shared_subnet)
 from ..hosts.probe import MESH_MARKER, Facts, HostProbe
 from ..inventory import Cluster, Host
 from ..launch import backends, mlxenv
@@ -366,6 +367,50 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
                        "permission prompt for python", "answer Allow once on each Mac (System Settings > "
                        "Privacy & Security > Local Network)"))
     return out
+
+
+def power(p: HostProbe) -> list[Finding]:
+    """Will this Mac sleep under a job, or between jobs? (docs/macos.md#pmset-sleep-settings) While a rank
+    runs, the bootstrap holds `caffeinate -i -s`: -i holds off idle sleep on any power, -s system sleep on AC
+    power only, and neither holds a laptop whose lid is closed (unless in closed-display mode). Warnings only:
+    a sleeping host is a slow failure, not a broken one. From `pmset -g custom` and `pmset -g batt`."""
+    f = p.facts
+    if f is None or f.get("os") != "Darwin" or not f.all("pmset_custom"):
+        return []      # not a Mac, not asked (the pre-flight's short probe), or the probe was cut short
+    name = p.host.name
+    settings = pmset_settings(f.all("pmset_custom"))
+    source, battery = power_source(f.all("pmset_batt"))
+    battery = battery or "Battery Power" in settings
+    out = []
+    if source == "Battery Power":
+        out.append(Finding("power", name, WARN, "running on battery now: caffeinate -s holds only on AC power, "
+                           "and macOS sleeps a Mac whose battery runs low", f"plug {name} in"))
+    if battery:
+        out.append(Finding("power", name, WARN, "a laptop: closing its lid sleeps it mid-job whatever caffeinate "
+                           "holds, unless it is in closed-display mode (on power, with an external display and "
+                           "keyboard)", f"keep {name}'s lid open, or connect power and an external display before "
+                           "closing it"))
+        idle = _minutes(settings.get("Battery Power", {}).get("sleep"))
+        if idle:
+            out.append(Finding("power", name, WARN, f"on battery it sleeps after {idle} min idle (pmset -b sleep "
+                               f"{idle}) when no job holds it awake, and then drops off the network; a job's "
+                               "caffeinate -i holds idle sleep off, its -s does not hold on battery",
+                               f"sudo pmset -b sleep 0 on {name}, or keep it on power"))
+    ac = settings.get("AC Power", {})
+    idle = _minutes(ac.get("sleep"))
+    if idle and ac.get("womp") == "0":
+        out.append(Finding("power", name, WARN, f"on power it sleeps after {idle} min idle between jobs and does "
+                           "not wake for network access (womp 0): doctor and run cannot reach it then",
+                           f"sudo pmset -c sleep 0 on {name} (or sudo pmset -c womp 1)"))
+    if out:
+        return out
+    between = f"sleeps after {idle} min idle between jobs, woken by network access" if idle else "never idles to sleep"
+    return [Finding("power", name, PASS, f"no battery; on power it {between}; caffeinate holds it awake during a job")]
+
+
+def _minutes(value: str | None) -> int:
+    """A pmset timer (minutes; 0: never), 0 for anything else."""
+    return int(value) if value and value.isdigit() else 0
 
 
 # ---- jaccl: RDMA over Thunderbolt 5 (docs/macos.md#jaccl) ------------------------------------------------

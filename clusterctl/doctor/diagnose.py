@@ -58,7 +58,7 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
     findings += checks.dataplane(probes, cluster)
     for p in probes:
         findings += (checks.disk(p) + checks.workdir_write(p) + checks.clock(p) + checks.macos(p, cluster)
-                     + checks.jaccl(p, cluster))
+                     + checks.power(p) + checks.jaccl(p, cluster))
     t0 = time.monotonic()
     findings += _deep(cluster, probes, findings, options)
     phases["smoke"] = time.monotonic() - t0

@@ -144,3 +144,39 @@ def ibv_device_names(lines: list[str]) -> list[str]:
         if len(fields) == 2 and fields[0] != "device" and not fields[0].startswith("-"):
             names.append(fields[0])
     return names
+
+
+# ---- sleep settings on a Mac: docs/macos.md#pmset-sleep-settings -------------------------------------------
+
+def pmset_settings(lines: list[str]) -> dict[str, dict[str, str]]:
+    """`pmset -g custom`: power source -> setting -> value. pmset(1) prints a heading per power source
+    (`Battery Power:`, `AC Power:`, `UPS Power:`), then one indented `name  value` line per setting; a name
+    may hold spaces (`Sleep On Power Button 1`), and `pmset -g` may follow a value with why it is overridden
+    (`sleep  1 (sleep prevented by caffeinate)`), which is dropped. (`pmset -g` prints one listing, under
+    `Currently in use:`.)"""
+    out: dict[str, dict[str, str]] = {}
+    source = ""
+    for line in lines:
+        if not line.strip():
+            continue
+        if not line[0].isspace():
+            source = line.strip().rstrip(":") if line.rstrip().endswith(":") else source
+            continue
+        fields = re.sub(r"\s*\(.*\)\s*$", "", line).split()
+        if len(fields) >= 2:
+            out.setdefault(source, {})[" ".join(fields[:-1])] = fields[-1]
+    return out
+
+
+def power_source(lines: list[str]) -> tuple[str | None, bool]:
+    """`pmset -g batt`: (the source it is drawing from, "AC Power" or "Battery Power"; whether the Mac has an
+    internal battery, a `-InternalBattery-0 ...` line: a laptop). A Mac without a battery prints the first
+    line only."""
+    source = None
+    battery = False
+    for line in lines:
+        m = re.search(r"drawing from '([^']+)'", line)
+        if m:
+            source = m.group(1)
+        battery = battery or "InternalBattery" in line
+    return source, battery

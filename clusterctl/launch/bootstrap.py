@@ -21,6 +21,8 @@ docs/macos.md#sip-strips-dyld). It:
     removes at the end, and points each variable at its file (docs/launchers.md#our-rank-starter);
   - raises the open-file soft limit towards the hard one (a Mac's sshd session starts at 256:
     docs/macos.md#open-file-limit-256);
+  - on a Mac, keeps the host awake while the rank lives: `caffeinate -i -s -w <its pid>` (AWAKE below,
+    docs/macos.md#caffeinate-keeps-ranks-awake), started before the program and stopped when it ends;
   - under `mpirun -np 1`, finalises MPI, which MLX initialised but will not finalise
     (docs/mlx-distributed.md#mpi-world-of-one-not-finalized), through the libmpi MLX already loaded
     (MLX_MPI_LIBNAME or the default name: docs/mlx-distributed.md#mlx-mpi-libname).
@@ -158,7 +160,45 @@ def watch_world(report):
         sys.meta_path.insert(0, Finder())
 '''
 
-BOOTSTRAP = ENV_FILES + LINES + WORLD + r'''
+# Keep a Mac awake for as long as this rank lives (docs/macos.md#caffeinate-keeps-ranks-awake): caffeinate(8)
+# -i holds off idle sleep, -s system sleep (on AC power only), and -w ends caffeinate when the rank's pid is
+# gone, however it ends (kill -9 included), so nothing is left behind without carrying the run id. A Mac is
+# what `uname -s` calls Darwin, asked only when a caffeinate is on PATH (the probe asks uname too). The
+# decision is pure (caffeinate_argv), tested by exec'ing this text: tests/unit/test_bootstrap.py.
+AWAKE = r'''
+def caffeinate_argv(system, caffeinate, pid):
+    if system != "Darwin" or not caffeinate:
+        return None
+    return [caffeinate, "-i", "-s", "-w", str(pid)]
+
+def keep_awake(pid):
+    """(the caffeinate process or None, why it could not start or None)."""
+    import shutil, subprocess
+    caffeinate = shutil.which("caffeinate")
+    if caffeinate is None:
+        return None, None
+    quiet = subprocess.DEVNULL      # never the rank's pipes: its output must end when the rank does
+    try:
+        system = subprocess.run(["uname", "-s"], stdin=quiet, stdout=subprocess.PIPE, stderr=quiet,
+                                text=True, timeout=10).stdout.strip()
+        argv = caffeinate_argv(system, caffeinate, pid)
+        return (subprocess.Popen(argv, stdin=quiet, stdout=quiet, stderr=quiet) if argv else None), None
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, "clusterctl: could not start caffeinate, this Mac may sleep during the job: %s" % e
+
+def let_sleep(proc):
+    import subprocess
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:      # it would not end on TERM
+        proc.kill()
+        proc.wait()
+'''
+
+BOOTSTRAP = ENV_FILES + LINES + WORLD + AWAKE + r'''
 import json, os, runpy, socket, sys, threading, time, traceback
 workdir, beat, script, *args = sys.argv[1:]     # the run id is the comment on our first line
 def raise_nofile():
@@ -226,6 +266,9 @@ def heartbeat():
                 send(kind, lines.tick(time.monotonic()))
 threading.Thread(target=heartbeat, daemon=True).start()
 watch_world(lambda size, backend: emit("world", ("%d %s" % (size, backend)).encode()))
+awake, why_not = keep_awake(os.getpid())      # before the program: no fork once MPI is up
+if why_not:
+    print(why_not, file=sys.stderr)
 code = 0
 made = []
 try:
@@ -233,8 +276,9 @@ try:
     wd = os.path.expanduser(workdir)
     os.makedirs(wd, exist_ok=True)
     os.chdir(wd)
-    if not os.path.isabs(os.environ.get("CLUSTERCTL_RUN_DIR", "/")):
-        os.environ["CLUSTERCTL_RUN_DIR"] = os.path.join(wd, os.environ["CLUSTERCTL_RUN_DIR"])
+    for name in ("CLUSTERCTL_RUN_DIR", "CLUSTERCTL_RESUME_DIR"):
+        if not os.path.isabs(os.environ.get(name, "/")):
+            os.environ[name] = os.path.join(wd, os.environ[name])
     lib = os.path.join(wd, ".clusterctl", "lib")
     if os.path.isdir(lib):
         sys.path.insert(0, lib)
@@ -268,6 +312,7 @@ for fd, orig in saved.items():
     os.dup2(orig, fd)
 for t in pumps:
     t.join(2)
+let_sleep(awake)
 if os.environ.get("OMPI_COMM_WORLD_SIZE") == "1":
     # MLX 0.32 leaves an MPI world of one initialised but never finalises it, and mpirun then fails the
     # job ("exiting improperly"). Finalise it here, through the libmpi MLX already loaded (never another).

@@ -47,6 +47,10 @@ class Launch:
     rank_hosts: list[str]            # rank -> host name
     start: Callable[[queue.Queue], Process]
     where: dict = field(default_factory=dict)   # launcher_host and remote_command, when not launched here
+    log_dir: str = ""                # the rank logs, launcher.log and launch.json: run_dir, or its attempt-K/
+
+    def __post_init__(self):
+        self.log_dir = self.log_dir or self.run_dir
 
     def describe(self) -> dict:
         return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
@@ -62,14 +66,21 @@ def rank_hosts(cluster: Cluster) -> list[str]:
 
 
 def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: str,
-                     extra_env: dict[str, str] | None = None) -> dict[str, str]:
+                     extra_env: dict[str, str] | None = None, restart: int | None = None) -> dict[str, str]:
     """What every rank finds in its environment: the plan's (libmpi, the inventory's env), clusterctl's
-    own CLUSTERCTL_* variables, unbuffered output, and the caller's extras."""
+    own CLUSTERCTL_* variables, unbuffered output, and the caller's extras. A restartable run (`restart`
+    not None) adds CLUSTERCTL_RESTART (0 for the first attempt, then 1, 2, ...) and, on a restart,
+    CLUSTERCTL_RESUME_DIR: the run directory the earlier attempts wrote their checkpoints into."""
     # On other machines this machine's path means nothing: there the run directory is runs/<id> in the
     # host's workdir (the bootstrap makes it absolute), where the bundled trainer keeps its checkpoints.
     rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else f"runs/{run_id}"
-    return {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
-            "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
+           "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
+    if restart is not None:
+        env["CLUSTERCTL_RESTART"] = str(restart)
+        if restart:
+            env["CLUSTERCTL_RESUME_DIR"] = rank_run_dir
+    return {**env, **(extra_env or {})}
 
 
 def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) -> list[str]:
@@ -84,25 +95,36 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
-            site: LaunchSite, connect_timeout: float = 10.0, extra_env: dict[str, str] | None = None) -> Launch:
+            site: LaunchSite, connect_timeout: float = 10.0, extra_env: dict[str, str] | None = None,
+            run_id: str | None = None, restart: int | None = None) -> Launch:
     """Make the local run directory and build the launch. On the first host (site.transport) the
-    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts."""
-    run_id = new_run_id()
+    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts.
+    A restart (run --max-restarts) keeps the run's id and directory, where the ranks' checkpoints are, and
+    gives each attempt its own logs in runs/<id>/attempt-K/, K = `restart` (0 for the first)."""
+    run_id = run_id or new_run_id()
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
-    os.makedirs(run_dir, exist_ok=True)
+    log_dir = run_dir if restart is None else os.path.join(run_dir, f"attempt-{restart}")
+    os.makedirs(log_dir, exist_ok=True)
     # the backend the ranks were started for: the bundled trainer initialises exactly that one
-    rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {})})
+    rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {})},
+                                restart=restart)
     program = rank_program(cluster, run_id, script, args)
     if site.transport is None:
-        launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout)
+        launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+                               log_dir)
     else:
-        launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout)
-    write_text(os.path.join(run_dir, "launch.json"), json.dumps(launch.describe(), indent=2) + "\n")
+        launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+                                  log_dir)
+    launch.log_dir = log_dir
+    description = json.dumps(launch.describe(), indent=2) + "\n"
+    for where in {run_dir, log_dir}:      # the run's own is the newest attempt's (`clusterctl logs` reads it)
+        write_text(os.path.join(where, "launch.json"), description)
     return launch
 
 
-def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
-    where = Where(run_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher,
+def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+                  files_dir) -> Launch:
+    where = Where(files_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher,
                   tuple(ssh_options(cluster, connect_timeout=connect_timeout)), "this machine")
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
     write_files(command)
@@ -111,7 +133,8 @@ def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, progr
                   start=lambda lines: LocalTransport().stream(command.argv, lines, env))
 
 
-def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout) -> Launch:
+def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+                     files_dir) -> Launch:
     host, remote = site.host, site.transport
     facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
     home, uid, ssh, mpirun = (facts + ["", "", "", ""])[:4]
@@ -125,14 +148,14 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
     command.files.append((config, host_config_text(cluster, host, connect_timeout=connect_timeout), 0o600))
     # a copy of every file in the local run directory, for the record and for `clusterctl hostfile` users
-    write_files(_relocated(command, there, run_dir))
+    write_files(_relocated(command, there, files_dir))
     prefix = f'PATH={shlex.quote(command.path_prepend)}:"$PATH"; export PATH; ' if command.path_prepend else ""
     text = prefix + "exec " + shlex.join(command.argv)
 
     def start(lines: queue.Queue) -> Process:
         # Copied only when the launch really starts: a dry run writes nothing on any host.
         for path, _, mode in command.files:
-            remote.put(os.path.join(run_dir, os.path.relpath(path, there)), path, mode=mode)
+            remote.put(os.path.join(files_dir, os.path.relpath(path, there)), path, mode=mode)
         return remote.stream(text, lines)   # closing its channel kills the launcher's tree there
 
     return Launch(run_id, run_dir, backend.name, command.argv, {}, rank_env, rank_hosts(cluster), start=start,

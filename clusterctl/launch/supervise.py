@@ -44,6 +44,10 @@ from .world import WorldCheck
 
 FINISH_TIMEOUT_S = 30.0
 TAIL_LINES = 10
+# After a rank fails, how long to listen for the rank starter's word that another rank died without
+# reporting its exit (killed, its host gone; hosts/scripts/ranks.py): that one is the cause, not the ranks
+# that failed after losing it.
+CAUSE_WAIT_S = 0.5
 
 
 @dataclass
@@ -54,6 +58,8 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
     replan: LaunchPlan | None = None  # the pre-flight found other hosts than the cached plan: launch again
     rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
+    stopped_by_user: bool = False     # Ctrl-C, SIGTERM or SIGHUP: never restarted
+    lost: bool = False                # the failed rank died without reporting its exit (the rank starter said)
 
 
 PREFLIGHT_WAIT_S = 30.0
@@ -81,15 +87,24 @@ class _Preflight:
 
 
 class _Rank:
-    def __init__(self, rank: int, host: str, log_path: str):
+    def __init__(self, rank: int, host: str, log_paths: list[str]):
         self.rank, self.host = rank, host
-        self.log = open(log_path, "a", encoding="utf-8", errors="replace")
+        self.logs = [open(p, "a", encoding="utf-8", errors="replace") for p in log_paths]
         self.started = False
         self.exit_code: int | None = None
         self.wrote: bool | None = None        # left files in its run directory (reported at its exit)
         self.last_seen = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
+
+    def write(self, line: str) -> None:
+        for log in self.logs:
+            log.write(line + "\n")
+            log.flush()
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
 
 
 Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
@@ -108,29 +123,41 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
     `status` hears every rank's events (observe/live.py lists them)."""
     check = _Preflight(preflight, plan)
     preflight_error: BaseException | None = None
-    ranks = [_Rank(r, h, os.path.join(launch.run_dir, f"rank-{r}.log")) for r, h in enumerate(launch.rank_hosts)]
+    # an attempt's logs (run --max-restarts: runs/<id>/attempt-K/), and the run's, which hold every attempt
+    log_dirs = list(dict.fromkeys([launch.log_dir, launch.run_dir]))
+    ranks = [_Rank(r, h, [os.path.join(d, f"rank-{r}.log") for d in log_dirs]) for r, h in enumerate(launch.rank_hosts)]
     world = WorldCheck(len(ranks), launch.backend)
-    launcher_log = open(os.path.join(launch.run_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
+    launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
     lines: queue.Queue = queue.Queue()
     proc = launch.start(lines)
     readers = proc.readers
     started_at = time.monotonic()
     outcome: Outcome | None = None
+    failed: Outcome | None = None           # a rank's failure, held CAUSE_WAIT_S for a rank lost before it
+    failed_at = 0.0
     previous = _stop_on_signals()
     try:
         while outcome is None:
+            if failed is not None and (failed.lost or time.monotonic() - failed_at > CAUSE_WAIT_S):
+                outcome = failed
+                break
             try:
-                is_err, line = lines.get(timeout=0.2)
+                is_err, line = lines.get(timeout=0.05 if failed is not None else 0.2)
             except queue.Empty:
                 line = None
             if line is not None:
                 ended = _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world, status)
                 if ended is not None and world.wrong:     # the world check's line names the cause
                     outcome = _world_verdict(world, ranks, force=ended.exit_code == 0)
-                elif ended is not None and ended.exit_code == 0:
+                elif ended is not None and ended.exit_code == 0 and failed is None:
                     outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world, status)
+                elif ended is not None and ended.exit_code != 0:
+                    if failed is None or ended.lost:
+                        failed, failed_at = ended, failed_at or time.monotonic()
                 else:
-                    outcome = ended or _world_verdict(world, ranks)
+                    outcome = _world_verdict(world, ranks)
+                continue
+            if failed is not None:
                 continue
             if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
                 outcome = _world_verdict(world, ranks, force=True) or _launcher_ended(proc.returncode, ranks, launcher_log)
@@ -143,9 +170,10 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
             if outcome.exit_code != 0:
                 outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
     except KeyboardInterrupt:
-        outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank")
+        outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank", stopped_by_user=True)
     except SignalReceived as e:
-        outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank")
+        outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank",
+                          stopped_by_user=True)
     except ClusterctlError as e:   # the pre-flight failed: stop the job, then say why
         preflight_error = e
         outcome = Outcome(EXIT_FAILED, str(e))
@@ -159,7 +187,7 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
                 outcome.reason += (f"; could not confirm that every process of the run is gone on "
                                    f"{', '.join(leftover)} (look for clusterctl-run-{launch.run_id} there)")
         for r in ranks:
-            r.log.close()
+            r.close()
         launcher_log.close()
     if preflight_error is not None:
         raise preflight_error
@@ -200,8 +228,7 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
     if kind == "start":
         r.started = True
     elif kind in ("out", "err"):
-        r.log.write(payload + "\n")
-        r.log.flush()
+        r.write(payload)
         r.tail.append(payload)
         if (not rank0_only or rank == 0) and r.bar_shown.pop(kind, None) != payload:
             emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
@@ -212,6 +239,10 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
             emit(f"[rank {rank} {r.host}] {text}", stream == "err")
     elif kind == "world":
         world.report(rank, r.host, payload, time.monotonic())
+    elif kind == "lost":       # the rank starter: the rank died, status <code>, without its own exit line
+        code = int(payload) if payload.lstrip("-").isdigit() else 1
+        r.exit_code = 128 - code if code < 0 else code
+        return Outcome(r.exit_code, f"rank {rank} on {r.host} {_lost(code)}", failed_rank=rank, lost=True)
     elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
         r.exit_code = _exit_code(payload)
         r.wrote = payload.partition(" ")[2] == "1"
@@ -225,6 +256,21 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
 def _exit_code(payload: str) -> int:
     code = payload.partition(" ")[0]
     return int(code) if code.lstrip("-").isdigit() else 1
+
+
+def _lost(code: int) -> str:
+    """What a rank's status says when it died without reporting (pure): killed by a signal (the watchdog
+    shell's 128 + N, or the starter's own child), or its ssh gone (255: the host went away)."""
+    if code < 0 or 128 < code < 192:
+        number = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"was killed by {name}"
+    if code == 255:
+        return "lost its ssh connection (status 255): the host went away, or refused it"
+    return f"ended with status {code} without reporting its exit"
 
 
 def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world, status) -> Outcome:

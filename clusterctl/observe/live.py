@@ -6,7 +6,8 @@ renderer (cli/panel.py) reads a snapshot a few times a second from its own threa
     live.snapshot(now) -> Snapshot(ranks=[RankRow, ...], job=JobRow)
 
 Kinds: "start" (the bootstrap started), "out" / "err" (an output line), "hb" and any other tagged line (a
-sign of life), "metrics" (the fields of a progress.py metrics line, a dict), "exit" (the exit code, an int).
+sign of life), "metrics" (the fields of a progress.py metrics line, a dict), "exit" (the exit code, an int),
+"lost" (the rank died without reporting its exit).
 A program that prints no metrics lines still gets its state, heartbeat age and output rate.
 """
 from __future__ import annotations
@@ -70,8 +71,8 @@ class LiveRun:
         with self._lock:
             r = self._ranks[rank]
             r.last_seen = now
-            if kind == "exit":
-                r.state = "finished" if value == 0 else "failed"
+            if kind in ("exit", "lost"):     # lost: it died without reporting an exit
+                r.state = "finished" if kind == "exit" and value == 0 else "failed"
                 return
             if r.state == "starting":
                 r.state = "running"

@@ -13,8 +13,10 @@ In runs/<id>/:
   summary.json      written once, atomically, when the run has ended (after fetching its outputs):
                     {"format": 1, "run_id", "started", "ended" (ISO 8601, local time with offset),
                      "duration_s", "exit_code", "reason", "failed_rank", "world", "backend", "hosts",
-                     "program"}. Its appearing means the run is over. Readers ignore keys they do not know,
-                    so it may grow (restarts, say) without breaking them.
+                     "program"}, and for `run --max-restarts`: "restarts" and "attempts", one entry per
+                    attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
+                    lines, resumed_from, steps_lost). Its appearing means the run is over. Readers ignore
+                    keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
 ({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program"}) and
 one when it ends ({"event": "end", "run_id", "ended", "duration_s", "exit_code", "reason"}). Each line is one
@@ -117,6 +119,15 @@ class RunRecord:
     facts: dict                            # world, backend, hosts, program
     clock: LogClock | None = None
     ended: bool = field(default=False)
+    attempts: list[dict] = field(default_factory=list)   # run --max-restarts: one entry per attempt
+
+    def attempt(self, entry: dict) -> None:
+        self.attempts.append(entry)
+
+    def lost(self, steps: int | None) -> None:
+        """The steps the last attempt lost: trained past the checkpoint the next one continues from."""
+        if self.attempts:
+            self.attempts[-1]["steps_lost"] = steps
 
     @classmethod
     def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],
@@ -140,6 +151,9 @@ class RunRecord:
         summary = {"format": 1, "run_id": self.run_id, "started": iso(self.started), "ended": iso(now),
                    "duration_s": round(now - self.started, 3), "exit_code": exit_code, "reason": reason,
                    "failed_rank": failed_rank, **self.facts}
+        if self.attempts:
+            summary["restarts"] = len(self.attempts) - 1
+            summary["attempts"] = self.attempts
         write_text(os.path.join(self.run_dir, SUMMARY), json.dumps(summary, indent=2) + "\n")
         _index({"event": "end", "run_id": self.run_id, "ended": summary["ended"],
                 "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason})

@@ -38,15 +38,27 @@ class RunInfo:
     reason: str | None
     final_loss: float | None
     final_val_loss: float | None
+    restarts: int = 0               # run --max-restarts: attempts after the first (runs/<id>/attempt-K/)
 
     def as_json(self) -> dict:
         return asdict(self)
 
     @property
     def outcome(self) -> str:
+        after = f", after {self.restarts} restart{'s' * (self.restarts != 1)}" if self.restarts else ""
         if self.status in ("running", "unknown"):
-            return self.status
-        return f"exit {self.exit_code}: {self.reason}" if self.reason else f"exit {self.exit_code}"
+            return self.status + after
+        return (f"exit {self.exit_code}: {self.reason}" if self.reason else f"exit {self.exit_code}") + after
+
+
+def attempts(run_dir: str) -> list[int]:
+    """The attempts of a restartable run that have logs (runs/<id>/attempt-K/), in order; [] for another run."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"attempt-(\d+)", n))
+                  and os.path.isdir(os.path.join(run_dir, n)))
 
 
 def _read_json(path: str) -> dict | None:
@@ -134,7 +146,7 @@ def run_info(run_dir: str) -> RunInfo:
         return RunInfo(run_id, run_dir, summary.get("started"), summary.get("duration_s"),
                        summary.get("hosts") or hosts, summary.get("world") or len(ranks) or None,
                        summary.get("backend") or launch.get("backend"), "ok" if code == 0 else "failed", code,
-                       summary.get("reason"), loss, val)
+                       summary.get("reason"), loss, val, int(summary.get("restarts") or 0))
     start = id_time(run_id)
     alive = run_alive(run_dir)
     last = _last_write(run_dir) if os.path.isdir(run_dir) else None
@@ -142,7 +154,7 @@ def run_info(run_dir: str) -> RunInfo:
     duration = round(end - start, 3) if start is not None and end is not None and end >= start else None
     return RunInfo(run_id, run_dir, iso(start) if start is not None else None, duration, hosts,
                    len(ranks) or None, launch.get("backend"), "running" if alive else "unknown", None, None,
-                   loss, val)
+                   loss, val, max(len(attempts(run_dir)) - 1, 0))
 
 
 def _run_dirs(runs_dir: str) -> list[str]:

@@ -134,6 +134,23 @@ def resolve(resume: str, out_dir: str | None) -> Path:
     return complete[-1]
 
 
+def newest_step(out_dir: str) -> int:
+    """The step of the newest complete checkpoint in out_dir/checkpoints (0: none)."""
+    root = Path(out_dir) / "checkpoints"
+    steps = [int(m.group(1)) for p in root.glob("step-*")
+             if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file()] if root.is_dir() else []
+    return max(steps, default=0)
+
+
+def newest_step_everywhere(out_dir: str, group) -> int:
+    """The newest complete checkpoint any rank holds in its own out_dir (0: none). A restart continues from
+    it: every rank of the new world must hold it (each host keeps a full copy, module docstring)."""
+    mine = newest_step(out_dir)
+    if group.size() == 1:
+        return mine
+    return int(mx.distributed.all_max(mx.array(mine, dtype=mx.int32), group=group, stream=mx.cpu).item())
+
+
 def read_state(ckpt: Path) -> dict:
     try:
         state = json.loads((ckpt / "state.json").read_text())

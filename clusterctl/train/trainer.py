@@ -20,6 +20,7 @@ only through its callbacks (callbacks.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -65,6 +66,7 @@ def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, de
     if config.resume == "latest" and not config.out and not os.environ.get("CLUSTERCTL_RUN_DIR"):
         raise ConfigError("--resume latest needs --out DIR (the run to continue)")
     out_dir = out_dir_for(config, group)
+    config = restart_resume(config, out_dir, group)
     if not config.resume:
         if list(Path(out_dir, "checkpoints").glob("step-*")):
             raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
@@ -74,9 +76,39 @@ def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, de
     resumed = checkpoint.read_state(ckpt)
     config, how = resolve(argv, resumed["config"], device)     # flags still win over the checkpoint
     checkpoint.check_compatible(resumed, config.strategy, group.size(), ckpt)
+    config = elastic_batch(config, resumed, group.size(), os.environ.get("CLUSTERCTL_ELASTIC_BATCH", "rank"))
     if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
         out_dir = str(ckpt.parent.parent)                      # keep writing into the run that was resumed
     return config, how, out_dir, ckpt, resumed
+
+
+def restart_resume(config: TrainConfig, out_dir: str, group) -> TrainConfig:
+    """A restart by `clusterctl run --max-restarts` (CLUSTERCTL_RESTART >= 1) continues from the newest
+    checkpoint of this run that any rank holds; with none yet, it starts as the first attempt did."""
+    if not os.environ.get("CLUSTERCTL_RESTART", "0").strip("0"):
+        return config
+    step = checkpoint.newest_step_everywhere(out_dir, group)
+    if not step:
+        return config
+    ckpt = Path(out_dir, "checkpoints", checkpoint.step_dir_name(step))
+    if not (ckpt / "state.json").is_file():
+        raise ConfigError(f"rank {group.rank()}: the restart continues from {ckpt}, which another rank wrote "
+                          "but this host does not hold (was it away when it was written?)")
+    return dataclasses.replace(config, resume=str(ckpt))
+
+
+def elastic_batch(config: TrainConfig, resumed: dict, world: int, policy: str) -> TrainConfig:
+    """After a DP world change (an elastic restart on fewer or more hosts): `rank` keeps each rank's batch
+    (the global batch follows the world); `global` keeps the global batch by changing --accum, which needs
+    the checkpoint's global micro-batch count (accum x world) to divide by the new world."""
+    before = resumed["world_size"]
+    if before == world or policy != "global":
+        return config
+    total = int(resumed["config"].get("accum", config.accum)) * before
+    if total % world:
+        raise ConfigError(f"--elastic-batch global: the global batch is {total} micro-batches per step (accum "
+                          f"x {before} ranks), which {world} ranks cannot share equally; use --elastic-batch rank")
+    return dataclasses.replace(config, accum=total // world)
 
 
 def out_dir_for(config: TrainConfig, group) -> str:

@@ -30,11 +30,11 @@ def _others(cluster: Cluster, keep) -> Cluster:
     return replace(cluster, hosts=tuple(h for h in cluster.hosts if keep(h)))
 
 
-def _check(group: GroupResult, what: str) -> GroupResult:
+def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying") -> GroupResult:
     if group.failed:
         details = "; ".join(str(o.error) if str(o.error).startswith(name) else f"{name}: {o.error}"
                             for name, o in group.failed.items())
-        raise StageError(f"could not copy {what}: {details} (--no-sync skips copying)")
+        raise StageError(f"could not copy {what}: {details} ({hint})")
     return group
 
 
@@ -70,12 +70,19 @@ def ship_clusterctl(cluster: Cluster, *, connect_timeout: float = 10.0,
 
 
 def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0,
-               host_key_checking: str | None = None) -> str:
+               host_key_checking: str | None = None, reshard_into: str | None = None) -> str:
     """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
-    should read. On this machine alone nothing moves: the ranks read data_dir itself."""
+    should read. On this machine alone nothing moves: the ranks read data_dir itself. With `reshard_into`
+    (an elastic restart on another world size), shards prepared for another world are first cut again
+    for this one into reshard_into/<the data directory's name> (data.shards.reshard)."""
+    from ..data.shards import reshard
     from .shards import check_world, push_shards, read_manifest, remote_dir
 
     data_dir = os.path.abspath(data_dir)
+    if reshard_into is not None and read_manifest(data_dir).world_size != cluster.world_size:
+        target = os.path.join(reshard_into, os.path.basename(data_dir.rstrip("/")))
+        reshard(data_dir, cluster.world_size, target)
+        data_dir = target
     if all(h.local for h in cluster.hosts):
         check_world(data_dir, read_manifest(data_dir), cluster)     # as push_shards would, before launching
         return data_dir
@@ -93,12 +100,59 @@ def fetch_run_dir(connector, run_id: str, local_dir: str) -> tuple[int, int]:
     checkpoint still being written, temporary files) are left out; every file lands atomically. Returns
     (files, bytes); (0, 0) when the job wrote nothing there."""
     host = connector.cluster.hosts[0]
-    remote = f"{host.workdir.rstrip('/')}/runs/{run_id}"
-    files = size = 0
     with connector.transport(host) as transport, transport.files() as session:
-        for rel, nbytes in list(session.walk(remote)):
-            target = os.path.join(local_dir, *rel.split("/"))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            session.get(f"{remote}/{rel}", target)
-            files, size = files + 1, size + nbytes
-    return files, size
+        got = _get_tree(session, f"{host.workdir.rstrip('/')}/runs/{run_id}", local_dir)
+    return len(got), sum(nbytes for _, nbytes in got)
+
+
+def _get_tree(session, remote: str, local_dir: str) -> list[tuple[str, int]]:
+    """Every file under `remote` (walk leaves out names starting with ".") into local_dir; [(relative
+    path, bytes)]."""
+    got = list(session.walk(remote))
+    for rel, _ in got:
+        target = os.path.join(local_dir, *rel.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        session.get(f"{remote}/{rel}", target)
+    return got
+
+
+def spread_checkpoint(connector, run_id: str, step: str, holder, lacking: list, scratch: str,
+                      timeout: float = 300.0) -> None:
+    """Copy checkpoint `step` (step-000120) of run `run_id` from host `holder` to each host in `lacking`:
+    hosts that were away while it was written and answer again at an elastic restart. Through this
+    machine (hosts need not reach each other): into <workdir>/runs/<id>/checkpoints/.<step>.incoming/
+    there, renamed into place and named `latest` only once every file is there, so a copy cut short is
+    never resumed from. The holder's metrics.jsonl goes along, so a rank 0 that was away keeps writing
+    one curve. Raises StageError naming every host that failed."""
+    from ..hosts.fanout import run_all
+    from ..hosts.transport import quote_path
+
+    rel = f"runs/{run_id}"
+    local = os.path.join(scratch, step)
+    with connector.transport(holder) as transport, transport.files() as session:
+        root = f"{holder.workdir.rstrip('/')}/{rel}"
+        files = _get_tree(session, f"{root}/checkpoints/{step}", local)
+        metrics = os.path.join(scratch, "metrics.jsonl")
+        try:
+            session.get(f"{root}/metrics.jsonl", metrics)
+        except OSError:              # nothing reported yet
+            metrics = None
+
+    def push(host) -> None:
+        root = f"{host.workdir.rstrip('/')}/{rel}"
+        incoming = f"{root}/checkpoints/.{step}.incoming"
+        with connector.transport(host) as transport:
+            transport.run(f"rm -rf {quote_path(incoming)}", timeout=60)
+            with transport.files() as session:
+                for name, _ in files:
+                    session.makedirs(os.path.dirname(f"{incoming}/{name}"))
+                    session.put(os.path.join(local, *name.split("/")), f"{incoming}/{name}")
+                if metrics is not None:
+                    session.put(metrics, f"{root}/metrics.jsonl")
+            done = transport.run(f"cd {quote_path(root + '/checkpoints')} && rm -rf {step} && mv .{step}.incoming "
+                                 f"{step} && echo {step} > .latest.tmp && mv .latest.tmp latest", timeout=60)
+            if not done.ok:
+                raise OSError(done.stderr.strip() or f"exit {done.exit_code}")
+
+    _check(run_all(lacking, push, deadline=connector.connect_timeout + timeout), f"checkpoint {step}",
+           "the restart cannot continue from it there")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sshcluster import requires_private_roots
+from sshcluster import caffeinates, requires_private_roots
 from test_run import ALLSUM, RANK, TOKEN, assert_nothing_left, job_processes, start, wait_for_lines
 
 pytestmark = pytest.mark.ssh
@@ -60,6 +60,27 @@ def test_doctor_is_green_and_names_the_macs_findings(macs, tmp_path):
     assert len(mesh) == 6 and {s for *_, s in mesh} == {"pass"}                     # zsh to zsh, zsh to bash
     smoke = {c["check"]: c["status"] for c in doc["checks"] if c["check"].endswith("smoke")}
     assert smoke == {"mpi-smoke": "pass", "ring-smoke": "pass"}
+    # the fake Macs are Mac minis (tests/fakedarwin/README.md): no battery, woken by network access
+    power = sorted((c["host"], c["status"]) for c in doc["checks"] if c["check"] == "power")
+    assert power == [("h1", "pass"), ("h2", "pass")], power
+
+
+def test_doctor_warns_that_a_macbook_on_battery_will_sleep(macs, tmp_path):
+    """h2 a MacBook running on battery (its pmset stand-in prints tests/fixtures/macos/pmset-*.macbook*): doctor
+    warns, one line each with the fix, and the warnings fail nothing (docs/macos.md#pmset-sleep-settings)."""
+    macs.host(2).session_env["FAKE_DARWIN_POWER"] = "macbook-on-battery"
+    macs.restart(2)
+    r = clusterctl("doctor", "--json", "--no-deep", "--hosts", str(macs.inventory), cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"] is True, [c for c in doc["checks"] if c["status"] == "fail"]
+    power = [(c["host"], c["status"], c["detail"], c["fix"]) for c in doc["checks"] if c["check"] == "power"]
+    assert [(h, s) for h, s, *_ in power] == [("h1", "pass"), ("h2", "warn"), ("h2", "warn"), ("h2", "warn")], power
+    details = [d for _, _, d, _ in power[1:]]
+    assert details[0].startswith("running on battery now") and details[1].startswith("a laptop: closing its lid")
+    assert details[2].startswith("on battery it sleeps after 1 min idle")
+    assert power[3][3] == "sudo pmset -b sleep 0 on h2, or keep it on power"
+    text = clusterctl("doctor", "--no-deep", "--hosts", str(macs.inventory), cwd=tmp_path).stdout
+    assert "sudo pmset -b sleep 0 on h2" in text and "h2" in text
 
 
 @pytest.mark.parametrize("backend", ["mpi", "ring"])
@@ -85,6 +106,13 @@ def test_run_works_and_a_crash_ctrl_c_and_a_hang_leave_nothing(macs, tmp_path, b
         proc = start("--hosts", str(macs.inventory), "--backend", backend, *extra, str(sleepy), cwd=tmp_path)
         lines = wait_for_lines(proc, lambda l: l.rstrip().endswith("] up"), 3)
         run_id = TOKEN.search("".join(lines)).group(1)
+        ranks = _ranks(run_id)
+        # a caffeinate per rank on a Mac (h1, h2), none on Linux (h3): docs/macos.md#caffeinate-keeps-ranks-awake.
+        # Not under this machine's mpirun: as Open MPI started by its path does, it puts its prefix's bin
+        # (this machine's /usr/bin) first on the ranks' PATH, where Linux's uname hides the fake Mac's; on a
+        # real Mac /usr/bin/uname says Darwin. test_mpirun_where_homebrew_puts_it... covers mpi.
+        awake = ["0", "1"] if backend == "ring" else []
+        assert sorted(_caffeinated(ranks)) == awake, (ranks, _caffeinated(ranks))
         if how == "sigint":
             proc.send_signal(signal.SIGINT)
         else:
@@ -95,6 +123,42 @@ def test_run_works_and_a_crash_ctrl_c_and_a_hang_leave_nothing(macs, tmp_path, b
         out = proc.communicate(timeout=120)[0]
         assert proc.returncode == (130 if how == "sigint" else 124), out[-2000:]
         assert_nothing_left(macs, run_id)
+        deadline = time.monotonic() + 10          # caffeinate -w sees its rank gone (the stand-in: within 0.2 s)
+        while _caffeinated(ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _caffeinated(ranks) == {}
+
+
+# A rank that says which caffeinate processes watch it (`caffeinate ... -w <its pid>`): "caffeinate PID N ARGS".
+CAFFEINATED = """import os
+me = str(os.getpid())
+found = []
+for entry in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{entry}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\\0") if a]
+    except (OSError, ValueError):
+        continue
+    if any(a.endswith("/caffeinate") for a in argv[:2]) and argv[-2:] == ["-w", me]:
+        found.append(argv)
+print("caffeinate", me, len(found), *(found[0][-4:] if found else []), flush=True)
+"""
+
+
+def _ranks(run_id):
+    """This run's rank processes (the python running the bootstrap): pid -> rank."""
+    out = {}
+    for pid in job_processes(run_id):
+        env = _environ(pid)
+        rank = env.get("MLX_RANK", env.get("OMPI_COMM_WORLD_RANK"))
+        if env.get("CLUSTERCTL_RUN_ID") == run_id and rank is not None and _python(pid):
+            out[pid] = rank
+    return out
+
+
+def _caffeinated(ranks):
+    """The ranks (pid -> rank) a caffeinate watches: rank -> caffeinate's pid."""
+    return {ranks[pid]: caffeinate for pid, caffeinate in caffeinates(ranks).items()}
 
 
 def _environ(pid):
@@ -200,6 +264,16 @@ def test_mpirun_where_homebrew_puts_it_is_found_and_launched_by_its_path(make_cl
     launch = json.loads((tmp_path / "runs" / TOKEN.search(r.stderr).group(1) / "launch.json").read_text())
     assert launch["argv"][0] == "/opt/homebrew/bin/mpirun" and "exec /opt/homebrew/bin/mpirun " in launch["remote_command"]
     assert len([l for l in r.stdout.splitlines() if "world 2 sum" in l]) == 2
+    # Open MPI from /opt/homebrew puts /opt/homebrew/bin first on the ranks' PATH, as on a Mac: each rank runs
+    # under a caffeinate watching its pid, gone when the run is (docs/macos.md#caffeinate-keeps-ranks-awake)
+    awake = tmp_path / "awake.py"
+    awake.write_text(CAFFEINATED)
+    r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", "mpi", "--launch-from", "first-host",
+                   str(awake), cwd=tmp_path)
+    watched = sorted(l.split("] ", 1)[1] for l in r.stdout.splitlines() if "] caffeinate " in l)
+    assert r.returncode == 0 and len(watched) == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert all(line.split()[2:] == ["1", "-i", "-s", "-w", line.split()[1]] for line in watched), watched
+    assert caffeinates({int(line.split()[1]) for line in watched}) == {}
     for i in (1, 2):
         assert macs.refused(i) == []
     # a Mac with no Open MPI at all (h2's /opt is empty): the pre-flight names it before anything starts

@@ -1,15 +1,23 @@
-"""The bootstrap's pure parts, run from the very text every rank runs (bootstrap.LINES, bootstrap.WORLD):
-splitting output into lines and progress-bar redraws, and reporting the world MLX formed."""
+"""The bootstrap's pure parts, run from the very text every rank runs (bootstrap.LINES, bootstrap.WORLD,
+bootstrap.AWAKE): splitting output into lines and progress-bar redraws, reporting the world MLX formed, and
+keeping a Mac awake while the rank lives."""
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from clusterctl.launch.bootstrap import BAR_EVERY_S, BOOTSTRAP, LINES, WORLD
+from clusterctl.launch.bootstrap import AWAKE, BAR_EVERY_S, BOOTSTRAP, LINES, WORLD
+from sshcluster import caffeinates
 
 SNIPPETS: dict = {}
 exec(LINES, SNIPPETS)
+exec(AWAKE, SNIPPETS)
 Lines = SNIPPETS["Lines"]
+caffeinate_argv = SNIPPETS["caffeinate_argv"]
+FAKE_DARWIN_BIN = Path(__file__).resolve().parents[1] / "fakedarwin" / "bin"
 
 
 def feed_all(chunks, every=1.0, step=0.01):
@@ -21,7 +29,7 @@ def feed_all(chunks, every=1.0, step=0.01):
 
 
 def test_the_snippets_are_the_bootstrap_s_own():
-    assert LINES in BOOTSTRAP and WORLD in BOOTSTRAP and f"Lines({BAR_EVERY_S!r})" in BOOTSTRAP
+    assert LINES in BOOTSTRAP and WORLD in BOOTSTRAP and AWAKE in BOOTSTRAP and f"Lines({BAR_EVERY_S!r})" in BOOTSTRAP
 
 
 def test_plain_lines_pass_through_as_they_are():
@@ -146,3 +154,56 @@ def test_the_bootstrap_raises_the_open_file_soft_limit(tmp_path):
     assert r.returncode == 0 and len(out) == 1, r
     soft, hard = (int(x) for x in out[0].split()[1:])
     assert soft == min(hard, 65536) and soft >= 4096 or hard < 4096 and soft == hard
+
+
+def test_on_a_mac_a_rank_runs_under_caffeinate_watching_its_pid_and_nowhere_else():
+    """caffeinate(8): -i no idle sleep, -s no system sleep (on AC power only), -w PID: ends when PID has exited
+    (docs/macos.md#caffeinate-keeps-ranks-awake)."""
+    assert caffeinate_argv("Darwin", "/usr/bin/caffeinate", 4242) == ["/usr/bin/caffeinate", "-i", "-s", "-w", "4242"]
+    assert caffeinate_argv("Linux", "/usr/bin/caffeinate", 4242) is None       # Ubuntu's caffeine has another one
+    assert caffeinate_argv("Darwin", None, 4242) is None
+    assert caffeinate_argv("", "/usr/bin/caffeinate", 4242) is None            # uname said nothing
+
+
+def _rank_with_path(tmp_path, path_dirs, program):
+    from clusterctl.inventory import parse
+    from clusterctl.launch.job import rank_program
+
+    script = tmp_path / "rank.py"
+    script.write_text(program)
+    cluster = parse(f"hosts: [{{name: h1, python: {sys.executable}, workdir: {tmp_path}}}]\n", "i.yaml")
+    env = {**os.environ, "PATH": os.pathsep.join([*path_dirs, os.environ["PATH"]]),
+           "FAKE_DARWIN_LOG": str(tmp_path / "refused.log")}
+    return subprocess.Popen(rank_program(cluster, "1-x", str(script), []), stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_a_rank_on_a_fake_mac_has_caffeinate_while_it_runs_and_none_after_even_killed(tmp_path):
+    """The fake-Darwin stand-ins (a `uname` printing Darwin, a `caffeinate` that waits for -w's pid) first on
+    PATH: the bootstrap starts caffeinate for the rank's own pid, stops it when the program ends, and a rank
+    killed with SIGKILL (no chance to stop it) leaves none either: -w sees the pid gone."""
+    for how in ("ends", "killed"):
+        rank = _rank_with_path(tmp_path, [str(FAKE_DARWIN_BIN)], "import os, time\nprint('pid', os.getpid())\n"
+                               "time.sleep(600 if %r == 'killed' else 2)\n" % how)
+        pid = int(next(l for l in rank.stdout if " out pid " in l).split()[-1])
+        assert pid == rank.pid and len(caffeinates({pid})) == 1
+        if how == "killed":
+            rank.kill()
+        rank.wait(30)
+        rank.stdout.close()
+        deadline = time.monotonic() + 5
+        while caffeinates({pid}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert caffeinates({pid}) == {}
+    assert not (tmp_path / "refused.log").exists()            # caffeinate took every flag we gave it
+
+
+def test_off_a_mac_no_caffeinate_is_started_even_when_one_is_on_path(tmp_path):
+    """Only the stand-in caffeinate, not its uname: this is Linux, whose `caffeinate` (if any) is not Apple's."""
+    alone = tmp_path / "bin"
+    alone.mkdir()
+    (alone / "caffeinate").symlink_to(FAKE_DARWIN_BIN / "caffeinate")
+    rank = _rank_with_path(tmp_path, [str(alone)], "import os, time\nprint('pid', os.getpid())\ntime.sleep(1)\n")
+    pid = int(next(l for l in rank.stdout if " out pid " in l).split()[-1])
+    assert caffeinates({pid}) == {}
+    assert rank.wait(30) == 0
+    rank.stdout.close()

@@ -7,7 +7,8 @@ from array import array
 import pytest
 
 from clusterctl.data.corpus import is_val, iter_documents
-from clusterctl.data.shards import MANIFEST, Manifest, prepare, read_manifest, shard_file, shard_name, verify_file
+from clusterctl.data.shards import (MANIFEST, Manifest, prepare, read_manifest, reshard, shard_file, shard_name,
+                                    verify_file)
 from clusterctl.data.tokenizer import ByteTokenizer
 from clusterctl.errors import ShardError, SourceError
 
@@ -163,3 +164,25 @@ def test_a_vocabulary_past_65535_gets_uint32_shards(tmp_path):
     assert read_tokens(tmp_path / m.shards[0].file, "I") == expected
     tokens, _ = rank_tokens(0, 1, data_dir=str(tmp_path))
     assert tokens.window(0, len(tokens)).tolist() == expected
+
+
+def test_reshard_cuts_the_same_tokens_into_another_number_of_equal_shards(tmp_path):
+    """An elastic restart on fewer ranks: the 3-rank shards, read in rank order, are cut into 2 (and back)."""
+    prepare("embedded:300", 3, str(tmp_path / "three"))
+    train, val = token_stream("embedded:300")
+    stream = train[:3 * (len(train) // 3)]          # what the 3 shards hold
+    m = reshard(str(tmp_path / "three"), 2, str(tmp_path / "two"))
+    per = len(stream) // 2
+    assert (m.world_size, m.tokens_per_shard, m.dropped_tokens) == (2, per, len(train) - 2 * per)
+    for rank, info in enumerate(m.shards):
+        path = tmp_path / "two" / info.file
+        assert read_tokens(path) == stream[rank * per:(rank + 1) * per]
+        assert info.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert read_tokens(tmp_path / "two" / "val.bin") == val
+    assert read_manifest(str(tmp_path / "two")) == m            # a valid manifest, every file verified
+    for info in m.shards:
+        verify_file(str(tmp_path / "two"), info, m.dtype)
+    back = reshard(str(tmp_path / "two"), 3, str(tmp_path / "two"))   # in place: the 2-rank shards are gone
+    assert sorted(os.listdir(tmp_path / "two")) == sorted([s.file for s in back.shards] + ["val.bin", MANIFEST])
+    with pytest.raises(ShardError, match="cannot fill"):
+        reshard(str(tmp_path / "three"), 10**9, str(tmp_path / "many"))

@@ -95,7 +95,7 @@ def test_the_job_step_is_the_slowest_reporting_rank_and_a_rank_without_metrics_w
 # ---- the supervisor's hook ----------------------------------------------------------------------
 
 def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path):
-    ranks = [_Rank(0, "h1", str(tmp_path / "rank-0.log"))]
+    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
     emitted, heard = [], []
     launcher_log = open(tmp_path / "launcher.log", "a")
 
@@ -108,7 +108,7 @@ def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path
     handle(f'{MARK}0 out {progress.MARKER}{{"step": 1, "loss": 2.0}}')
     handle(f"{MARK}0 out {progress.MARKER}not json")
     handle(f"{MARK}0 exit 0 1")
-    ranks[0].log.close()
+    ranks[0].close()
     assert emitted == ["[rank 0 h1] step 1 | loss 2.0", f"[rank 0 h1] {progress.MARKER}not json"]
     assert (tmp_path / "rank-0.log").read_text() == f"step 1 | loss 2.0\n{progress.MARKER}not json\n"
     assert list(ranks[0].tail) == ["step 1 | loss 2.0", f"{progress.MARKER}not json"]

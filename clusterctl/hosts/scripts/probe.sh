@@ -82,6 +82,12 @@ else ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null; fi | while IFS= 
 if [ "$(uname -s)" = Darwin ]; then
   j sip "$(csrutil status 2>&1)"
   j macos_version "$(sw_vers -productVersion 2>/dev/null)"
+  # will it sleep? sleep settings per power source, and whether it has a battery (a laptop: its lid sleeps it)
+  # (docs/macos.md#pmset-sleep-settings)
+  if [ "$FULL" = yes ]; then
+    pmset -g custom 2>&1 </dev/null | while IFS= read -r line; do j pmset_custom "$line"; done
+    pmset -g batt 2>&1 </dev/null | while IFS= read -r line; do j pmset_batt "$line"; done
+  fi
   # jaccl: RDMA over Thunderbolt 5, enabled from Recovery; its devices as ibv_devices lists them (docs/macos.md#jaccl)
   if [ "$RDMA" = yes ]; then
     j rdma_ctl "$(command -v rdma_ctl 2>/dev/null)"

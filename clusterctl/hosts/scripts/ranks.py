@@ -14,7 +14,10 @@ What it does, and why it is not mlx.launch (docs/launchers.md#mlx-launch-spins-a
     nothing but the ranks' one heartbeat a second;
   - when a rank exits non-zero (or ssh could not start it), says so on stderr, stops the others (closes
     their pipes, SIGKILL after a grace period) and exits with that rank's status; SIGTERM, SIGINT and SIGHUP
-    stop every rank the same way (exit 128 + the signal).
+    stop every rank the same way (exit 128 + the signal);
+  - when a rank that failed before anything was stopped never reported its own exit (killed outright, its
+    host gone), says so with a tagged `lost <status>` line: the supervisor then names that rank as the
+    cause, not the ranks that failed after losing it (launch/supervise.py).
 """
 import json
 import os
@@ -36,6 +39,10 @@ class Rank:
         self.code = None
         self.open = 2                  # stdout and stderr not yet at EOF
         self.rest = {}                 # fd -> a partial line
+        self.exit_tag = ("\x1eclusterctl %d exit " % self.rank).encode()   # the bootstrap's exit line
+        self.reported = False          # that line went by
+        self.first = False             # it failed before any rank was stopped: a cause, not a casualty
+        self.told = False              # its `lost` line was written
 
     def stop(self):
         if self.proc.stdin is not None and not self.proc.stdin.closed:
@@ -107,7 +114,9 @@ def main(argv):
                 continue
             *lines, r.rest[fd] = (r.rest.get(fd, b"") + data).split(b"\n")
             if lines:
-                out.write(b"\n".join(lines) + b"\n")
+                text = b"\n".join(lines) + b"\n"
+                r.reported = r.reported or r.exit_tag in text
+                out.write(text)
                 out.flush()
         if received and stopping_since is None:
             status = status or 128 + received[0]
@@ -117,11 +126,16 @@ def main(argv):
             if r.code is None and r.proc.poll() is not None:
                 r.code = r.proc.returncode
                 if r.code != 0 and stopping_since is None:
+                    r.first = True
                     sys.stderr.write(describe(r, r.code) + "; stopping every rank\n")
                     sys.stderr.flush()
                     status = r.code if 0 < r.code < 256 else 1
                     stopping_since = time.monotonic()
                     stop_all()
+            if r.first and r.open == 0 and not r.reported and not r.told:    # its output is all read
+                r.told = True
+                sys.stdout.buffer.write(b"\x1eclusterctl %d lost %d\n" % (r.rank, r.code))
+                sys.stdout.flush()
         now = time.monotonic()
         if stopping_since is not None and now - stopping_since > GRACE_S:
             for r in ranks:

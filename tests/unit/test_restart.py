@@ -1,0 +1,111 @@
+"""Restart decisions (launch/restart.py), the elastic sub-cluster, the ranks' restart variables and the
+trainer's batch policy after a world change: pure functions on canned inputs."""
+import os
+import sys
+
+import pytest
+
+from clusterctl.errors import UsageError
+from clusterctl.inventory import Cluster, Host
+from clusterctl.launch.job import rank_environment
+from clusterctl.launch.plan import LaunchPlan
+from clusterctl.launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
+
+
+def cluster(*slots):
+    hosts, rank = [], 0
+    for i, n in enumerate(slots, 1):
+        hosts.append(Host(name=f"h{i}", rank=rank, line=i, slots=n, workdir="~/w"))
+        rank += n
+    return Cluster("inv.yaml", tuple(hosts))
+
+
+def test_a_subset_keeps_inventory_order_and_renumbers_ranks():
+    c = cluster(1, 2, 1)
+    sub = c.subset(["h3", "h1"])
+    assert [(h.name, h.rank) for h in sub.hosts] == [("h1", 0), ("h3", 1)]
+    assert sub.world_size == 2
+    sub = c.subset(["h2", "h3"])
+    assert [(h.name, h.rank, h.slots) for h in sub.hosts] == [("h2", 0, 2), ("h3", 2, 1)]
+    assert c.subset([]).world_size == 0
+
+
+def test_the_policy_restarts_failures_until_used_up_but_never_a_users_stop():
+    p = RestartPolicy(max_restarts=2)
+    assert p.should_restart(False, 1, 0) and p.should_restart(False, 137, 1)
+    assert not p.should_restart(False, 1, 2)          # used up
+    assert not p.should_restart(False, 0, 0)          # succeeded
+    assert not p.should_restart(True, 130, 0)         # Ctrl-C / SIGTERM
+    assert not RestartPolicy().should_restart(False, 1, 0)     # off by default: today's behaviour
+    assert RestartPolicy(2, elastic=3).world_ok(3) and not RestartPolicy(2, elastic=3).world_ok(2)
+    assert RestartPolicy(2).world_ok(1)
+
+
+@pytest.mark.parametrize("policy, kwargs, message", [
+    (RestartPolicy(elastic=2), {}, "give --max-restarts N too"),
+    (RestartPolicy(1, elastic=5), {}, "between 1 and the cluster's 4"),
+    (RestartPolicy(1, elastic=2), {"preflight": False}, "drop --no-preflight"),
+    (RestartPolicy(1, elastic=2), {"backend": "jaccl"}, "cannot shrink a jaccl world"),
+    (RestartPolicy(1, elastic=2), {"bundled_fsdp": True}, "FSDP's optimizer state is sharded"),
+    (RestartPolicy(1, batch="both"), {}, "one of rank, global"),
+    (RestartPolicy(-1), {}, "give 0 or more"),
+])
+def test_combinations_that_cannot_work_are_refused_before_anything_starts(policy, kwargs, message):
+    args = {"world": 4, "backend": "ring", "preflight": True, "bundled_fsdp": False, **kwargs}
+    with pytest.raises(UsageError, match=message):
+        policy.check(**args)
+
+
+def test_what_works_passes_the_check():
+    RestartPolicy(1, elastic=2).check(world=4, backend="mpi", preflight=True, bundled_fsdp=False)
+    RestartPolicy(3).check(world=4, backend="jaccl", preflight=False, bundled_fsdp=True)   # same world: fine
+    RestartPolicy().check(world=1, backend="ring", preflight=True, bundled_fsdp=False)
+
+
+def test_the_trainers_lines_and_checkpoint_names():
+    lines = ["dp on 2 rank(s): ...", "step  9/150 | loss 4.1 | lr 1e-3", "step 10 | checkpoint runs/x/step-000010",
+             "step 12/150 | loss 3.9 | lr 1e-3", "Traceback (most recent call last):"]
+    assert last_step(lines) == 12 and last_step(["nothing"]) is None
+    assert checkpoint_step("step-000020\n") == 20 and checkpoint_step("") is None and checkpoint_step(None) is None
+    assert bundled_strategy(["--steps", "5", "--strategy", "fsdp"]) == "fsdp"
+    assert bundled_strategy(["--strategy=dp", "--strategy", "fsdp", "--strategy=dp"]) == "dp"
+    assert bundled_strategy(["--steps", "5"]) is None
+
+
+def test_restart_variables_only_for_a_restartable_run():
+    c = cluster(1, 1)
+    plain = rank_environment(c, LaunchPlan(), "id", "/local/runs/id")
+    assert "CLUSTERCTL_RESTART" not in plain and "CLUSTERCTL_RESUME_DIR" not in plain
+    first = rank_environment(c, LaunchPlan(), "id", "/local/runs/id", restart=0)
+    assert first["CLUSTERCTL_RESTART"] == "0" and "CLUSTERCTL_RESUME_DIR" not in first
+    again = rank_environment(c, LaunchPlan(), "id", "/local/runs/id", restart=2)
+    assert again["CLUSTERCTL_RESTART"] == "2" and again["CLUSTERCTL_RESUME_DIR"] == again["CLUSTERCTL_RUN_DIR"] == "runs/id"
+
+
+def test_the_global_batch_policy_changes_accum_to_keep_the_global_batch():
+    pytest.importorskip("mlx.core")
+    from clusterctl.train.config import ConfigError, resolve
+    from clusterctl.train.trainer import elastic_batch
+
+    config = resolve(["--accum", "2"])[0]
+    resumed = {"world_size": 3, "config": {"accum": 2}}
+    assert elastic_batch(config, resumed, 2, "global").accum == 3        # 2 x 3 = 6 micro-batches, over 2 ranks
+    assert elastic_batch(config, resumed, 2, "rank").accum == 2          # each rank keeps its batch
+    assert elastic_batch(config, {"world_size": 2, "config": {"accum": 2}}, 2, "global").accum == 2
+    with pytest.raises(ConfigError, match="cannot share equally"):
+        elastic_batch(config, {"world_size": 3, "config": {"accum": 1}}, 2, "global")
+
+
+def test_a_restartable_run_watches_for_silent_hosts_unless_told_otherwise():
+    assert RestartPolicy(2).hang_timeout(None) == 60.0
+    assert RestartPolicy(2).hang_timeout(5.0) == 5.0
+    assert RestartPolicy().hang_timeout(None) is None          # today's behaviour without --max-restarts
+
+
+def test_a_rank_that_died_without_reporting_is_described_by_its_status():
+    from clusterctl.launch.supervise import _lost
+
+    assert _lost(137) == "was killed by SIGKILL" and _lost(-9) == "was killed by SIGKILL"
+    assert _lost(143) == "was killed by SIGTERM"
+    assert _lost(255).startswith("lost its ssh connection (status 255)")
+    assert _lost(3) == "ended with status 3 without reporting its exit"
