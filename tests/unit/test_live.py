@@ -62,6 +62,9 @@ def test_states_heartbeat_and_output_rate():
     live.update(0, "exit", 0, 131.0)
     live.update(1, "exit", 3, 131.0)
     assert [r.state for r in live.snapshot(131.0).ranks] == ["finished", "failed"]
+    live = LiveRun(["h1"], now=0.0)
+    live.update(0, "lost", "-9", 1.0)         # the rank starter saw it die without an exit line
+    assert live.snapshot(1.0).ranks[0].state == "failed"
 
 
 def test_metrics_give_each_rank_its_row_and_the_job_its_eta_and_global_rate():
