@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from .atomic import write_text
 from .transfer.shards import MANIFEST
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, RestartError, ShardError, UsageError
+from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, RestartError, ShardError, SignalReceived,
+                     UsageError)
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background, run_all
 from .hosts.openssh import ssh_options
@@ -46,7 +47,7 @@ from .launch.job import Launch, prepare
 from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
 from .launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
-from .launch.supervise import Outcome, supervise
+from .launch.supervise import Outcome, signals_stop, stopped, supervise
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
@@ -180,7 +181,13 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         return RunResult(launch, None)
     try:
         while policy.should_restart(outcome.stopped_by_user, outcome.exit_code, job.restarts):
-            cluster, connector, plan = job.restart(launch, outcome, cluster, connector)
+            try:
+                with signals_stop():
+                    cluster, connector, plan = job.restart(launch, outcome, cluster, connector)
+            except (KeyboardInterrupt, SignalReceived) as e:     # between attempts: nothing of the job runs
+                outcome = stopped(e)
+                outcome.reason += f" before restart {job.restarts}: nothing was running"
+                break
             launch, outcome = job.attempt(cluster, connector, plan, None)
         # rank 0 runs on the first host and says whether it left anything in the run directory there
         if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -195,6 +196,25 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
         outcome.tail = list(ranks[outcome.failed_rank].tail)
     outcome.rank0_wrote = ranks[0].wrote if ranks else None
     return outcome
+
+
+@contextmanager
+def signals_stop():
+    """SIGTERM and SIGHUP raise SignalReceived inside (as Ctrl-C raises KeyboardInterrupt): for what `run`
+    does between attempts (the restart delay, the re-check), so a stop there is as orderly as in a job."""
+    previous = _stop_on_signals()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stopped(e: BaseException) -> Outcome:
+    """The outcome of a stop by the user (Ctrl-C, SIGTERM, SIGHUP) outside a job."""
+    if isinstance(e, SignalReceived):
+        return Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received", stopped_by_user=True)
+    return Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C)", stopped_by_user=True)
 
 
 def _stop_on_signals() -> dict:

@@ -125,9 +125,10 @@ class RunRecord:
         self.attempts.append(entry)
 
     def lost(self, steps: int | None) -> None:
-        """The steps the last attempt lost: trained past the checkpoint the next one continues from."""
-        if self.attempts:
-            self.attempts[-1]["steps_lost"] = steps
+        """The steps the last attempt that ran lost: trained past the checkpoint the next one continues from."""
+        ran = [a for a in self.attempts if "log_dir" in a]      # not a restart whose pre-flight failed
+        if ran:
+            ran[-1]["steps_lost"] = steps
 
     @classmethod
     def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],

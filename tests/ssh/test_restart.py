@@ -238,3 +238,23 @@ def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_
     once = TOKEN.search(r.stderr).group(1)
     assert not [p for p in os.listdir(tmp_path / "runs" / once) if p.startswith("attempt-")]
     assert "attempts" not in summary(tmp_path, once)
+
+
+def test_sigterm_during_the_restart_delay_stops_the_run_at_once(tmp_path):
+    """Between attempts nothing runs; a stop there ends the run as a stop in a job does (summary written)."""
+    (tmp_path / "fail.py").write_text("import sys\nsys.exit(3)\n")
+    job = start("--no-sync", "--max-restarts", "2", "--restart-delay", "60", "fail.py", cwd=tmp_path)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "restart 1 of 2 in 60s" not in seen and time.monotonic() < deadline:
+            seen += job.stdout.readline()
+        job.terminate()
+        out, _ = job.communicate(timeout=20)
+    finally:
+        job.kill()
+    assert job.returncode == 143, seen + out
+    assert "SIGTERM received before restart 1: nothing was running" in out
+    run_id = TOKEN.search(seen).group(1)
+    s = summary(tmp_path, run_id)
+    assert s["exit_code"] == 143 and [a["outcome"] for a in s["attempts"]] == ["failed"]
