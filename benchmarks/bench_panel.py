@@ -29,6 +29,7 @@ from bench_starter import FLAGS, Sampler, cpu_seconds
 from record import write_record
 
 TMUX = ["tmux", "-L", f"bench-panel-{os.getpid()}"]
+SOCKET = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", TMUX[-1])
 CHATTY_LINES = 6000
 CHATTY = f"""import time
 for i in range({CHATTY_LINES}):
@@ -106,6 +107,8 @@ def main() -> int:
                                                          for k, v in chatty.items()), flush=True)
     finally:
         subprocess.run([*TMUX, "kill-server"], capture_output=True)
+        if os.path.exists(SOCKET):     # the server leaves its socket file behind
+            os.unlink(SOCKET)
     results = {}
     for name, rows in runs.items():
         share = [r["clusterctl_cpu"] for r in rows if r["clusterctl_cpu"] is not None]

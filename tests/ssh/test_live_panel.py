@@ -24,6 +24,12 @@ class Tmux:
 
     def __init__(self, name):
         self.base = ["tmux", "-L", name]
+        self.socket = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", name)
+
+    def close(self):
+        self("kill-server")
+        if os.path.exists(self.socket):       # the server leaves its socket file behind
+            os.unlink(self.socket)
 
     def __call__(self, *args):
         return subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=10)
@@ -84,4 +90,4 @@ def test_the_panel_shows_both_ranks_advancing_under_whole_rank_lines(make_cluste
         assert any("failed: interrupted (Ctrl-C): stopped every rank" in line for line in end), end
         assert tmux("display", "-p", "-t", "panel", "#{cursor_flag}").stdout.strip() == "1"   # the cursor is back
     finally:
-        tmux("kill-server")
+        tmux.close()
