@@ -106,8 +106,17 @@ def _train(r: dict) -> str:
             f"tokens/s abs.: {tps}")
 
 
+def _panel(r: dict) -> str:
+    q = r["results"]
+    return (f"trainer tokens/s with the live panel / --plain: {q['ratio']['median']:.3f} (pairs "
+            f"{q['ratio']['pairs_min']:.3f}..{q['ratio']['pairs_max']:.3f}); clusterctl CPU "
+            f"{q['panel']['clusterctl_cpu_s']:.2f} s vs {q['plain']['clusterctl_cpu_s']:.2f} s abs. "
+            f"({q['plain']['wall_s']:.0f} s runs); {q['chatty']['lines']:,} output lines: "
+            f"{q['chatty']['panel']['clusterctl_cpu_s']:.2f} s vs {q['chatty']['plain']['clusterctl_cpu_s']:.2f} s")
+
+
 SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
-             "prepare": _prepare, "train": _train}
+             "prepare": _prepare, "train": _train, "panel": _panel}
 
 
 def _generic(r: dict) -> str:

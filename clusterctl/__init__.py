@@ -10,4 +10,7 @@ def __getattr__(name: str):
             return version("clusterctl")
         except PackageNotFoundError:  # running from a source tree that was never installed
             return "0.0.0+source"
+    if name == "report":     # `from clusterctl import report`: the live panel's metrics line (progress.py)
+        from .progress import report
+        return report
     raise AttributeError(name)

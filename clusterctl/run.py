@@ -48,6 +48,7 @@ from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
 from .launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
 from .launch.supervise import Outcome, signals_stop, stopped, supervise
+from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
@@ -128,6 +129,8 @@ class RunEvents:
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
     def output(self, text: str, is_err: bool) -> None: ...
+    def watching(self, launch: Launch, live: LiveRun) -> None: ...   # the ranks' live state, kept while supervised
+    def watched(self, launch: Launch) -> None: ...                   # supervision ended, whatever the way
     def fetched(self, launch: Launch, host: str, remote_dir: str, files: int, nbytes: int) -> None: ...
     def fetch_failed(self, launch: Launch, host: str, remote_dir: str, error: BaseException) -> None: ...
     def outputs_fetched(self, launch: Launch, fetched: list[Fetched]) -> None: ...
@@ -243,10 +246,15 @@ class _Job:
                                               program=program.label)
             if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
                 self.run_id, self.run_dir = launch.run_id, launch.run_dir
-            outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
-                                start_timeout=options.start_timeout,
-                                hang_timeout=self.policy.hang_timeout(options.hang_timeout),
-                                preflight=preflight, plan=plan)
+            live = LiveRun(launch.rank_hosts, time.monotonic())
+            self.events.watching(launch, live)
+            try:
+                outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
+                                    start_timeout=options.start_timeout,
+                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout),
+                                    preflight=preflight, plan=plan, status=live.update)
+            finally:
+                self.events.watched(launch)
             if outcome.replan is None:
                 break
             self.events.relaunching(launch, outcome.reason)

@@ -23,6 +23,7 @@ command -v rsync >/dev/null || packages+=(rsync)
 command -v unshare >/dev/null || packages+=(util-linux)
 command -v ps >/dev/null || packages+=(procps)
 command -v zsh >/dev/null || packages+=(zsh)          # fake-Darwin hosts log in with zsh (tests/fakedarwin)
+command -v tmux >/dev/null || packages+=(tmux)        # a real terminal for run's live panel (tests/ssh/test_live_panel.py)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "tests/run.sh: installing Debian packages: ${packages[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -14,10 +14,15 @@ if TYPE_CHECKING:
 
 
 def table(rows: list[dict], columns: list[str]) -> None:
+    for line in table_lines(rows, columns):
+        click.echo(line)
+
+
+def table_lines(rows: list[dict], columns: list[str]) -> list[str]:
+    """A header (the column names in capitals) and one line per row, each column as wide as its widest."""
     widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in columns}
-    click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
-    for r in rows:
-        click.echo("  ".join(str(r[c]).ljust(widths[c]) for c in columns).rstrip())
+    return ["  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip()] + [
+        "  ".join(str(r[c]).ljust(widths[c]) for c in columns).rstrip() for r in rows]
 
 
 def size(n: float) -> str:

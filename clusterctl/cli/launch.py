@@ -51,7 +51,11 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
 
 class PrintedRun:
     """`run`'s events (run.RunEvents: every method of it) as lines: progress on stderr, the ranks' output
-    on stdout / stderr."""
+    on stdout / stderr; with `live`, the ranks' panel under them while the job runs (cli/panel.py)."""
+
+    def __init__(self, live: bool = False):
+        self.live = live
+        self.panel = None
 
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
@@ -80,7 +84,20 @@ class PrintedRun:
                     fg="yellow", err=True)
 
     def output(self, text, is_err):
-        click.echo(text, err=is_err)
+        if self.panel is not None:
+            self.panel.print(text)
+        else:
+            click.echo(text, err=is_err)
+
+    def watching(self, launch, live):
+        if self.live:
+            from .panel import Panel      # imports rich: only when a panel is drawn
+            self.panel = Panel(live)
+
+    def watched(self, launch):
+        if self.panel is not None:
+            self.panel.stop()
+            self.panel = None
 
     def fetched(self, launch, host, remote_dir, files, nbytes):
         click.echo(f"run {launch.run_id}: copied {files} file(s), {size(nbytes)} from {host}:{remote_dir} "
@@ -109,6 +126,11 @@ class PrintedRun:
         click.echo(f"run {launch.run_id}: logs and metrics in {_shown(launch.run_dir)}/", err=True)
 
 
+def panel_wanted(plain: bool) -> bool:
+    """run's live panel is drawn only on a terminal: stdout and stderr both a tty, and no --plain."""
+    return not plain and sys.stdout.isatty() and sys.stderr.isatty()
+
+
 def _shown(path):
     """A local path as the user would type it: ./x below the current directory, else absolute."""
     rel = os.path.relpath(os.path.abspath(path))
@@ -118,7 +140,7 @@ def _shown(path):
 # Options that name the launch itself, never a program's: a block of clusterctl options written after the
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
-               "--no-preflight", "--rank0-only", "--start-timeout", "--hang-timeout", "--runs-dir",
+               "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--runs-dir",
                "--max-restarts", "--restart-delay", "--elastic", "--elastic-batch")
 
 
@@ -216,6 +238,8 @@ class RunCommand(click.Command):
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; launch nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip checking SSH, python and the script on every host first.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (every rank is still logged).")
+@click.option("--plain", is_flag=True,
+              help="No live panel of the ranks under the output (it is drawn only on a terminal anyway).")
 @click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
 @click.option("--hang-timeout", type=float, metavar="S", help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
@@ -253,7 +277,7 @@ class RunCommand(click.Command):
               help="After the world changes, keep each rank's batch (the global batch changes with the world), or "
                    "keep the global batch by changing the bundled trainer's --accum (exported to every program "
                    "as CLUSTERCTL_ELASTIC_BATCH).")
-def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, start_timeout,
+def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, plain, start_timeout,
             hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
             fetch_all_ranks, data_dir, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
@@ -288,7 +312,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
                          restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch))
-    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun())
+    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))

@@ -10,6 +10,8 @@ on Ctrl-C, when no rank has started within --start-timeout, when a started rank 
 output, no heartbeat) for --hang-timeout, or when the ranks' first `mx.distributed.init()` formed another
 world than the launch's (world.py; the rank's own failure then waits for that verdict, which says more).
 Progress-bar updates (`bar` lines) are shown live; only each bar's final state, an ordinary line, is logged.
+Every rank event also goes to the `status` hook (the live panel's model, observe/live.py); a metrics line
+(progress.py) goes only there: it is neither shown nor logged.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from ..errors import (
     exit_for_signal,
 )
 from ..hosts.connector import Connector
+from ..progress import parse as parse_metrics
 from .bootstrap import parse_line
 from .job import Launch
 from .launchers import sweep
@@ -105,11 +108,20 @@ class _Rank:
             log.close()
 
 
+Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
+
+
+def _no_status(rank: int, kind: str, value: object, now: float) -> None:
+    pass
+
+
 def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
               rank0_only: bool = False, start_timeout: float | None = None,
-              hang_timeout: float | None = None, preflight=None, plan: LaunchPlan | None = None) -> Outcome:
+              hang_timeout: float | None = None, preflight=None, plan: LaunchPlan | None = None,
+              status: Status = _no_status) -> Outcome:
     """Run the launcher and watch every rank until the job ends one way or another. `preflight` (a
-    Future of discover()) verifies, while the job starts, the cached `plan` it was launched from."""
+    Future of discover()) verifies, while the job starts, the cached `plan` it was launched from;
+    `status` hears every rank's events (observe/live.py lists them)."""
     check = _Preflight(preflight, plan)
     preflight_error: BaseException | None = None
     # an attempt's logs (run --max-restarts: runs/<id>/attempt-K/), and the run's, which hold every attempt
@@ -135,11 +147,11 @@ def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[st
             except queue.Empty:
                 line = None
             if line is not None:
-                ended = _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world)
+                ended = _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world, status)
                 if ended is not None and world.wrong:     # the world check's line names the cause
                     outcome = _world_verdict(world, ranks, force=ended.exit_code == 0)
                 elif ended is not None and ended.exit_code == 0 and failed is None:
-                    outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world)
+                    outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world, status)
                 elif ended is not None and ended.exit_code != 0:
                     if failed is None or ended.lost:
                         failed, failed_at = ended, failed_at or time.monotonic()
@@ -217,7 +229,7 @@ def _stop_on_signals() -> dict:
     return previous
 
 
-def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldCheck) -> Outcome | None:
+def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldCheck, status: Status) -> Outcome | None:
     parsed = parse_line(line)
     if parsed is None or not 0 <= parsed[0] < len(ranks):
         launcher_log.write(line + "\n")
@@ -228,6 +240,11 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
     rank, kind, payload = parsed
     r = ranks[rank]
     r.last_seen = time.monotonic()
+    metrics = parse_metrics(payload) if kind == "out" else None
+    if metrics is not None:
+        status(rank, "metrics", metrics, r.last_seen)
+        return None
+    status(rank, kind, _exit_code(payload) if kind == "exit" else payload, r.last_seen)
     if kind == "start":
         r.started = True
     elif kind in ("out", "err"):
@@ -247,14 +264,18 @@ def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldChe
         r.exit_code = 128 - code if code < 0 else code
         return Outcome(r.exit_code, f"rank {rank} on {r.host} {_lost(code)}", failed_rank=rank, lost=True)
     elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
-        code, _, wrote = payload.partition(" ")
-        r.exit_code = int(code) if code.lstrip("-").isdigit() else 1
-        r.wrote = wrote == "1"
+        r.exit_code = _exit_code(payload)
+        r.wrote = payload.partition(" ")[2] == "1"
         if r.exit_code != 0:
             return Outcome(r.exit_code, f"rank {rank} on {r.host} exited {r.exit_code}", failed_rank=rank)
         if all(x.exit_code == 0 for x in ranks):
             return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
     return None
+
+
+def _exit_code(payload: str) -> int:
+    code = payload.partition(" ")[0]
+    return int(code) if code.lstrip("-").isdigit() else 1
 
 
 def _lost(code: int) -> str:
@@ -272,7 +293,7 @@ def _lost(code: int) -> str:
     return f"ended with status {code} without reporting its exit"
 
 
-def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world) -> Outcome:
+def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world, status) -> Outcome:
     """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
     to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize:
     docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
@@ -284,7 +305,7 @@ def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world) 
         t.join(5)
     while not lines.empty():
         is_err, line = lines.get()
-        _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world)
+        _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world, status)
     if proc.returncode != 0:
         return Outcome(proc.returncode, f"every rank finished but the launcher exited {proc.returncode} "
                        f"(see {launcher_log.name})")

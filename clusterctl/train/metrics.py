@@ -1,7 +1,8 @@
 """What rank 0 prints and logs: one line per report interval, the same fields in <out>/metrics.jsonl.
 
 Every rank takes part in a report (the peak-memory maximum is a collective), so all ranks call `report`
-at the same steps; only rank 0 prints and writes.
+at the same steps; only rank 0 prints and writes. Under `clusterctl run` (CLUSTERCTL_RUN_ID set) every rank
+also prints a metrics line (progress.py) with its own tokens/s and peak memory, for run's live panel.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 from ..atomic import write_text
+from ..progress import report as live_report
 
 
 def max_over_ranks(value: float, group) -> float:
@@ -32,6 +34,7 @@ class Reporter:
         self.norms: list[mx.array] = []
         self.last_step = start_step
         self.last_time = time.perf_counter()
+        self.live = bool(os.environ.get("CLUSTERCTL_RUN_ID"))
         if self.is_main:
             os.makedirs(out_dir, exist_ok=True)
             self._forget_after(start_step)
@@ -51,7 +54,8 @@ class Reporter:
     def report(self, step: int, total_steps: int, lr: float) -> dict:
         """Mean loss and grad norm over the steps since the last report; global tokens/s over that span."""
         elapsed = time.perf_counter() - self.last_time
-        peak_mb = max_over_ranks(mx.get_peak_memory() / 2**20, self.group)
+        own_peak_mb = mx.get_peak_memory() / 2**20
+        peak_mb = max_over_ranks(own_peak_mb, self.group)
         record = {
             "step": step,
             "loss": mx.stack(self.losses).mean().item(),
@@ -67,6 +71,9 @@ class Reporter:
                   f"lr {lr:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak mem {peak_mb:,.1f} MB | "
                   f"grad norm {record['grad_norm']:.3f}", flush=True)
             self.write(record)
+        if self.live:
+            live_report(step=step, total_steps=total_steps, loss=record["loss"],
+                        tokens_per_s=record["tokens_per_s"] / self.group.size(), peak_mem_mb=own_peak_mb)
         return record
 
     def evaluation(self, step: int, val_loss: float) -> None:

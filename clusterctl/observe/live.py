@@ -1,0 +1,122 @@
+"""What `run`'s live panel shows, as plain data: the supervisor feeds it every rank's events, the CLI's
+renderer (cli/panel.py) reads a snapshot a few times a second from its own thread.
+
+    live = LiveRun(["h1", "h2"], now)            # one host name per rank
+    live.update(rank, kind, value, now)          # supervise.py's status hook (kinds below)
+    live.snapshot(now) -> Snapshot(ranks=[RankRow, ...], job=JobRow)
+
+Kinds: "start" (the bootstrap started), "out" / "err" (an output line), "hb" and any other tagged line (a
+sign of life), "metrics" (the fields of a progress.py metrics line, a dict), "exit" (the exit code, an int),
+"lost" (the rank died without reporting its exit).
+A program that prints no metrics lines still gets its state, heartbeat age and output rate.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+RATE_WINDOW_S = 10.0       # lines/s over the last this many seconds
+STEP_WINDOW_S = 60.0       # the step rate behind the ETA, over about this long
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    host: str
+    state: str                      # starting, running, finished, failed
+    step: int | None
+    total_steps: int | None
+    loss: float | None
+    tokens_per_s: float | None      # this rank's own
+    peak_mem_mb: float | None       # this rank's own
+    since_seen_s: float | None      # since its last heartbeat or output; None before the first
+    lines_per_s: float
+
+
+@dataclass(frozen=True)
+class JobRow:
+    elapsed_s: float
+    step: int | None                # the slowest reporting rank's
+    total_steps: int | None
+    eta_s: float | None             # from the step rate, counting down since the last step; None until two steps are known
+    tokens_per_s: float | None      # the ranks' sum
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    ranks: list[RankRow]
+    job: JobRow
+
+
+class _Rank:
+    def __init__(self, host: str):
+        self.host = host
+        self.state = "starting"
+        self.metrics: dict[str, float] = {}
+        self.last_seen: float | None = None
+        self.lines: deque[float] = deque()
+
+
+class LiveRun:
+    def __init__(self, hosts: list[str], now: float):
+        self.started = now
+        self._ranks = [_Rank(h) for h in hosts]
+        self._steps: deque[tuple[float, int]] = deque()      # (when, the job's step) each time it moved
+        self._lock = threading.Lock()
+
+    def update(self, rank: int, kind: str, value, now: float) -> None:
+        if not 0 <= rank < len(self._ranks):
+            return
+        with self._lock:
+            r = self._ranks[rank]
+            r.last_seen = now
+            if kind in ("exit", "lost"):     # lost: it died without reporting an exit
+                r.state = "finished" if kind == "exit" and value == 0 else "failed"
+                return
+            if r.state == "starting":
+                r.state = "running"
+            if kind in ("out", "err"):
+                r.lines.append(now)
+                while r.lines and r.lines[0] < now - RATE_WINDOW_S:
+                    r.lines.popleft()
+            elif kind == "metrics":
+                r.metrics.update(value)
+                if "step" in value:
+                    self._step_moved(now)
+
+    def _step_moved(self, now: float) -> None:
+        step = self._job_step()
+        if step is None or (self._steps and self._steps[-1][1] >= step):
+            return
+        self._steps.append((now, step))
+        while len(self._steps) > 2 and self._steps[1][0] < now - STEP_WINDOW_S:
+            self._steps.popleft()
+
+    def _job_step(self) -> int | None:
+        steps = [int(r.metrics["step"]) for r in self._ranks if "step" in r.metrics]
+        return min(steps) if steps else None
+
+    def snapshot(self, now: float) -> Snapshot:
+        with self._lock:
+            window = max(1.0, min(RATE_WINDOW_S, now - self.started))
+            rows = [RankRow(i, r.host, r.state, _int(r.metrics.get("step")), _int(r.metrics.get("total_steps")),
+                            r.metrics.get("loss"), r.metrics.get("tokens_per_s"), r.metrics.get("peak_mem_mb"),
+                            None if r.last_seen is None else max(0.0, now - r.last_seen),
+                            sum(1 for t in r.lines if t >= now - RATE_WINDOW_S) / window)
+                    for i, r in enumerate(self._ranks)]
+            step = self._job_step()
+            totals = [row.total_steps for row in rows if row.total_steps]
+            total = max(totals) if totals else None
+            eta = None
+            if step is not None and total and len(self._steps) >= 2:
+                (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
+                if t1 > t0 and s1 > s0:
+                    eta = max(0.0, max(0, total - step) / ((s1 - s0) / (t1 - t0)) - (now - t1))
+            rates = [row.tokens_per_s for row in rows if row.tokens_per_s is not None]
+            job = JobRow(now - self.started, step, total, eta, sum(rates) if rates else None)
+        return Snapshot(rows, job)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,149 @@
+"""run's live panel on canned events: the metrics line (progress.py), the state model (observe/live.py),
+the supervisor's hook (a metrics line feeds the panel only) and the rendering (cli/panel.py)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from clusterctl import progress
+from clusterctl.launch.bootstrap import MARK
+from clusterctl.launch.supervise import _handle, _Rank
+from clusterctl.launch.world import WorldCheck
+from clusterctl.observe.live import LiveRun
+
+
+# ---- the metrics line ---------------------------------------------------------------------------
+
+def test_report_prints_one_line_that_parse_reads_back(capsys):
+    progress.report(step=10, total_steps=100, loss=2.5, tokens_per_s=1234.5, peak_mem_mb=512)
+    out = capsys.readouterr().out
+    assert out == 'clusterctl:metrics {"step": 10, "total_steps": 100, "loss": 2.5, "tokens_per_s": 1234.5, ' \
+                  '"peak_mem_mb": 512}\n'
+    assert progress.parse(out.rstrip("\n")) == {"step": 10, "total_steps": 100, "loss": 2.5, "tokens_per_s": 1234.5,
+                                                "peak_mem_mb": 512}
+
+
+@pytest.mark.parametrize("line", ["step 10 | loss 2.3", "clusterctl:metrics {oops", "clusterctl:metrics [1, 2]",
+                                  ' clusterctl:metrics {"step": 1}', 'clusterctl:metrics{"step": 1}'])
+def test_other_lines_are_not_metrics(line):
+    assert progress.parse(line) is None
+
+
+def test_unknown_and_non_numeric_fields_are_dropped():
+    line = progress.MARKER + json.dumps({"step": 3, "loss": "high", "flag": True, "tokens_per_s": float("nan"),
+                                         "peak_mem_mb": True, "lr": 0.1})
+    assert progress.parse(line) == {"step": 3}
+
+
+def test_the_helper_imports_without_mlx_or_anything_but_the_standard_library():
+    code = ("import sys; from clusterctl import report; report(step=1); "
+            "print(sorted(m for m in ('mlx', 'click', 'rich', 'yaml') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout == 'clusterctl:metrics {"step": 1}\n[]\n'
+
+
+# ---- the state model ----------------------------------------------------------------------------
+
+def test_states_heartbeat_and_output_rate():
+    live = LiveRun(["h1", "h2"], now=100.0)
+    rows = live.snapshot(100.5).ranks
+    assert [(r.rank, r.host, r.state, r.since_seen_s, r.step) for r in rows] == [
+        (0, "h1", "starting", None, None), (1, "h2", "starting", None, None)]
+    live.update(0, "start", "", 101.0)
+    live.update(1, "hb", "", 101.5)
+    for t in range(10):
+        live.update(0, "out", "a line", 102.0 + t * 0.5)
+    rows = live.snapshot(107.0).ranks
+    assert [r.state for r in rows] == ["running", "running"]
+    assert rows[0].since_seen_s == pytest.approx(0.5) and rows[1].since_seen_s == pytest.approx(5.5)
+    assert rows[0].lines_per_s == pytest.approx(10 / 7.0) and rows[1].lines_per_s == 0
+    assert live.snapshot(130.0).ranks[0].lines_per_s == 0           # the window has moved past them
+    live.update(0, "exit", 0, 131.0)
+    live.update(1, "exit", 3, 131.0)
+    assert [r.state for r in live.snapshot(131.0).ranks] == ["finished", "failed"]
+    live = LiveRun(["h1"], now=0.0)
+    live.update(0, "lost", "-9", 1.0)         # the rank starter saw it die without an exit line
+    assert live.snapshot(1.0).ranks[0].state == "failed"
+
+
+def test_metrics_give_each_rank_its_row_and_the_job_its_eta_and_global_rate():
+    live = LiveRun(["h1", "h2"], now=0.0)
+    job = live.snapshot(1.0).job
+    assert (job.elapsed_s, job.step, job.eta_s, job.tokens_per_s) == (1.0, None, None, None)
+    for t, step in ((10.0, 10), (20.0, 20)):
+        live.update(0, "metrics", {"step": step, "total_steps": 100, "loss": 3.0, "tokens_per_s": 500.0,
+                                   "peak_mem_mb": 64.0}, t)
+        live.update(1, "metrics", {"step": step, "total_steps": 100, "loss": 3.1, "tokens_per_s": 400.0,
+                                   "peak_mem_mb": 60.0}, t + 0.1)
+    snap = live.snapshot(21.0)
+    assert [(r.step, r.total_steps, r.loss, r.tokens_per_s, r.peak_mem_mb) for r in snap.ranks] == [
+        (20, 100, 3.0, 500.0, 64.0), (20, 100, 3.1, 400.0, 60.0)]
+    assert (snap.job.step, snap.job.total_steps, snap.job.tokens_per_s) == (20, 100, 900.0)
+    # 10 steps in 10.0 s (each step counts once the slowest rank has it), 80 to go, 0.9 s since the last
+    assert snap.job.eta_s == pytest.approx(80 * 1.01 - 0.9)
+
+
+def test_the_job_step_is_the_slowest_reporting_rank_and_a_rank_without_metrics_waits():
+    live = LiveRun(["h1", "h2", "h3"], now=0.0)
+    live.update(0, "metrics", {"step": 30}, 5.0)
+    live.update(1, "metrics", {"step": 20}, 5.0)
+    live.update(2, "out", "no metrics here", 5.0)
+    snap = live.snapshot(6.0)
+    assert snap.job.step == 20 and snap.job.total_steps is None and snap.job.eta_s is None
+    assert snap.ranks[2].step is None and snap.ranks[2].state == "running"
+    live.update(7, "metrics", {"step": 1}, 6.0)       # a rank the launch does not have: ignored
+
+
+# ---- the supervisor's hook ----------------------------------------------------------------------
+
+def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path):
+    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
+    emitted, heard = [], []
+    launcher_log = open(tmp_path / "launcher.log", "a")
+
+    def handle(line):
+        return _handle(line, False, ranks, launcher_log, lambda text, err: emitted.append(text), False,
+                       WorldCheck(1, "ring"), lambda rank, kind, value, now: heard.append((rank, kind, value)))
+
+    handle(f"{MARK}0 start")
+    handle(f"{MARK}0 out step 1 | loss 2.0")
+    handle(f'{MARK}0 out {progress.MARKER}{{"step": 1, "loss": 2.0}}')
+    handle(f"{MARK}0 out {progress.MARKER}not json")
+    handle(f"{MARK}0 exit 0 1")
+    ranks[0].close()
+    assert emitted == ["[rank 0 h1] step 1 | loss 2.0", f"[rank 0 h1] {progress.MARKER}not json"]
+    assert (tmp_path / "rank-0.log").read_text() == f"step 1 | loss 2.0\n{progress.MARKER}not json\n"
+    assert list(ranks[0].tail) == ["step 1 | loss 2.0", f"{progress.MARKER}not json"]
+    assert heard == [(0, "start", ""), (0, "out", "step 1 | loss 2.0"), (0, "metrics", {"step": 1, "loss": 2.0}),
+                     (0, "out", f"{progress.MARKER}not json"), (0, "exit", 0)]
+
+
+# ---- the rendering ------------------------------------------------------------------------------
+
+def test_the_panel_renders_a_row_per_rank_and_the_job_line():
+    from rich.console import Console
+
+    from clusterctl.cli.panel import clock, render
+
+    live = LiveRun(["h1", "h2"], now=0.0)
+    live.update(0, "metrics", {"step": 10, "total_steps": 100, "loss": 2.34567, "tokens_per_s": 1500.0,
+                               "peak_mem_mb": 12.25}, 5.0)
+    live.update(0, "metrics", {"step": 20, "total_steps": 100}, 10.0)
+    live.update(1, "metrics", {"step": 20}, 10.0)
+    live.update(1, "exit", 1, 11.0)
+    console = Console(width=120, record=True, color_system=None)
+    console.print(render(live.snapshot(12.0)))
+    text = console.export_text()
+    assert "job: elapsed 0:12  step 20/100  ETA 0:38  1,500 tok/s" in text     # 2 steps/s, 80 to go, 2 s since
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
+    assert rows == [["0", "h1", "running", "20/100", "2.3457", "1,500", "12.2", "MB", "2.0s", "ago", "0.0"],
+                    ["1", "h2", "failed", "20", "-", "-", "-", "1.0s", "ago", "0.0"]]
+    assert (clock(59), clock(61), clock(3725)) == ("0:59", "1:01", "1:02:05")
+
+
+def test_no_panel_without_a_terminal_or_with_plain():
+    from clusterctl.cli.launch import panel_wanted
+
+    assert panel_wanted(plain=True) is False
+    assert panel_wanted(plain=False) is (sys.stdout.isatty() and sys.stderr.isatty())
