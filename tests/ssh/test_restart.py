@@ -133,6 +133,37 @@ def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_cu
     nothing_left(cluster, run_id, (1, 2, 3))
 
 
+def test_elastic_finishes_on_the_2_hosts_that_remain_when_one_stops(make_cluster, tmp_path):
+    """The issue's own acceptance: host 3's sshd stops and its ranks die with it, under --max-restarts 1
+    --elastic 2 and shards prepared for 3 (--data): the run finishes on the 2 others, on the same tokens
+    cut in 2, exit 0, both attempts in summary.json, no process of the run left."""
+    cluster = make_cluster(3)
+    requires_private_roots(cluster, "each host keeps its own checkpoints")
+    prep = clusterctl("data", "prepare", "embedded:300", "--world", "3", "--out", str(tmp_path / "tiny"), cwd=tmp_path)
+    assert prep.returncode == 0, prep.stderr
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--elastic", "2",
+                "--restart-delay", "1", "--data", str(tmp_path / "tiny"), "--", *TRAIN, cwd=tmp_path)
+    try:
+        run_id, lines = until_past_a_checkpoint(job)
+        cluster.stop_host(3)
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    text = "".join(lines) + out
+    assert job.returncode == 0, text[-3000:]
+    assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in text
+    s = summary(tmp_path, run_id)
+    assert s["exit_code"] == 0 and s["restarts"] == 1
+    assert [(a["world"], a["hosts"], a["outcome"]) for a in s["attempts"]] == [
+        (3, ["h1", "h2", "h3"], "failed"), (2, ["h1", "h2"], "ok")]
+    assert s["attempts"][0]["failed_host"] == "h3" and s["attempts"][1]["resumed_from"].startswith("step-")
+    assert sorted(curve(tmp_path / "runs" / run_id)) == list(range(1, STEPS + 1))
+    for i in (1, 2):                                     # each remaining host holds its new shard only
+        ls = cluster.ssh(i, f"ls {cluster.workdir}/data/tiny").stdout.split()
+        assert ls == sorted([f"shard-0000{i - 1}-of-00002.bin", "val.bin", "manifest.json"]), ls
+    nothing_left(cluster, run_id, (1, 2))
+
+
 def test_elastic_finishes_on_the_hosts_that_remain_and_takes_back_one_that_returns(make_cluster, tmp_path):
     """Shards prepared for 3 ranks (--data). Host 3 stops (its sshd and every session under it: rank 2 dies
     with them): the run goes on with 2 ranks, on the same tokens cut in 2. Host 3 comes back with its disk
