@@ -133,16 +133,21 @@ def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_cu
     nothing_left(cluster, run_id, (1, 2, 3))
 
 
+def elastic_job(cluster, tmp_path, max_restarts: int):
+    """The bundled trainer on 3 hosts under --elastic 2, from shards prepared for 3 ranks."""
+    requires_private_roots(cluster, "each host keeps its own checkpoints")
+    prep = clusterctl("data", "prepare", "embedded:300", "--world", "3", "--out", str(tmp_path / "tiny"), cwd=tmp_path)
+    assert prep.returncode == 0, prep.stderr
+    return cluster, start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", str(max_restarts),
+                          "--elastic", "2", "--restart-delay", "1", "--data", str(tmp_path / "tiny"), "--", *TRAIN,
+                          cwd=tmp_path)
+
+
 def test_elastic_finishes_on_the_2_hosts_that_remain_when_one_stops(make_cluster, tmp_path):
     """The issue's own acceptance: host 3's sshd stops and its ranks die with it, under --max-restarts 1
     --elastic 2 and shards prepared for 3 (--data): the run finishes on the 2 others, on the same tokens
     cut in 2, exit 0, both attempts in summary.json, no process of the run left."""
-    cluster = make_cluster(3)
-    requires_private_roots(cluster, "each host keeps its own checkpoints")
-    prep = clusterctl("data", "prepare", "embedded:300", "--world", "3", "--out", str(tmp_path / "tiny"), cwd=tmp_path)
-    assert prep.returncode == 0, prep.stderr
-    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--elastic", "2",
-                "--restart-delay", "1", "--data", str(tmp_path / "tiny"), "--", *TRAIN, cwd=tmp_path)
+    cluster, job = elastic_job(make_cluster(3), tmp_path, max_restarts=1)
     try:
         run_id, lines = until_past_a_checkpoint(job)
         cluster.stop_host(3)
@@ -169,12 +174,7 @@ def test_elastic_finishes_on_the_hosts_that_remain_and_takes_back_one_that_retur
     with them): the run goes on with 2 ranks, on the same tokens cut in 2. Host 3 comes back with its disk
     (a Mac waking up) and rank 1 is killed: the next attempt runs on all 3 again, host 3 given the
     checkpoint it missed."""
-    cluster = make_cluster(3, persistent_roots=True)
-    requires_private_roots(cluster, "each host keeps its own checkpoints")
-    prep = clusterctl("data", "prepare", "embedded:300", "--world", "3", "--out", str(tmp_path / "tiny"), cwd=tmp_path)
-    assert prep.returncode == 0, prep.stderr
-    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "2", "--elastic", "2",
-                "--restart-delay", "1", "--data", str(tmp_path / "tiny"), "--", *TRAIN, cwd=tmp_path)
+    cluster, job = elastic_job(make_cluster(3, persistent_roots=True), tmp_path, max_restarts=2)
     try:
         run_id, lines = until_past_a_checkpoint(job)
         cluster.stop_host(3)
