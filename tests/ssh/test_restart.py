@@ -236,13 +236,14 @@ def test_a_host_that_goes_to_sleep_is_noticed_by_its_silence_and_left_out(make_c
     nothing_left(cluster, run_id, (1, 2, 3))
 
 
-def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_code(make_cluster, tmp_path):
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_code(make_cluster, tmp_path, backend):
     cluster = make_cluster(2)
     (tmp_path / "fail.py").write_text(
         "import os, sys\n"
         "print('attempt', os.environ['CLUSTERCTL_RESTART'], os.environ.get('CLUSTERCTL_RESUME_DIR', '-'), flush=True)\n"
         "sys.exit(3)\n")
-    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "2",
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", backend, "--max-restarts", "2",
                    "--restart-delay", "0", "fail.py", cwd=tmp_path)
     assert r.returncode == 3, r.stdout + r.stderr
     run_id = TOKEN.search(r.stderr).group(1)
@@ -264,7 +265,7 @@ def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_
     assert info["run_id"] == run_id and info["restarts"] == 2
     assert "exit 3: rank" in clusterctl("runs", cwd=tmp_path).stdout and "after 2 restarts" in clusterctl("runs", cwd=tmp_path).stdout
     # without --max-restarts: today's single attempt, logs directly in runs/<id>/, no restart variables
-    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "fail.py", cwd=tmp_path)
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", backend, "fail.py", cwd=tmp_path)
     assert r.returncode == 1 and "KeyError: 'CLUSTERCTL_RESTART'" in r.stdout + r.stderr
     once = TOKEN.search(r.stderr).group(1)
     assert not [p for p in os.listdir(tmp_path / "runs" / once) if p.startswith("attempt-")]
