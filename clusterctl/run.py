@@ -175,7 +175,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
-    job = _Job(options, program, backend, args, extra_env, events)
+    job = _Job(options, program, backend, args, extra_env, events, connector)
     launch, outcome = job.attempt(cluster, connector, plan, preflight)
     if outcome is None:
         return RunResult(launch, None)
@@ -210,7 +210,7 @@ class _Job:
     """One `run`: its attempts (one, or up to 1 + --max-restarts), each launched, supervised and recorded."""
 
     def __init__(self, options: RunOptions, program: Program, backend, args: list[str], extra_env: dict[str, str],
-                 events: RunEvents):
+                 events: RunEvents, whole: Connector):
         self.options, self.program, self.backend, self.args = options, program, backend, args
         self.extra_env, self.events = extra_env, events
         self.policy = options.restart
@@ -218,8 +218,7 @@ class _Job:
         self.run_id: str | None = None
         self.run_dir = ""
         self.restarts = 0
-        self.world = 0                  # the first attempt's world (the run's log files are one per rank of it)
-        self.whole: Connector | None = None   # the inventory's hosts, all of them
+        self.whole = whole              # the inventory's hosts, all of them
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
 
     def attempt(self, cluster: Cluster, connector: Connector, plan: LaunchPlan, preflight):
@@ -231,7 +230,6 @@ class _Job:
             self.events.launching_from(site.host.name, backend.launcher_label)
         attempt = self.restarts if self.policy.enabled else None
         started = time.time()
-        self.whole = self.whole or connector
         while True:
             launch = prepare(cluster, plan, script=program.argv[0], args=self.args, backend=backend,
                              runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
@@ -240,7 +238,6 @@ class _Job:
                 return launch, None
             self.events.started(launch, program.label, cluster.world_size, backend.name)
             if self.record is None:
-                self.world = cluster.world_size
                 self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
                                               backend=backend.name, hosts=[h.name for h in cluster.hosts],
                                               program=program.label)
@@ -364,32 +361,21 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
 
 def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | None]:
     """host -> the newest complete checkpoint step (a step-N directory with its state.json, as the trainer
-    picks it) in this run's directory there (each host keeps a full copy, train/checkpoint.py); None: none,
-    or the host did not answer."""
+    picks it) in the ranks' run directory there (each host keeps a full copy, train/checkpoint.py); None:
+    none, or the host did not answer."""
     cluster = connector.cluster
-    if all(h.local for h in cluster.hosts):       # the ranks' run directory is the local one (job.py)
-        return {h.name: newest(_local_steps(os.path.join(launch.run_dir, "checkpoints"))) for h in cluster.hosts}
     listing = 'for d in step-*; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
 
     def ask(host):
-        where = quote_path(f"{host.workdir.rstrip('/')}/runs/{launch.run_id}/checkpoints")
+        # where the ranks ran it: the local run directory when every rank is on this machine (job.py)
+        run_dir = launch.run_dir if all(h.local for h in cluster.hosts) else \
+            f"{host.workdir.rstrip('/')}/runs/{launch.run_id}"
         with connector.transport(host) as t:
-            return newest(t.run(f"cd {where} 2>/dev/null && {listing}; true", timeout=15).stdout.split())
+            names = t.run(f"cd {quote_path(run_dir + '/checkpoints')} 2>/dev/null && {listing}; true", timeout=15)
+        return max((n for n in map(checkpoint_step, names.stdout.split()) if n is not None), default=None)
 
     group = run_all(cluster.hosts, ask, deadline=connector.connect_timeout + 20)
     return {name: o.value if o.error is None else None for name, o in group.items()}
-
-
-def _local_steps(root: str) -> list[str]:
-    try:
-        return [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "state.json"))]
-    except OSError:
-        return []
-
-
-def newest(names: list[str]) -> int | None:
-    """The largest N of the step-N names (pure)."""
-    return max((n for n in map(checkpoint_step, names) if n is not None), default=None)
 
 
 def steps_lost(log_dir: str, resumed: int | None) -> int | None:

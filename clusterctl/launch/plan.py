@@ -47,12 +47,42 @@ _FIND_MODULE = ("import importlib.util, sys\n"
 
 
 def discover(connector: Connector, timeout: float = 30.0, script: str | None = None,
-             module: str | None = None, needs_mpi: bool = False, tolerate_unreachable: bool = False):
+             module: str | None = None, needs_mpi: bool = False) -> LaunchPlan:
     """Probe every host at once (no peer checks) and plan from what they report. With `script` (or
     `module`), this is also the pre-flight of a run: every host must be reachable, with its python and the
     script (a path relative to the host's workdir, or absolute) or module in place; the first host that
-    fails is named. `tolerate_unreachable` (discover_reachable): hosts that did not answer are returned, not
-    raised, as ({name: error}, the probes of the others)."""
+    fails is named."""
+    group = _probe_all(connector, timeout, script, module, needs_mpi)
+    for name, outcome in group.failed.items():
+        _raise(name, outcome.error)
+    return plan_from_probes(connector.cluster, [o.value for o in group.values()])
+
+
+def discover_reachable(connector: Connector, timeout: float = 30.0, script: str | None = None,
+                       module: str | None = None, needs_mpi: bool = False) -> tuple[Cluster, LaunchPlan, dict[str, str]]:
+    """The pre-flight of an elastic restart: (the cluster of the hosts that answered, in inventory order
+    and ranks renumbered, its plan, {host that did not answer: why}). A host that answers but fails a check
+    (no python, no script) still stops the run: leaving it out would hide a mistake, not a sleeping Mac."""
+    group = _probe_all(connector, timeout, script, module, needs_mpi)
+    for name, outcome in group.failed.items():
+        if isinstance(outcome.error, PreflightError):
+            raise outcome.error
+    lost = {n: str(o.error).removeprefix(f"{n}: ") for n, o in group.failed.items()}
+    sub = connector.cluster.subset(group.ok)
+    if not sub.hosts:
+        return sub, LaunchPlan(), lost
+    return sub, plan_from_probes(sub, [HostProbe(sub.host(n), o.value.facts) for n, o in group.ok.items()]), lost
+
+
+def _raise(name: str, error: BaseException):
+    if isinstance(error, PreflightError):
+        raise error
+    raise ConnectError(name, str(error).removeprefix(f"{name}: ") + " (run `clusterctl doctor` for the whole picture)")
+
+
+def _probe_all(connector: Connector, timeout: float, script: str | None, module: str | None, needs_mpi: bool):
+    """Every host's probe at once: a GroupResult of HostProbe, or of the error that stopped a host (its
+    PreflightError when it answered but failed a check)."""
     cluster = connector.cluster
 
     def probe(host):
@@ -83,31 +113,7 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
                                                     facts.get("module_error")))
         return HostProbe(host, facts)
 
-    group = run_all(cluster.hosts, probe, deadline=connector.connect_timeout + timeout + 5)
-    for name, outcome in group.failed.items():
-        if isinstance(outcome.error, PreflightError) or not tolerate_unreachable:
-            _raise(name, outcome.error)
-    if tolerate_unreachable:
-        return {n: o.error for n, o in group.failed.items()}, [o.value for o in group.values() if o.ok]
-    return plan_from_probes(cluster, [o.value for o in group.values()])
-
-
-def _raise(name: str, error: BaseException):
-    if isinstance(error, PreflightError):
-        raise error
-    raise ConnectError(name, str(error).removeprefix(f"{name}: ") + " (run `clusterctl doctor` for the whole picture)")
-
-
-def discover_reachable(connector: Connector, **kwargs) -> tuple[Cluster, LaunchPlan, dict[str, str]]:
-    """The pre-flight of an elastic restart: (the cluster of the hosts that answered, in inventory order
-    and ranks renumbered, its plan, {host that did not answer: why}). A host that answers but fails a check
-    (no python, no script) still stops the run: leaving it out would hide a mistake, not a sleeping Mac."""
-    lost, probes = discover(connector, tolerate_unreachable=True, **kwargs)
-    if not probes:
-        return connector.cluster.subset(()), LaunchPlan(), {n: str(e) for n, e in lost.items()}
-    sub = connector.cluster.subset(p.host.name for p in probes)
-    probes = [HostProbe(sub.host(p.host.name), p.facts) for p in probes]
-    return sub, plan_from_probes(sub, probes), {n: str(e).removeprefix(f"{n}: ") for n, e in lost.items()}
+    return run_all(cluster.hosts, probe, deadline=connector.connect_timeout + timeout + 5)
 
 
 def module_check(host, module: str) -> str:

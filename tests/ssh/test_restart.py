@@ -56,6 +56,20 @@ def until_past_a_checkpoint(job, limit=180.0) -> tuple[str, list[str]]:
     raise AssertionError("no checkpoint in time:\n" + "".join(lines))
 
 
+def drive(job, fault) -> tuple[str, str]:
+    """Let the job train past a checkpoint, then inject `fault(run_id)` (it may read on and return the lines
+    it read), and wait for the job's end, which must be a success: (run id, everything the job printed)."""
+    try:
+        run_id, lines = until_past_a_checkpoint(job)
+        lines += fault(run_id) or []
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    text = "".join(lines) + out
+    assert job.returncode == 0, text[-3000:]
+    return run_id, text
+
+
 def rank_pid(run_id: str, rank: int) -> int:
     """The python of rank `rank` of this run (every simulated host is this machine)."""
     for pid in subprocess.run(["pgrep", "-f", f"clusterctl-run-{run_id}"], capture_output=True, text=True).stdout.split():
@@ -104,15 +118,7 @@ def test_kill_9_of_a_rank_restarts_from_the_checkpoint_with_the_uninterrupted_cu
 
     job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--max-restarts", "1", "--restart-delay", "1",
                 "--", *TRAIN, cwd=tmp_path)
-    try:
-        run_id, lines = until_past_a_checkpoint(job)
-        os.kill(rank_pid(run_id, 1), 9)
-        out, _ = job.communicate(timeout=300)
-    finally:
-        job.kill()
-    lines.append(out)
-    text = "".join(lines)
-    assert job.returncode == 0, text[-3000:]
+    run_id, text = drive(job, lambda run_id: os.kill(rank_pid(run_id, 1), 9))
     assert "restart 1 of 1" in text and "resumed from" in text
     got = curve(tmp_path / "runs" / run_id)
     assert sorted(got) == list(range(1, STEPS + 1))
@@ -148,14 +154,7 @@ def test_elastic_finishes_on_the_2_hosts_that_remain_when_one_stops(make_cluster
     --elastic 2 and shards prepared for 3 (--data): the run finishes on the 2 others, on the same tokens
     cut in 2, exit 0, both attempts in summary.json, no process of the run left."""
     cluster, job = elastic_job(make_cluster(3), tmp_path, max_restarts=1)
-    try:
-        run_id, lines = until_past_a_checkpoint(job)
-        cluster.stop_host(3)
-        out, _ = job.communicate(timeout=300)
-    finally:
-        job.kill()
-    text = "".join(lines) + out
-    assert job.returncode == 0, text[-3000:]
+    run_id, text = drive(job, lambda _: cluster.stop_host(3))
     assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in text
     s = summary(tmp_path, run_id)
     assert s["exit_code"] == 0 and s["restarts"] == 1
@@ -175,19 +174,16 @@ def test_elastic_finishes_on_the_hosts_that_remain_and_takes_back_one_that_retur
     (a Mac waking up) and rank 1 is killed: the next attempt runs on all 3 again, host 3 given the
     checkpoint it missed."""
     cluster, job = elastic_job(make_cluster(3, persistent_roots=True), tmp_path, max_restarts=2)
-    try:
-        run_id, lines = until_past_a_checkpoint(job)
+
+    def away_and_back(run_id):
         cluster.stop_host(3)
         _, more = until_past_a_checkpoint(job)          # the second attempt, on 2 hosts, past its own checkpoint
-        lines += more
         assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in "".join(more)
         cluster.start_host(3)
         os.kill(rank_pid(run_id, 1), 9)
-        out, _ = job.communicate(timeout=300)
-    finally:
-        job.kill()
-    text = "".join(lines) + out
-    assert job.returncode == 0, text[-3000:]
+        return more
+
+    run_id, text = drive(job, away_and_back)
     assert "elastic: continuing on 3 rank(s) on h1, h2, h3; left out: none" in text
     s = summary(tmp_path, run_id)
     assert s["exit_code"] == 0 and s["restarts"] == 2
@@ -218,14 +214,9 @@ def test_a_host_that_goes_to_sleep_is_noticed_by_its_silence_and_left_out(make_c
                 "--restart-delay", "0", "--hang-timeout", "4", "--connect-timeout", "3", "--", *TRAIN, cwd=tmp_path)
     frozen = []
     try:
-        run_id, lines = until_past_a_checkpoint(job)
-        frozen = cluster.sleep_host(3)
-        out, _ = job.communicate(timeout=300)
+        run_id, text = drive(job, lambda _: frozen.extend(cluster.sleep_host(3)))
     finally:
-        job.kill()
         cluster.wake_host(3, frozen)
-    text = "".join(lines) + out
-    assert job.returncode == 0, text[-3000:]
     assert "hang timeout: no output and no heartbeat from rank 2 on h3" in text
     assert "elastic: continuing on 2 rank(s) on h1, h2; left out: h3" in text
     s = summary(tmp_path, run_id)
