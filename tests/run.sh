@@ -37,4 +37,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
 
+# the package is linted first (pyproject.toml [tool.ruff]); a lint error fails the run before the tests start
+.venv/bin/ruff check clusterctl
 exec .venv/bin/python -m pytest -ra "$@"

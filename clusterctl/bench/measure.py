@@ -62,8 +62,10 @@ class Bench:
                     cluster: Cluster | None = None, if_include: str | None = None,
                     budget_s: float = BUDGET_S, max_iters: int = MAX_ITERS, deadline_s: float | None = None) -> dict:
         """Time `ops` at every size. `cluster` / `if_include` override the launch settings (for --tune)."""
-        spec = {"backend": self.backend, "ops": ops, "sizes": sizes, "mpi4py": mpi4py and backends.get(self.backend).mpi4py_reference,
-                "budget_s": budget_s, "max_iters": max_iters, "deadline_s": min(deadline_s or self.deadline_s, self.deadline_s)}
+        spec = {"backend": self.backend, "ops": ops, "sizes": sizes,
+                "mpi4py": mpi4py and backends.get(self.backend).mpi4py_reference,
+                "budget_s": budget_s, "max_iters": max_iters,
+                "deadline_s": min(deadline_s or self.deadline_s, self.deadline_s)}
         result = self.launch(spec, cluster, if_include)
         return {"world": result["world"], "backend": self.backend, "rows": collective_rows(result)}
 

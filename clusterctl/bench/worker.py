@@ -12,8 +12,8 @@ SPEC_JSON: {"backend": "mpi"|"ring", "ops": ["all_sum", "all_gather"], "sizes": 
 
 Timing, as nccl-tests does it: ops run back to back (mx.eval blocks until each collective is done) in
 loops timed as a whole after a warm-up op; a size's time per op is the median of SAMPLES loops, from the
-slowest rank; MLX's and mpi4py's loops alternate. How many ops a loop holds adapts to the size (the budget) and is agreed by all ranks
-(all_max of each rank's estimate), so no rank waits in a collective the others skipped.
+slowest rank; MLX's and mpi4py's loops alternate. How many ops a loop holds adapts to the size (the budget)
+and is agreed by all ranks (all_max of each rank's estimate), so no rank waits in a collective the others skipped.
 """
 from __future__ import annotations
 

@@ -47,7 +47,9 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     if backend not in measured:
         raise click.UsageError(f"bench measures the {' and '.join(measured)} backends; pass --backend (the "
                                f"inventory says {backend})")
-    say = (lambda text: click.echo(text, err=True))
+    def say(text: str) -> None:
+        click.echo(text, err=True)
+
     bench = Bench(cluster, backend, connect_timeout=connect_timeout, deadline_s=timeout)
     doc = {"inventory": cluster.path, "backend": backend, "world_size": cluster.world_size,
            "hosts": cluster.names}
@@ -59,8 +61,11 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     if tune:
         nbytes = size_list[-1]
         say(f"bench --tune: all_sum of {format_bytes(nbytes)} on {cluster.world_size} ranks over {backend}")
-        progress = (lambda t: say(f"  {describe(t.setting)}: " + (f"busbw {t.busbw_gbs:.3f} GB/s" if t.error is None
-                                                                  else f"failed: {t.error}")))
+
+        def progress(t) -> None:
+            say(f"  {describe(t.setting)}: " + (f"busbw {t.busbw_gbs:.3f} GB/s" if t.error is None
+                                                else f"failed: {t.error}"))
+
         trials, best = run_tune(bench, nbytes, progress=progress)
         doc["tune"] = {"bytes": nbytes, "trials": [t.__dict__ for t in trials], "best": best.__dict__}
         changed = store(inventory_path, bench, best) if write else []

@@ -241,7 +241,8 @@ class RunCommand(click.Command):
 @click.option("--plain", is_flag=True,
               help="No live panel of the ranks under the output (it is drawn only on a terminal anyway).")
 @click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
-@click.option("--hang-timeout", type=float, metavar="S", help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
+@click.option("--hang-timeout", type=float, metavar="S",
+              help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
 @app.connect_timeout_option()
 @click.option("--launch-from", type=click.Choice(LAUNCH_FROM), default="auto", show_default=True,

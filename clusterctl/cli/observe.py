@@ -157,7 +157,9 @@ hosts_or_here_option = click.option("--hosts", "inventory_path", type=click.Path
 def _age(seconds: int) -> str:
     if seconds < 3600:
         return f"{seconds // 60}:{seconds % 60:02d}"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds < 86400 else f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def _print_failures(found) -> bool:

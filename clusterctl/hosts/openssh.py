@@ -116,8 +116,8 @@ def _usable_identity(host: Host) -> str | None:
 
 def control_dir() -> str:
     """Where the masters' sockets live (docs/ssh.md#connection-sharing): a directory of this user's only
-    (0700), with a short path, since a socket's path must fit in about 100 bytes ($XDG_RUNTIME_DIR/clusterctl, else /tmp/clusterctl-UID). A
-    directory someone else made, or a symlink, is refused rather than used."""
+    (0700), with a short path, since a socket's path must fit in about 100 bytes ($XDG_RUNTIME_DIR/clusterctl,
+    else /tmp/clusterctl-UID). A directory someone else made, or a symlink, is refused rather than used."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = os.path.join(runtime, "clusterctl") if runtime and len(runtime) < 40 else f"/tmp/clusterctl-{os.getuid()}"
     try:

@@ -82,7 +82,8 @@ _WATCHDOG = r"""exec 3<&0
 /bin/sh -c {script} </dev/null 3<&- &
 c=$!
 {{ cat <&3 >/dev/null
-  t=$(ps -A -o pid= -o ppid= | awk -v r="$c" '{{p[$1]=$2}} END{{d[r]=1; n=1; while (n) {{n=0; for (x in p) if (!(x in d) && (p[x] in d)) {{d[x]=1; n=1}}}} for (x in d) print x}}')
+  t=$(ps -A -o pid= -o ppid= | awk -v r="$c" '{{p[$1]=$2}} END{{d[r]=1; n=1; while (n) {{n=0;
+    for (x in p) if (!(x in d) && (p[x] in d)) {{d[x]=1; n=1}}}} for (x in d) print x}}')
   [ -n "$t" ] && {{ kill -TERM $t; sleep {grace}; kill -KILL $t; }}
 }} >/dev/null 2>&1 &
 exec 3<&-

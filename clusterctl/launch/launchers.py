@@ -68,7 +68,8 @@ def sweep_script(run_id: str | None) -> str:
     # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
     # there when `run` returns
     return (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
-            f"if pgrep -f {pattern} >/dev/null 2>&1; then ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
+            f"if pgrep -f {pattern} >/dev/null 2>&1; then "
+            f"ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
 
 
 def sweep(connector: Connector, run_id: str | None, timeout: float = 15.0) -> list[str]:

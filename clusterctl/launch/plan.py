@@ -64,7 +64,7 @@ def discover_reachable(connector: Connector, timeout: float = 30.0, script: str 
     and ranks renumbered, its plan, {host that did not answer: why}). A host that answers but fails a check
     (no python, no script) still stops the run: leaving it out would hide a mistake, not a sleeping Mac."""
     group = _probe_all(connector, timeout, script, module, needs_mpi)
-    for name, outcome in group.failed.items():
+    for outcome in group.failed.values():
         if isinstance(outcome.error, PreflightError):
             raise outcome.error
     lost = {n: str(o.error).removeprefix(f"{n}: ") for n, o in group.failed.items()}

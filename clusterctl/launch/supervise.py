@@ -334,7 +334,8 @@ def _check_timeouts(ranks, started_at, start_timeout, hang_timeout) -> Outcome |
         silent = [r for r in ranks if not r.started]
         if silent:
             names = ", ".join(f"rank {r.rank} on {r.host}" for r in silent)
-            return Outcome(EXIT_TIMEOUT, f"start timeout: no sign of {names} after {start_timeout:g}s", failed_rank=silent[0].rank)
+            return Outcome(EXIT_TIMEOUT, f"start timeout: no sign of {names} after {start_timeout:g}s",
+                           failed_rank=silent[0].rank)
     if hang_timeout:
         hung = [r for r in ranks if r.started and r.exit_code is None and now - r.last_seen > hang_timeout]
         if hung:

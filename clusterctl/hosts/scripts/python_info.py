@@ -1,5 +1,5 @@
-"""Run by the probe with the host's python: its version and prefix, whether it is externally managed (PEP 668), and whether mlx (with mx.distributed)
-and mpi4py import, as one JSON line. Any failure is reported in the JSON, never raised."""
+"""Run by the probe with the host's python: its version and prefix, whether it is externally managed (PEP 668),
+and whether mlx (with mx.distributed) and mpi4py import, as one JSON line. Any failure is reported in the JSON, never raised."""
 import json
 import os
 import platform
