@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from statistics import median_high
 
 from ..errors import MissingExtra, UsageError
 
@@ -123,15 +124,10 @@ def render_text(curves: list[Curves], width: int = 64, height: int = 14) -> list
     lines.append(" " * label_width + " +" + "-" * width)
     lines.append(" " * label_width + f"  step {s0}" + f"step {s1}".rjust(width - len(f"step {s0}")))
     for i, c in enumerate(curves):
-        parts = [f"{MARKS[i % len(MARKS)]} {VAL_MARKS[i % len(VAL_MARKS)]} {c.label}"]
-        if c.loss:
-            parts.append(f"loss {c.loss[0][1]:.3f} -> {c.loss[-1][1]:.3f} at step {c.loss[-1][0]}")
-        if c.val_loss:
-            parts.append(f"held-out {c.val_loss[-1][1]:.3f}")
-        if c.tokens_per_s:
-            rates = sorted(v for _, v in c.tokens_per_s)
-            parts.append(f"{rates[len(rates) // 2]:,.0f} tok/s (median)")
-        if c.peak_mem_mb:
-            parts.append(f"peak mem {max(v for _, v in c.peak_mem_mb):,.1f} MB")
-        lines.append(" | ".join(parts))
+        parts = [f"{MARKS[i % len(MARKS)]} {VAL_MARKS[i % len(VAL_MARKS)]} {c.label}",
+                 c.loss and f"loss {c.loss[0][1]:.3f} -> {c.loss[-1][1]:.3f} at step {c.loss[-1][0]}",
+                 c.val_loss and f"held-out {c.val_loss[-1][1]:.3f}",
+                 c.tokens_per_s and f"{median_high(v for _, v in c.tokens_per_s):,.0f} tok/s (median)",
+                 c.peak_mem_mb and f"peak mem {max(v for _, v in c.peak_mem_mb):,.1f} MB"]
+        lines.append(" | ".join(p for p in parts if p))     # the parts a run has
     return lines
