@@ -37,7 +37,6 @@ from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, RestartErro
                      UsageError)
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background, run_all
-from .hosts.openssh import ssh_options
 from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S, quote_path
 from .inventory import Cluster
 from .launch import backends
@@ -167,13 +166,13 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
                  bundled_fsdp=program.module == BUNDLED_TRAINER and bundled_strategy(program.args) == "fsdp")
     args = list(program.argv[1])
     extra_env: dict[str, str] = {}
+    connector = Connector(cluster, connect_timeout=options.connect_timeout)
     if not options.dry_run:
-        extra_env = stage(cluster, options, program, project, events)
+        extra_env = stage(connector, options, program, project, events)
         if options.data_dir and program.module == BUNDLED_TRAINER:
             args = [args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *args[1:]]
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
-    connector = Connector(cluster, connect_timeout=options.connect_timeout)
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
     job = _Job(options, program, backend, args, extra_env, events, connector)
     launch, outcome = job.attempt(cluster, connector, plan, preflight)
@@ -232,7 +231,7 @@ class _Job:
         started = time.time()
         while True:
             launch = prepare(cluster, plan, script=program.argv[0], args=self.args, backend=backend,
-                             runs_root=options.runs_dir, site=site, connect_timeout=options.connect_timeout,
+                             runs_root=options.runs_dir, site=site, connector=connector,
                              extra_env=self.extra_env, run_id=self.run_id, restart=attempt)
             if options.dry_run:
                 return launch, None
@@ -311,14 +310,14 @@ class _Job:
                 self._restage_data(cluster, self.run_dir)
         if not lost:
             return cluster, whole, plan
-        return cluster, Connector(cluster, connect_timeout=options.connect_timeout, targets=whole.targets), plan
+        return cluster, whole.narrowed(cluster), plan
 
     def _restage_data(self, cluster: Cluster, run_dir: str) -> None:
         """--data on a changed world: every rank reads one equal shard, and the ranks that remain are
         numbered again, so the shards are re-prepared (cut again from the same tokens, data.shards.reshard,
         into runs/<id>/data-world-N/) and each host is sent its new ones; the data directory's name on the
         hosts stays the same."""
-        where = stage_data(cluster, self.options.data_dir, connect_timeout=self.options.connect_timeout,
+        where = stage_data(self.whole.narrowed(cluster), self.options.data_dir,
                            reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
         self.extra_env["CLUSTERCTL_DATA_DIR"] = where
         if self.program.module == BUNDLED_TRAINER:      # run put `--data DIR` first among its arguments
@@ -368,13 +367,12 @@ def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | No
 
     def ask(host):
         # where the ranks ran it: the local run directory when every rank is on this machine (job.py)
-        run_dir = launch.run_dir if all(h.local for h in cluster.hosts) else \
-            f"{host.workdir.rstrip('/')}/runs/{launch.run_id}"
+        run_dir = launch.run_dir if all(h.local for h in cluster.hosts) else connector.run_dir(host, launch.run_id)
         with connector.transport(host) as t:
             names = t.run(f"cd {quote_path(run_dir + '/checkpoints')} 2>/dev/null && {listing}; true", timeout=15)
         return max((n for n in map(checkpoint_step, names.stdout.split()) if n is not None), default=None)
 
-    group = run_all(cluster.hosts, ask, deadline=connector.connect_timeout + 20)
+    group = run_all(cluster.hosts, ask, deadline=connector.deadline(15))
     return {name: o.value if o.error is None else None for name, o in group.items()}
 
 
@@ -420,10 +418,9 @@ def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: 
     return plan, in_background(verify)
 
 
-def stage(cluster: Cluster, options: RunOptions, program: Program, project: str, events: RunEvents) -> dict[str, str]:
-    """Copy what the job needs to the hosts before launching, the project, clusterctl and the shards at
-    once (they are independent); returns the ranks' extra environment."""
-    kwargs = {"connect_timeout": options.connect_timeout}
+def stage(connector: Connector, options: RunOptions, program: Program, project: str, events: RunEvents) -> dict[str, str]:
+    """Copy what the job needs to the connector's hosts before launching, the project, clusterctl and the
+    shards at once (they are independent); returns the ranks' extra environment."""
     if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, MANIFEST)):
         # the trap of an option both accept: say whose --data this was (README "clusterctl run")
         what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {MANIFEST} there"
@@ -432,11 +429,11 @@ def stage(cluster: Cluster, options: RunOptions, program: Program, project: str,
                          f"{program.label}, write it after {program.label}")
     jobs = {}
     if options.sync:
-        jobs["project"] = in_background(stage_project, cluster, project, **kwargs)
+        jobs["project"] = in_background(stage_project, connector, project)
         if program.module is not None and program.module.startswith("clusterctl."):
-            jobs["clusterctl"] = in_background(ship_clusterctl, cluster, **kwargs)
+            jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:
-        jobs["data"] = in_background(stage_data, cluster, options.data_dir, **kwargs)
+        jobs["data"] = in_background(stage_data, connector, options.data_dir)
     wait(jobs.values())
     for future in jobs.values():      # the first failure, after every copy has ended
         future.result()
@@ -451,7 +448,7 @@ def stage(cluster: Cluster, options: RunOptions, program: Program, project: str,
 def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
     """Bring home what the job left in its run directory on the first host (checkpoints, metrics)."""
     host = connector.cluster.hosts[0]
-    remote_dir = f"{host.workdir}/runs/{launch.run_id}/"
+    remote_dir = connector.run_dir(host, launch.run_id) + "/"
     try:
         files, nbytes = fetch_run_dir(connector, launch.run_id, launch.run_dir)
     except (OSError, EOFError, ClusterctlError) as e:   # reported; the files stay on the host
@@ -461,16 +458,16 @@ def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
         events.fetched(launch, host.name, remote_dir, files, nbytes)
 
 
-def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, template: str | None = None,
-                         template_name: str = "template", program: list[str] | None = None,
-                         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> tuple[str, str | None]:
+def hostfile_and_command(connector: Connector, fmt: str, *, output: str | None, template: str | None = None,
+                         template_name: str = "template", program: list[str] | None = None) -> tuple[str, str | None]:
     """`clusterctl hostfile`: the hostfile's text (written to `output` when given) and, with `program`
     (a script and its arguments), the launcher line that runs it by hand from this machine with the
     environment and tuning `run` would use (found on the hosts, as `run` finds it)."""
+    cluster = connector.cluster
     backend, plan = None, None
     if program is not None:
         backend = backends.for_hostfile(fmt, cluster.launch.backend)
-        plan = discover(Connector(cluster, connect_timeout=connect_timeout))
+        plan = discover(connector)
     mlx_backend = backends.for_hostfile("mlx", cluster.launch.backend)
     text = render_hostfile(cluster, fmt, template, backend=mlx_backend.name, rdma=mlx_backend.rdma is not None,
                            env=plan.env if plan else cluster.hosts[0].env_dict, template_name=template_name)
@@ -482,7 +479,7 @@ def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, temp
     if launcher is None:
         raise UsageError(f"{backend.launcher_name} is not installed on this machine ({backend.install_hint})")
     where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher,
-                  tuple(ssh_options(cluster, connect_timeout=connect_timeout)))
+                  tuple(connector.ssh_options()))
     # with the hosts' workdir as the ranks' directory, so a relative path in the arguments means what it
     # means under `run` (mpirun -wdir, mlx.launch --cwd)
     command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,

@@ -1,6 +1,6 @@
 """Run the bench worker on every rank over the real launcher, the way `clusterctl run` does.
 
-    bench = Bench(cluster, backend="mpi")          # pre-flight: every host can import the worker
+    bench = Bench(Connector(cluster), backend="mpi")   # pre-flight: every host can import the worker
     result = bench.collectives(sizes, ops)         # {"world", "rows": [...]} with bandwidths
     p2p = bench.point_to_point(nbytes)             # {"hosts", "matrix"}
 
@@ -35,17 +35,16 @@ P2P_ITERS = 5
 
 
 class Bench:
-    def __init__(self, cluster: Cluster, backend: str, connect_timeout: float = 10.0,
-                 deadline_s: float = 600.0, plan: LaunchPlan | None = None):
+    def __init__(self, connector: Connector, backend: str, deadline_s: float = 600.0, plan: LaunchPlan | None = None):
         if backend not in backends.names(benchmarked=True):
             raise BenchError(f"bench measures the {' and '.join(backends.names(benchmarked=True))} backends, "
                              f"not {backend!r}")
+        cluster = connector.cluster
         self.cluster, self.backend, self.deadline_s = cluster, backend, deadline_s
-        self.connector = Connector(cluster, connect_timeout=connect_timeout)
-        self.connect_timeout = connect_timeout
+        self.connector = connector
         if plan is None:
             # the worker is part of clusterctl: ship this clusterctl to the hosts, as `run` does for its modules
-            ship_clusterctl(cluster, connect_timeout=connect_timeout)
+            ship_clusterctl(connector)
             plan = discover(self.connector, module=WORKER)   # names the host that cannot import the worker
             remember_plan(cluster, plan)
         self.plan = plan
@@ -84,7 +83,7 @@ class Bench:
         runs_root = tempfile.mkdtemp(prefix="clusterctl-bench-")
         launch = prepare(cluster, plan, script="-m", args=[WORKER, json.dumps(spec, separators=(",", ":"))],
                          backend=backends.get(self.backend), runs_root=runs_root, site=self.site,
-                         connect_timeout=self.connect_timeout)
+                         connector=self.connector)
         outcome = supervise(launch, self.connector, emit=lambda text, err: None, start_timeout=START_TIMEOUT_S)
         if outcome.exit_code == EXIT_INTERRUPTED or outcome.exit_code > exit_for_signal(0) and outcome.failed_rank is None:
             shutil.rmtree(runs_root, ignore_errors=True)

@@ -10,6 +10,7 @@ from ..hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from ..launch import backends
 
 if TYPE_CHECKING:
+    from ..hosts.connector import Connector
     from ..inventory import Cluster
 
 EXAMPLES: dict[str, str] = {}
@@ -128,6 +129,14 @@ def backend_option(benchmarked: bool = False):
 def host_key_policy(strict: bool) -> str | None:
     """--strict-host-keys as a policy: None keeps the inventory's."""
     return "strict" if strict else None
+
+
+def connector(cluster: Cluster, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S, strict_host_keys: bool = False,
+              *, lazy: bool = False) -> Connector:
+    """The one Connector a command reaches its hosts with: --connect-timeout and --strict-host-keys on it."""
+    from ..hosts.connector import Connector
+
+    return Connector(cluster, host_key_policy(strict_host_keys), connect_timeout, lazy=lazy)
 
 
 def load(inventory_path: str) -> Cluster:

@@ -50,7 +50,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     def say(text: str) -> None:
         click.echo(text, err=True)
 
-    bench = Bench(cluster, backend, connect_timeout=connect_timeout, deadline_s=timeout)
+    bench = Bench(app.connector(cluster, connect_timeout), backend, deadline_s=timeout)
     doc = {"inventory": cluster.path, "backend": backend, "world_size": cluster.world_size,
            "hosts": cluster.names}
     if p2p:

@@ -94,9 +94,8 @@ def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeo
 
     cluster = app.load(inventory_path)
     bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
-    group = push_shards(cluster, data_dir, name=name, method=method, connect_timeout=connect_timeout,
-                        timeout=timeout, host_key_checking=app.host_key_policy(strict_host_keys),
-                        progress=bars.update if bars else None)
+    group = push_shards(app.connector(cluster, connect_timeout, strict_host_keys), data_dir, name=name,
+                        method=method, timeout=timeout, progress=bars.update if bars else None)
     if bars:
         bars.close()
     rows = []

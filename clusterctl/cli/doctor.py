@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..doctor import DoctorOptions
+from ..doctor import DOCTOR_CONNECT_TIMEOUT_S, DoctorOptions
 from ..errors import EXIT_FAILED, EXIT_OK
 from . import app
 
@@ -16,7 +16,7 @@ from . import app
 @click.option("--deep/--no-deep", default=None,
               help="Launch a real MLX all_sum over mpirun (and mlx.launch for ring). Default: on when this "
                    "machine has mpirun, or the hosts have addresses.")
-@app.connect_timeout_option(DoctorOptions.connect_timeout)
+@app.connect_timeout_option(DOCTOR_CONNECT_TIMEOUT_S)
 @click.option("--smoke-timeout", default=DoctorOptions.smoke_timeout, show_default=True,
               help="Seconds the smoke tests may take.")
 @app.strict_host_keys_option
@@ -26,9 +26,8 @@ def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, st
     from ..doctor.report import render_table
 
     cluster = app.load(inventory_path)
-    report = run_doctor(cluster, DoctorOptions(connect_timeout=connect_timeout, deep=deep,
-                                               host_key_checking=app.host_key_policy(strict_host_keys),
-                                               smoke_timeout=smoke_timeout))
+    report = run_doctor(app.connector(cluster, connect_timeout, strict_host_keys),
+                        DoctorOptions(deep=deep, smoke_timeout=smoke_timeout))
     if as_json:
         click.echo(report.to_json())
     else:

@@ -43,12 +43,10 @@ def hosts_cmd(inventory_path, as_json):
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_keys, as_json, argv):
     """Run a command on every host in parallel and show each host's output."""
-    from ..hosts.connector import Connector
-
     if bool(script) == bool(argv):
         raise click.UsageError("give either a command after -- or --sh SCRIPT")
     cluster = app.load(inventory_path)
-    connector = Connector(cluster, app.host_key_policy(strict_host_keys), connect_timeout)
+    connector = app.connector(cluster, connect_timeout, strict_host_keys)
     group = connector.run_everywhere(script or list(argv), timeout, cwd=cwd)
     if as_json:
         click.echo(json.dumps({"ok": group.all_ok, "hosts": [outcome_json(o) for o in group.values()]}, indent=2))

@@ -40,9 +40,10 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
     if template:
         with open(template, encoding="utf-8") as f:
             template_text = f.read()
-    text, line = hostfile_and_command(app.load(inventory_path), fmt, output=output, template=template_text,
-                                      template_name=template or fmt, program=list(program) if print_command else None,
-                                      connect_timeout=connect_timeout)
+    # the hosts are reached (and so resolved) only for --print-command's discovery
+    connector = app.connector(app.load(inventory_path), connect_timeout, lazy=not print_command)
+    text, line = hostfile_and_command(connector, fmt, output=output, template=template_text,
+                                      template_name=template or fmt, program=list(program) if print_command else None)
     if not output:
         click.echo(text, nl=False)
     if line:

@@ -176,10 +176,9 @@ def _print_failures(found) -> bool:
 @app.json_option
 def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
     """List the processes of clusterctl runs on every host."""
-    from ..hosts.connector import Connector
     from ..observe.procs import list_processes
 
-    found = list_processes(Connector(_cluster(inventory_path), connect_timeout=connect_timeout))
+    found = list_processes(app.connector(_cluster(inventory_path), connect_timeout))
     if as_json:
         click.echo(json.dumps([{"host": h.host, "error": h.error, "processes": [p.as_json() for p in h.processes]}
                                for h in found], indent=2))
@@ -203,7 +202,6 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
 @app.connect_timeout_option()
 def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
     """Stop a run's processes on every host (or --all runs')."""
-    from ..hosts.connector import Connector
     from ..observe.procs import kill_runs
     from ..observe.runs import RUN_ID, resolve
 
@@ -211,7 +209,7 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
         raise click.UsageError("give a RUN or --all (not both)")
     run_id = None if every_run else run_ref if RUN_ID.fullmatch(run_ref) else resolve(runs_dir, run_ref).run_id
     what = "every clusterctl run" if run_id is None else f"run {run_id}"
-    result = kill_runs(Connector(_cluster(inventory_path), connect_timeout=connect_timeout), run_id)
+    result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id)
     failed = _print_failures(result.remaining)
     for h in result.remaining:
         for p in h.processes:

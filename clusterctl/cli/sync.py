@@ -36,11 +36,12 @@ def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, chec
 
     cluster = app.load(inventory_path)
     options = SyncOptions(excludes=tuple(excludes), delete=delete, dry_run=dry_run, dest=dest, method=method,
-                          checksum=checksum, bwlimit_kbps=bwlimit, connect_timeout=connect_timeout, timeout=timeout,
-                          host_key_checking=app.host_key_policy(strict_host_keys))
+                          checksum=checksum, bwlimit_kbps=bwlimit, timeout=timeout)
     plan = plan_sync(path, options)
     bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
-    group = sync_tree(cluster, plan, options, progress=bars.update if bars else None)
+    # lazy: hosts that rsync reaches are never resolved for paramiko
+    connector = app.connector(cluster, connect_timeout, strict_host_keys, lazy=True)
+    group = sync_tree(connector, plan, options, progress=bars.update if bars else None)
     if bars:
         bars.close()
     rows = []

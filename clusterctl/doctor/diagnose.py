@@ -1,6 +1,6 @@
 """clusterctl doctor's run: everything that breaks a distributed MLX job, checked in one round trip per host.
 
-    run_doctor(cluster, DoctorOptions()) -> Report
+    run_doctor(connector, DoctorOptions()) -> Report     # connector: Connector(cluster, connect_timeout=...)
 
 1. Every host at once (fan-out, per-host deadline): connect (the controller -> host SSH check) and run the
    probe (probe.py), which itself checks SSH to every peer (docs/ssh.md#all-to-all-ssh) and TCP to every
@@ -19,10 +19,9 @@ from ..errors import ClusterctlError
 from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, ring_port
 from ..hosts.fanout import run_all
-from ..hosts.openssh import host_config_text
 from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
 from ..hosts.transport import read_until
-from ..inventory import Cluster, Host
+from ..inventory import Host
 from ..launch import backends
 from ..launch.plan import plan_from_probes
 from . import checks, smoke
@@ -33,16 +32,17 @@ PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpi
 MESH_PER_PEER_S = 1.0     # and per peer: each host logs in to all the others at once
 
 
-def probe_budget(options: DoctorOptions, peers: int) -> float:
+def probe_budget(connect_timeout: float, peers: int) -> float:
     """How long one host's probe may run: it grows with the logins it starts (N - 1 of them)."""
-    return options.connect_timeout + PROBE_SLACK_S + MESH_PER_PEER_S * peers
+    return connect_timeout + PROBE_SLACK_S + MESH_PER_PEER_S * peers
 
 
-def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Report:
+def run_doctor(connector: Connector, options: DoctorOptions = DoctorOptions()) -> Report:
+    """Diagnose the connector's cluster, reaching its hosts with the connector's settings."""
     start = time.monotonic()
     phases: dict[str, float] = {}
-    connector = Connector(cluster, options.host_key_checking, options.connect_timeout)
-    probes = _probe_all(cluster, connector, options, phases)
+    cluster = connector.cluster
+    probes = _probe_all(connector, phases)
 
     findings: list[Finding] = []
     for p in probes:
@@ -60,22 +60,23 @@ def run_doctor(cluster: Cluster, options: DoctorOptions = DoctorOptions()) -> Re
         findings += (checks.disk(p) + checks.workdir_write(p) + checks.clock(p) + checks.macos(p, cluster)
                      + checks.power(p) + checks.jaccl(p, cluster))
     t0 = time.monotonic()
-    findings += _deep(cluster, probes, findings, options)
+    findings += _deep(connector, probes, findings, options)
     phases["smoke"] = time.monotonic() - t0
     return Report([h.name for h in cluster.hosts], findings, time.monotonic() - start, phases)
 
 
-def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, phases: dict[str, float]) -> list[HostProbe]:
+def _probe_all(connector: Connector, phases: dict[str, float]) -> list[HostProbe]:
     """Phase 1, every host at once: connect, run the probe. Phase 2, on the hosts that answered, at once:
     the TCP data-plane probe over the same connections."""
+    cluster = connector.cluster
     names = [h.name for h in cluster.hosts]
+    budget = probe_budget(connector.connect_timeout, len(names) - 1)
     transports = {}
 
     def probe(host: Host) -> HostProbe:
         script = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir,
                               peers=[n for n in names if n != host.name],
-                              mesh_config=host_config_text(cluster, host, options.host_key_checking,
-                                                           options.connect_timeout),
+                              mesh_config=connector.host_config_text(host),
                               ssh_config=cluster.ssh_config, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"),
                               rdma=backends.get(cluster.launch.backend).rdma is not None)
         sent = time.time()
@@ -83,7 +84,6 @@ def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, p
         t0 = time.monotonic()
         transport.open()
         connect_ms = None if transport.is_local else (time.monotonic() - t0) * 1000
-        budget = probe_budget(options, len(names) - 1)
         lines: queue.Queue = queue.Queue()
         out, _, finished = read_until(transport.stream(script, lines), lines, budget)
         # a probe that ran past its budget hands back what it had finished: slow, not unreachable
@@ -92,8 +92,7 @@ def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, p
 
     try:
         t0 = time.monotonic()
-        group = run_all(cluster.hosts, probe,
-                        deadline=options.connect_timeout + probe_budget(options, len(names) - 1) + 5)
+        group = run_all(cluster.hosts, probe, deadline=connector.deadline(budget))
         phases["probe"] = time.monotonic() - t0
         probes = []
         for name, outcome in group.items():
@@ -105,7 +104,7 @@ def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, p
             else:
                 probes.append(outcome.value)
         t0 = time.monotonic()
-        _dataplane_phase(cluster, probes, transports, options)
+        _dataplane_phase(connector, probes, transports)
         phases["data-plane"] = time.monotonic() - t0
         return probes
     finally:
@@ -113,11 +112,12 @@ def _probe_all(cluster: Cluster, connector: Connector, options: DoctorOptions, p
             transport.close()
 
 
-def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict, options: DoctorOptions) -> None:
+def _dataplane_phase(connector: Connector, probes: list[HostProbe], transports: dict) -> None:
+    cluster = connector.cluster
     if len(cluster.hosts) < 2 or not all(h.address for h in cluster.hosts):
         return
     live = [p for p in probes if p.facts is not None and p.facts.get("python_path")]
-    budget = max(3.0, options.connect_timeout)
+    budget = max(3.0, connector.connect_timeout)
     per_ip = cluster.launch.connections_per_ip
 
     by_name = {p.host.name: p for p in live}
@@ -136,7 +136,8 @@ def _dataplane_phase(cluster: Cluster, probes: list[HostProbe], transports: dict
             p.facts.dataplane = parse_probe(outcome.value.stdout).dataplane
 
 
-def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], options: DoctorOptions) -> list[Finding]:
+def _deep(connector: Connector, probes: list[HostProbe], findings: list[Finding], options: DoctorOptions) -> list[Finding]:
+    cluster = connector.cluster
     mpirun_here = backends.get("mpi").launcher_here() is not None
     mpi_wanted = backends.get(cluster.launch.backend).needs_mpi or mpirun_here
     ring_wanted = smoke.ring_ready(cluster)
@@ -164,7 +165,6 @@ def _deep(cluster: Cluster, probes: list[HostProbe], findings: list[Finding], op
     libmpi = choose_libmpi(probes[0].facts)
     names = [name for name, on in (("mpi", mpi_wanted), ("ring", ring_wanted)) if on]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(smoke.run_smoke, cluster, backends.get(name), plan, timeout=options.smoke_timeout,
-                            connect_timeout=options.connect_timeout, host_key_checking=options.host_key_checking,
+        jobs = [pool.submit(smoke.run_smoke, connector, backends.get(name), plan, timeout=options.smoke_timeout,
                             libmpi_hint=libmpi if backends.get(name).needs_mpi else None) for name in names]
         return skipped + [j.result() for j in jobs]

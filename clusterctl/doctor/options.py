@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# doctor's own connect timeout, shorter than the hosts layer's default: a diagnosis should not wait long
+# for a host that does not answer (its Connector carries it, with the host-key policy)
+DOCTOR_CONNECT_TIMEOUT_S = 5.0
+
 
 @dataclass(frozen=True)
 class DoctorOptions:
-    connect_timeout: float = 5.0      # diagnosis should not wait long for a host that does not answer
     deep: bool | None = None          # None: on when this machine has mpirun (or mlx.launch for ring)
-    host_key_checking: str | None = None
     smoke_timeout: float = 90.0

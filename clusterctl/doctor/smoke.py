@@ -12,7 +12,7 @@ import tempfile
 import time
 
 from ..errors import ClusterctlError, LaunchError
-from ..hosts.openssh import ssh_options
+from ..hosts.connector import Connector
 from ..hosts.transport import LocalTransport, Result
 from ..inventory import Cluster
 from ..launch.backends import Backend, Where, write_files
@@ -81,10 +81,11 @@ def judge(check: str, result: Result | None, error: BaseException | None, world:
                    "run `clusterctl doctor` again; if it persists, launch by hand with --verbose")
 
 
-def run_smoke(cluster: Cluster, backend: Backend, plan: LaunchPlan, *, timeout: float, connect_timeout: float,
-              host_key_checking: str | None = None, libmpi_hint: str | None = None) -> Finding:
-    """The smoke program on every rank, launched from this machine exactly as `run` would launch it
-    (the backend's own command line, hostfile and ssh options), then judged."""
+def run_smoke(connector: Connector, backend: Backend, plan: LaunchPlan, *, timeout: float,
+              libmpi_hint: str | None = None) -> Finding:
+    """The smoke program on every rank of the connector's cluster, launched from this machine exactly as `run`
+    would launch it (the backend's own command line, hostfile and ssh options), then judged."""
+    cluster = connector.cluster
     check = f"{backend.name}-smoke"
     launcher = backend.launcher_here()
     if launcher is None:
@@ -92,7 +93,7 @@ def run_smoke(cluster: Cluster, backend: Backend, plan: LaunchPlan, *, timeout: 
                        backend.install_hint)
     with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
         where = Where(tmp, shutil.which("ssh"), os.geteuid() == 0, launcher,
-                      tuple(ssh_options(cluster, host_key_checking, connect_timeout)))
+                      tuple(connector.ssh_options()))
         program = [cluster.hosts[0].python, "-c", SMOKE_PROGRAM, backend.name, str(cluster.world_size)]
         try:
             command = backend.command(cluster, plan, program=program, rank_env=plan.env, where=where)

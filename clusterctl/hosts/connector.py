@@ -1,32 +1,90 @@
 """Glue between an inventory and transports: open the right transport for each host (local or SSH) and fan
-out one command to every host."""
+out one command to every host.
+
+A Connector carries the connection settings (host-key policy, connect timeout) so that code reaching hosts
+takes one object instead of threading loose settings through every layer:
+
+    connector = Connector(cluster, "strict", connect_timeout=5)
+    others = connector.narrowed(sub_cluster)          # fewer hosts, the same settings
+    connector.ssh_options()                           # what an OpenSSH client started here is given
+    connector.run_dir(host, run_id)                   # where the ranks' run directory is on a host
+"""
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 from ..inventory import Cluster, Host
 from .fanout import GroupResult, run_all
+from .openssh import host_config_text, ssh_options
 from .ssh import SSHTransport
 from .sshconfig import SSHTarget, resolve_cluster
 from .transport import DEFAULT_CONNECT_TIMEOUT_S, LocalTransport, Transport
 
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.
 DEADLINE_SLACK_S = 5.0
+RUNS_DIR = "runs"          # the ranks' run directories, relative to a host's workdir
+
+
+def ranks_run_dir(run_id: str) -> str:
+    """The ranks' run directory relative to a host's workdir (the bootstrap works in the workdir)."""
+    return f"{RUNS_DIR}/{run_id}"
 
 
 class Connector:
-    """Opens transports for a cluster's hosts with one host-key policy and connect timeout."""
+    """Opens transports for a cluster's hosts with one host-key policy and connect timeout.
+
+    The hosts are resolved (`ssh -G`) when the Connector is made, so a host ssh cannot use is an error
+    there; with `lazy`, only when a transport is first needed (sync uses rsync and may never need one)."""
 
     def __init__(self, cluster: Cluster, host_key_checking: str | None = None,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-                 targets: Mapping[str, SSHTarget] | None = None):
+                 targets: Mapping[str, SSHTarget] | None = None, *, lazy: bool = False):
         self.cluster = cluster
         self.host_key_checking = host_key_checking or cluster.host_key_checking
         self.connect_timeout = connect_timeout
-        self.targets = dict(targets) if targets is not None else resolve_cluster(cluster)
+        self._lock = threading.Lock()
+        self._targets = dict(targets) if targets is not None else None
+        if not lazy:
+            self._resolve()
+
+    @property
+    def targets(self) -> dict[str, SSHTarget]:
+        return self._resolve()
+
+    def _resolve(self) -> dict[str, SSHTarget]:
+        with self._lock:
+            if self._targets is None:
+                self._targets = resolve_cluster(self.cluster)
+            return self._targets
+
+    def narrowed(self, cluster: Cluster) -> Connector:
+        """The same settings for `cluster`, some of this one's hosts (an elastic restart's, or those a copy
+        goes to); hosts already resolved are not resolved again."""
+        with self._lock:
+            known = self._targets
+        return Connector(cluster, self.host_key_checking, self.connect_timeout, known, lazy=True)
 
     def transport(self, host: Host) -> Transport:
-        return for_host(host, self.targets[host.name], self.host_key_checking, self.connect_timeout)
+        if host.local:
+            return LocalTransport(host.name)
+        return SSHTransport(self.targets[host.name], self.host_key_checking, self.connect_timeout)
+
+    def ssh_options(self) -> list[str]:
+        """`-F` and this machine's rendering of the inventory, for ssh, rsync -e and the launchers."""
+        return ssh_options(self.cluster, self.host_key_checking, self.connect_timeout)
+
+    def host_config_text(self, host: Host) -> str:
+        """The rendering `host`'s own OpenSSH reads when it logs in to its peers."""
+        return host_config_text(self.cluster, host, self.host_key_checking, self.connect_timeout)
+
+    def deadline(self, timeout: float, slack: float = DEADLINE_SLACK_S) -> float:
+        """A fan-out deadline for commands of `timeout` seconds: connecting, the command, then `slack`."""
+        return self.connect_timeout + timeout + slack
+
+    def run_dir(self, host: Host, run_id: str) -> str:
+        """The ranks' run directory on `host`: <workdir>/runs/<id> (checkpoints, metrics.jsonl)."""
+        return f"{host.workdir.rstrip('/')}/{ranks_run_dir(run_id)}"
 
     def run_everywhere(self, command: str | Sequence[str], timeout: float, *,
                        env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -36,16 +94,5 @@ class Connector:
             with self.transport(host) as t:
                 return t.run(command, timeout, env=env, cwd=cwd)
 
-        if deadline is None:
-            deadline = self.connect_timeout + timeout + DEADLINE_SLACK_S
-        return run_all(hosts if hosts is not None else self.cluster.hosts, one, deadline)
-
-
-def for_host(host: Host, target: SSHTarget | None = None, host_key_checking: str = "accept-new",
-             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> Transport:
-    """The transport for an inventory host: local for `local: true`, SSH otherwise."""
-    if host.local:
-        return LocalTransport(host.name)
-    if target is None:
-        raise ValueError(f"{host.name}: an SSH host needs its resolved SSHTarget")
-    return SSHTransport(target, host_key_checking, connect_timeout)
+        return run_all(hosts if hosts is not None else self.cluster.hosts, one,
+                       deadline if deadline is not None else self.deadline(timeout))

@@ -28,11 +28,11 @@ import stat
 from ..atomic import write_text
 from ..errors import InventoryError
 from ..inventory import Cluster, Host
+from .transport import DEFAULT_CONNECT_TIMEOUT_S
 
 HOST_CONFIG = ".clusterctl/ssh_config"          # relative to each host's workdir
 CONTROL_PERSIST_S = 90                          # an idle master lives this long (`clusterctl ssh-close` ends it)
 USER_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
 _PATTERN_CHARS = re.compile(r"[\s*?!,%\"]")
 
 

@@ -106,11 +106,12 @@ def resolve(host: Host, config_file: str | None = None, inventory_path: str | No
     if ssh:
         if rendered is None:
             from .openssh import USER_CONFIGS, render, write_config
+            from .transport import DEFAULT_CONNECT_TIMEOUT_S
 
             includes = [config_file] if config_file else \
                 [p for p in (os.path.expanduser(u) for u in USER_CONFIGS) if os.path.isfile(p)]
             rendered = write_config(render([host], identity=usable_identity, includes=includes,
-                                           host_key_checking="accept-new", connect_timeout=10,
+                                           host_key_checking="accept-new", connect_timeout=DEFAULT_CONNECT_TIMEOUT_S,
                                            origin=inventory_path or host.name))
         argv = ssh_G_argv(host.name, rendered, ssh)
         try:

@@ -33,7 +33,7 @@ from ..errors import CommandTimeout
 from .files import Closeable, FileSession, LocalFiles
 
 KILL_GRACE_S = 2.0
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = 10.0     # the one default: every SSH connection clusterctl opens, unless told
 
 
 @dataclass(frozen=True)

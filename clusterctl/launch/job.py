@@ -2,7 +2,7 @@
 the launcher's command line from the backend, and how to start it, here or on the first host.
 
     launch = prepare(cluster, plan, program="-m", args=["clusterctl.train", ...], backend=get("ring"),
-                     runs_root="runs", site=site, connect_timeout=10)
+                     runs_root="runs", site=site, connector=connector)
     launch.describe()          # what will run (the dry run prints it)
     process = launch.start(lines)
 
@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Callable
 
 from ..atomic import write_text
-from ..hosts.openssh import host_config_text, ssh_options
+from ..hosts.connector import Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
 from ..hosts.transport import LocalTransport, Process
 from ..inventory import Cluster
@@ -73,7 +73,7 @@ def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: s
     CLUSTERCTL_RESUME_DIR: the run directory the earlier attempts wrote their checkpoints into."""
     # On other machines this machine's path means nothing: there the run directory is runs/<id> in the
     # host's workdir (the bootstrap makes it absolute), where the bundled trainer keeps its checkpoints.
-    rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else f"runs/{run_id}"
+    rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else ranks_run_dir(run_id)
     env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
            "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     if restart is not None:
@@ -95,10 +95,11 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
-            site: LaunchSite, connect_timeout: float = 10.0, extra_env: dict[str, str] | None = None,
+            site: LaunchSite, connector: Connector, extra_env: dict[str, str] | None = None,
             run_id: str | None = None, restart: int | None = None) -> Launch:
     """Make the local run directory and build the launch. On the first host (site.transport) the
-    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts.
+    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts. The
+    launcher's ssh is given the connector's settings.
     A restart (run --max-restarts) keeps the run's id and directory, where the ranks' checkpoints are, and
     gives each attempt its own logs in runs/<id>/attempt-K/, K = `restart` (0 for the first)."""
     run_id = run_id or new_run_id()
@@ -110,10 +111,10 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
                                 restart=restart)
     program = rank_program(cluster, run_id, script, args)
     if site.transport is None:
-        launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+        launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
                                log_dir)
     else:
-        launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+        launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
                                   log_dir)
     launch.log_dir = log_dir
     description = json.dumps(launch.describe(), indent=2) + "\n"
@@ -122,10 +123,10 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     return launch
 
 
-def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
                   files_dir) -> Launch:
     where = Where(files_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher,
-                  tuple(ssh_options(cluster, connect_timeout=connect_timeout)), "this machine")
+                  tuple(connector.ssh_options()), "this machine")
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
     write_files(command)
     env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
@@ -133,7 +134,7 @@ def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, progr
                   start=lambda lines: LocalTransport().stream(command.argv, lines, env))
 
 
-def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connect_timeout,
+def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
                      files_dir) -> Launch:
     host, remote = site.host, site.transport
     facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
@@ -146,7 +147,7 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
                   backend.launcher_on_host(host.python, mpirun=mpirun.strip() or None),
                   ("-F", config), host.name, host=host.name)
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
-    command.files.append((config, host_config_text(cluster, host, connect_timeout=connect_timeout), 0o600))
+    command.files.append((config, connector.host_config_text(host), 0o600))
     # a copy of every file in the local run directory, for the record and for `clusterctl hostfile` users
     write_files(_relocated(command, there, files_dir))
     prefix = f'PATH={shlex.quote(command.path_prepend)}:"$PATH"; export PATH; ' if command.path_prepend else ""

@@ -81,5 +81,5 @@ def sweep(connector: Connector, run_id: str | None, timeout: float = 15.0) -> li
         with connector.transport(host) as t:
             return t.run(script, timeout=timeout)
 
-    group = run_all(connector.cluster.hosts, one, deadline=connector.connect_timeout + timeout + 5)
+    group = run_all(connector.cluster.hosts, one, deadline=connector.deadline(timeout))
     return [name for name, outcome in group.items() if not outcome.ok]

@@ -113,7 +113,7 @@ def _probe_all(connector: Connector, timeout: float, script: str | None, module:
                                                     facts.get("module_error")))
         return HostProbe(host, facts)
 
-    return run_all(cluster.hosts, probe, deadline=connector.connect_timeout + timeout + 5)
+    return run_all(cluster.hosts, probe, deadline=connector.deadline(timeout))
 
 
 def module_check(host, module: str) -> str:

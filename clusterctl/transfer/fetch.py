@@ -121,7 +121,7 @@ def fetch_outputs(connector: Connector, paths, project: str, run_dir: str, *, al
         return [_fetch_path(connector, host, p, local_destination(p, project, run_dir, host.name if all_ranks else None),
                             rsync, method) for p in paths]
 
-    group = run_all(hosts, one_host, FETCH_TIMEOUT_S + connector.connect_timeout)
+    group = run_all(hosts, one_host, connector.deadline(FETCH_TIMEOUT_S, slack=0))
     fetched: list[Fetched] = []
     for host in hosts:
         outcome = group[host.name]
@@ -166,7 +166,7 @@ def _kind(transport, source: str) -> str:
 
 def _with_rsync(connector: Connector, host: Host, rsync: str, root: str, items: list[str], local_root: str,
                 excludes: bool) -> tuple[int, int]:
-    source = rsync_target(connector.cluster, host, root, connector.host_key_checking, connector.connect_timeout)
+    source = rsync_target(connector, host, root)
     summary = rsync_pull(rsync, source, items, local_root, excludes=excludes)
     return len(summary.moved), summary.moved_bytes
 

@@ -18,9 +18,9 @@ from typing import Callable, Sequence, TypeVar
 
 from ..errors import RsyncMissing, SyncError
 from ..hosts.files import FileSession
-from ..hosts.openssh import ssh_options
+from ..hosts.connector import Connector
 from ..hosts.transport import Transport
-from ..inventory import Cluster, Host
+from ..inventory import Host
 from .rsync import RsyncSummary, rsync_argv, run_rsync, ssh_command, supports_progress2
 
 METHODS = ("auto", "rsync", "sftp")
@@ -62,12 +62,11 @@ class RsyncTarget:
     dest: str                 # the destination directory (expanded for this machine)
 
 
-def rsync_target(cluster: Cluster, host: Host, dest: str, host_key_checking: str | None,
-                 connect_timeout: float) -> RsyncTarget:
+def rsync_target(connector: Connector, host: Host, dest: str) -> RsyncTarget:
     """rsync reaches a host as every OpenSSH client clusterctl starts does: `ssh -F <rendering> NAME`."""
     if host.local:
         return RsyncTarget(host.name, None, None, os.path.expanduser(dest))
-    rsh = ssh_command(ssh_options(cluster, host_key_checking, connect_timeout), shutil.which("ssh") or "ssh")
+    rsh = ssh_command(connector.ssh_options(), shutil.which("ssh") or "ssh")
     return RsyncTarget(host.name, host.name, rsh, dest)
 
 

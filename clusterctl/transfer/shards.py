@@ -70,10 +70,11 @@ def check_world(data_dir: str, manifest: Manifest, cluster: Cluster) -> None:
                          f"{cluster.world_size} ranks: run `clusterctl data prepare --world {cluster.world_size}`")
 
 
-def push_shards(cluster: Cluster, data_dir: str, manifest: Manifest | None = None, name: str | None = None,
-                host_key_checking: str | None = None, connect_timeout: float = 10.0, timeout: float = 7200.0,
-                method: str = "auto", progress: Progress | None = None) -> GroupResult:
-    """Push data_dir's shards: host i (rank order) gets its ranks' shards, val and the manifest."""
+def push_shards(connector: Connector, data_dir: str, manifest: Manifest | None = None, name: str | None = None,
+                timeout: float = 7200.0, method: str = "auto", progress: Progress | None = None) -> GroupResult:
+    """Push data_dir's shards: host i (rank order) of the connector's cluster gets its ranks' shards, val and
+    the manifest."""
+    cluster = connector.cluster
     data_dir = os.path.abspath(data_dir)
     if manifest is None:
         manifest = read_manifest(data_dir)
@@ -86,13 +87,12 @@ def push_shards(cluster: Cluster, data_dir: str, manifest: Manifest | None = Non
             if not os.path.isfile(os.path.join(data_dir, file)):
                 raise ShardError(f"{os.path.join(data_dir, file)}: missing (named by the manifest)")
     manifest_sha = file_sha256(os.path.join(data_dir, MANIFEST))
-    connector = Connector(cluster, host_key_checking, connect_timeout)
     rsync = local_rsync(method)
 
     def one(host: Host) -> HostPush:
         return _push_host(connector, host, data_dir, manifest, name, manifest_sha, method, rsync, progress)
 
-    return run_all(cluster.hosts, one, timeout + connect_timeout)
+    return run_all(cluster.hosts, one, connector.deadline(timeout, slack=0))
 
 
 def remote_dir(host: Host, name: str) -> str:
@@ -139,7 +139,7 @@ def _transfer(connector: Connector, transport, host: Host, data_dir: str, files:
               method: str, rsync: str | None, on_bytes) -> str:
     """Copy files into the host's stage directory; rsync when both ends have it, else SFTP."""
     def with_rsync() -> None:
-        to = rsync_target(connector.cluster, host, stage, connector.host_key_checking, connector.connect_timeout)
+        to = rsync_target(connector, host, stage)
         rsync_push(rsync, data_dir, files, to, on_bytes=on_bytes)
 
     def with_sftp() -> None:

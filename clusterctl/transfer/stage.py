@@ -1,10 +1,10 @@
 """What `run` puts on the hosts before it launches, so a job needs nothing copied by hand:
 
-    stage_project(cluster, root, ...)   the project directory (`clusterctl sync`) into every host's workdir
-    ship_clusterctl(cluster, ...)       clusterctl itself into <workdir>/.clusterctl/lib on every other
+    stage_project(connector, root)      the project directory (`clusterctl sync`) into every host's workdir
+    ship_clusterctl(connector)          clusterctl itself into <workdir>/.clusterctl/lib on every other
                                         machine, for the bundled trainer (the rank bootstrap puts that
                                         directory on sys.path), so hosts need only python and mlx
-    stage_data(cluster, data_dir, ...)  each host only its own dataset shards (`clusterctl data push`)
+    stage_data(connector, data_dir)     each host only its own dataset shards (`clusterctl data push`)
 and after the job:
     fetch_run_dir(connector, run_id, ...)  what the job wrote in runs/<id>/ on the first host, brought home
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 from ..errors import StageError
+from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult
-from ..inventory import Cluster
 
 LIB_DIR = ".clusterctl/lib"          # relative to each host's workdir
 
@@ -25,9 +25,11 @@ def _is_here(host, root: str) -> bool:
     return host.local and os.path.realpath(os.path.expanduser(host.workdir)) == os.path.realpath(root)
 
 
-def _others(cluster: Cluster, keep) -> Cluster:
+def _others(connector: Connector, keep) -> Connector:
+    """The connector for the hosts `keep` says need a copy (ranks as they are: not a smaller world)."""
     from dataclasses import replace
-    return replace(cluster, hosts=tuple(h for h in cluster.hosts if keep(h)))
+    cluster = connector.cluster
+    return connector.narrowed(replace(cluster, hosts=tuple(h for h in cluster.hosts if keep(h))))
 
 
 def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying") -> GroupResult:
@@ -38,39 +40,35 @@ def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying")
     return group
 
 
-def stage_project(cluster: Cluster, root: str, *, connect_timeout: float = 10.0,
-                  host_key_checking: str | None = None) -> GroupResult | None:
+def stage_project(connector: Connector, root: str) -> GroupResult | None:
     """Mirror the project at `root` into every host's workdir (not into itself on this machine). Refuses
     a home directory or `/`: run from the project, or pass --no-sync."""
     from .sync import SyncOptions, plan_sync, sync_tree
 
     root = os.path.realpath(root)
-    targets = _others(cluster, lambda h: not _is_here(h, root))
-    if not targets.hosts:
+    targets = _others(connector, lambda h: not _is_here(h, root))
+    if not targets.cluster.hosts:
         return None
     if root in (os.path.realpath(os.path.expanduser("~")), "/"):
         raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
-    options = SyncOptions(connect_timeout=connect_timeout, host_key_checking=host_key_checking)
+    options = SyncOptions()
     return _check(sync_tree(targets, plan_sync(root, options), options), f"the project {root}")
 
 
-def ship_clusterctl(cluster: Cluster, *, connect_timeout: float = 10.0,
-                    host_key_checking: str | None = None) -> GroupResult | None:
+def ship_clusterctl(connector: Connector) -> GroupResult | None:
     """clusterctl's own package, the version running here, into <workdir>/.clusterctl/lib/clusterctl on
     every host that is not this machine (which runs the installed one)."""
     from .sync import SyncOptions, plan_sync, sync_tree
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # clusterctl/, above transfer/
-    targets = _others(cluster, lambda h: not h.local)
-    if not targets.hosts:
+    targets = _others(connector, lambda h: not h.local)
+    if not targets.cluster.hosts:
         return None
-    options = SyncOptions(dest=f"{LIB_DIR}/clusterctl", connect_timeout=connect_timeout,
-                          host_key_checking=host_key_checking, delete=True)
+    options = SyncOptions(dest=f"{LIB_DIR}/clusterctl", delete=True)
     return _check(sync_tree(targets, plan_sync(package, options), options), "clusterctl (for the bundled trainer)")
 
 
-def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0,
-               host_key_checking: str | None = None, reshard_into: str | None = None) -> str:
+def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None = None) -> str:
     """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
     should read. On this machine alone nothing moves: the ranks read data_dir itself. With `reshard_into`
     (an elastic restart on another world size), shards prepared for another world are first cut again
@@ -78,6 +76,7 @@ def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0
     from ..data.shards import reshard
     from .shards import check_world, push_shards, read_manifest, remote_dir
 
+    cluster = connector.cluster
     data_dir = os.path.abspath(data_dir)
     if reshard_into is not None and read_manifest(data_dir).world_size != cluster.world_size:
         target = os.path.join(reshard_into, os.path.basename(data_dir.rstrip("/")))
@@ -86,14 +85,13 @@ def stage_data(cluster: Cluster, data_dir: str, *, connect_timeout: float = 10.0
     if all(h.local for h in cluster.hosts):
         check_world(data_dir, read_manifest(data_dir), cluster)     # as push_shards would, before launching
         return data_dir
-    _check(push_shards(cluster, data_dir, host_key_checking=host_key_checking, connect_timeout=connect_timeout),
-           f"the shards of {data_dir}")
+    _check(push_shards(connector, data_dir), f"the shards of {data_dir}")
     # every rank works in its host's workdir, where push_shards put the data
     return os.path.relpath(remote_dir(cluster.hosts[0], os.path.basename(data_dir.rstrip("/"))),
                            cluster.hosts[0].workdir)
 
 
-def fetch_run_dir(connector, run_id: str, local_dir: str) -> tuple[int, int]:
+def fetch_run_dir(connector: Connector, run_id: str, local_dir: str) -> tuple[int, int]:
     """After a run on other machines: copy what the job wrote into its run directory on the first host
     (<workdir>/runs/<id>/: the bundled trainer's metrics.jsonl and checkpoints) into the local run
     directory, so `clusterctl generate --checkpoint runs/<id>` works here. Names starting with "." (a
@@ -101,7 +99,7 @@ def fetch_run_dir(connector, run_id: str, local_dir: str) -> tuple[int, int]:
     (files, bytes); (0, 0) when the job wrote nothing there."""
     host = connector.cluster.hosts[0]
     with connector.transport(host) as transport, transport.files() as session:
-        got = _get_tree(session, f"{host.workdir.rstrip('/')}/runs/{run_id}", local_dir)
+        got = _get_tree(session, connector.run_dir(host, run_id), local_dir)
     return len(got), sum(nbytes for _, nbytes in got)
 
 
@@ -116,7 +114,7 @@ def _get_tree(session, remote: str, local_dir: str) -> list[tuple[str, int]]:
     return got
 
 
-def spread_checkpoint(connector, run_id: str, step: str, holder, lacking: list, scratch: str,
+def spread_checkpoint(connector: Connector, run_id: str, step: str, holder, lacking: list, scratch: str,
                       timeout: float = 300.0) -> None:
     """Copy checkpoint `step` (step-000120) of run `run_id` from host `holder` to each host in `lacking`:
     hosts that were away while it was written and answer again at an elastic restart. Through this
@@ -127,10 +125,9 @@ def spread_checkpoint(connector, run_id: str, step: str, holder, lacking: list, 
     from ..hosts.fanout import run_all
     from ..hosts.transport import quote_path
 
-    rel = f"runs/{run_id}"
     local = os.path.join(scratch, step)
     with connector.transport(holder) as transport, transport.files() as session:
-        root = f"{holder.workdir.rstrip('/')}/{rel}"
+        root = connector.run_dir(holder, run_id)
         files = _get_tree(session, f"{root}/checkpoints/{step}", local)
         metrics = os.path.join(scratch, "metrics.jsonl")
         try:
@@ -139,7 +136,7 @@ def spread_checkpoint(connector, run_id: str, step: str, holder, lacking: list, 
             metrics = None
 
     def push(host) -> None:
-        root = f"{host.workdir.rstrip('/')}/{rel}"
+        root = connector.run_dir(host, run_id)
         incoming = f"{root}/checkpoints/.{step}.incoming"
         with connector.transport(host) as transport:
             transport.run(f"rm -rf {quote_path(incoming)}", timeout=60)
@@ -154,5 +151,5 @@ def spread_checkpoint(connector, run_id: str, step: str, holder, lacking: list, 
             if not done.ok:
                 raise OSError(done.stderr.strip() or f"exit {done.exit_code}")
 
-    _check(run_all(lacking, push, deadline=connector.connect_timeout + timeout), f"checkpoint {step}",
+    _check(run_all(lacking, push, deadline=connector.deadline(timeout, slack=0)), f"checkpoint {step}",
            "the restart cannot continue from it there")

@@ -1,7 +1,7 @@
 """`clusterctl sync`: mirror a project directory into every host's workdir, in parallel, incrementally.
 
     plan = plan_sync("/path/project", SyncOptions(excludes=("*.ckpt",)))
-    group = sync_tree(cluster, plan, SyncOptions(...), progress=lambda host, done, total: ...)
+    group = sync_tree(connector, plan, SyncOptions(...), progress=lambda host, done, total: ...)
     group["h1"].value  ->  HostSync(method, moved, moved_bytes, deleted, ...)
 
 What ships is decided once, here (filelist.py: git, or the .gitignore rules, plus what never ships).
@@ -32,7 +32,7 @@ from ..digest import file_sha256
 from ..errors import SyncError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult, run_all
-from ..inventory import Cluster, Host
+from ..inventory import Host
 from . import remotefiles
 from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
 from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
@@ -53,8 +53,6 @@ class SyncOptions:
     method: str = "auto"                  # auto | rsync | sftp
     checksum: bool = False                # compare content instead of size + mtime (rsync)
     bwlimit_kbps: int | None = None
-    host_key_checking: str | None = None
-    connect_timeout: float = 10.0
     timeout: float = 3600.0               # per host, the whole transfer
 
 
@@ -99,22 +97,14 @@ def destination(host: Host, dest: str | None) -> str:
 
 
 class _Session:
-    """What the per-host workers share: a Connector made once, when a host first needs paramiko, and the
-    local sha256 of every file (computed once, for the SFTP fallback)."""
+    """What the per-host workers share: the Connector (a lazy one resolves the hosts only when one first
+    needs paramiko), and the local sha256 of every file (computed once, for the SFTP fallback)."""
 
-    def __init__(self, cluster: Cluster, plan: SyncPlan, options: SyncOptions):
-        self.cluster, self.plan, self.options = cluster, plan, options
+    def __init__(self, connector: Connector, plan: SyncPlan, options: SyncOptions):
+        self.connector, self.plan, self.options = connector, plan, options
         self._lock = threading.Lock()
-        self._connector: Connector | None = None
         self._hashes: dict[str, str] | None = None
         self._rules: list[str] | None | bool = False
-
-    def connector(self) -> Connector:
-        with self._lock:
-            if self._connector is None:
-                self._connector = Connector(self.cluster, self.options.host_key_checking,
-                                            self.options.connect_timeout)
-            return self._connector
 
     def exclusion_rules(self) -> list[str] | None:
         with self._lock:
@@ -130,15 +120,17 @@ class _Session:
             return self._hashes
 
 
-def sync_tree(cluster: Cluster, plan: SyncPlan, options: SyncOptions = SyncOptions(),
+def sync_tree(connector: Connector, plan: SyncPlan, options: SyncOptions = SyncOptions(),
               progress: Progress | None = None) -> GroupResult:
-    """Sync plan's files to every host at once; host -> HostSync or the error that stopped it."""
+    """Sync plan's files to every host of the connector's cluster at once; host -> HostSync or the error
+    that stopped it."""
     rsync = local_rsync(options.method)
-    for host in cluster.hosts:
+    hosts = connector.cluster.hosts
+    for host in hosts:
         destination(host, options.dest)          # bad --dest: one error before any transfer
-    session = _Session(cluster, plan, options)
-    return run_all(cluster.hosts, lambda host: _sync_host(session, host, rsync, progress),
-                   options.timeout + options.connect_timeout)
+    session = _Session(connector, plan, options)
+    return run_all(hosts, lambda host: _sync_host(session, host, rsync, progress),
+                   connector.deadline(options.timeout, slack=0))
 
 
 def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progress | None) -> HostSync:
@@ -161,7 +153,7 @@ def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progr
 
 def _rsync_host(session: _Session, host: Host, rsync: str, dest: str, on_bytes) -> HostSync:
     options, plan = session.options, session.plan
-    to = rsync_target(session.cluster, host, dest, options.host_key_checking, options.connect_timeout)
+    to = rsync_target(session.connector, host, dest)
     rules = session.exclusion_rules()
     summary = rsync_push(rsync, plan.root, rules if rules is not None else [e.rel for e in plan.entries], to,
                          excludes=rules is not None, checksum=options.checksum, dry_run=options.dry_run,
@@ -182,7 +174,7 @@ def _parents(entries) -> list[str]:
 def _sftp_host(session: _Session, host: Host, dest: str, report: Progress) -> HostSync:
     options, plan = session.options, session.plan
     hashes = session.hashes()
-    with session.connector().transport(host) as transport:
+    with session.connector.transport(host) as transport:
         scan = remotefiles.call(transport, host.python, "scan", {
             "root": dest, "paths": [e.rel for e in plan.entries], "dirs": _parents(plan.entries),
             "hash": True, "dry": options.dry_run})["files"]
@@ -218,7 +210,7 @@ def _sftp_host(session: _Session, host: Host, dest: str, report: Progress) -> Ho
 def _delete_extra(session: _Session, host: Host, dest: str) -> list[str]:
     """Remove what the host has under dest that the project does not (see the module docstring)."""
     options, plan = session.options, session.plan
-    with session.connector().transport(host) as transport:
+    with session.connector.transport(host) as transport:
         tree = remotefiles.call(transport, host.python, "scan", {
             "root": dest, "list": True, "dry": True, "prune_top": list(PROTECTED_TOP),
             "prune_names": list(PROTECTED_NAMES)})["tree"]

@@ -7,7 +7,8 @@ import time
 import pytest
 from sshcluster import requires_private_roots
 
-from clusterctl.doctor import DoctorOptions, run_doctor
+from clusterctl.doctor import DOCTOR_CONNECT_TIMEOUT_S, DoctorOptions, run_doctor
+from clusterctl.hosts.connector import Connector
 from clusterctl.doctor.report import FAIL, PASS, WARN
 from clusterctl.inventory import load
 
@@ -19,8 +20,8 @@ def rows(report, check=None, status=None, host=None):
             and (status is None or f.status == status) and (host is None or f.host == host)]
 
 
-def doctor(cluster, **options):
-    return run_doctor(load(cluster.inventory), DoctorOptions(**options))
+def doctor(cluster, connect_timeout=DOCTOR_CONNECT_TIMEOUT_S, **options):
+    return run_doctor(Connector(load(cluster.inventory), connect_timeout=connect_timeout), DoctorOptions(**options))
 
 
 def test_healthy_four_hosts_all_green_with_real_mpi_and_ring_smoke_tests(make_cluster):

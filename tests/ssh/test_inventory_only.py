@@ -163,14 +163,16 @@ def test_doctor_is_green_with_a_stock_sshd(make_cluster, tmp_path):
 def test_a_probe_out_of_time_is_reported_slow_with_what_it_finished(bare, monkeypatch):
     """Every host answers SSH, but the probes get far too little time to finish their logins: each host is
     reported as reached, its unfinished checks as slow, never as unreachable."""
-    from clusterctl.doctor import DoctorOptions, diagnose
+    from clusterctl.doctor import DOCTOR_CONNECT_TIMEOUT_S, DoctorOptions, diagnose
+    from clusterctl.hosts.connector import Connector
     from clusterctl.launch.backends import load_cluster
 
     for key, value in bare.client_env().items():
         monkeypatch.setenv(key, value)
     # far below what the probe needs (its python alone imports mlx, a few tenths of a second)
-    monkeypatch.setattr(diagnose, "probe_budget", lambda options, peers: 0.05)
-    report = diagnose.run_doctor(load_cluster(str(bare.inventory)), DoctorOptions(deep=False))
+    monkeypatch.setattr(diagnose, "probe_budget", lambda connect_timeout, peers: 0.05)
+    report = diagnose.run_doctor(Connector(load_cluster(str(bare.inventory)), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S),
+                                 DoctorOptions(deep=False))
     by_check = {}
     for f in report.findings:
         by_check.setdefault(f.check, []).append(f)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from clusterctl.hosts.connector import Connector
 from clusterctl.inventory import parse
 from clusterctl.transfer.shards import ShardError, files_for_host, push_shards, read_manifest
 from clusterctl.transfer.sync import SyncError, SyncOptions, destination, plan_sync, sync_tree
@@ -23,14 +24,14 @@ def test_local_sync_is_incremental_and_dry_run_moves_nothing(tmp_path, method):
     (src / "b.py").write_text("b\n")
     cluster = local_cluster(tmp_path)
     plan = plan_sync(str(src))
-    dry = sync_tree(cluster, plan, SyncOptions(method=method, dry_run=True))["here"].value
+    dry = sync_tree(Connector(cluster), plan, SyncOptions(method=method, dry_run=True))["here"].value
     assert sorted(dry.moved) == ["b.py", "pkg/a.py"] and not (tmp_path / "w").exists()
-    first = sync_tree(cluster, plan, SyncOptions(method=method))["here"].value
+    first = sync_tree(Connector(cluster), plan, SyncOptions(method=method))["here"].value
     assert sorted(first.moved) == ["b.py", "pkg/a.py"] and first.moved_bytes == 4
     assert (tmp_path / "w" / "pkg" / "a.py").read_text() == "a\n"
-    assert sync_tree(cluster, plan, SyncOptions(method=method))["here"].value.moved == []
+    assert sync_tree(Connector(cluster), plan, SyncOptions(method=method))["here"].value.moved == []
     (src / "b.py").write_text("changed\n")
-    again = sync_tree(cluster, plan_sync(str(src)), SyncOptions(method=method))["here"].value
+    again = sync_tree(Connector(cluster), plan_sync(str(src)), SyncOptions(method=method))["here"].value
     assert again.moved == ["b.py"] and (tmp_path / "w" / "b.py").read_text() == "changed\n"
 
 
@@ -64,11 +65,11 @@ def test_push_to_a_two_slot_host_gets_both_ranks_and_removes_stale_shards(tmp_pa
     stale = tmp_path / "w" / "data" / "tiny" / "shard-00000-of-00004.bin"
     stale.parent.mkdir(parents=True)
     stale.write_text("old")
-    first = push_shards(cluster, str(tmp_path / "tiny"))["here"].value
+    first = push_shards(Connector(cluster), str(tmp_path / "tiny"))["here"].value
     assert first.ranks == [0, 1] and first.removed == ["shard-00000-of-00004.bin"]
     assert sorted(p.name for p in stale.parent.iterdir()) == [
         "manifest.json", "shard-00000-of-00002.bin", "shard-00001-of-00002.bin", "val.bin"]
-    assert push_shards(cluster, str(tmp_path / "tiny"))["here"].value.sent == []
+    assert push_shards(Connector(cluster), str(tmp_path / "tiny"))["here"].value.sent == []
 
 
 def test_manifest_validation(tmp_path):
@@ -93,7 +94,7 @@ def test_manifest_validation(tmp_path):
 def test_world_size_mismatch_names_the_fix(tmp_path):
     write_manifest(tmp_path / "tiny", 3)
     with pytest.raises(ShardError) as info:
-        push_shards(local_cluster(tmp_path, slots=2), str(tmp_path / "tiny"))
+        push_shards(Connector(local_cluster(tmp_path, slots=2)), str(tmp_path / "tiny"))
     assert info.value.exit_code == 2 and "run `clusterctl data prepare --world 2`" in str(info.value)
 
 
@@ -126,12 +127,12 @@ def test_sync_delete_keeps_an_extra_name_that_is_the_same_file_as_a_synced_one(t
     (src / "model.py").write_text("m\n")
     (src / "old.py").write_text("o\n")
     cluster = local_cluster(tmp_path)
-    sync_tree(cluster, plan_sync(str(src)), SyncOptions(method=method))
+    sync_tree(Connector(cluster), plan_sync(str(src)), SyncOptions(method=method))
     (src / "old.py").unlink()
     os.link(tmp_path / "w" / "model.py", tmp_path / "w" / "Model.py")
     options = SyncOptions(method=method, delete=True)
-    dry = sync_tree(cluster, plan_sync(str(src)), SyncOptions(method=method, delete=True, dry_run=True))["here"].value
+    dry = sync_tree(Connector(cluster), plan_sync(str(src)), SyncOptions(method=method, delete=True, dry_run=True))["here"].value
     assert dry.deleted == ["old.py"]
-    done = sync_tree(cluster, plan_sync(str(src)), options)["here"].value
+    done = sync_tree(Connector(cluster), plan_sync(str(src)), options)["here"].value
     assert done.deleted == ["old.py"]
     assert (tmp_path / "w" / "Model.py").exists() and (tmp_path / "w" / "model.py").read_text() == "m\n"
