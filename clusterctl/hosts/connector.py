@@ -4,7 +4,7 @@ out one command to every host.
 A Connector carries the connection settings (host-key policy, connect timeout) so that code reaching hosts
 takes one object instead of threading loose settings through every layer:
 
-    connector = Connector(cluster, "strict", connect_timeout=5)
+    connector = Connector(cluster, "strict", connect_timeout=seconds)
     others = connector.narrowed(sub_cluster)          # fewer hosts, the same settings
     connector.ssh_options()                           # what an OpenSSH client started here is given
     connector.run_dir(host, run_id)                   # where the ranks' run directory is on a host
