@@ -31,6 +31,7 @@ from record import write_record  # noqa: E402
 from sshcluster import SSHCluster  # noqa: E402
 
 from clusterctl.doctor import DoctorOptions, run_doctor  # noqa: E402
+from clusterctl.hosts.connector import Connector  # noqa: E402
 from clusterctl.hosts.openssh import host_config_text, write_config  # noqa: E402
 from clusterctl.inventory import load  # noqa: E402
 
@@ -61,15 +62,15 @@ def measure(size: int, repeat: int, stock: bool = False) -> dict:
         os.environ.update(cluster.client_env())
         try:
             inventory = load(cluster.inventory)
-            run_doctor(inventory, DoctorOptions(deep=False, connect_timeout=CONNECT_TIMEOUT_S))          # warm-up: host keys, page cache
+            run_doctor(Connector(inventory, connect_timeout=CONNECT_TIMEOUT_S), DoctorOptions(deep=False))          # warm-up: host keys, page cache
             runs = {"shallow": [], "deep": [], "raw": []}
             phases = []
             for _ in range(repeat):
-                r = run_doctor(inventory, DoctorOptions(deep=False, connect_timeout=CONNECT_TIMEOUT_S))
+                r = run_doctor(Connector(inventory, connect_timeout=CONNECT_TIMEOUT_S), DoctorOptions(deep=False))
                 assert r.ok, [f.detail for f in r.findings if f.status != "pass"]
                 runs["shallow"].append(r.elapsed_s)
                 phases.append(r.phases)
-                r = run_doctor(inventory, DoctorOptions(deep=True, connect_timeout=CONNECT_TIMEOUT_S))
+                r = run_doctor(Connector(inventory, connect_timeout=CONNECT_TIMEOUT_S), DoctorOptions(deep=True))
                 assert r.ok, [f.detail for f in r.findings if f.status != "pass"]
                 runs["deep"].append(r.elapsed_s)
                 runs["raw"].append(raw_all_to_all(cluster))

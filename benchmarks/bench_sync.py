@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from sshcluster import SSHCluster  # noqa: E402
 
 from clusterctl.hosts.openssh import close_masters  # noqa: E402
+from clusterctl.hosts.connector import Connector  # noqa: E402
 from clusterctl.inventory import load  # noqa: E402
 from clusterctl.transfer.sync import SyncOptions, plan_sync, sync_tree  # noqa: E402
 
@@ -92,7 +93,7 @@ def main() -> None:
                                         for h in cluster.hosts]))
 
             def core(dest: str) -> None:
-                group = sync_tree(inv, plan_sync(tree), SyncOptions(dest=dest))
+                group = sync_tree(Connector(inv, lazy=True), plan_sync(tree), SyncOptions(dest=dest))
                 assert group.all_ok, {n: o.error for n, o in group.items()}
 
             for k in range(args.repeat):
