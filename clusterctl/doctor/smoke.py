@@ -24,7 +24,7 @@ SMOKE_PROGRAM = ENV_FILES + r"""
 import json, os, socket, sys
 backend, expected = sys.argv[1], int(sys.argv[2])
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "?"
-made = env_files()     # clusterctl's rank starter passes MLX_HOSTFILE's text (bootstrap.ENV_FILES)
+made = env_files()     # clusterctl's rank starter passes MLX_HOSTFILE's text (hosts/scripts/envfiles.py)
 try:
     import mlx.core as mx
     g = mx.distributed.init(backend=backend, strict=True)

@@ -1,7 +1,7 @@
 """The world check: did MLX join the ranks into the world the launcher started?
 
     check = WorldCheck(expected=4, backend="mpi")
-    check.report(rank, host, payload)          # each rank's `world <size> <backend asked>` line (bootstrap.WORLD)
+    check.report(rank, host, payload)          # each rank's `world <size> <backend asked>` line (hosts/scripts/worldwatch.py)
     check.verdict(exited, now) -> str | None   # one line naming the ranks and the cause, once it is time to say
 
 Under mpirun MLX falls back silently to a world of one per rank when it cannot load libmpi, and a program
