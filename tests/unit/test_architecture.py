@@ -126,11 +126,11 @@ def test_paramiko_stays_in_the_ssh_layer():
 
 def test_programs_that_run_on_hosts_need_only_the_standard_library():
     scripts = os.path.join(PACKAGE, "hosts", "scripts")
-    pieces = {name[:-3] for name in os.listdir(scripts) if name.endswith(".py")}    # inlined by scripts.program
     for name in os.listdir(scripts):
         if name.endswith(".py") and name != "__init__.py":
-            third_party = {t for t, _ in imports("clusterctl.hosts.scripts." + name[:-3], os.path.join(scripts, name))
-                           if not t.startswith("!") or t[1:] not in STDLIB | pieces}
+            found = {t for t, _ in imports("clusterctl.hosts.scripts." + name[:-3], os.path.join(scripts, name))}
+            pieces = {t for t in found if t.startswith("clusterctl.hosts.scripts.")}   # inlined by scripts.program
+            third_party = {t for t in found - pieces if not t.startswith("!") or t[1:] not in STDLIB}
             assert third_party <= {"!mlx", "!mpi4py"}, (name, third_party)    # both optional, probed
 
 

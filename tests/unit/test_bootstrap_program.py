@@ -1,8 +1,7 @@
 """The rank bootstrap as files (hosts/scripts/bootstrap.py and its pieces): the one program a rank receives is
-composed from them with nothing left to import, the file runs as it is and as composed alike, and its pieces
-do their jobs when called directly."""
+composed from them with nothing left to import, the module (`python -m`) and the composed program run a rank
+alike, and its pieces do their jobs when called directly."""
 import ast
-import importlib
 import json
 import os
 import subprocess
@@ -11,30 +10,19 @@ import sys
 import pytest
 
 from clusterctl.hosts import scripts
+from clusterctl.hosts.scripts import bootstrap as boot
 from clusterctl.hosts.scripts import program, script_text
 from clusterctl.launch.bootstrap import BOOTSTRAP, MARK, parse_line
 
-SCRIPTS = os.path.dirname(scripts.__file__)
 PIECES = ["tagged", "lines", "envfiles", "worldwatch", "awake", "nofile", "mpiworld"]
-
-
-@pytest.fixture
-def boot(monkeypatch):
-    """hosts/scripts/bootstrap.py imported as it imports its pieces when run as a file (siblings on sys.path),
-    then forgotten: no module named `lines` or `tagged` outlives the test."""
-    monkeypatch.syspath_prepend(SCRIPTS)
-    try:
-        yield importlib.import_module("bootstrap")
-    finally:
-        for name in ["bootstrap", *PIECES]:
-            sys.modules.pop(name, None)
 
 
 def test_the_program_is_self_contained_with_every_piece_once():
     tree = ast.parse(BOOTSTRAP)
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {"." * node.level + (node.module or "").split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
     for piece in PIECES:
         assert BOOTSTRAP.count(program(piece + ".py")) == 1, piece      # tagged.py with lines.py inlined in it
@@ -43,11 +31,11 @@ def test_the_program_is_self_contained_with_every_piece_once():
 
 
 def test_program_inlines_only_siblings_and_leaves_other_imports_alone(tmp_path, monkeypatch):
-    text = "from os import path\nfrom lines import Lines\nfrom lines import BAR_EVERY_S\nprint(path, Lines)\n"
+    text = "from os import path\nfrom .lines import Lines\nfrom .lines import BAR_EVERY_S\nprint(path, Lines)\n"
     monkeypatch.setattr(scripts, "script_text", lambda name: text if name == "t.py" else script_text(name))
     composed = scripts.program.__wrapped__("t.py")
     assert composed.startswith("from os import path\n" + script_text("lines.py"))
-    assert composed.count("class Lines") == 1 and "from lines" not in composed
+    assert composed.count("class Lines") == 1 and "from .lines" not in composed
 
 
 def _tagged(stdout: str) -> list[tuple[int, str, str]]:
@@ -76,8 +64,8 @@ def _run_rank(argv_head: list[str], tmp_path, env_files: dict) -> subprocess.Com
                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
 
 
-def test_the_file_and_the_composed_program_run_a_rank_alike(tmp_path):
-    for how, head in (("file", [sys.executable, os.path.join(SCRIPTS, "bootstrap.py")]),
+def test_the_module_and_the_composed_program_run_a_rank_alike(tmp_path):
+    for how, head in (("module", [sys.executable, "-m", "clusterctl.hosts.scripts.bootstrap"]),
                       ("composed", [sys.executable, "-c", "#clusterctl-run-1-x\n" + BOOTSTRAP])):
         (tmp_path / how).mkdir()
         r = _run_rank(head, tmp_path / how, {"MLX_HOSTFILE": "[[\"h1\"]]"})
@@ -115,16 +103,18 @@ def test_env_files_are_written_pointed_at_and_the_variable_consumed(monkeypatch)
     ("pass", 0, ""), ("raise SystemExit(5)", 5, ""), ("raise SystemExit(None)", 0, ""),
     ("raise SystemExit('bad input')", 1, "bad input\n"), ("raise ValueError('boom')", 1, "ValueError: boom"),
 ])
-def test_run_script_reports_the_exit_code_python_would(boot, tmp_path, monkeypatch, capsys, body, code, err):
+def test_run_script_reports_the_exit_code_python_would(tmp_path, monkeypatch, capsys, body, code, err):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))            # run_script puts the script's place first
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text(body + "\n")
     assert boot.run_script(str(tmp_path / "wd"), str(tmp_path / "s.py"), [], []) == code
     assert err in capsys.readouterr().err and os.getcwd() == str(tmp_path / "wd")
 
 
-def test_run_script_runs_a_module_from_the_workdir_with_the_shipped_lib_first(boot, tmp_path, monkeypatch, capsys):
+def test_run_script_runs_a_module_from_the_workdir_with_the_shipped_lib_first(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))            # run_script puts the script's place first
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".clusterctl" / "lib").mkdir(parents=True)
     (tmp_path / ".clusterctl" / "lib" / "shipped.py").write_text("WHERE = 'lib'\n")
@@ -137,7 +127,7 @@ def test_run_script_runs_a_module_from_the_workdir_with_the_shipped_lib_first(bo
     sys.modules.pop("shipped", None)
 
 
-def test_left_files_is_whether_the_run_directory_holds_anything(boot, tmp_path, monkeypatch):
+def test_left_files_is_whether_the_run_directory_holds_anything(tmp_path, monkeypatch):
     monkeypatch.delenv("CLUSTERCTL_RUN_DIR", raising=False)
     assert boot.left_files() is False
     monkeypatch.setenv("CLUSTERCTL_RUN_DIR", str(tmp_path))

@@ -15,8 +15,8 @@ import re
 from functools import lru_cache
 from importlib import resources
 
-# `from <sibling> import a, b` on a line of its own: a piece of the same program, inlined by program()
-SIBLING_IMPORT = re.compile(r"^from (\w+) import \w+(?:, \w+)*$", re.MULTILINE)
+# `from .<sibling> import a, b` on a line of its own: a piece of the same program, inlined by program()
+SIBLING_IMPORT = re.compile(r"^from \.(\w+) import \w+(?:, \w+)*$", re.MULTILINE)
 
 
 @lru_cache(maxsize=None)
@@ -26,16 +26,15 @@ def script_text(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def program(name: str) -> str:
-    """Script `name` as one self-contained program for `python -c`: each import of a sibling script is replaced
-    by that script's own text (inlined where first imported, its own sibling imports likewise). The pieces stay
-    files that ruff lints and tests import or run; a host gets one text and needs nothing else."""
+    """Script `name` as one self-contained program for `python -c`: each relative import of a sibling script is
+    replaced by that script's own text (inlined where first imported, its own sibling imports likewise). The
+    pieces stay modules of this package, which ruff lints and tests import or run with `python -m`; a host gets
+    one text and needs nothing else."""
     inlined = {name}
 
     def inline(text: str) -> str:
         def piece(m: re.Match) -> str:
             sibling = m.group(1) + ".py"
-            if not resources.files(__name__).joinpath(sibling).is_file():
-                return m.group(0)       # not one of ours (a standard-library module)
             if sibling in inlined:
                 return ""
             inlined.add(sibling)

@@ -31,12 +31,12 @@ import socket
 import sys
 import traceback
 
-from awake import keep_awake, let_sleep
-from envfiles import env_files
-from mpiworld import finalize_world_of_one
-from nofile import raise_nofile
-from tagged import Tagged
-from worldwatch import watch_world
+from .awake import keep_awake, let_sleep
+from .envfiles import env_files
+from .mpiworld import finalize_world_of_one
+from .nofile import raise_nofile
+from .tagged import Tagged
+from .worldwatch import watch_world
 
 
 def run_script(workdir, script, args, made):

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from lines import BAR_EVERY_S, Lines
+from .lines import BAR_EVERY_S, Lines
 
 
 class Tagged:
