@@ -78,7 +78,7 @@ class Backend:
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
     rdma: str | None = None           # jaccl: which rank pairs need an RDMA device, "mesh" (all) or "ring" (neighbours)
     fallbacks: Mapping[str, "Backend"] = {}   # other launchers that can start it, by launcher name
-    peers_variable: str | None = None # the variable naming a rank's peers to MLX (the world check's hint)
+    peers_variable: str | None = None  # the variable naming a rank's peers to MLX (the world check's hint)
     smoke_needs: tuple[str, ...] | None = None   # doctor checks its smoke test needs passed; None: it has none
 
     @property
