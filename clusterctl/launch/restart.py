@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from .backends import get
 
 BATCH_POLICIES = ("rank", "global")
 # A rank's bootstrap beats every second whatever its program does, so silence this long means its host
@@ -52,9 +53,9 @@ class RestartPolicy:
                              f"cluster's {world}")
         if not preflight:
             raise UsageError("--elastic finds the hosts that still answer with the pre-flight: drop --no-preflight")
-        if backend == "jaccl":
-            raise UsageError("--elastic cannot shrink a jaccl world: its rdma table names the device to every rank "
-                             "of the whole cluster (use --backend ring or mpi for elastic runs)")
+        refusal = get(backend).shrink_refusal
+        if refusal:
+            raise UsageError(refusal)
         if bundled_fsdp:
             raise UsageError("--elastic with --strategy fsdp: FSDP's optimizer state is sharded over the ranks "
                              "that wrote it, so it cannot continue on another world size (use --strategy dp, or "
