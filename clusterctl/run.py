@@ -46,13 +46,15 @@ from .launch.hostfile import render as render_hostfile
 from .launch.job import Launch, prepare
 from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
-from .launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
+from .launch.restart import RestartPolicy
 from .launch.supervise import Outcome, signals_stop, stopped, supervise
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
+from .trainer_contract import DATA, STEP_GLOB, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step, \
+    replace_run_flag, step_dir_name
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
@@ -164,13 +166,13 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
     policy = options.restart
     policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
-                 bundled_fsdp=program.module == BUNDLED_TRAINER and bundled_strategy(program.args) == "fsdp")
+                 bundled_fsdp=program.module == BUNDLED_TRAINER and flag_value(program.args, STRATEGY) == "fsdp")
     args = list(program.argv[1])
     extra_env: dict[str, str] = {}
     if not options.dry_run:
         extra_env = stage(cluster, options, program, project, events)
         if options.data_dir and program.module == BUNDLED_TRAINER:
-            args = [args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *args[1:]]
+            args = [args[0], *add_run_flag(args[1:], DATA, extra_env["CLUSTERCTL_DATA_DIR"])]
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
@@ -322,7 +324,7 @@ class _Job:
                            reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
         self.extra_env["CLUSTERCTL_DATA_DIR"] = where
         if self.program.module == BUNDLED_TRAINER:      # run put `--data DIR` first among its arguments
-            self.args[2] = where
+            self.args = [self.args[0], *replace_run_flag(self.args[1:], DATA, where)]
 
     def _note_resume_point(self, connector: Connector, launch: Launch) -> None:
         """For the bundled trainer: the checkpoint the next attempt continues from (the newest any of its hosts
@@ -338,13 +340,13 @@ class _Job:
             holder = next(h for h in connector.cluster.hosts if steps.get(h.name) == step)
             scratch = tempfile.mkdtemp(prefix=".spread-", dir=launch.run_dir)
             try:
-                spread_checkpoint(connector, launch.run_id, f"step-{step:06d}", holder, lacking, scratch)
+                spread_checkpoint(connector, launch.run_id, step_dir_name(step), holder, lacking, scratch)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
-            self.events.spread(f"step-{step:06d}", holder.name, [h.name for h in lacking])
+            self.events.spread(step_dir_name(step), holder.name, [h.name for h in lacking])
 
     def _resumed_from(self) -> str | None:
-        return None if self.resume_point is None else f"step-{self.resume_point:06d}"
+        return None if self.resume_point is None else step_dir_name(self.resume_point)
 
 
 def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float,
@@ -364,7 +366,7 @@ def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | No
     picks it) in the ranks' run directory there (each host keeps a full copy, train/checkpoint.py); None:
     none, or the host did not answer."""
     cluster = connector.cluster
-    listing = 'for d in step-*; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
+    listing = f'for d in {STEP_GLOB}; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
 
     def ask(host):
         # where the ranks ran it: the local run directory when every rank is on this machine (job.py)

@@ -11,7 +11,6 @@ own logs into runs/<id>/attempt-K/, K = 0, 1, ... (K is CLUSTERCTL_RESTART in th
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -21,7 +20,6 @@ BATCH_POLICIES = ("rank", "global")
 # stopped answering (asleep, unplugged), not a slow step: a restartable run watches for it unless
 # --hang-timeout says otherwise.
 SILENT_HOST_S = 60.0
-_STEP_LINE = re.compile(r"^step +(\d+)/\d+ \|")     # the bundled trainer's report line (train/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -73,29 +71,3 @@ class RestartPolicy:
     def world_ok(self, ranks: int) -> bool:
         return ranks >= (self.elastic or 1)
 
-
-def last_step(lines: list[str]) -> int | None:
-    """The last step a rank reported, from the bundled trainer's `step N/T | ...` lines (pure)."""
-    for line in reversed(lines):
-        m = _STEP_LINE.match(line)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def checkpoint_step(name: str | None) -> int | None:
-    """12 from 'step-000012' (checkpoints/latest names the newest), None for anything else (pure)."""
-    m = re.fullmatch(r"step-(\d+)", (name or "").strip())
-    return int(m.group(1)) if m else None
-
-
-def bundled_strategy(args: list[str] | tuple[str, ...]) -> str | None:
-    """The --strategy the bundled trainer is given on the command line, if any (pure; last one wins, as
-    argparse takes it)."""
-    strategy = None
-    for i, word in enumerate(args):
-        if word == "--strategy" and i + 1 < len(args):
-            strategy = args[i + 1]
-        elif word.startswith("--strategy="):
-            strategy = word.split("=", 1)[1]
-    return strategy

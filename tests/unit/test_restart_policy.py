@@ -9,7 +9,7 @@ from clusterctl.errors import UsageError
 from clusterctl.inventory import Cluster, Host
 from clusterctl.launch.job import rank_environment
 from clusterctl.launch.plan import LaunchPlan
-from clusterctl.launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
+from clusterctl.launch.restart import RestartPolicy
 
 
 def cluster(*slots):
@@ -60,16 +60,6 @@ def test_what_works_passes_the_check():
     RestartPolicy(1, elastic=2).check(world=4, backend="mpi", preflight=True, bundled_fsdp=False)
     RestartPolicy(3).check(world=4, backend="jaccl", preflight=False, bundled_fsdp=True)   # same world: fine
     RestartPolicy().check(world=1, backend="ring", preflight=True, bundled_fsdp=False)
-
-
-def test_the_trainers_lines_and_checkpoint_names():
-    lines = ["dp on 2 rank(s): ...", "step  9/150 | loss 4.1 | lr 1e-3", "step 10 | checkpoint runs/x/step-000010",
-             "step 12/150 | loss 3.9 | lr 1e-3", "Traceback (most recent call last):"]
-    assert last_step(lines) == 12 and last_step(["nothing"]) is None
-    assert checkpoint_step("step-000020\n") == 20 and checkpoint_step("") is None and checkpoint_step(None) is None
-    assert bundled_strategy(["--steps", "5", "--strategy", "fsdp"]) == "fsdp"
-    assert bundled_strategy(["--strategy=dp", "--strategy", "fsdp", "--strategy=dp"]) == "dp"
-    assert bundled_strategy(["--steps", "5"]) is None
 
 
 def test_restart_variables_only_for_a_restartable_run():
