@@ -47,7 +47,7 @@ from .launch.job import Launch, prepare
 from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
 from .launch.restart import RestartPolicy
-from .launch.supervise import Outcome, signals_stop, stopped, supervise
+from .launch.supervise import AttemptState, Outcome, Settings, Supervisor, signals_stop, stopped
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
@@ -182,7 +182,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     if outcome is None:
         return RunResult(launch, None)
     try:
-        while policy.should_restart(outcome.stopped_by_user, outcome.exit_code, job.restarts):
+        while policy.should_restart(outcome.state, job.restarts):
             try:
                 with signals_stop():
                     cluster, connector, plan = job.restart(launch, outcome, cluster, connector)
@@ -248,19 +248,19 @@ class _Job:
             live = LiveRun(launch.rank_hosts, time.monotonic())
             self.events.watching(launch, live)
             try:
-                outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
-                                    start_timeout=options.start_timeout,
-                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout),
-                                    preflight=preflight, plan=plan, status=live.update)
+                settings = Settings(options.rank0_only, options.start_timeout,
+                                    self.policy.hang_timeout(options.hang_timeout))
+                outcome = Supervisor(launch, connector, emit=self.events.output, settings=settings,
+                                     status=live.update).run(preflight, plan)
             finally:
                 self.events.watched(launch)
-            if outcome.replan is None:
+            if outcome.state is not AttemptState.REPLAN:
                 break
             self.events.relaunching(launch, outcome.reason)
             if not self.policy.enabled:    # today's behaviour: the launch from the fresh plan is a run of its own
                 self.record.end(outcome.exit_code, outcome.reason)
                 self.record = None
-            plan, preflight = outcome.replan, None
+            plan, preflight = outcome.fresh_plan, None
             remember_plan(cluster, plan)
         if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
             remember_plan(cluster, preflight.result())
@@ -349,13 +349,15 @@ class _Job:
         return None if self.resume_point is None else step_dir_name(self.resume_point)
 
 
+_RECORDED = {AttemptState.SUCCEEDED: "ok", AttemptState.STOPPED: "stopped"}    # and "failed"
+
+
 def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float,
                    resumed_from: str | None) -> dict:
     """One attempt, as summary.json lists it (README "clusterctl run --max-restarts")."""
     failed = outcome.failed_rank
     return {"attempt": attempt, "world": cluster.world_size, "hosts": cluster.names, "started": iso(started),
-            "ended": iso(time.time()), "outcome": "ok" if outcome.exit_code == 0 else
-            ("stopped" if outcome.stopped_by_user else "failed"), "exit_code": outcome.exit_code,
+            "ended": iso(time.time()), "outcome": _RECORDED.get(outcome.state, "failed"), "exit_code": outcome.exit_code,
             "reason": outcome.reason, "failed_rank": failed,
             "failed_host": launch.rank_hosts[failed] if failed is not None and failed < len(launch.rank_hosts) else None,
             "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir)}

@@ -3,7 +3,7 @@ functions; run.py carries them out.
 
     policy = RestartPolicy(max_restarts=2, delay_s=10, elastic=2)
     policy.check(...)                         # refuse combinations that cannot work, before anything starts
-    policy.should_restart(outcome, restarts)  # after an attempt ended
+    policy.should_restart(outcome.state, restarts)  # after an attempt ended
     policy.world_ok(ranks)                    # the hosts that answered the re-check are enough
 
 Every attempt keeps the run's id and directory (its checkpoints are there, on every host) and writes its
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from .supervise import AttemptState
 
 BATCH_POLICIES = ("rank", "global")
 # A rank's bootstrap beats every second whatever its program does, so silence this long means its host
@@ -58,10 +59,10 @@ class RestartPolicy:
                              "that wrote it, so it cannot continue on another world size (use --strategy dp, or "
                              "drop --elastic: --max-restarts alone restarts on the same hosts)")
 
-    def should_restart(self, stopped_by_user: bool, exit_code: int, restarts: int) -> bool:
-        """After an attempt: restart unless it succeeded, the user stopped it (Ctrl-C, SIGTERM, SIGHUP), or
-        the restarts are used up."""
-        return exit_code != 0 and not stopped_by_user and restarts < self.max_restarts
+    def should_restart(self, state: AttemptState, restarts: int) -> bool:
+        """After an attempt: restart one that failed (a rank lost too), not one that succeeded or that the user
+        stopped (Ctrl-C, SIGTERM, SIGHUP), while restarts are left."""
+        return state in (AttemptState.FAILED, AttemptState.LOST) and restarts < self.max_restarts
 
     def hang_timeout(self, given: float | None) -> float | None:
         """--hang-timeout as given, else SILENT_HOST_S for a restartable run (without one, a sleeping host's

@@ -10,6 +10,7 @@ from clusterctl.inventory import Cluster, Host
 from clusterctl.launch.job import rank_environment
 from clusterctl.launch.plan import LaunchPlan
 from clusterctl.launch.restart import RestartPolicy
+from clusterctl.launch.supervise import AttemptState, Outcome
 
 
 def cluster(*slots):
@@ -32,11 +33,14 @@ def test_a_subset_keeps_inventory_order_and_renumbers_ranks():
 
 def test_the_policy_restarts_failures_until_used_up_but_never_a_users_stop():
     p = RestartPolicy(max_restarts=2)
-    assert p.should_restart(False, 1, 0) and p.should_restart(False, 137, 1)
-    assert not p.should_restart(False, 1, 2)          # used up
-    assert not p.should_restart(False, 0, 0)          # succeeded
-    assert not p.should_restart(True, 130, 0)         # Ctrl-C / SIGTERM
-    assert not RestartPolicy().should_restart(False, 1, 0)     # off by default: today's behaviour
+    failed, lost = AttemptState.FAILED, AttemptState.LOST
+    assert p.should_restart(failed, 0) and p.should_restart(lost, 1)
+    assert not p.should_restart(failed, 2)                        # used up
+    assert not p.should_restart(AttemptState.SUCCEEDED, 0)        # succeeded
+    assert not p.should_restart(AttemptState.STOPPED, 0)          # Ctrl-C / SIGTERM
+    assert not RestartPolicy().should_restart(failed, 0)          # off by default: today's behaviour
+    # an outcome's state follows from its exit code unless the supervisor says more
+    assert Outcome(1, "x").state is failed and Outcome(0, "x").state is AttemptState.SUCCEEDED
     assert RestartPolicy(2, elastic=3).world_ok(3) and not RestartPolicy(2, elastic=3).world_ok(2)
     assert RestartPolicy(2).world_ok(1)
 
