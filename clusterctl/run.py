@@ -53,8 +53,8 @@ from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .trainer_contract import DATA, STEP_GLOB, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step, \
-    replace_run_flag, step_dir_name
+from .trainer_contract import (DATA, STEP_GLOB, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step,
+                               replace_run_flag, step_dir_name)
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
@@ -248,8 +248,8 @@ class _Job:
             live = LiveRun(launch.rank_hosts, time.monotonic())
             self.events.watching(launch, live)
             try:
-                settings = Settings(options.rank0_only, options.start_timeout,
-                                    self.policy.hang_timeout(options.hang_timeout))
+                settings = Settings(rank0_only=options.rank0_only, start_timeout=options.start_timeout,
+                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout))
                 outcome = Supervisor(launch, connector, emit=self.events.output, settings=settings,
                                      status=live.update).run(preflight, plan)
             finally:
