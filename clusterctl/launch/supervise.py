@@ -1,7 +1,7 @@
 """Supervise a prepared launch (job.py) to its end: one event loop over the launcher's output lines.
 
     Supervisor(launch, connector, emit=..., settings=Settings(...)).run() -> Outcome
-                                   run it; stream `[rank N host]` lines; per-rank logs; outcome.state says how it ended
+        run it; stream `[rank N host]` lines; per-rank logs; the Outcome's AttemptState says how it ended
 
 Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagged lines, heartbeats and exit
 codes from each rank whatever the launcher (mlx.launch's own exit status says nothing about the ranks:
@@ -256,8 +256,8 @@ class Supervisor:
 
     def run(self, preflight=None, plan: LaunchPlan | None = None) -> Outcome:
         """Run the launcher and watch every rank until the job ends one way or another. `preflight` (a
-        Future of discover()) verifies, while the job starts, the cached `plan` it was launched from;
-        `status` hears every rank's events (observe/live.py lists them)."""
+        Future of discover()) verifies, while the job starts, the cached `plan` it was launched from. The
+        `status` hook given at construction hears every rank's events (observe/live.py lists them)."""
         check = _Preflight(preflight, plan)
         lines = _Lines.open(self.launch, self.emit, self.settings, self.status)
         queued: queue.Queue = queue.Queue()
@@ -273,7 +273,6 @@ class Supervisor:
             outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every "
                               "rank", state=AttemptState.STOPPED)
         finally:  # also when the pre-flight failed (ClusterctlError): the job is stopped, then its error raised
-
             self._stop(proc, outcome)
             lines.close()
         if outcome.failed_rank is not None:
