@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
 
-BASE = {"errors", "atomic", "digest", "progress", "resources", "inventory", "inventory_edit"}
+BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe"},
@@ -30,8 +30,8 @@ ALLOWED = {
     "train": {"data"},
 }
 ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
-ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress"}  # base modules that import nothing but the standard library
-BASE_ORDER = ["errors", "atomic", "digest", "progress", "resources", "inventory", "inventory_edit"]  # each may import the earlier
+ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract"}  # base modules that import nothing but the standard library
+BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"]  # each may import the earlier
 
 
 def modules():
