@@ -45,13 +45,15 @@ from .launch.hostfile import render as render_hostfile
 from .launch.job import Launch, prepare
 from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
-from .launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
-from .launch.supervise import Outcome, signals_stop, stopped, supervise
+from .launch.restart import RestartPolicy
+from .launch.supervise import AttemptState, Outcome, Settings, Supervisor, signals_stop, stopped
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
+from .trainer_contract import (DATA, STEP_GLOB, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step,
+                               replace_run_flag, step_dir_name)
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
@@ -163,14 +165,14 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
     policy = options.restart
     policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
-                 bundled_fsdp=program.module == BUNDLED_TRAINER and bundled_strategy(program.args) == "fsdp")
+                 bundled_fsdp=program.module == BUNDLED_TRAINER and flag_value(program.args, STRATEGY) == "fsdp")
     args = list(program.argv[1])
     extra_env: dict[str, str] = {}
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
     if not options.dry_run:
         extra_env = stage(connector, options, program, project, events)
         if options.data_dir and program.module == BUNDLED_TRAINER:
-            args = [args[0], "--data", extra_env["CLUSTERCTL_DATA_DIR"], *args[1:]]
+            args = [args[0], *add_run_flag(args[1:], DATA, extra_env["CLUSTERCTL_DATA_DIR"])]
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
@@ -179,7 +181,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     if outcome is None:
         return RunResult(launch, None)
     try:
-        while policy.should_restart(outcome.stopped_by_user, outcome.exit_code, job.restarts):
+        while policy.should_restart(outcome.state, job.restarts):
             try:
                 with signals_stop():
                     cluster, connector, plan = job.restart(launch, outcome, cluster, connector)
@@ -245,19 +247,19 @@ class _Job:
             live = LiveRun(launch.rank_hosts, time.monotonic())
             self.events.watching(launch, live)
             try:
-                outcome = supervise(launch, connector, emit=self.events.output, rank0_only=options.rank0_only,
-                                    start_timeout=options.start_timeout,
-                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout),
-                                    preflight=preflight, plan=plan, status=live.update)
+                settings = Settings(rank0_only=options.rank0_only, start_timeout=options.start_timeout,
+                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout))
+                outcome = Supervisor(launch, connector, emit=self.events.output, settings=settings,
+                                     status=live.update).run(preflight, plan)
             finally:
                 self.events.watched(launch)
-            if outcome.replan is None:
+            if outcome.state is not AttemptState.REPLAN:
                 break
             self.events.relaunching(launch, outcome.reason)
             if not self.policy.enabled:    # today's behaviour: the launch from the fresh plan is a run of its own
                 self.record.end(outcome.exit_code, outcome.reason)
                 self.record = None
-            plan, preflight = outcome.replan, None
+            plan, preflight = outcome.fresh_plan, None
             remember_plan(cluster, plan)
         if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
             remember_plan(cluster, preflight.result())
@@ -321,7 +323,7 @@ class _Job:
                            reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
         self.extra_env["CLUSTERCTL_DATA_DIR"] = where
         if self.program.module == BUNDLED_TRAINER:      # run put `--data DIR` first among its arguments
-            self.args[2] = where
+            self.args = [self.args[0], *replace_run_flag(self.args[1:], DATA, where)]
 
     def _note_resume_point(self, connector: Connector, launch: Launch) -> None:
         """For the bundled trainer: the checkpoint the next attempt continues from (the newest any of its hosts
@@ -337,13 +339,16 @@ class _Job:
             holder = next(h for h in connector.cluster.hosts if steps.get(h.name) == step)
             scratch = tempfile.mkdtemp(prefix=".spread-", dir=launch.run_dir)
             try:
-                spread_checkpoint(connector, launch.run_id, f"step-{step:06d}", holder, lacking, scratch)
+                spread_checkpoint(connector, launch.run_id, step_dir_name(step), holder, lacking, scratch)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
-            self.events.spread(f"step-{step:06d}", holder.name, [h.name for h in lacking])
+            self.events.spread(step_dir_name(step), holder.name, [h.name for h in lacking])
 
     def _resumed_from(self) -> str | None:
-        return None if self.resume_point is None else f"step-{self.resume_point:06d}"
+        return None if self.resume_point is None else step_dir_name(self.resume_point)
+
+
+_RECORDED = {AttemptState.SUCCEEDED: "ok", AttemptState.STOPPED: "stopped"}    # and "failed"
 
 
 def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float,
@@ -351,8 +356,7 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
     """One attempt, as summary.json lists it (README "clusterctl run --max-restarts")."""
     failed = outcome.failed_rank
     return {"attempt": attempt, "world": cluster.world_size, "hosts": cluster.names, "started": iso(started),
-            "ended": iso(time.time()), "outcome": "ok" if outcome.exit_code == 0 else
-            ("stopped" if outcome.stopped_by_user else "failed"), "exit_code": outcome.exit_code,
+            "ended": iso(time.time()), "outcome": _RECORDED.get(outcome.state, "failed"), "exit_code": outcome.exit_code,
             "reason": outcome.reason, "failed_rank": failed,
             "failed_host": launch.rank_hosts[failed] if failed is not None and failed < len(launch.rank_hosts) else None,
             "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir)}
@@ -363,7 +367,7 @@ def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | No
     picks it) in the ranks' run directory there (each host keeps a full copy, train/checkpoint.py); None:
     none, or the host did not answer."""
     cluster = connector.cluster
-    listing = 'for d in step-*; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
+    listing = f'for d in {STEP_GLOB}; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
 
     def ask(host):
         # where the ranks ran it: the local run directory when every rank is on this machine (job.py)

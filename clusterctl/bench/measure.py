@@ -4,7 +4,7 @@
     result = bench.collectives(sizes, ops)         # {"world", "rows": [...]} with bandwidths
     p2p = bench.point_to_point(nbytes)             # {"hosts", "matrix"}
 
-Each measurement is one launch (launch.job.prepare + launch.supervise.supervise, as `run` does): rank 0's result line is
+Each measurement is one launch (launch.job.prepare + launch.supervise.Supervisor, as `run` does): rank 0's result line is
 read back from its log. Runs go to a temporary directory that is removed when they succeed and named in
 the error when they fail.
 """
@@ -23,7 +23,7 @@ from ..launch import backends
 from ..launch.job import prepare
 from ..launch.launchers import choose_site
 from ..launch.plan import LaunchPlan, discover, remember_plan
-from ..launch.supervise import supervise
+from ..launch.supervise import Settings, Supervisor
 from ..transfer.stage import ship_clusterctl
 from .report import collective_rows, p2p_matrix, p2p_pairs, parse_result
 
@@ -84,7 +84,8 @@ class Bench:
         launch = prepare(cluster, plan, script="-m", args=[WORKER, json.dumps(spec, separators=(",", ":"))],
                          backend=backends.get(self.backend), runs_root=runs_root, site=self.site,
                          connector=self.connector)
-        outcome = supervise(launch, self.connector, emit=lambda text, err: None, start_timeout=START_TIMEOUT_S)
+        outcome = Supervisor(launch, self.connector, emit=lambda text, err: None,
+                             settings=Settings(start_timeout=START_TIMEOUT_S)).run()
         if outcome.exit_code == EXIT_INTERRUPTED or outcome.exit_code > exit_for_signal(0) and outcome.failed_rank is None:
             shutil.rmtree(runs_root, ignore_errors=True)
             raise BenchAborted(outcome.reason, outcome.exit_code)

@@ -166,7 +166,8 @@ def main(argv: list[str]) -> int:
         watchdog(float(spec["deadline_s"]))
     group = init(spec["backend"])
     comm = None
-    if spec.get("mpi4py") and spec["backend"] == "mpi" and group.size() > 1:
+    # the spec asks for mpi4py only on a backend that can time it (launch/backends.py's mpi4py_reference)
+    if spec.get("mpi4py") and group.size() > 1:
         # after MLX initialised MPI, and told not to initialise (or finalise) it again: see
         # docs/mlx-distributed.md#mpi4py-after-mlx
         import mpi4py

@@ -21,7 +21,7 @@ from ..hosts.facts import choose_libmpi, ring_port
 from ..hosts.fanout import run_all
 from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
 from ..hosts.transport import read_until
-from ..inventory import Host
+from ..inventory import Cluster, Host
 from ..launch import backends
 from ..launch.plan import plan_from_probes
 from . import checks, smoke
@@ -136,35 +136,38 @@ def _dataplane_phase(connector: Connector, probes: list[HostProbe], transports: 
             p.facts.dataplane = parse_probe(outcome.value.stdout).dataplane
 
 
+def smoke_tests(cluster: Cluster) -> tuple[list[backends.Backend], bool]:
+    """The backends whose smoke tests the deep checks run on `cluster`, and whether those checks run by
+    default. Each registered backend whose test fits the cluster and whose launcher is installed here (then
+    they run by default), and the inventory's own backend's even without its launcher (its finding says so)."""
+    fits = [b for b in backends.REGISTRY.values() if b.smoke_ready(cluster)]
+    here = [b for b in fits if b.launcher_here() is not None]
+    return [b for b in fits if b in here or b.name == cluster.launch.backend], bool(here)
+
+
 def _deep(connector: Connector, probes: list[HostProbe], findings: list[Finding], options: DoctorOptions) -> list[Finding]:
     cluster = connector.cluster
-    mpirun_here = backends.get("mpi").launcher_here() is not None
-    mpi_wanted = backends.get(cluster.launch.backend).needs_mpi or mpirun_here
-    ring_wanted = smoke.ring_ready(cluster)
-    deep = options.deep if options.deep is not None else (mpirun_here or ring_wanted)
-    if not deep:
+    tests, by_default = smoke_tests(cluster)
+    if not (options.deep if options.deep is not None else by_default):
         return []
     broken = [p.host.name for p in probes if p.facts is None]
     basics = ("ssh", "ssh-mesh", "python", "mlx")
     # libmpi is not a prerequisite: its search is a heuristic, and the smoke test is the real answer
-    needs = {"mpi-smoke": basics + ("mpirun",), "ring-smoke": basics + ("data-plane",)}
-    skipped, wanted = [], {"mpi-smoke": mpi_wanted, "ring-smoke": ring_wanted}
-    for check, prerequisites in needs.items():
-        if not wanted[check]:
-            continue
+    skipped, chosen = [], []
+    for backend in tests:
+        prerequisites = basics + backend.smoke_needs
         bad = broken or sorted({f.host for f in findings if f.status == "fail" and f.check in prerequisites})
         if bad:
-            skipped.append(Finding(check, CLUSTER, WARN, f"not run: {', '.join(bad)} failed the checks above",
-                                   "fix the failures above, then run doctor again"))
-            wanted[check] = False
-    mpi_wanted, ring_wanted = wanted["mpi-smoke"], wanted["ring-smoke"]
-    if not (mpi_wanted or ring_wanted):
+            skipped.append(Finding(f"{backend.name}-smoke", CLUSTER, WARN, f"not run: {', '.join(bad)} failed the "
+                                   "checks above", "fix the failures above, then run doctor again"))
+        else:
+            chosen.append(backend)
+    if not chosen:
         return skipped
 
     plan = plan_from_probes(cluster, probes)
     libmpi = choose_libmpi(probes[0].facts)
-    names = [name for name, on in (("mpi", mpi_wanted), ("ring", ring_wanted)) if on]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(smoke.run_smoke, connector, backends.get(name), plan, timeout=options.smoke_timeout,
-                            libmpi_hint=libmpi if backends.get(name).needs_mpi else None) for name in names]
+        jobs = [pool.submit(smoke.run_smoke, connector, b, plan, timeout=options.smoke_timeout,
+                            libmpi_hint=libmpi if b.needs_mpi else None) for b in chosen]
         return skipped + [j.result() for j in jobs]

@@ -1,5 +1,6 @@
 """The deep checks: a one-line MLX program launched for real across the cluster by a backend's own
-launcher (mpirun for mpi, clusterctl's rank starter for ring), exactly as `run` launches. Each rank inits with strict=True
+launcher (mpirun for mpi, clusterctl's rank starter for ring: each backend with a smoke test in the
+registry), exactly as `run` launches. Each rank inits with strict=True
 (docs/mlx-distributed.md#strict-init-raises), all_sums rank+1, and prints one JSON line; the check fails
 unless every rank saw the full world size and the right sum — which is exactly what catches MLX quietly
 falling back to a world of one when it cannot load libmpi (docs/mlx-distributed.md#world-of-one-fallback)."""
@@ -14,7 +15,6 @@ import time
 from ..errors import ClusterctlError, LaunchError
 from ..hosts.connector import Connector
 from ..hosts.transport import LocalTransport, Result
-from ..inventory import Cluster
 from ..launch.backends import Backend, Where, write_files
 from ..launch.bootstrap import ENV_FILES
 from ..launch.plan import LaunchPlan
@@ -24,7 +24,7 @@ SMOKE_PROGRAM = ENV_FILES + r"""
 import json, os, socket, sys
 backend, expected = sys.argv[1], int(sys.argv[2])
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "?"
-made = env_files()     # clusterctl's rank starter passes MLX_HOSTFILE's text (bootstrap.ENV_FILES)
+made = env_files()     # clusterctl's rank starter passes MLX_HOSTFILE's text (hosts/scripts/envfiles.py)
 try:
     import mlx.core as mx
     g = mx.distributed.init(backend=backend, strict=True)
@@ -43,8 +43,9 @@ finally:
 
 
 def judge(check: str, result: Result | None, error: BaseException | None, world: int, elapsed: float,
-          launcher: str, libmpi_hint: str | None) -> Finding:
-    """Turn a smoke run's output into one finding (pure; tested on canned output)."""
+          launcher: str, init_fix: str) -> Finding:
+    """Turn a smoke run's output into one finding (pure; tested on canned output). `init_fix`: what to do
+    when a rank's MLX init failed (the backend's smoke_fix)."""
     if error is not None:
         return Finding(check, CLUSTER, FAIL, f"{launcher} did not finish: {error}",
                        "run `clusterctl doctor` without --deep to see which host is at fault")
@@ -59,12 +60,8 @@ def judge(check: str, result: Result | None, error: BaseException | None, world:
     errors = [r for r in ranks if "error" in r]
     if errors:
         first = errors[0]
-        # docs/mlx-distributed.md#mlx-mpi-libname, docs/mlx-distributed.md#mpi-backend-needs-open-mpi
-        fix = ("MLX could not load libmpi: set `mpi_lib_dir:` (or MLX_MPI_LIBNAME in env) to the Open MPI "
-               "libmpi" + (f" (doctor found {libmpi_hint})" if libmpi_hint else "") + "; MLX needs Open MPI"
-               if check == "mpi-smoke" else "check the data-plane addresses and that the ring ports are free")
         return Finding(check, CLUSTER, FAIL, f"rank {first.get('rank')}: mx.distributed.init failed: "
-                       f"{first['error']}", fix)
+                       f"{first['error']}", init_fix)
     sizes = sorted({r.get("size") for r in ranks})
     expected_sum = world * (world + 1) / 2
     if len(ranks) == world and sizes == [world] and all(r.get("sum") == expected_sum for r in ranks):
@@ -101,23 +98,14 @@ def run_smoke(connector: Connector, backend: Backend, plan: LaunchPlan, *, timeo
             return Finding(check, CLUSTER, WARN, f"not run: {e}", None)
         write_files(command)
         env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
-        return _run(cluster, check, backend.launcher_label, command.argv, env, timeout, libmpi_hint)
+        return _run(cluster, check, backend.launcher_label, command.argv, env, timeout, backend.smoke_fix(libmpi_hint))
 
 
-def ring_ready(cluster: Cluster) -> bool:
-    """Whether mlx.launch can run the ring backend here: every host has a data-plane address
-    (docs/launchers.md#mlx-launch-hostfile-format), or the cluster is this machine alone (ranks on 127.0.0.1,
-    which mlx.launch runs without ssh: docs/launchers.md#mlx-launch-runs-ssh-tt)."""
-    if len(cluster.hosts) == 1 and cluster.hosts[0].local:
-        return cluster.world_size > 1
-    return len(cluster.hosts) > 1 and all(h.address for h in cluster.hosts)
-
-
-def _run(cluster, check, launcher, argv, env, timeout, libmpi_hint) -> Finding:
+def _run(cluster, check, launcher, argv, env, timeout, init_fix) -> Finding:
     start = time.monotonic()
     result, error = None, None
     try:
         result = LocalTransport().run(argv, timeout=timeout, env=env)
     except ClusterctlError as e:
         error = e
-    return judge(check, result, error, cluster.world_size, time.monotonic() - start, launcher, libmpi_hint)
+    return judge(check, result, error, cluster.world_size, time.monotonic() - start, launcher, init_fix)

@@ -8,8 +8,9 @@ registry (`get(name)`, `names()`), never compares backend names.
 
 A backend entry says: which MLX backend it is, which launcher starts the ranks (mpirun or mlx.launch),
 where that launcher is on this machine or on a host, which hostfile it reads, its command line, what
-`bench --tune` may vary and how a chosen setting is written to the inventory. Adding a backend is adding
-an entry to REGISTRY (and its tests).
+`bench --tune` may vary and how a chosen setting is written to the inventory, whether `run --elastic` can
+shrink its world, which variable names a rank's peers (the world check's hint) and doctor's smoke test for
+it. Adding a backend is adding an entry to REGISTRY (and its tests).
 
 Below the registry, the pure builders: mpirun's and mlx.launch's command lines. One source of truth for
 every `--mca`: clusterctl's own settings, with any `--mca KEY VALUE` in the inventory's mpi.extra_args
@@ -77,6 +78,8 @@ class Backend:
     neighbours_only = False           # ranks exchange data only with their ring neighbours (bench --p2p)
     rdma: str | None = None           # jaccl: which rank pairs need an RDMA device, "mesh" (all) or "ring" (neighbours)
     fallbacks: Mapping[str, "Backend"] = {}   # other launchers that can start it, by launcher name
+    peers_variable: str | None = None  # the variable naming a rank's peers to MLX (the world check's hint)
+    smoke_needs: tuple[str, ...] | None = None   # doctor checks its smoke test needs passed; None: it has none
 
     @property
     def launcher_label(self) -> str:
@@ -109,6 +112,35 @@ class Backend:
         if self.rdma is not None:
             check_rdma(cluster, self.name, ring=self.rdma == "ring")
 
+    @property
+    def shrink_refusal(self) -> str | None:
+        """Why `run --elastic` cannot continue a job of this backend on fewer ranks; None when it can."""
+        if self.rdma is None:
+            return None
+        return (f"--elastic cannot shrink a {self.name} world: its rdma table names the device to every rank "
+                "of the whole cluster (use --backend ring or mpi for elastic runs)")
+
+    def lost_peers(self) -> str:
+        """Why ranks started for this backend most likely each formed a world of one (the world check's line)."""
+        return (f"MLX could not join the ranks: its {self.name} backend found no peers (did the program change "
+                f"{self.peers_variable}? check the inventory's addresses; clusterctl doctor runs a smoke test)")
+
+    def smoke_ready(self, cluster: Cluster) -> bool:
+        """Whether doctor's deep checks can launch this backend's smoke test on `cluster`: it has one, and
+        with data-plane addresses, every host has one (docs/launchers.md#mlx-launch-hostfile-format) or
+        the cluster is this machine alone, ranks on 127.0.0.1 (docs/launchers.md#mlx-launch-runs-ssh-tt)."""
+        if self.smoke_needs is None:
+            return False
+        if not self.needs_addresses:
+            return True
+        if len(cluster.hosts) == 1 and cluster.hosts[0].local:
+            return cluster.world_size > 1
+        return len(cluster.hosts) > 1 and all(h.address for h in cluster.hosts)
+
+    def smoke_fix(self, libmpi_hint: str | None) -> str:
+        """What to do when a rank's MLX init failed in the smoke test (`libmpi_hint`: the libmpi doctor found)."""
+        return "check the data-plane addresses and that the ring ports are free"
+
     def with_setting(self, cluster: Cluster, setting: Mapping[str, object]) -> Cluster:
         """`cluster` with a `bench --tune` candidate applied."""
         raise NotImplementedError
@@ -129,6 +161,7 @@ class MPIBackend(Backend):
 
     name, launcher_name, hostfile_format, hostfile_name = "mpi", "mpirun", "openmpi", "hostfile"
     benchmarked, tune_count, tune_subnets, mpi4py_reference, needs_mpi = True, "btl_tcp_links", True, True, True
+    smoke_needs = ("mpirun",)         # no peers variable: mpirun tells the ranks their peers
     install_hint = ("install Open MPI here too (macOS: brew install open-mpi; Debian: apt install openmpi-bin), or "
                     "run clusterctl from one of the hosts")
 
@@ -140,6 +173,15 @@ class MPIBackend(Backend):
 
     def launcher_on_host(self, python, mpirun=None):
         return [mpirun or "mpirun"]
+
+    def lost_peers(self):
+        return ("MLX could not join the ranks: under mpirun it could not load libmpi (MLX_MPI_LIBNAME, "
+                "LD_LIBRARY_PATH / DYLD_FALLBACK_LIBRARY_PATH; see clusterctl doctor)")
+
+    def smoke_fix(self, libmpi_hint):
+        # docs/mlx-distributed.md#mlx-mpi-libname, docs/mlx-distributed.md#mpi-backend-needs-open-mpi
+        return ("MLX could not load libmpi: set `mpi_lib_dir:` (or MLX_MPI_LIBNAME in env) to the Open MPI "
+                "libmpi" + (f" (doctor found {libmpi_hint})" if libmpi_hint else "") + "; MLX needs Open MPI")
 
     def command(self, cluster, plan, *, program, rank_env, where, hostfile=None, cwd=None):
         files = []
@@ -184,9 +226,11 @@ class MLXLaunchBackend(Backend):
     install_hint = "pip install mlx here as well"
 
     def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,
-                 neighbours_only: bool = False, rdma: str | None = None):
+                 neighbours_only: bool = False, rdma: str | None = None, smoke_needs: tuple[str, ...] | None = None):
         self.name, self.benchmarked, self.tune_count, self.neighbours_only = name, benchmarked, tune_count, neighbours_only
-        self.rdma = rdma
+        self.rdma, self.smoke_needs = rdma, smoke_needs
+        # MLX finds a ring's peers in MLX_HOSTFILE, jaccl's RDMA devices in MLX_IBV_DEVICES (launch/mlxenv.py)
+        self.peers_variable = "MLX_HOSTFILE" if rdma is None else "MLX_IBV_DEVICES"
 
     def launcher_here(self):
         return find_mlx_launch()
@@ -235,6 +279,7 @@ class RankStarterBackend(Backend):
         self.fallbacks = {fallback.launcher_name: fallback}
         self.name, self.benchmarked, self.tune_count = fallback.name, fallback.benchmarked, fallback.tune_count
         self.neighbours_only, self.rdma = fallback.neighbours_only, fallback.rdma
+        self.peers_variable, self.smoke_needs = fallback.peers_variable, fallback.smoke_needs
 
     def launcher_here(self):
         return [sys.executable]
@@ -278,8 +323,8 @@ class RankStarterBackend(Backend):
         try:
             if self.rdma is None:
                 text = mlxenv.ring_hostfile_json(cluster, port, cluster.launch.connections_per_ip)
-                return {"MLX_HOSTFILE": text} if text else {}
-            return {"MLX_IBV_DEVICES": mlxenv.ibv_devices_json(cluster)}
+                return {self.peers_variable: text} if text else {}
+            return {self.peers_variable: mlxenv.ibv_devices_json(cluster)}
         except ValueError as e:
             raise LaunchError(f"{e} (run clusterctl doctor)") from None
 
@@ -336,9 +381,10 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
     # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours:
     # docs/mlx-distributed.md#ring-sends-to-neighbours-only)
     RankStarterBackend(MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip",
-                                        neighbours_only=True)),
+                                        neighbours_only=True, smoke_needs=("data-plane",))),
     # jaccl: RDMA over Thunderbolt 5 between every pair of ranks (docs/macos.md#jaccl); its `jaccl-ring`
-    # variant would be RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring"))
+    # variant would be RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring")). No smoke test:
+    # doctor checks each Mac's RDMA devices instead (doctor/checks.py's jaccl)
     RankStarterBackend(MLXLaunchBackend("jaccl", rdma="mesh")),
 )}
 

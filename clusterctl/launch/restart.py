@@ -3,7 +3,7 @@ functions; run.py carries them out.
 
     policy = RestartPolicy(max_restarts=2, delay_s=10, elastic=2)
     policy.check(...)                         # refuse combinations that cannot work, before anything starts
-    policy.should_restart(outcome, restarts)  # after an attempt ended
+    policy.should_restart(outcome.state, restarts)  # after an attempt ended
     policy.world_ok(ranks)                    # the hosts that answered the re-check are enough
 
 Every attempt keeps the run's id and directory (its checkpoints are there, on every host) and writes its
@@ -11,17 +11,17 @@ own logs into runs/<id>/attempt-K/, K = 0, 1, ... (K is CLUSTERCTL_RESTART in th
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from .backends import get
+from .supervise import AttemptState
 
 BATCH_POLICIES = ("rank", "global")
 # A rank's bootstrap beats every second whatever its program does, so silence this long means its host
 # stopped answering (asleep, unplugged), not a slow step: a restartable run watches for it unless
 # --hang-timeout says otherwise.
 SILENT_HOST_S = 60.0
-_STEP_LINE = re.compile(r"^step +(\d+)/\d+ \|")     # the bundled trainer's report line (train/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,18 @@ class RestartPolicy:
                              f"cluster's {world}")
         if not preflight:
             raise UsageError("--elastic finds the hosts that still answer with the pre-flight: drop --no-preflight")
-        if backend == "jaccl":
-            raise UsageError("--elastic cannot shrink a jaccl world: its rdma table names the device to every rank "
-                             "of the whole cluster (use --backend ring or mpi for elastic runs)")
+        refusal = get(backend).shrink_refusal
+        if refusal:
+            raise UsageError(refusal)
         if bundled_fsdp:
             raise UsageError("--elastic with --strategy fsdp: FSDP's optimizer state is sharded over the ranks "
                              "that wrote it, so it cannot continue on another world size (use --strategy dp, or "
                              "drop --elastic: --max-restarts alone restarts on the same hosts)")
 
-    def should_restart(self, stopped_by_user: bool, exit_code: int, restarts: int) -> bool:
-        """After an attempt: restart unless it succeeded, the user stopped it (Ctrl-C, SIGTERM, SIGHUP), or
-        the restarts are used up."""
-        return exit_code != 0 and not stopped_by_user and restarts < self.max_restarts
+    def should_restart(self, state: AttemptState, restarts: int) -> bool:
+        """After an attempt: restart one that failed (a rank lost too), not one that succeeded or that the user
+        stopped (Ctrl-C, SIGTERM, SIGHUP), while restarts are left."""
+        return state in (AttemptState.FAILED, AttemptState.LOST) and restarts < self.max_restarts
 
     def hang_timeout(self, given: float | None) -> float | None:
         """--hang-timeout as given, else SILENT_HOST_S for a restartable run (without one, a sleeping host's
@@ -73,29 +73,3 @@ class RestartPolicy:
     def world_ok(self, ranks: int) -> bool:
         return ranks >= (self.elastic or 1)
 
-
-def last_step(lines: list[str]) -> int | None:
-    """The last step a rank reported, from the bundled trainer's `step N/T | ...` lines (pure)."""
-    for line in reversed(lines):
-        m = _STEP_LINE.match(line)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def checkpoint_step(name: str | None) -> int | None:
-    """12 from 'step-000012' (checkpoints/latest names the newest), None for anything else (pure)."""
-    m = re.fullmatch(r"step-(\d+)", (name or "").strip())
-    return int(m.group(1)) if m else None
-
-
-def bundled_strategy(args: list[str] | tuple[str, ...]) -> str | None:
-    """The --strategy the bundled trainer is given on the command line, if any (pure; last one wins, as
-    argparse takes it)."""
-    strategy = None
-    for i, word in enumerate(args):
-        if word == "--strategy" and i + 1 < len(args):
-            strategy = args[i + 1]
-        elif word.startswith("--strategy="):
-            strategy = word.split("=", 1)[1]
-    return strategy

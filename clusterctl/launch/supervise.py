@@ -1,6 +1,7 @@
 """Supervise a prepared launch (job.py) to its end: one event loop over the launcher's output lines.
 
-    supervise(launch, connector, emit=...) -> Outcome    run it; stream `[rank N host]` lines; per-rank logs
+    Supervisor(launch, connector, emit=..., settings=Settings(...)).run() -> Outcome
+        run it; stream `[rank N host]` lines; per-rank logs; the Outcome's AttemptState says how it ended
 
 Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagged lines, heartbeats and exit
 codes from each rank whatever the launcher (mlx.launch's own exit status says nothing about the ranks:
@@ -24,14 +25,14 @@ from collections import deque
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from enum import Enum
+from typing import Callable, TextIO
 
 from ..errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TIMEOUT,
-    ClusterctlError,
     SignalReceived,
     exit_for_signal,
 )
@@ -49,6 +50,24 @@ TAIL_LINES = 10
 # reporting its exit (killed, its host gone; hosts/scripts/ranks.py): that one is the cause, not the ranks
 # that failed after losing it.
 CAUSE_WAIT_S = 0.5
+PREFLIGHT_WAIT_S = 30.0
+
+Emit = Callable[[str, bool], None]                     # (text, is_err): what the user sees
+Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
+
+
+def _no_status(rank: int, kind: str, value: object, now: float) -> None:
+    pass
+
+
+class AttemptState(Enum):
+    """How an attempt ended (as torchrun's WorkerState): what `run` does next follows from it alone."""
+
+    SUCCEEDED = "succeeded"   # every rank finished, and the launcher with them
+    FAILED = "failed"         # a rank or the launcher failed, a rank never started or went silent
+    LOST = "lost"             # the failed rank died without reporting its exit (the rank starter said)
+    STOPPED = "stopped"       # Ctrl-C, SIGTERM or SIGHUP: never restarted
+    REPLAN = "replan"         # the pre-flight found other hosts than the cached plan: launch again
 
 
 @dataclass
@@ -57,13 +76,22 @@ class Outcome:
     reason: str                       # one line: what happened
     failed_rank: int | None = None
     tail: list[str] = field(default_factory=list)
-    replan: LaunchPlan | None = None  # the pre-flight found other hosts than the cached plan: launch again
+    state: AttemptState | None = None         # None: SUCCEEDED for exit code 0, else FAILED
+    fresh_plan: LaunchPlan | None = None      # REPLAN: the plan the pre-flight found, to launch again from
     rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
-    stopped_by_user: bool = False     # Ctrl-C, SIGTERM or SIGHUP: never restarted
-    lost: bool = False                # the failed rank died without reporting its exit (the rank starter said)
+
+    def __post_init__(self):
+        if self.state is None:
+            self.state = AttemptState.SUCCEEDED if self.exit_code == 0 else AttemptState.FAILED
 
 
-PREFLIGHT_WAIT_S = 30.0
+@dataclass(frozen=True)
+class Settings:
+    """What a supervisor shows and how long it waits for a rank."""
+
+    rank0_only: bool = False              # show rank 0's lines only (every rank's are logged)
+    start_timeout: float | None = None    # no sign of a rank this long after the launch: stop the job
+    hang_timeout: float | None = None     # a started rank silent this long (no output, no heartbeat): stop
 
 
 class _Preflight:
@@ -71,7 +99,7 @@ class _Preflight:
     is stopped and its error raised (a missing script or python is named, not just a rank's exit); if it
     finds the hosts changed, the job is stopped and launched again with the fresh plan."""
 
-    def __init__(self, future, plan: LaunchPlan):
+    def __init__(self, future, plan: LaunchPlan | None):
         self.future, self.plan = future, plan
 
     def verdict(self, wait: float = 0.0) -> Outcome | None:
@@ -83,7 +111,8 @@ class _Preflight:
             return None
         self.future = None
         if fresh != self.plan:
-            return Outcome(EXIT_FAILED, "the hosts changed since the plan was cached: launching again", replan=fresh)
+            return Outcome(EXIT_FAILED, "the hosts changed since the plan was cached: launching again",
+                           state=AttemptState.REPLAN, fresh_plan=fresh)
         return None
 
 
@@ -108,100 +137,219 @@ class _Rank:
             log.close()
 
 
-Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
+class _Lines:
+    """One attempt's ranks and logs: every line the launcher prints goes to its rank (log, tail, screen,
+    status hook) or to launcher.log; the verdicts read from the ranks' state are here too."""
+
+    def __init__(self, ranks: list[_Rank], launcher_log: TextIO, world: WorldCheck, emit: Emit, *,
+                 rank0_only: bool = False, status: Status = _no_status):
+        self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
+        self.emit, self.rank0_only, self.status = emit, rank0_only, status
+
+    @classmethod
+    def open(cls, launch: Launch, emit: Emit, settings: Settings, status: Status) -> _Lines:
+        # an attempt's logs (run --max-restarts: runs/<id>/attempt-K/), and the run's, which hold every attempt
+        log_dirs = list(dict.fromkeys([launch.log_dir, launch.run_dir]))
+        ranks = [_Rank(r, h, [os.path.join(d, f"rank-{r}.log") for d in log_dirs])
+                 for r, h in enumerate(launch.rank_hosts)]
+        world = WorldCheck(len(ranks), launch.backend)
+        launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
+        return cls(ranks, launcher_log, world, emit, rank0_only=settings.rank0_only, status=status)
+
+    def close(self) -> None:
+        for r in self.ranks:
+            r.close()
+        self.launcher_log.close()
+
+    def handle(self, line: str) -> Outcome | None:
+        """Route one line; an Outcome when it ends the job (a rank's failure, or every rank's success)."""
+        parsed = parse_line(line)
+        if parsed is None or not 0 <= parsed[0] < len(self.ranks):
+            self.launcher_log.write(line + "\n")
+            self.launcher_log.flush()
+            if line.strip():
+                self.emit(f"[launcher] {line}", True)
+            return None
+        rank, kind, payload = parsed
+        r = self.ranks[rank]
+        r.last_seen = time.monotonic()
+        metrics = parse_metrics(payload) if kind == "out" else None
+        if metrics is not None:
+            self.status(rank, "metrics", metrics, r.last_seen)
+            return None
+        self.status(rank, kind, _exit_code(payload) if kind == "exit" else payload, r.last_seen)
+        shown = not self.rank0_only or rank == 0
+        if kind == "start":
+            r.started = True
+        elif kind in ("out", "err"):
+            r.write(payload)
+            r.tail.append(payload)
+            if shown and r.bar_shown.pop(kind, None) != payload:
+                self.emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
+        elif kind == "bar":        # "<out|err> <the bar's latest state>": shown, never logged
+            stream, _, text = payload.partition(" ")
+            r.bar_shown[stream] = text
+            if shown:
+                self.emit(f"[rank {rank} {r.host}] {text}", stream == "err")
+        elif kind == "world":
+            self.world.report(rank, r.host, payload, time.monotonic())
+        elif kind in ("lost", "exit"):
+            return self._ended(r, kind, payload)
+        return None
+
+    def _ended(self, r: _Rank, kind: str, payload: str) -> Outcome | None:
+        if kind == "lost":       # the rank starter: the rank died, status <code>, without its own exit line
+            code = int(payload) if payload.lstrip("-").isdigit() else 1
+            r.exit_code = 128 - code if code < 0 else code
+            return Outcome(r.exit_code, f"rank {r.rank} on {r.host} {_lost(code)}", failed_rank=r.rank,
+                           state=AttemptState.LOST)
+        # "<code> <1 if the rank left files in its run directory, else 0>"
+        r.exit_code = _exit_code(payload)
+        r.wrote = payload.partition(" ")[2] == "1"
+        if r.exit_code != 0:
+            return Outcome(r.exit_code, f"rank {r.rank} on {r.host} exited {r.exit_code}", failed_rank=r.rank)
+        if all(x.exit_code == 0 for x in self.ranks):
+            return Outcome(EXIT_OK, f"all {len(self.ranks)} ranks finished")
+        return None
+
+    def world_verdict(self, force: bool = False) -> Outcome | None:
+        world = self.world
+        reason = world.verdict({r.rank for r in self.ranks if r.exit_code is not None}, time.monotonic(), force)
+        if reason is None:
+            return None
+        return Outcome(EXIT_FAILED, reason,
+                       failed_rank=min(r for r, rep in world.reports.items() if rep[1] != world.expected))
+
+    def launcher_ended(self, code: int) -> Outcome:
+        ranks = self.ranks
+        if code == 0 and all(r.exit_code == 0 for r in ranks):
+            return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
+        missing = [r for r in ranks if r.exit_code is None]
+        who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
+        return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
+                       f" (see {self.launcher_log.name})", failed_rank=missing[0].rank if missing else None)
+
+    def timed_out(self, started_at: float, settings: Settings) -> Outcome | None:
+        now, start_timeout, hang_timeout = time.monotonic(), settings.start_timeout, settings.hang_timeout
+        if start_timeout and now - started_at > start_timeout:
+            silent = [r for r in self.ranks if not r.started]
+            if silent:
+                names = ", ".join(f"rank {r.rank} on {r.host}" for r in silent)
+                return Outcome(EXIT_TIMEOUT, f"start timeout: no sign of {names} after {start_timeout:g}s",
+                               failed_rank=silent[0].rank)
+        if hang_timeout:
+            hung = [r for r in self.ranks if r.started and r.exit_code is None and now - r.last_seen > hang_timeout]
+            if hung:
+                names = ", ".join(f"rank {r.rank} on {r.host}" for r in hung)
+                return Outcome(EXIT_TIMEOUT, f"hang timeout: no output and no heartbeat from {names} for "
+                               f"{hang_timeout:g}s", failed_rank=hung[0].rank)
+        return None
 
 
-def _no_status(rank: int, kind: str, value: object, now: float) -> None:
-    pass
+class Supervisor:
+    """Watches one launch to its end: `run()` starts it and returns its Outcome, whose state says how it
+    ended (what `run` does next follows from that state: launch/restart.py)."""
 
+    def __init__(self, launch: Launch, connector: Connector | None, *, emit: Emit, settings: Settings = Settings(),
+                 status: Status = _no_status):
+        self.launch, self.connector, self.emit, self.settings, self.status = launch, connector, emit, settings, status
 
-def supervise(launch: Launch, connector: Connector | None, *, emit: Callable[[str, bool], None],
-              rank0_only: bool = False, start_timeout: float | None = None,
-              hang_timeout: float | None = None, preflight=None, plan: LaunchPlan | None = None,
-              status: Status = _no_status) -> Outcome:
-    """Run the launcher and watch every rank until the job ends one way or another. `preflight` (a
-    Future of discover()) verifies, while the job starts, the cached `plan` it was launched from;
-    `status` hears every rank's events (observe/live.py lists them)."""
-    check = _Preflight(preflight, plan)
-    preflight_error: BaseException | None = None
-    # an attempt's logs (run --max-restarts: runs/<id>/attempt-K/), and the run's, which hold every attempt
-    log_dirs = list(dict.fromkeys([launch.log_dir, launch.run_dir]))
-    ranks = [_Rank(r, h, [os.path.join(d, f"rank-{r}.log") for d in log_dirs]) for r, h in enumerate(launch.rank_hosts)]
-    world = WorldCheck(len(ranks), launch.backend)
-    launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
-    lines: queue.Queue = queue.Queue()
-    proc = launch.start(lines)
-    readers = proc.readers
-    started_at = time.monotonic()
-    outcome: Outcome | None = None
-    failed: Outcome | None = None           # a rank's failure, held CAUSE_WAIT_S for a rank lost before it
-    failed_at = 0.0
-    previous = _stop_on_signals()
-    try:
+    def run(self, preflight=None, plan: LaunchPlan | None = None) -> Outcome:
+        """Run the launcher and watch every rank until the job ends one way or another. `preflight` (a
+        Future of discover()) verifies, while the job starts, the cached `plan` it was launched from. The
+        `status` hook given at construction hears every rank's events (observe/live.py lists them)."""
+        check = _Preflight(preflight, plan)
+        lines = _Lines.open(self.launch, self.emit, self.settings, self.status)
+        queued: queue.Queue = queue.Queue()
+        proc = self.launch.start(queued)
+        outcome: Outcome | None = None
+        try:
+            with signals_stop():
+                outcome = self._watch(lines, proc, queued, check)
+        except KeyboardInterrupt:
+            outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank",
+                              state=AttemptState.STOPPED)
+        except SignalReceived as e:
+            outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every "
+                              "rank", state=AttemptState.STOPPED)
+        finally:  # also when the pre-flight failed (ClusterctlError): the job is stopped, then its error raised
+            self._stop(proc, outcome)
+            lines.close()
+        if outcome.failed_rank is not None:
+            outcome.tail = list(lines.ranks[outcome.failed_rank].tail)
+        outcome.rank0_wrote = lines.ranks[0].wrote if lines.ranks else None
+        return outcome
+
+    def _watch(self, lines: _Lines, proc, queued: queue.Queue, check: _Preflight) -> Outcome:
+        started_at = time.monotonic()
+        outcome: Outcome | None = None
+        failed: Outcome | None = None           # a rank's failure, held CAUSE_WAIT_S for a rank lost before it
+        failed_at = 0.0
         while outcome is None:
-            if failed is not None and (failed.lost or time.monotonic() - failed_at > CAUSE_WAIT_S):
+            if failed is not None and (failed.state is AttemptState.LOST or time.monotonic() - failed_at > CAUSE_WAIT_S):
                 outcome = failed
                 break
             try:
-                is_err, line = lines.get(timeout=0.05 if failed is not None else 0.2)
+                _, line = queued.get(timeout=0.05 if failed is not None else 0.2)
             except queue.Empty:
                 line = None
             if line is not None:
-                ended = _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world, status)
-                if ended is not None and world.wrong:     # the world check's line names the cause
-                    outcome = _world_verdict(world, ranks, force=ended.exit_code == 0)
+                ended = lines.handle(line)
+                if ended is not None and lines.world.wrong:     # the world check's line names the cause
+                    outcome = lines.world_verdict(force=ended.exit_code == 0)
                 elif ended is not None and ended.exit_code == 0 and failed is None:
-                    outcome = _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world, status)
+                    outcome = self._finish(lines, proc, queued)
                 elif ended is not None and ended.exit_code != 0:
-                    if failed is None or ended.lost:
+                    if failed is None or ended.state is AttemptState.LOST:
                         failed, failed_at = ended, failed_at or time.monotonic()
                 else:
-                    outcome = _world_verdict(world, ranks)
+                    outcome = lines.world_verdict()
                 continue
             if failed is not None:
                 continue
-            if proc.poll() is not None and not any(t.is_alive() for t in readers) and lines.empty():
-                outcome = _world_verdict(world, ranks, force=True) or _launcher_ended(proc.returncode, ranks, launcher_log)
+            if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
+                outcome = lines.world_verdict(force=True) or lines.launcher_ended(proc.returncode)
                 break
-            outcome = (check.verdict() or _world_verdict(world, ranks)
-                       or _check_timeouts(ranks, started_at, start_timeout, hang_timeout))
-        if outcome.replan is None and check.future is not None:
+            outcome = check.verdict() or lines.world_verdict() or lines.timed_out(started_at, self.settings)
+        if outcome.state is not AttemptState.REPLAN and check.future is not None and outcome.exit_code != 0:
             # The job ended before the pre-flight did: its verdict still decides what to report (a rank's
             # "No such file" is less useful than "host h2: train.py does not exist there") and what to cache.
-            if outcome.exit_code != 0:
-                outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
-    except KeyboardInterrupt:
-        outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank", stopped_by_user=True)
-    except SignalReceived as e:
-        outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every rank",
-                          stopped_by_user=True)
-    except ClusterctlError as e:   # the pre-flight failed: stop the job, then say why
-        preflight_error = e
-        outcome = Outcome(EXIT_FAILED, str(e))
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
+        return outcome
+
+    def _finish(self, lines: _Lines, proc, queued: queue.Queue) -> Outcome:
+        """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
+        to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize:
+        docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
+        try:
+            proc.wait(timeout=FINISH_TIMEOUT_S)
+        except TimeoutError:
+            return Outcome(EXIT_FAILED, f"every rank finished but the launcher did not exit within "
+                           f"{FINISH_TIMEOUT_S:g}s")
+        for t in proc.readers:
+            t.join(5)
+        while not queued.empty():
+            lines.handle(queued.get()[1])
+        if proc.returncode != 0:
+            return Outcome(proc.returncode, f"every rank finished but the launcher exited {proc.returncode} "
+                           f"(see {lines.launcher_log.name})")
+        return Outcome(EXIT_OK, f"all {len(lines.ranks)} ranks finished")
+
+    def _stop(self, proc, outcome: Outcome | None) -> None:
+        """Whatever ended the watch: a job still running, or one that failed, is stopped everywhere."""
         if proc.poll() is None or outcome is None or outcome.exit_code != 0:
             proc.stop()    # mpirun then stops its daemons and ranks
-            leftover = sweep(connector, launch.run_id) if connector is not None else []
+            connector, run_id = self.connector, self.launch.run_id
+            leftover = sweep(connector, run_id) if connector is not None else []
             if leftover and outcome is not None:
                 outcome.reason += (f"; could not confirm that every process of the run is gone on "
-                                   f"{', '.join(leftover)} (look for clusterctl-run-{launch.run_id} there)")
-        for r in ranks:
-            r.close()
-        launcher_log.close()
-    if preflight_error is not None:
-        raise preflight_error
-    if outcome.failed_rank is not None:
-        outcome.tail = list(ranks[outcome.failed_rank].tail)
-    outcome.rank0_wrote = ranks[0].wrote if ranks else None
-    return outcome
+                                   f"{', '.join(leftover)} (look for clusterctl-run-{run_id} there)")
 
 
 @contextmanager
 def signals_stop():
-    """SIGTERM and SIGHUP raise SignalReceived inside (as Ctrl-C raises KeyboardInterrupt): for what `run`
-    does between attempts (the restart delay, the re-check), so a stop there is as orderly as in a job."""
+    """SIGTERM and SIGHUP raise SignalReceived inside (as Ctrl-C raises KeyboardInterrupt): in a job, and for
+    what `run` does between attempts (the restart delay, the re-check), so a stop there is as orderly."""
     previous = _stop_on_signals()
     try:
         yield
@@ -213,8 +361,9 @@ def signals_stop():
 def stopped(e: BaseException) -> Outcome:
     """The outcome of a stop by the user (Ctrl-C, SIGTERM, SIGHUP) outside a job."""
     if isinstance(e, SignalReceived):
-        return Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received", stopped_by_user=True)
-    return Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C)", stopped_by_user=True)
+        return Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received",
+                       state=AttemptState.STOPPED)
+    return Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C)", state=AttemptState.STOPPED)
 
 
 def _stop_on_signals() -> dict:
@@ -227,50 +376,6 @@ def _stop_on_signals() -> dict:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             previous[signum] = signal.signal(signum, handler)
     return previous
-
-
-def _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world: WorldCheck, status: Status) -> Outcome | None:
-    parsed = parse_line(line)
-    if parsed is None or not 0 <= parsed[0] < len(ranks):
-        launcher_log.write(line + "\n")
-        launcher_log.flush()
-        if line.strip():
-            emit(f"[launcher] {line}", True)
-        return None
-    rank, kind, payload = parsed
-    r = ranks[rank]
-    r.last_seen = time.monotonic()
-    metrics = parse_metrics(payload) if kind == "out" else None
-    if metrics is not None:
-        status(rank, "metrics", metrics, r.last_seen)
-        return None
-    status(rank, kind, _exit_code(payload) if kind == "exit" else payload, r.last_seen)
-    if kind == "start":
-        r.started = True
-    elif kind in ("out", "err"):
-        r.write(payload)
-        r.tail.append(payload)
-        if (not rank0_only or rank == 0) and r.bar_shown.pop(kind, None) != payload:
-            emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
-    elif kind == "bar":        # "<out|err> <the bar's latest state>": shown, never logged
-        stream, _, text = payload.partition(" ")
-        r.bar_shown[stream] = text
-        if not rank0_only or rank == 0:
-            emit(f"[rank {rank} {r.host}] {text}", stream == "err")
-    elif kind == "world":
-        world.report(rank, r.host, payload, time.monotonic())
-    elif kind == "lost":       # the rank starter: the rank died, status <code>, without its own exit line
-        code = int(payload) if payload.lstrip("-").isdigit() else 1
-        r.exit_code = 128 - code if code < 0 else code
-        return Outcome(r.exit_code, f"rank {rank} on {r.host} {_lost(code)}", failed_rank=rank, lost=True)
-    elif kind == "exit":       # "<code> <1 if the rank left files in its run directory, else 0>"
-        r.exit_code = _exit_code(payload)
-        r.wrote = payload.partition(" ")[2] == "1"
-        if r.exit_code != 0:
-            return Outcome(r.exit_code, f"rank {rank} on {r.host} exited {r.exit_code}", failed_rank=rank)
-        if all(x.exit_code == 0 for x in ranks):
-            return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
-    return None
 
 
 def _exit_code(payload: str) -> int:
@@ -291,55 +396,3 @@ def _lost(code: int) -> str:
     if code == 255:
         return "lost its ssh connection (status 255): the host went away, or refused it"
     return f"ended with status {code} without reporting its exit"
-
-
-def _finish(proc, readers, lines, ranks, launcher_log, emit, rank0_only, world, status) -> Outcome:
-    """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
-    to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize:
-    docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
-    try:
-        proc.wait(timeout=FINISH_TIMEOUT_S)
-    except TimeoutError:
-        return Outcome(EXIT_FAILED, f"every rank finished but the launcher did not exit within {FINISH_TIMEOUT_S:g}s")
-    for t in readers:
-        t.join(5)
-    while not lines.empty():
-        is_err, line = lines.get()
-        _handle(line, is_err, ranks, launcher_log, emit, rank0_only, world, status)
-    if proc.returncode != 0:
-        return Outcome(proc.returncode, f"every rank finished but the launcher exited {proc.returncode} "
-                       f"(see {launcher_log.name})")
-    return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
-
-
-def _world_verdict(world: WorldCheck, ranks, force: bool = False) -> Outcome | None:
-    reason = world.verdict({r.rank for r in ranks if r.exit_code is not None}, time.monotonic(), force)
-    if reason is None:
-        return None
-    return Outcome(EXIT_FAILED, reason, failed_rank=min(r for r, rep in world.reports.items() if rep[1] != world.expected))
-
-
-def _launcher_ended(code: int, ranks, launcher_log) -> Outcome:
-    if code == 0 and all(r.exit_code == 0 for r in ranks):
-        return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
-    missing = [r for r in ranks if r.exit_code is None]
-    who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
-    return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
-                   f" (see {launcher_log.name})", failed_rank=missing[0].rank if missing else None)
-
-
-def _check_timeouts(ranks, started_at, start_timeout, hang_timeout) -> Outcome | None:
-    now = time.monotonic()
-    if start_timeout and now - started_at > start_timeout:
-        silent = [r for r in ranks if not r.started]
-        if silent:
-            names = ", ".join(f"rank {r.rank} on {r.host}" for r in silent)
-            return Outcome(EXIT_TIMEOUT, f"start timeout: no sign of {names} after {start_timeout:g}s",
-                           failed_rank=silent[0].rank)
-    if hang_timeout:
-        hung = [r for r in ranks if r.started and r.exit_code is None and now - r.last_seen > hang_timeout]
-        if hung:
-            names = ", ".join(f"rank {r.rank} on {r.host}" for r in hung)
-            return Outcome(EXIT_TIMEOUT, f"hang timeout: no output and no heartbeat from {names} for {hang_timeout:g}s",
-                           failed_rank=hung[0].rank)
-    return None

@@ -1,7 +1,7 @@
 """The world check: did MLX join the ranks into the world the launcher started?
 
     check = WorldCheck(expected=4, backend="mpi")
-    check.report(rank, host, payload)          # each rank's `world <size> <backend asked>` line (bootstrap.WORLD)
+    check.report(rank, host, payload)          # each rank's `world <size> <backend asked>` line (hosts/scripts/worldwatch.py)
     check.verdict(exited, now) -> str | None   # one line naming the ranks and the cause, once it is time to say
 
 Under mpirun MLX falls back silently to a world of one per rank when it cannot load libmpi, and a program
@@ -11,6 +11,8 @@ program's first `mx.distributed.init()` returned; the supervisor fails the job o
 not the launch's, after waiting up to WAIT_S for the other ranks' reports so the line names all of them.
 """
 from __future__ import annotations
+
+from .backends import get
 
 WAIT_S = 2.0          # after the first mismatch, how long other ranks' reports are awaited
 NAMED = 4             # ranks named in full in the message; the rest are counted
@@ -37,17 +39,12 @@ def mismatch(expected: int, backend: str, reports: dict[int, tuple[str, int, str
 
 def cause(backend: str, asked: set[str]) -> str:
     """Why MLX most likely did not join the ranks: the program asked for another backend, or the launch's
-    backend could not find its peers."""
+    backend could not find its peers (the backend says why)."""
     other = sorted(a for a in asked if a not in ("any", backend))
     if other:
         return (f"the program asked MLX for the {'/'.join(other)} backend, but the ranks were started for "
                 f"{backend} (pass backend={backend!r}, or run with --backend {other[0]})")
-    if backend == "mpi":
-        return ("MLX could not join the ranks: under mpirun it could not load libmpi (MLX_MPI_LIBNAME, "
-                "LD_LIBRARY_PATH / DYLD_FALLBACK_LIBRARY_PATH; see clusterctl doctor)")
-    files = "MLX_IBV_DEVICES" if backend == "jaccl" else "MLX_HOSTFILE"
-    return (f"MLX could not join the ranks: its {backend} backend found no peers (did the program change "
-            f"{files}? check the inventory's addresses; clusterctl doctor runs a smoke test)")
+    return get(backend).lost_peers()
 
 
 def _names(who: list[str]) -> str:

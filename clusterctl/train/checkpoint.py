@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -22,13 +21,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import write_text
 from ..errors import CheckpointError
+from ..trainer_contract import STEP_GLOB, checkpoint_step, step_dir_name
 
 FORMAT = 1
-STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def optimizer_file(strategy: str, rank: int) -> str:
@@ -104,7 +99,7 @@ def _save_tree(path: Path, tree) -> None:
 
 
 def _prune(root: Path, keep: int, newest: str) -> None:
-    steps = sorted(p for p in root.iterdir() if STEP_DIR.match(p.name))
+    steps = sorted(p for p in root.iterdir() if checkpoint_step(p.name) is not None)
     old = steps[:-keep] if keep else []
     stale_tmp = [p for p in root.iterdir() if p.name.startswith(".step-") and ".tmp-" in p.name]
     for path in old + stale_tmp:
@@ -128,7 +123,7 @@ def resolve(resume: str, out_dir: str | None) -> Path:
         named = root / pointer.read_text().strip()
         if (named / "state.json").is_file():
             return named
-    complete = sorted(p for p in root.glob("step-*") if STEP_DIR.match(p.name) and (p / "state.json").is_file())
+    complete = sorted(p for p in root.glob(STEP_GLOB) if checkpoint_step(p.name) is not None and (p / "state.json").is_file())
     if not complete:
         raise CheckpointError(f"no checkpoint in {path}")
     return complete[-1]
@@ -137,8 +132,8 @@ def resolve(resume: str, out_dir: str | None) -> Path:
 def newest_step(out_dir: str) -> int:
     """The step of the newest complete checkpoint in out_dir/checkpoints (0: none)."""
     root = Path(out_dir) / "checkpoints"
-    steps = [int(m.group(1)) for p in root.glob("step-*")
-             if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file()] if root.is_dir() else []
+    steps = [step for p in root.glob(STEP_GLOB)
+             if (step := checkpoint_step(p.name)) is not None and (p / "state.json").is_file()] if root.is_dir() else []
     return max(steps, default=0)
 
 

@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from ..atomic import write_text
 from ..progress import report as live_report
+from ..trainer_contract import report_line
 
 
 def max_over_ranks(value: float, group) -> float:
@@ -67,9 +68,8 @@ class Reporter:
         self.losses, self.norms = [], []
         self.last_step, self.last_time = step, time.perf_counter()
         if self.is_main:
-            print(f"step {step:>{len(str(total_steps))}}/{total_steps} | loss {record['loss']:.4f} | "
-                  f"lr {lr:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak mem {peak_mb:,.1f} MB | "
-                  f"grad norm {record['grad_norm']:.3f}", flush=True)
+            print(report_line(step, total_steps, loss=record["loss"], lr=lr, tokens_per_s=record["tokens_per_s"],
+                              peak_mb=peak_mb, grad_norm=record["grad_norm"]), flush=True)
             self.write(record)
         if self.live:
             live_report(step=step, total_steps=total_steps, loss=record["loss"],

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
+from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import checkpoint, collectives, presets
 from .callbacks import Callback, Callbacks, Checkpointing, Reporting
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
@@ -68,7 +69,7 @@ def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, de
     out_dir = out_dir_for(config, group)
     config = restart_resume(config, out_dir, group)
     if not config.resume:
-        if list(Path(out_dir, "checkpoints").glob("step-*")):
+        if list(Path(out_dir, "checkpoints").glob(STEP_GLOB)):
             raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
                               f"{out_dir}, or train into another --out")
         return config, how, out_dir, None, None
@@ -90,7 +91,7 @@ def restart_resume(config: TrainConfig, out_dir: str, group) -> TrainConfig:
     step = checkpoint.newest_step_everywhere(out_dir, group)
     if not step:
         return config
-    ckpt = Path(out_dir, "checkpoints", checkpoint.step_dir_name(step))
+    ckpt = Path(out_dir, "checkpoints", step_dir_name(step))
     if not (ckpt / "state.json").is_file():
         raise ConfigError(f"rank {group.rank()}: the restart continues from {ckpt}, which another rank wrote "
                           "but this host does not hold (was it away when it was written?)")

@@ -9,8 +9,13 @@ import pytest
 from clusterctl.errors import InventoryError, LaunchError, UsageError
 from clusterctl.inventory import parse
 from clusterctl.launch import backends
-from clusterctl.launch.backends import REGISTRY, MLXLaunchBackend, Where, for_hostfile, get, names, validated
+from clusterctl.doctor.diagnose import smoke_tests
+from clusterctl.launch.backends import (
+    REGISTRY, MLXLaunchBackend, RankStarterBackend, Where, for_hostfile, get, names, validated,
+)
 from clusterctl.launch.plan import LaunchPlan
+from clusterctl.launch.restart import RestartPolicy
+from clusterctl.launch.world import mismatch
 
 INVENTORY = """\
 defaults: {python: /opt/py/bin/python3, workdir: /w}
@@ -187,6 +192,30 @@ def test_a_new_backend_is_one_registry_entry(monkeypatch, cluster, tmp_path):
     command = get("jaccl-ring").command(cluster, LaunchPlan({}), program=["py", "t.py"], rank_env={},
                                         where=where(tmp_path, launcher=["mlx.launch"]))
     assert command.argv[command.argv.index("--backend") + 1] == "jaccl-ring"
+
+
+def test_restarts_hints_and_doctor_follow_a_new_entrys_capabilities_not_its_name(monkeypatch, cluster):
+    """The rest of clusterctl asks the entry, never its name: jaccl-ring (RDMA) is refused --elastic like jaccl
+    and its hint names MLX_IBV_DEVICES; `tcp`, a copy of ring under another name, shrinks, names MLX_HOSTFILE
+    and gets ring's smoke test, while jaccl-ring, like jaccl, has none."""
+    monkeypatch.setitem(REGISTRY, "jaccl-ring", RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring")))
+    monkeypatch.setitem(REGISTRY, "tcp", RankStarterBackend(MLXLaunchBackend(
+        "tcp", neighbours_only=True, smoke_needs=("data-plane",))))
+    elastic = {"world": 4, "preflight": True, "bundled_fsdp": False}
+    with pytest.raises(UsageError, match="--elastic cannot shrink a jaccl-ring world: its rdma table"):
+        RestartPolicy(1, elastic=2).check(backend="jaccl-ring", **elastic)
+    RestartPolicy(1, elastic=2).check(backend="tcp", **elastic)
+
+    alone = {0: ("a", 1, "any"), 1: ("b", 1, "any")}
+    assert mismatch(2, "jaccl-ring", alone).endswith("its jaccl-ring backend found no peers (did the program "
+                                                     "change MLX_IBV_DEVICES? check the inventory's addresses; "
+                                                     "clusterctl doctor runs a smoke test)")
+    assert "its tcp backend found no peers (did the program change MLX_HOSTFILE?" in mismatch(2, "tcp", alone)
+
+    tests, by_default = smoke_tests(cluster)
+    assert by_default and {"ring", "tcp"} <= {b.name for b in tests}
+    assert not {"jaccl", "jaccl-ring"} & {b.name for b in tests}
+    assert not get("tcp").smoke_ready(parse("hosts: [a, b]\n", "i.yaml"))     # no addresses: like ring, none
 
 
 def test_run_backend_flag_is_checked_like_the_inventorys_own(cluster):

@@ -1,6 +1,6 @@
-"""The bootstrap's pure parts, run from the very text every rank runs (bootstrap.LINES, bootstrap.WORLD,
-bootstrap.AWAKE): splitting output into lines and progress-bar redraws, reporting the world MLX formed, and
-keeping a Mac awake while the rank lives."""
+"""The bootstrap's pure parts, run from the very files whose text every rank runs (hosts/scripts/lines.py,
+worldwatch.py, awake.py, inlined into launch.bootstrap.BOOTSTRAP): splitting output into lines and progress-bar
+redraws, reporting the world MLX formed, and keeping a Mac awake while the rank lives."""
 import os
 import subprocess
 import sys
@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.launch.bootstrap import AWAKE, BAR_EVERY_S, BOOTSTRAP, LINES, WORLD
+from clusterctl.hosts.scripts import script_text
+from clusterctl.hosts.scripts.awake import caffeinate_argv
+from clusterctl.hosts.scripts.lines import BAR_EVERY_S, Lines
+from clusterctl.launch.bootstrap import BOOTSTRAP
 from sshcluster import caffeinates
 
-SNIPPETS: dict = {}
-exec(LINES, SNIPPETS)
-exec(AWAKE, SNIPPETS)
-Lines = SNIPPETS["Lines"]
-caffeinate_argv = SNIPPETS["caffeinate_argv"]
+LINES, WORLD, AWAKE = (script_text(name) for name in ("lines.py", "worldwatch.py", "awake.py"))
 FAKE_DARWIN_BIN = Path(__file__).resolve().parents[1] / "fakedarwin" / "bin"
 
 
@@ -29,7 +28,8 @@ def feed_all(chunks, every=1.0, step=0.01):
 
 
 def test_the_snippets_are_the_bootstrap_s_own():
-    assert LINES in BOOTSTRAP and WORLD in BOOTSTRAP and AWAKE in BOOTSTRAP and f"Lines({BAR_EVERY_S!r})" in BOOTSTRAP
+    assert LINES in BOOTSTRAP and WORLD in BOOTSTRAP and AWAKE in BOOTSTRAP and "Lines(BAR_EVERY_S)" in BOOTSTRAP
+    assert f"BAR_EVERY_S = {BAR_EVERY_S!r}" in BOOTSTRAP and BAR_EVERY_S == 1.0
 
 
 def test_plain_lines_pass_through_as_they_are():

@@ -8,11 +8,12 @@ import sys
 
 from clusterctl.doctor import checks
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
-from clusterctl.doctor.smoke import judge, ring_ready
+from clusterctl.doctor.smoke import judge
 from clusterctl.hosts import facts as host_facts
 from clusterctl.hosts.probe import DataplaneSpec, Facts, HostProbe, dataplane_command, parse_probe, probe_script
 from clusterctl.hosts.transport import Result
 from clusterctl.inventory import parse
+from clusterctl.launch.backends import get
 from clusterctl.launch.hostfile import render as render_hostfile
 
 # A macOS Mac Studio's `ifconfig -a` (trimmed), with two Thunderbolt ports in bridge0.
@@ -264,26 +265,26 @@ def _smoke_out(*ranks):
 
 def test_judge_smoke_output():
     ok = Result(0, _smoke_out(*({"rank": r, "size": 4, "sum": 10.0, "host": "vm"} for r in range(4))), "")
-    assert judge("mpi-smoke", ok, None, 4, 1.0, "mpirun", None).status == PASS
+    assert judge("mpi-smoke", ok, None, 4, 1.0, "mpirun", get("mpi").smoke_fix(None)).status == PASS
     alone = Result(3, _smoke_out(*({"rank": 0, "size": 1, "sum": 1.0} for _ in range(4))), "")
-    f = judge("mpi-smoke", alone, None, 4, 1.0, "mpirun", None)
+    f = judge("mpi-smoke", alone, None, 4, 1.0, "mpirun", get("mpi").smoke_fix(None))
     assert f.status == FAIL and "world of size 1" in f.detail
     nolib = Result(1, _smoke_out({"rank": "0", "error": "RuntimeError: [mpi] Cannot initialize MPI"}), "")
-    f = judge("mpi-smoke", nolib, None, 2, 1.0, "mpirun", "/opt/homebrew/lib/libmpi.dylib")
+    f = judge("mpi-smoke", nolib, None, 2, 1.0, "mpirun", get("mpi").smoke_fix("/opt/homebrew/lib/libmpi.dylib"))
     assert f.status == FAIL and "Cannot initialize MPI" in f.detail
     assert "mpi_lib_dir" in f.fix and "/opt/homebrew/lib/libmpi.dylib" in f.fix
     crashed = Result(1, "", "ORTE was unable to reliably start one or more daemons.\nmore")
-    f = judge("mpi-smoke", crashed, None, 2, 1.0, "mpirun", None)
+    f = judge("mpi-smoke", crashed, None, 2, 1.0, "mpirun", get("mpi").smoke_fix(None))
     assert f.status == FAIL and "0/2 ranks" in f.detail and "ORTE was unable" in f.detail
 
 
 def test_mlx_hostfile_and_ring_readiness():
     local = parse("hosts: [{name: localhost, local: true, slots: 2}]\n", "i.yaml")
-    assert ring_ready(local)
+    assert get("ring").smoke_ready(local)
     assert json.loads(render_hostfile(local, "mlx", backend="ring", env={"A": "1"})) == {
         "backend": "ring", "envs": ["A=1"], "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2}
-    assert ring_ready(CLUSTER4)
-    assert not ring_ready(parse("hosts: [a, b]\n", "i.yaml"))
+    assert get("ring").smoke_ready(CLUSTER4)
+    assert not get("ring").smoke_ready(parse("hosts: [a, b]\n", "i.yaml"))
     assert json.loads(render_hostfile(CLUSTER4, "mlx"))["hosts"][2] == {"ssh": "h3", "ips": ["192.168.10.3"]}
 
 

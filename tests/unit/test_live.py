@@ -8,7 +8,7 @@ import pytest
 
 from clusterctl import progress
 from clusterctl.launch.bootstrap import MARK
-from clusterctl.launch.supervise import _handle, _Rank
+from clusterctl.launch.supervise import _Lines, _Rank
 from clusterctl.launch.world import WorldCheck
 from clusterctl.observe.live import LiveRun
 
@@ -102,9 +102,11 @@ def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path
     emitted, heard = [], []
     launcher_log = open(tmp_path / "launcher.log", "a")
 
+    lines = _Lines(ranks, launcher_log, WorldCheck(1, "ring"), lambda text, err: emitted.append(text),
+                   status=lambda rank, kind, value, now: heard.append((rank, kind, value)))
+
     def handle(line):
-        return _handle(line, False, ranks, launcher_log, lambda text, err: emitted.append(text), False,
-                       WorldCheck(1, "ring"), lambda rank, kind, value, now: heard.append((rank, kind, value)))
+        return lines.handle(line)
 
     handle(f"{MARK}0 start")
     handle(f"{MARK}0 out step 1 | loss 2.0")

@@ -9,7 +9,8 @@ from clusterctl.errors import UsageError
 from clusterctl.inventory import Cluster, Host
 from clusterctl.launch.job import rank_environment
 from clusterctl.launch.plan import LaunchPlan
-from clusterctl.launch.restart import RestartPolicy, bundled_strategy, checkpoint_step, last_step
+from clusterctl.launch.restart import RestartPolicy
+from clusterctl.launch.supervise import AttemptState, Outcome
 
 
 def cluster(*slots):
@@ -32,11 +33,14 @@ def test_a_subset_keeps_inventory_order_and_renumbers_ranks():
 
 def test_the_policy_restarts_failures_until_used_up_but_never_a_users_stop():
     p = RestartPolicy(max_restarts=2)
-    assert p.should_restart(False, 1, 0) and p.should_restart(False, 137, 1)
-    assert not p.should_restart(False, 1, 2)          # used up
-    assert not p.should_restart(False, 0, 0)          # succeeded
-    assert not p.should_restart(True, 130, 0)         # Ctrl-C / SIGTERM
-    assert not RestartPolicy().should_restart(False, 1, 0)     # off by default: today's behaviour
+    failed, lost = AttemptState.FAILED, AttemptState.LOST
+    assert p.should_restart(failed, 0) and p.should_restart(lost, 1)
+    assert not p.should_restart(failed, 2)                        # used up
+    assert not p.should_restart(AttemptState.SUCCEEDED, 0)        # succeeded
+    assert not p.should_restart(AttemptState.STOPPED, 0)          # Ctrl-C / SIGTERM
+    assert not RestartPolicy().should_restart(failed, 0)          # off by default: today's behaviour
+    # an outcome's state follows from its exit code unless the supervisor says more
+    assert Outcome(1, "x").state is failed and Outcome(0, "x").state is AttemptState.SUCCEEDED
     assert RestartPolicy(2, elastic=3).world_ok(3) and not RestartPolicy(2, elastic=3).world_ok(2)
     assert RestartPolicy(2).world_ok(1)
 
@@ -60,16 +64,6 @@ def test_what_works_passes_the_check():
     RestartPolicy(1, elastic=2).check(world=4, backend="mpi", preflight=True, bundled_fsdp=False)
     RestartPolicy(3).check(world=4, backend="jaccl", preflight=False, bundled_fsdp=True)   # same world: fine
     RestartPolicy().check(world=1, backend="ring", preflight=True, bundled_fsdp=False)
-
-
-def test_the_trainers_lines_and_checkpoint_names():
-    lines = ["dp on 2 rank(s): ...", "step  9/150 | loss 4.1 | lr 1e-3", "step 10 | checkpoint runs/x/step-000010",
-             "step 12/150 | loss 3.9 | lr 1e-3", "Traceback (most recent call last):"]
-    assert last_step(lines) == 12 and last_step(["nothing"]) is None
-    assert checkpoint_step("step-000020\n") == 20 and checkpoint_step("") is None and checkpoint_step(None) is None
-    assert bundled_strategy(["--steps", "5", "--strategy", "fsdp"]) == "fsdp"
-    assert bundled_strategy(["--strategy=dp", "--strategy", "fsdp", "--strategy=dp"]) == "dp"
-    assert bundled_strategy(["--steps", "5"]) is None
 
 
 def test_restart_variables_only_for_a_restartable_run():

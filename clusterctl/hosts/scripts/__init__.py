@@ -5,13 +5,39 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     python_info.py  python, mlx and mpi4py versions, for the probe
     dataplane.py    the TCP data-plane check (listen on this host's ring port, connect to every peer's)
     filehelper.py   hashing, listing, deleting and verifying files for sync, data push and run
+    ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, run by path)
+    bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
+                    pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from importlib import resources
+
+# `from .<sibling> import a, b` on a line of its own: a piece of the same program, inlined by program()
+SIBLING_IMPORT = re.compile(r"^from \.(\w+) import \w+(?:, \w+)*$", re.MULTILINE)
 
 
 @lru_cache(maxsize=None)
 def script_text(name: str) -> str:
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def program(name: str) -> str:
+    """Script `name` as one self-contained program for `python -c`: each relative import of a sibling script is
+    replaced by that script's own text (inlined where first imported, its own sibling imports likewise). The
+    pieces stay modules of this package, which ruff lints and tests import or run with `python -m`; a host gets
+    one text and needs nothing else."""
+    inlined = {name}
+
+    def inline(text: str) -> str:
+        def piece(m: re.Match) -> str:
+            sibling = m.group(1) + ".py"
+            if sibling in inlined:
+                return ""
+            inlined.add(sibling)
+            return inline(script_text(sibling))
+        return SIBLING_IMPORT.sub(piece, text)
+    return inline(script_text(name))

@@ -61,93 +61,112 @@ def describe(rank, code):
     return "rank %d on %s exited %d" % (rank.rank, rank.host, code)
 
 
+class Starter:
+    """Every rank started at once, their output relayed, and the first failure (or a signal) stopping them all."""
+
+    def __init__(self, entries):
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        self.received = []
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda s, frame: self.received.append(s))
+        signal.signal(signal.SIGCHLD, lambda s, frame: None)   # only to wake select() through the pipe
+
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.ranks = []
+        for entry in entries:
+            r = Rank(entry)
+            self.ranks.append(r)
+            for stream, out in ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer)):
+                self.sel.register(stream.fileno(), selectors.EVENT_READ, (r, out))
+        self.status = 0
+        self.stopping_since = None
+        self.drain_since = None
+
+    def stop_all(self):
+        self.stopping_since = time.monotonic()
+        for r in self.ranks:
+            r.stop()
+
+    def run(self):
+        while True:
+            timeout = None
+            if self.stopping_since is not None or self.drain_since is not None:
+                timeout = 0.2
+            for key, _ in self.sel.select(timeout):
+                self.relay(key)
+            if self.received and self.stopping_since is None:
+                self.status = self.status or 128 + self.received[0]
+                self.stop_all()
+            for r in self.ranks:
+                self.reap(r)
+            if self.done(time.monotonic()):
+                return self.status
+
+    def relay(self, key):
+        """Drain the wake-up pipe, or pass on a rank's complete lines (its partial line at EOF)."""
+        if key.data is None:
+            try:
+                while os.read(self.wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+            return
+        r, out = key.data
+        fd = key.fd
+        data = os.read(fd, 65536)
+        if not data:
+            self.sel.unregister(fd)
+            tail = r.rest.pop(fd, b"")
+            if tail:
+                out.write(tail + b"\n")
+                out.flush()
+            r.open -= 1
+            return
+        *lines, r.rest[fd] = (r.rest.get(fd, b"") + data).split(b"\n")
+        if lines:
+            text = b"\n".join(lines) + b"\n"
+            r.reported = r.reported or r.exit_tag in text
+            out.write(text)
+            out.flush()
+
+    def reap(self, r):
+        """Note a rank that exited; the first failure stops the others, and is told `lost` if it never reported."""
+        if r.code is None and r.proc.poll() is not None:
+            r.code = r.proc.returncode
+            if r.code != 0 and self.stopping_since is None:
+                r.first = True
+                sys.stderr.write(describe(r, r.code) + "; stopping every rank\n")
+                sys.stderr.flush()
+                self.status = r.code if 0 < r.code < 256 else 1
+                self.stop_all()
+        if r.first and r.open == 0 and not r.reported and not r.told:    # its output is all read
+            r.told = True
+            sys.stdout.buffer.write(b"\x1eclusterctl %d lost %d\n" % (r.rank, r.code))
+            sys.stdout.flush()
+
+    def done(self, now):
+        """Kill what outlived the grace period; True once every rank exited and its pipes are read (or drained)."""
+        if self.stopping_since is not None and now - self.stopping_since > GRACE_S:
+            for r in self.ranks:
+                if r.code is None:
+                    r.proc.kill()
+        if all(r.code is not None for r in self.ranks):
+            if all(r.open == 0 for r in self.ranks):
+                return True
+            self.drain_since = self.drain_since or now
+            if now - self.drain_since > DRAIN_S:      # a grandchild holds a pipe: the ranks are done
+                return True
+        return False
+
+
 def main(argv):
     with open(argv[1], encoding="utf-8") as f:
         spec = json.load(f)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    received = []
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda s, frame: received.append(s))
-    signal.signal(signal.SIGCHLD, lambda s, frame: None)   # only to wake select() through the pipe
-
-    sel = selectors.DefaultSelector()
-    sel.register(wake_r, selectors.EVENT_READ, None)
-    ranks = []
-    for entry in spec["ranks"]:
-        r = Rank(entry)
-        ranks.append(r)
-        for stream, out in ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer)):
-            sel.register(stream.fileno(), selectors.EVENT_READ, (r, out))
-    status = 0
-    stopping_since = None
-    drain_since = None
-
-    def stop_all():
-        for r in ranks:
-            r.stop()
-
-    while True:
-        timeout = None
-        if stopping_since is not None or drain_since is not None:
-            timeout = 0.2
-        for key, _ in sel.select(timeout):
-            if key.data is None:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-                continue
-            r, out = key.data
-            fd = key.fd
-            data = os.read(fd, 65536)
-            if not data:
-                sel.unregister(fd)
-                tail = r.rest.pop(fd, b"")
-                if tail:
-                    out.write(tail + b"\n")
-                    out.flush()
-                r.open -= 1
-                continue
-            *lines, r.rest[fd] = (r.rest.get(fd, b"") + data).split(b"\n")
-            if lines:
-                text = b"\n".join(lines) + b"\n"
-                r.reported = r.reported or r.exit_tag in text
-                out.write(text)
-                out.flush()
-        if received and stopping_since is None:
-            status = status or 128 + received[0]
-            stopping_since = time.monotonic()
-            stop_all()
-        for r in ranks:
-            if r.code is None and r.proc.poll() is not None:
-                r.code = r.proc.returncode
-                if r.code != 0 and stopping_since is None:
-                    r.first = True
-                    sys.stderr.write(describe(r, r.code) + "; stopping every rank\n")
-                    sys.stderr.flush()
-                    status = r.code if 0 < r.code < 256 else 1
-                    stopping_since = time.monotonic()
-                    stop_all()
-            if r.first and r.open == 0 and not r.reported and not r.told:    # its output is all read
-                r.told = True
-                sys.stdout.buffer.write(b"\x1eclusterctl %d lost %d\n" % (r.rank, r.code))
-                sys.stdout.flush()
-        now = time.monotonic()
-        if stopping_since is not None and now - stopping_since > GRACE_S:
-            for r in ranks:
-                if r.code is None:
-                    r.proc.kill()
-        if all(r.code is not None for r in ranks):
-            if all(r.open == 0 for r in ranks):
-                break
-            drain_since = drain_since or now
-            if now - drain_since > DRAIN_S:      # a grandchild holds a pipe: the ranks are done
-                break
-    return status
+    return Starter(spec["ranks"]).run()
 
 
 if __name__ == "__main__":

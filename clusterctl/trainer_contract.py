@@ -1,0 +1,76 @@
+"""What `clusterctl run` and the bundled trainer (clusterctl.train) agree on, in one place: the trainer
+writes by it (train/), run reads by it (launch/, run.py). Standard library only, as the ranks import it.
+
+    checkpoints/step-000120/            step_dir_name(120); checkpoint_step("step-000120") == 120
+    step  40/200 | loss 3.1830 | ...    report_line(...) prints it; reported_step(line) == 40
+    --data DIR                          the flag run gives the trainer first (its shards, `data prepare`)
+    --strategy fsdp                     read from the user's arguments: flag_value(args, STRATEGY)
+"""
+from __future__ import annotations
+
+import re
+
+STEP_GLOB = "step-*"                   # every checkpoint directory (and nothing else) matches it
+_STEP_DIR = re.compile(r"step-(\d+)")
+_REPORT = re.compile(r"^step +(\d+)/\d+ \|")
+
+DATA = "--data"
+STRATEGY = "--strategy"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def checkpoint_step(name: str | None) -> int | None:
+    """12 from 'step-000012' (checkpoints/latest names the newest, with a newline), None for anything else."""
+    m = _STEP_DIR.fullmatch((name or "").strip())
+    return int(m.group(1)) if m else None
+
+
+def report_line(step: int, total_steps: int, *, loss: float, lr: float, tokens_per_s: float, peak_mb: float,
+                grad_norm: float) -> str:
+    """Rank 0's line every --report-every steps (the step right-aligned to the width of the total)."""
+    return (f"step {step:>{len(str(total_steps))}}/{total_steps} | loss {loss:.4f} | lr {lr:.2e} | "
+            f"{tokens_per_s:,.0f} tok/s | peak mem {peak_mb:,.1f} MB | grad norm {grad_norm:.3f}")
+
+
+def reported_step(line: str) -> int | None:
+    """The step of a report line, None for any other line (held-out losses, checkpoints, tracebacks)."""
+    m = _REPORT.match(line)
+    return int(m.group(1)) if m else None
+
+
+def last_step(lines: list[str]) -> int | None:
+    """The last step a rank reported, from its report lines."""
+    for line in reversed(lines):
+        step = reported_step(line)
+        if step is not None:
+            return step
+    return None
+
+
+def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
+    """The value `args` give `flag` (`--flag V` or `--flag=V`), None when they do not; the last one wins, as
+    argparse takes it."""
+    value = None
+    for i, word in enumerate(args):
+        if word == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def add_run_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` (the trainer's, after its module name) with run's own `flag value` first, so that a user's own
+    later one still wins."""
+    return [flag, value, *args]
+
+
+def replace_run_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with the value of run's own `flag` (first, by add_run_flag) replaced: a restart on another world
+    reads other shards."""
+    if args[:1] == [flag] and len(args) > 1:
+        return [flag, value, *args[2:]]
+    return add_run_flag(args, flag, value)

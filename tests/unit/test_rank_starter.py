@@ -1,0 +1,50 @@
+"""The rank starter (hosts/scripts/ranks.py) run as a file on this machine, its ranks plain `sh -c` programs:
+output relayed line by line, the first failure stopping the others and named, a rank that never reported its
+own exit told as `lost`, a signal stopping every rank."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from clusterctl.hosts import scripts
+
+RANKS_PY = os.path.join(os.path.dirname(scripts.__file__), "ranks.py")
+WAIT = "cat >/dev/null; echo stopped"       # a rank that runs until the starter closes its stdin
+
+
+def _start(tmp_path, *programs) -> subprocess.Popen:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"ranks": [{"rank": i, "host": f"h{i}", "argv": ["sh", "-c", p]}
+                                          for i, p in enumerate(programs)]}))
+    return subprocess.Popen([sys.executable, RANKS_PY, str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_every_rank_s_lines_are_relayed_and_a_clean_job_exits_0(tmp_path):
+    p = _start(tmp_path, "echo one; printf 'two\\nno newline'", "echo err >&2")
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0
+    assert sorted(out.split(b"\n")) == [b"", b"no newline", b"one", b"two"] and err == b"err\n"
+
+
+def test_the_first_failure_stops_the_others_and_a_rank_that_never_reported_is_lost(tmp_path):
+    p = _start(tmp_path, WAIT, "sleep 0.3; exit 7")
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 7
+    assert err == b"rank 1 on h1 exited 7; stopping every rank\n"
+    assert sorted(out.split(b"\n")) == [b"", b"\x1eclusterctl 1 lost 7", b"stopped"]
+
+
+def test_a_rank_that_reported_its_exit_is_not_lost(tmp_path):
+    p = _start(tmp_path, WAIT, "printf '\\036clusterctl 1 exit 4 0\\n'; exit 4")
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 4 and b" lost " not in out and b"\x1eclusterctl 1 exit 4 0\n" in out
+
+
+def test_sigterm_stops_every_rank_with_128_plus_the_signal(tmp_path):
+    p = _start(tmp_path, WAIT, WAIT)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + signal.SIGTERM and out == b"stopped\nstopped\n" and err == b""
