@@ -24,25 +24,20 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import tempfile
 import time
 from concurrent.futures import wait
 from dataclasses import dataclass
 
-from .atomic import write_text
 from .transfer.shards import MANIFEST
 from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, RestartError, ShardError, SignalReceived,
                      UsageError)
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background, run_all
-from .hosts.openssh import ssh_options
 from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S, quote_path
 from .inventory import Cluster
 from .launch import backends
-from .launch.backends import Where
-from .launch.hostfile import render as render_hostfile
 from .launch.job import Launch, prepare
 from .launch.launchers import choose_site, sweep
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
@@ -227,7 +222,7 @@ class _Job:
         options, backend, program = self.options, self.backend, self.program
         site = choose_site(cluster, backend, options.launch_from, connector)
         if site.host is not None:
-            self.events.launching_from(site.host.name, backend.launcher_label)
+            self.events.launching_from(site.name, backend.launcher_label)
         attempt = self.restarts if self.policy.enabled else None
         started = time.time()
         while True:
@@ -295,7 +290,7 @@ class _Job:
         options, program = self.options, self.program
         kwargs = {"script": program.script, "module": program.module, "needs_mpi": self.backend.needs_mpi}
         if not options.preflight:
-            return before, whole, LaunchPlan(dict(before.hosts[0].env_dict), before.mpi.if_include)
+            return before, whole, LaunchPlan.from_inventory(before)
         if self.policy.elastic is None:
             plan = discover(whole, **kwargs)
             remember_plan(whole.cluster, plan)
@@ -403,7 +398,7 @@ def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: 
     """(the plan to launch from, the pre-flight Future verifying it meanwhile or None). `needs_mpi`: every
     host must have mpirun (the backend's daemons start there)."""
     if not options.preflight:
-        return LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include), None
+        return LaunchPlan.from_inventory(cluster), None
     if options.dry_run:
         return cached_plan(cluster) or discover(connector), None
     plan = cached_plan(cluster)
@@ -459,34 +454,3 @@ def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
         return
     if files:
         events.fetched(launch, host.name, remote_dir, files, nbytes)
-
-
-def hostfile_and_command(cluster: Cluster, fmt: str, *, output: str | None, template: str | None = None,
-                         template_name: str = "template", program: list[str] | None = None,
-                         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> tuple[str, str | None]:
-    """`clusterctl hostfile`: the hostfile's text (written to `output` when given) and, with `program`
-    (a script and its arguments), the launcher line that runs it by hand from this machine with the
-    environment and tuning `run` would use (found on the hosts, as `run` finds it)."""
-    backend, plan = None, None
-    if program is not None:
-        backend = backends.for_hostfile(fmt, cluster.launch.backend)
-        plan = discover(Connector(cluster, connect_timeout=connect_timeout))
-    mlx_backend = backends.for_hostfile("mlx", cluster.launch.backend)
-    text = render_hostfile(cluster, fmt, template, backend=mlx_backend.name, rdma=mlx_backend.rdma is not None,
-                           env=plan.env if plan else cluster.hosts[0].env_dict, template_name=template_name)
-    if output:
-        write_text(output, text)
-    if backend is None:
-        return text, None
-    launcher = backend.launcher_here()
-    if launcher is None:
-        raise UsageError(f"{backend.launcher_name} is not installed on this machine ({backend.install_hint})")
-    where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher,
-                  tuple(ssh_options(cluster, connect_timeout=connect_timeout)))
-    # with the hosts' workdir as the ranks' directory, so a relative path in the arguments means what it
-    # means under `run` (mpirun -wdir, mlx.launch --cwd)
-    command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
-                              where=where, hostfile=os.path.abspath(output), cwd=backends.common_workdir(cluster))
-    backends.write_files(command)
-    line = shlex.join(command.argv)
-    return text, (f'PATH={shlex.quote(command.path_prepend)}:"$PATH" {line}' if command.path_prepend else line)

@@ -9,8 +9,9 @@ import pytest
 from clusterctl.errors import InventoryError, LaunchError, UsageError
 from clusterctl.inventory import parse
 from clusterctl.launch import backends
-from clusterctl.launch.backends import REGISTRY, MLXLaunchBackend, Where, for_hostfile, get, names, validated
+from clusterctl.launch.backends import REGISTRY, MLXLaunchBackend, for_hostfile, get, names, validated
 from clusterctl.launch.plan import LaunchPlan
+from clusterctl.launch.site import LaunchSite
 
 INVENTORY = """\
 defaults: {python: /opt/py/bin/python3, workdir: /w}
@@ -28,8 +29,8 @@ def cluster(tmp_path):
 
 
 def where(tmp_path, **kwargs):
-    return Where(**{"dir": str(tmp_path / "launch"), "ssh": "/usr/bin/ssh", "as_root": False, "launcher": None,
-                    "ssh_options": ("-F", "/cache/clusterctl/ssh/abc.config"), **kwargs})
+    return LaunchSite(**{"dir": str(tmp_path / "launch"), "ssh": "/usr/bin/ssh", "as_root": False, "launcher": None,
+                         "ssh_options": ("-F", "/cache/clusterctl/ssh/abc.config"), **kwargs})
 
 
 def test_the_registry_names_and_lookups():
