@@ -98,8 +98,9 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
             site: LaunchSite, connect_timeout: float = 10.0, extra_env: dict[str, str] | None = None,
             run_id: str | None = None, restart: int | None = None) -> Launch:
-    """Make the local run directory and build the launch. On the first host (site.host, reached by site.transport) the
-    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts.
+    """Make the local run directory and build the launch. On the first host (site.host, reached by
+    site.transport) the launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the
+    launch starts.
     A restart (run --max-restarts) keeps the run's id and directory, where the ranks' checkpoints are, and
     gives each attempt its own logs in runs/<id>/attempt-K/, K = `restart` (0 for the first)."""
     run_id = run_id or new_run_id()
