@@ -133,6 +133,9 @@ def test_ring_over_mlx_launch_reaches_hosts_through_an_ssh_shim_first_on_path(cl
     assert hosts["backend"] == "ring" and [h["ips"] for h in hosts["hosts"]] == [["10.0.0.1"], ["10.0.0.2"], ["10.0.0.2"]]
     shim, mode = files["ssh/ssh"]
     assert mode == 0o755 and shim == '#!/bin/sh\nexec /usr/bin/ssh -F /cache/clusterctl/ssh/abc.config "$@"\n'
+    # the launcher finds the shim first on its PATH, started here or from a shell line
+    assert command.env()["PATH"].startswith(str(launch_dir / "ssh") + os.pathsep)
+    assert command.shell_path() == f'PATH={launch_dir / "ssh"}:"$PATH"'
     assert command.argv == ["/bin/mlx.launch", "--hostfile", str(launch_dir / "hosts.json"), "--backend", "ring",
                             "--python", "/opt/py/bin/python3", "--connections-per-ip", "2", "--env", "A=1",
                             "--", "-c", "x", "arg"]
