@@ -49,8 +49,8 @@ class AttemptSettings:
 
 
 class AttemptHooks:
-    """What the attempts ask of the use case and tell it, one method each; the base class runs nothing
-    and says nothing."""
+    """What the attempts ask of the use case and tell it, one method each. The use case says what the
+    ranks run; every other method of the base class does nothing."""
 
     def ranks(self) -> tuple[str, list[str], dict[str, str]]:
         """What every rank runs, asked afresh for each launch: (the bootstrap's script argument, a path or
