@@ -11,8 +11,9 @@
    (every host reachable, with its python and the script or module in place) verifies it beside the
    starting job; with no cached plan, the pre-flight runs first (launch/plan.py).
 3. Site: the launcher runs here when it is installed here, else on the first host (launch/launchers.py).
-4. Launch and supervise (launch/job.py, launch/supervise.py); when the pre-flight finds the hosts changed,
-   the job is stopped and launched again from the fresh plan.
+4. Attempts (launch/attempts.py): launch and supervise (launch/job.py, launch/supervise.py); when the
+   pre-flight finds the hosts changed, the job is stopped and launched again from the fresh plan; with
+   --max-restarts, a failed attempt is followed by the next. run feeds and hears them (_RunHooks).
 5. Fetch: what the job wrote in its run directory on the first host comes home (checkpoints, metrics),
    and every `--fetch PATH` from rank 0's host, or from every host (transfer/fetch.py), whatever the outcome.
 6. Record: runs/<id>/summary.json (exit code, reason, times) and the runs index (observe/record.py), and,
@@ -24,36 +25,31 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import tempfile
 import time
 from concurrent.futures import wait
 from dataclasses import dataclass
 
-from .atomic import write_text
 from .transfer.shards import MANIFEST
-from .errors import (EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, RestartError, ShardError, SignalReceived,
-                     UsageError)
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, UsageError
 from .hosts.connector import Connector
-from .hosts.fanout import GroupResult, in_background, run_all
-from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S, quote_path
+from .hosts.fanout import GroupResult, in_background
+from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from .inventory import Cluster
 from .launch import backends
-from .launch.backends import Where
-from .launch.hostfile import render as render_hostfile
-from .launch.job import Launch, prepare
-from .launch.launchers import choose_site, sweep
-from .launch.plan import LaunchPlan, cached_plan, discover, discover_reachable, remember_plan
+from .launch.attempts import AttemptHooks, Attempts, AttemptSettings, checkpoint_steps, steps_lost
+from .launch.job import Launch
+from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
 from .launch.restart import RestartPolicy
-from .launch.supervise import AttemptState, Outcome, Settings, Supervisor, signals_stop, stopped
+from .launch.site import LaunchSite
+from .launch.supervise import AttemptState, Outcome
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .trainer_contract import (DATA, STEP_GLOB, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step,
-                               replace_run_flag, step_dir_name)
+from .trainer_contract import DATA, STRATEGY, add_run_flag, flag_value, step_dir_name
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
@@ -101,6 +97,13 @@ class Program:
     def argv(self) -> tuple[str, list[str]]:
         """(bootstrap's script argument, its arguments): (path, args) or ("-m", [module, *args])."""
         return ("-m", [self.module, *self.args]) if self.module else (self.script, list(self.args))
+
+    def rank_args(self, data_dir: str | None = None) -> list[str]:
+        """The bootstrap's arguments after the script argument; the bundled trainer is told `--data DIR`
+        first, DIR where run staged the shards (on a changed world, re-staged)."""
+        if data_dir and self.module == BUNDLED_TRAINER:
+            return [self.module, *add_run_flag(list(self.args), DATA, data_dir)]
+        return self.argv[1]
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -166,166 +169,110 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     policy = options.restart
     policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
                  bundled_fsdp=program.module == BUNDLED_TRAINER and flag_value(program.args, STRATEGY) == "fsdp")
-    args = list(program.argv[1])
-    extra_env: dict[str, str] = {}
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
-    if not options.dry_run:
-        extra_env = stage(connector, options, program, project, events)
-        if options.data_dir and program.module == BUNDLED_TRAINER:
-            args = [args[0], *add_run_flag(args[1:], DATA, extra_env["CLUSTERCTL_DATA_DIR"])]
+    extra_env = {} if options.dry_run else stage(connector, options, program, project, events)
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
-    job = _Job(options, program, backend, args, extra_env, events, connector)
-    launch, outcome = job.attempt(cluster, connector, plan, preflight)
+    hooks = _RunHooks(options, program, backend, extra_env, events, connector)
+    attempts = Attempts(backend, policy, _attempt_settings(options, program), hooks, connector)
+    launch, outcome = attempts.first(plan, preflight)
     if outcome is None:
         return RunResult(launch, None)
     try:
-        while policy.should_restart(outcome.state, job.restarts):
-            try:
-                with signals_stop():
-                    cluster, connector, plan = job.restart(launch, outcome, cluster, connector)
-            except (KeyboardInterrupt, SignalReceived) as e:     # between attempts: nothing of the job runs
-                outcome = stopped(e)
-                outcome.reason += f" before restart {job.restarts}: nothing was running"
-                break
-            launch, outcome = job.attempt(cluster, connector, plan, None)
+        launch, outcome = attempts.restart_while_failing(launch, outcome)
         # rank 0 runs on the first host and says whether it left anything in the run directory there
-        if options.fetch and not cluster.hosts[0].local and outcome.rank0_wrote is not False:
-            _fetch(connector, launch, events)
+        if options.fetch and not attempts.cluster.hosts[0].local and outcome.rank0_wrote is not False:
+            _fetch(attempts.connector, launch, events)
         if fetch_paths:
-            events.outputs_fetched(launch, fetch_outputs(connector, fetch_paths, project, launch.run_dir,
+            events.outputs_fetched(launch, fetch_outputs(attempts.connector, fetch_paths, project, launch.run_dir,
                                                          all_ranks=options.fetch_all_ranks))
         if program.module == BUNDLED_TRAINER:
             _plot_losses(launch)
     except BaseException as e:
-        job.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
-                       f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
+        hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
+                         f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
         raise
     result = RunResult(launch, outcome)
-    job.record.end(result.exit_code, outcome.reason, outcome.failed_rank)
+    hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank)
     return result
 
 
-class _Job:
-    """One `run`: its attempts (one, or up to 1 + --max-restarts), each launched, supervised and recorded."""
+def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
+    return AttemptSettings(runs_dir=options.runs_dir, launch_from=options.launch_from,
+                           dry_run=options.dry_run,
+                           preflight=options.preflight, rank0_only=options.rank0_only,
+                           start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
+                           script=program.script, module=program.module)
 
-    def __init__(self, options: RunOptions, program: Program, backend, args: list[str], extra_env: dict[str, str],
-                 events: RunEvents, whole: Connector):
-        self.options, self.program, self.backend, self.args = options, program, backend, args
-        self.extra_env, self.events = extra_env, events
+
+class _RunHooks(AttemptHooks):
+    """The attempts as `run` feeds them (the program, the data re-staged for a new world, the checkpoint a
+    restart continues from), tells them (its events) and records them (runs/<id>/summary.json)."""
+
+    def __init__(self, options: RunOptions, program: Program, backend, extra_env: dict[str, str], events: RunEvents,
+                 whole: Connector):
+        self.options, self.program, self.backend, self.events = options, program, backend, events
+        self.whole = whole                  # the inventory's hosts, all of them: a re-stage narrows it
+        self.extra_env = extra_env          # CLUSTERCTL_DATA_DIR: where stage() (or a re-stage) put the shards
         self.policy = options.restart
         self.record: RunRecord | None = None
-        self.run_id: str | None = None
-        self.run_dir = ""
-        self.restarts = 0
-        self.whole = whole              # the inventory's hosts, all of them
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
 
-    def attempt(self, cluster: Cluster, connector: Connector, plan: LaunchPlan, preflight):
-        """Launch and supervise one attempt to its end, launching again at once when the pre-flight finds the
-        hosts changed since the cached plan. (launch, outcome), outcome None for a dry run."""
-        options, backend, program = self.options, self.backend, self.program
-        site = choose_site(cluster, backend, options.launch_from, connector)
-        if site.host is not None:
-            self.events.launching_from(site.host.name, backend.launcher_label)
-        attempt = self.restarts if self.policy.enabled else None
-        started = time.time()
-        while True:
-            launch = prepare(cluster, plan, script=program.argv[0], args=self.args, backend=backend,
-                             runs_root=options.runs_dir, site=site, connector=connector,
-                             extra_env=self.extra_env, run_id=self.run_id, restart=attempt)
-            if options.dry_run:
-                return launch, None
-            self.events.started(launch, program.label, cluster.world_size, backend.name)
-            if self.record is None:
-                self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
-                                              backend=backend.name, hosts=[h.name for h in cluster.hosts],
-                                              program=program.label)
-            if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
-                self.run_id, self.run_dir = launch.run_id, launch.run_dir
-            live = LiveRun(launch.rank_hosts, time.monotonic())
-            self.events.watching(launch, live)
-            try:
-                settings = Settings(rank0_only=options.rank0_only, start_timeout=options.start_timeout,
-                                    hang_timeout=self.policy.hang_timeout(options.hang_timeout))
-                outcome = Supervisor(launch, connector, emit=self.events.output, settings=settings,
-                                     status=live.update).run(preflight, plan)
-            finally:
-                self.events.watched(launch)
-            if outcome.state is not AttemptState.REPLAN:
-                break
-            self.events.relaunching(launch, outcome.reason)
-            if not self.policy.enabled:    # today's behaviour: the launch from the fresh plan is a run of its own
-                self.record.end(outcome.exit_code, outcome.reason)
-                self.record = None
-            plan, preflight = outcome.fresh_plan, None
-            remember_plan(cluster, plan)
-        if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
-            remember_plan(cluster, preflight.result())
-        if self.policy.enabled:
-            self.record.attempt(attempt_record(attempt, cluster, launch, outcome, started, self._resumed_from()))
-        return launch, outcome
+    def ranks(self) -> tuple[str, list[str], dict[str, str]]:
+        script, _ = self.program.argv
+        return script, self.program.rank_args(self.extra_env.get("CLUSTERCTL_DATA_DIR")), self.extra_env
 
-    def restart(self, launch: Launch, outcome: Outcome, cluster: Cluster, connector: Connector):
-        """Wait --restart-delay, re-check the hosts (the pre-flight) and return (cluster, connector, plan) of the
-        next attempt: the same hosts, or with --elastic those that answer. A re-check that fails uses up a
-        restart of its own (a Mac waking up may answer the next one); the last one's error is raised."""
-        # an elastic restart asks every host of the inventory again: one that came back is used again
-        whole = connector if self.policy.elastic is None else self.whole
-        while True:
-            self.restarts += 1
-            self.events.restarting(launch, self.restarts, self.policy.max_restarts, outcome.reason,
-                                   self.policy.delay_s)
-            time.sleep(self.policy.delay_s)
-            try:
-                cluster, connector, plan = self._recheck(whole, cluster)
-                # what an earlier attempt left on a host that did not answer when it was stopped (a Mac that
-                # slept through it) would hold the ranks' ports: gone before the next launch
-                sweep(connector, self.run_id)
-                self._note_resume_point(connector, launch)
-                return cluster, connector, plan
-            except ClusterctlError as e:
-                self.record.attempt({"attempt": self.restarts, "outcome": "pre-flight failed", "reason": str(e),
-                                     "exit_code": e.exit_code, "started": iso(time.time())})
-                if self.restarts >= self.policy.max_restarts:
-                    raise
-                outcome = Outcome(e.exit_code, f"the pre-flight failed: {e}")
+    def launching_from(self, site: LaunchSite) -> None:
+        self.events.launching_from(site.name, self.backend.launcher_label)
 
-    def _recheck(self, whole: Connector, before: Cluster):
-        options, program = self.options, self.program
-        kwargs = {"script": program.script, "module": program.module, "needs_mpi": self.backend.needs_mpi}
-        if not options.preflight:
-            return before, whole, LaunchPlan(dict(before.hosts[0].env_dict), before.mpi.if_include)
-        if self.policy.elastic is None:
-            plan = discover(whole, **kwargs)
-            remember_plan(whole.cluster, plan)
-            return before, whole, plan
-        cluster, plan, lost = discover_reachable(whole, **kwargs)
-        why = "; ".join(f"{name}: {reason}" for name, reason in lost.items())
-        if not self.policy.world_ok(cluster.world_size):
-            raise RestartError(f"--elastic {self.policy.elastic}: only {cluster.world_size} rank(s) on the hosts that "
-                               f"answer ({why})")
-        if cluster.world_size != before.world_size or cluster.names != before.names:
-            self.events.reshaped(cluster.names, cluster.world_size, lost)
-            if self.options.data_dir:
-                self._restage_data(cluster, self.run_dir)
-        if not lost:
-            return cluster, whole, plan
-        return cluster, whole.narrowed(cluster), plan
+    def started(self, launch: Launch, cluster: Cluster) -> None:
+        self.events.started(launch, self.program.label, cluster.world_size, launch.backend)
+        if self.record is None:
+            self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
+                                          backend=launch.backend, hosts=[h.name for h in cluster.hosts],
+                                          program=self.program.label)
 
-    def _restage_data(self, cluster: Cluster, run_dir: str) -> None:
+    def watching(self, launch: Launch):
+        live = LiveRun(launch.rank_hosts, time.monotonic())
+        self.events.watching(launch, live)
+        return live.update
+
+    def output(self, text: str, is_err: bool) -> None:
+        self.events.output(text, is_err)
+
+    def watched(self, launch: Launch) -> None:
+        self.events.watched(launch)
+
+    def relaunching(self, launch: Launch, outcome: Outcome, restartable: bool) -> None:
+        self.events.relaunching(launch, outcome.reason)
+        if not restartable:    # today's behaviour: the launch from the fresh plan is a run of its own
+            self.record.end(outcome.exit_code, outcome.reason)
+            self.record = None
+
+    def attempted(self, attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float) -> None:
+        resumed_from = None if self.resume_point is None else step_dir_name(self.resume_point)
+        self.record.attempt(attempt_record(attempt, cluster, launch, outcome, started, resumed_from))
+
+    def restarting(self, launch: Launch, restart: int, reason: str) -> None:
+        self.events.restarting(launch, restart, self.policy.max_restarts, reason, self.policy.delay_s)
+
+    def recheck_failed(self, restart: int, error: ClusterctlError) -> None:
+        self.record.attempt({"attempt": restart, "outcome": "pre-flight failed", "reason": str(error),
+                             "exit_code": error.exit_code, "started": iso(time.time())})
+
+    def reshaped(self, cluster: Cluster, lost: dict[str, str], run_dir: str) -> None:
         """--data on a changed world: every rank reads one equal shard, and the ranks that remain are
         numbered again, so the shards are re-prepared (cut again from the same tokens, data.shards.reshard,
         into runs/<id>/data-world-N/) and each host is sent its new ones; the data directory's name on the
         hosts stays the same."""
-        where = stage_data(self.whole.narrowed(cluster), self.options.data_dir,
-                           reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
-        self.extra_env["CLUSTERCTL_DATA_DIR"] = where
-        if self.program.module == BUNDLED_TRAINER:      # run put `--data DIR` first among its arguments
-            self.args = [self.args[0], *replace_run_flag(self.args[1:], DATA, where)]
+        self.events.reshaped(cluster.names, cluster.world_size, lost)
+        if self.options.data_dir:
+            self.extra_env["CLUSTERCTL_DATA_DIR"] = stage_data(
+                self.whole.narrowed(cluster), self.options.data_dir,
+                reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
 
-    def _note_resume_point(self, connector: Connector, launch: Launch) -> None:
+    def resuming(self, connector: Connector, launch: Launch) -> None:
         """For the bundled trainer: the checkpoint the next attempt continues from (the newest any of its hosts
         holds, as the trainer picks it) and so the steps the failed attempt lost."""
         if self.program.module != BUNDLED_TRAINER:
@@ -344,9 +291,6 @@ class _Job:
                 shutil.rmtree(scratch, ignore_errors=True)
             self.events.spread(step_dir_name(step), holder.name, [h.name for h in lacking])
 
-    def _resumed_from(self) -> str | None:
-        return None if self.resume_point is None else step_dir_name(self.resume_point)
-
 
 _RECORDED = {AttemptState.SUCCEEDED: "ok", AttemptState.STOPPED: "stopped"}    # and "failed"
 
@@ -362,37 +306,6 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
             "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir)}
 
 
-def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | None]:
-    """host -> the newest complete checkpoint step (a step-N directory with its state.json, as the trainer
-    picks it) in the ranks' run directory there (each host keeps a full copy, train/checkpoint.py); None:
-    none, or the host did not answer."""
-    cluster = connector.cluster
-    listing = f'for d in {STEP_GLOB}; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
-
-    def ask(host):
-        # where the ranks ran it: the local run directory when every rank is on this machine (job.py)
-        run_dir = launch.run_dir if all(h.local for h in cluster.hosts) else connector.run_dir(host, launch.run_id)
-        with connector.transport(host) as t:
-            names = t.run(f"cd {quote_path(run_dir + '/checkpoints')} 2>/dev/null && {listing}; true", timeout=15)
-        return max((n for n in map(checkpoint_step, names.stdout.split()) if n is not None), default=None)
-
-    group = run_all(cluster.hosts, ask, deadline=connector.deadline(15))
-    return {name: o.value if o.error is None else None for name, o in group.items()}
-
-
-def steps_lost(log_dir: str, resumed: int | None) -> int | None:
-    """Steps the failed attempt trained past the checkpoint the next one continues from, by rank 0's last
-    report line (so at least this many: the report interval hides the last few)."""
-    try:
-        with open(os.path.join(log_dir, "rank-0.log"), encoding="utf-8", errors="replace") as f:
-            reached = last_step(f.read().splitlines()[-200:])
-    except OSError:
-        return None
-    if reached is None:
-        return None
-    return max(reached - (resumed or 0), 0)
-
-
 def _plot_losses(launch: Launch) -> None:
     """runs/<id>/loss.png when matplotlib is installed; a plot never fails the run it pictures."""
     try:
@@ -405,7 +318,7 @@ def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: 
     """(the plan to launch from, the pre-flight Future verifying it meanwhile or None). `needs_mpi`: every
     host must have mpirun (the backend's daemons start there)."""
     if not options.preflight:
-        return LaunchPlan(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include), None
+        return LaunchPlan.from_inventory(cluster), None
     if options.dry_run:
         return cached_plan(cluster) or discover(connector), None
     plan = cached_plan(cluster)
@@ -460,34 +373,3 @@ def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
         return
     if files:
         events.fetched(launch, host.name, remote_dir, files, nbytes)
-
-
-def hostfile_and_command(connector: Connector, fmt: str, *, output: str | None, template: str | None = None,
-                         template_name: str = "template", program: list[str] | None = None) -> tuple[str, str | None]:
-    """`clusterctl hostfile`: the hostfile's text (written to `output` when given) and, with `program`
-    (a script and its arguments), the launcher line that runs it by hand from this machine with the
-    environment and tuning `run` would use (found on the hosts, as `run` finds it)."""
-    cluster = connector.cluster
-    backend, plan = None, None
-    if program is not None:
-        backend = backends.for_hostfile(fmt, cluster.launch.backend)
-        plan = discover(connector)
-    mlx_backend = backends.for_hostfile("mlx", cluster.launch.backend)
-    text = render_hostfile(cluster, fmt, template, backend=mlx_backend.name, rdma=mlx_backend.rdma is not None,
-                           env=plan.env if plan else cluster.hosts[0].env_dict, template_name=template_name)
-    if output:
-        write_text(output, text)
-    if backend is None:
-        return text, None
-    launcher = backend.launcher_here()
-    if launcher is None:
-        raise UsageError(f"{backend.launcher_name} is not installed on this machine ({backend.install_hint})")
-    where = Where(os.path.abspath(output) + ".ssh", shutil.which("ssh"), os.geteuid() == 0, launcher,
-                  tuple(connector.ssh_options()))
-    # with the hosts' workdir as the ranks' directory, so a relative path in the arguments means what it
-    # means under `run` (mpirun -wdir, mlx.launch --cwd)
-    command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
-                              where=where, hostfile=os.path.abspath(output), cwd=backends.common_workdir(cluster))
-    backends.write_files(command)
-    line = shlex.join(command.argv)
-    return text, (f'PATH={shlex.quote(command.path_prepend)}:"$PATH" {line}' if command.path_prepend else line)

@@ -66,11 +66,3 @@ def add_run_flag(args: list[str], flag: str, value: str) -> list[str]:
     """`args` (the trainer's, after its module name) with run's own `flag value` first, so that a user's own
     later one still wins."""
     return [flag, value, *args]
-
-
-def replace_run_flag(args: list[str], flag: str, value: str) -> list[str]:
-    """`args` with the value of run's own `flag` (first, by add_run_flag) replaced: a restart on another world
-    reads other shards."""
-    if args[:1] == [flag] and len(args) > 1:
-        return [flag, value, *args[2:]]
-    return add_run_flag(args, flag, value)

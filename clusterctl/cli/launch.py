@@ -28,7 +28,7 @@ from .console import one_line, size
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_timeout, program):
     """Write an Open MPI, MPICH or mlx.launch hostfile (and the launch line)."""
-    from ..run import hostfile_and_command
+    from ..launch.byhand import hostfile_and_command
 
     if print_command and not program:
         raise click.UsageError("--print-command needs the script: ... --print-command -- SCRIPT [ARGS]")

@@ -7,17 +7,16 @@ falling back to a world of one when it cannot load libmpi (docs/mlx-distributed.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 import time
 
 from ..errors import ClusterctlError, LaunchError
 from ..hosts.connector import Connector
 from ..hosts.transport import LocalTransport, Result
-from ..launch.backends import Backend, Where, write_files
+from ..launch.backends import Backend, write_files
 from ..launch.bootstrap import ENV_FILES
 from ..launch.plan import LaunchPlan
+from ..launch.site import LaunchSite
 from .report import CLUSTER, FAIL, PASS, WARN, Finding
 
 SMOKE_PROGRAM = ENV_FILES + r"""
@@ -89,16 +88,15 @@ def run_smoke(connector: Connector, backend: Backend, plan: LaunchPlan, *, timeo
         return Finding(check, CLUSTER, WARN, f"not run: {backend.launcher_name} is not installed on this machine",
                        backend.install_hint)
     with tempfile.TemporaryDirectory(prefix="clusterctl-doctor-") as tmp:
-        where = Where(tmp, shutil.which("ssh"), os.geteuid() == 0, launcher,
-                      tuple(connector.ssh_options()))
+        where = LaunchSite.here(connector, launcher, tmp)
         program = [cluster.hosts[0].python, "-c", SMOKE_PROGRAM, backend.name, str(cluster.world_size)]
         try:
             command = backend.command(cluster, plan, program=program, rank_env=plan.env, where=where)
         except LaunchError as e:
             return Finding(check, CLUSTER, WARN, f"not run: {e}", None)
         write_files(command)
-        env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
-        return _run(cluster, check, backend.launcher_label, command.argv, env, timeout, backend.smoke_fix(libmpi_hint))
+        return _run(cluster, check, backend.launcher_label, command.argv, command.env(), timeout,
+                    backend.smoke_fix(libmpi_hint))
 
 
 def _run(cluster, check, launcher, argv, env, timeout, init_fix) -> Finding:

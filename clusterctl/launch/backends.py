@@ -3,7 +3,7 @@ and `jaccl` backends. Everything that differs between backends is here; the rest
 registry (`get(name)`, `names()`), never compares backend names.
 
     backend = get("ring")
-    command = backend.command(cluster, plan, program=[...], rank_env={...}, where=Where(dir, ssh, as_root, launcher))
+    command = backend.command(cluster, plan, program=[...], rank_env={...}, where=LaunchSite.here(connector, launcher, dir))
     command.argv, command.files, command.path_prepend       # what to write where, and what to run
 
 A backend entry says: which MLX backend it is, which launcher starts the ranks (mpirun or mlx.launch),
@@ -36,22 +36,10 @@ from ..hosts.transport import remote_command, shell_command
 from ..inventory import Cluster, load
 from . import mlxenv
 from .hostfile import render as render_hostfile
+from .site import LaunchSite
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
-
-
-@dataclass(frozen=True)
-class Where:
-    """The machine a launcher runs on, as the backend needs to know it."""
-
-    dir: str                          # a directory there for the launch's files (hostfile, ssh shim)
-    ssh: str | None                   # that machine's OpenSSH client
-    as_root: bool                     # the launching user is root (mpirun refuses root without a flag)
-    launcher: list[str] | None        # the launcher's argv prefix there (see Backend.launcher_here/_on_host)
-    ssh_options: tuple[str, ...]      # what that machine's ssh is given: -F and its rendering (openssh.py)
-    name: str = "this machine"        # for messages
-    host: str | None = None           # the inventory name of that machine; None: this machine
 
 
 @dataclass
@@ -59,6 +47,14 @@ class LauncherCommand:
     argv: list[str]
     files: list[tuple[str, str, int | None]] = field(default_factory=list)   # (path, text, mode) to write first
     path_prepend: str | None = None   # a directory to put first on the launcher's PATH (mlx.launch's ssh shim)
+
+    def env(self) -> dict[str, str]:
+        """What the launcher's process on this machine is given on top of this environment."""
+        return {"PATH": self.path_prepend + os.pathsep + os.environ.get("PATH", "")} if self.path_prepend else {}
+
+    def shell_path(self) -> str:
+        """The same for a shell line: a PATH assignment to put before the command, or ""."""
+        return f'PATH={shlex.quote(self.path_prepend)}:"$PATH"' if self.path_prepend else ""
 
 
 class Backend:
@@ -96,7 +92,7 @@ class Backend:
         raise NotImplementedError
 
     def command(self, cluster: Cluster, plan: LaunchPlan, *, program: Sequence[str], rank_env: Mapping[str, str],
-                where: Where, hostfile: str | None = None, cwd: str | None = None) -> LauncherCommand:
+                where: LaunchSite, hostfile: str | None = None, cwd: str | None = None) -> LauncherCommand:
         """The launcher's command line for `program` (python and its arguments, python first) on every
         rank, each rank getting rank_env. The hostfile is written into where.dir unless `hostfile` names
         one that exists already. The launcher's ssh gets where.ssh_options. `cwd`: the directory ranks
@@ -346,7 +342,7 @@ class RankStarterBackend(Backend):
         return self.fallback.inventory_lines(setting, plan)
 
 
-def _runs_where(host, where: Where) -> bool:
+def _runs_where(host, where: LaunchSite) -> bool:
     """The rank's host is the machine the starter runs on: started without ssh."""
     return host.local if where.host is None else host.name == where.host
 

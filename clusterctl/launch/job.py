@@ -15,8 +15,7 @@ import os
 import queue
 import secrets
 import shlex
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
@@ -25,10 +24,10 @@ from ..hosts.connector import Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
 from ..hosts.transport import LocalTransport, Process
 from ..inventory import Cluster
-from .backends import Backend, LauncherCommand, Where, write_files
+from .backends import Backend, LauncherCommand, write_files
 from .bootstrap import BOOTSTRAP
-from .launchers import LaunchSite
 from .plan import LaunchPlan
+from .site import LaunchSite
 
 # what a launch from the first host asks it first: its home, whether we are root there, its ssh and its mpirun
 # (by absolute path, also where Homebrew puts it: sshd's PATH on a Mac does not have it)
@@ -46,7 +45,8 @@ class Launch:
     rank_env: dict[str, str]         # what every rank gets
     rank_hosts: list[str]            # rank -> host name
     start: Callable[[queue.Queue], Process]
-    where: dict = field(default_factory=dict)   # launcher_host and remote_command, when not launched here
+    site: LaunchSite = LaunchSite()  # where the launcher runs
+    remote_command: str = ""         # the shell line that starts it there, when that is a host
     log_dir: str = ""                # the rank logs, launcher.log and launch.json: run_dir, or its attempt-K/
 
     def __post_init__(self):
@@ -54,7 +54,8 @@ class Launch:
 
     def describe(self) -> dict:
         return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
-                "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts, **self.where}
+                "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts,
+                **({"launcher_host": self.site.host, "remote_command": self.remote_command} if self.site.host else {})}
 
 
 def new_run_id() -> str:
@@ -97,9 +98,9 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
             site: LaunchSite, connector: Connector, extra_env: dict[str, str] | None = None,
             run_id: str | None = None, restart: int | None = None) -> Launch:
-    """Make the local run directory and build the launch. On the first host (site.transport) the
-    launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the launch starts. The
-    launcher's ssh is given the connector's settings.
+    """Make the local run directory and build the launch. On the first host (site.host, reached by
+    site.transport) the launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the
+    launch starts. The launcher's ssh is given the connector's settings.
     A restart (run --max-restarts) keeps the run's id and directory, where the ranks' checkpoints are, and
     gives each attempt its own logs in runs/<id>/attempt-K/, K = `restart` (0 for the first)."""
     run_id = run_id or new_run_id()
@@ -110,7 +111,7 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {})},
                                 restart=restart)
     program = rank_program(cluster, run_id, script, args)
-    if site.transport is None:
+    if site.host is None:
         launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
                                log_dir)
     else:
@@ -125,32 +126,31 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
 
 def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
                   files_dir) -> Launch:
-    where = Where(files_dir, shutil.which("ssh"), os.geteuid() == 0, site.launcher,
-                  tuple(connector.ssh_options()), "this machine")
-    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
+    site = LaunchSite.here(connector, site.launcher, files_dir)
+    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=site)
     write_files(command)
-    env = {"PATH": command.path_prepend + os.pathsep + os.environ.get("PATH", "")} if command.path_prepend else {}
+    env = command.env()
     return Launch(run_id, run_dir, backend.name, command.argv, env, rank_env, rank_hosts(cluster),
-                  start=lambda lines: LocalTransport().stream(command.argv, lines, env))
+                  start=lambda lines: LocalTransport().stream(command.argv, lines, env), site=site)
 
 
 def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
                      files_dir) -> Launch:
-    host, remote = site.host, site.transport
+    host, remote = cluster.host(site.host), site.transport
     facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
     home, uid, ssh, mpirun = (facts + ["", "", "", ""])[:4]
     workdir = home + host.workdir[1:] if host.workdir.startswith("~") else host.workdir
     there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
     # the launcher's ssh on that host reads that host's rendering of the inventory, sent with the launch
     config = f"{there}/ssh_config"
-    where = Where(there, ssh.strip() or None, uid.strip() == "0",
-                  backend.launcher_on_host(host.python, mpirun=mpirun.strip() or None),
-                  ("-F", config), host.name, host=host.name)
-    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=where)
+    site = site.ready(there, ssh=ssh.strip() or None, as_root=uid.strip() == "0",
+                      launcher=backend.launcher_on_host(host.python, mpirun=mpirun.strip() or None),
+                      ssh_options=("-F", config))
+    command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=site)
     command.files.append((config, connector.host_config_text(host), 0o600))
     # a copy of every file in the local run directory, for the record and for `clusterctl hostfile` users
     write_files(_relocated(command, there, files_dir))
-    prefix = f'PATH={shlex.quote(command.path_prepend)}:"$PATH"; export PATH; ' if command.path_prepend else ""
+    prefix = f"{command.shell_path()}; export PATH; " if command.path_prepend else ""
     text = prefix + "exec " + shlex.join(command.argv)
 
     def start(lines: queue.Queue) -> Process:
@@ -160,7 +160,7 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
         return remote.stream(text, lines)   # closing its channel kills the launcher's tree there
 
     return Launch(run_id, run_dir, backend.name, command.argv, {}, rank_env, rank_hosts(cluster), start=start,
-                  where={"launcher_host": host.name, "remote_command": text})
+                  site=site, remote_command=text)
 
 
 def _relocated(command: LauncherCommand, there: str, run_dir: str) -> LauncherCommand:

@@ -9,30 +9,18 @@ host, which has it if doctor passes there (`--launch-from` decides instead of `a
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..hosts.fanout import run_all
-from ..inventory import Cluster, Host
+from ..inventory import Cluster
 from .backends import Backend
+from .site import LaunchSite
 
 if TYPE_CHECKING:
     from ..hosts.connector import Connector
-    from ..hosts.transport import Transport
 
 LAUNCH_FROM = ("auto", "here", "first-host")
-
-
-@dataclass
-class LaunchSite:
-    host: Host | None = None               # None: this machine
-    transport: Transport | None = None     # the first host's, when the launcher runs there
-    launcher: list[str] | None = None      # the launcher's argv prefix on this machine
-
-    @property
-    def name(self) -> str:
-        return "this machine" if self.host is None else self.host.name
 
 
 def choose_site(cluster: Cluster, backend: Backend, launch_from: str, connector: Connector) -> LaunchSite:
@@ -47,8 +35,8 @@ def choose_site(cluster: Cluster, backend: Backend, launch_from: str, connector:
         first = cluster.hosts[0]
         if first.local:
             raise UsageError(missing)
-        return LaunchSite(first, connector.transport(first))
-    return LaunchSite(launcher=launcher)
+        return LaunchSite.first_host(first, connector.transport(first))
+    return LaunchSite(launcher=launcher)       # this machine; job.prepare makes it ready (LaunchSite.here)
 
 
 def sweep_pattern(run_id: str | None) -> str:

@@ -25,15 +25,21 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     if_include: str | None = None
 
+    @classmethod
+    def from_inventory(cls, cluster: Cluster) -> LaunchPlan:
+        """What the inventory alone says, no host asked: its env and its mpi.if_include (--no-preflight,
+        and the base every probed plan starts from)."""
+        return cls(dict(cluster.hosts[0].env_dict), cluster.mpi.if_include)
+
 
 def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
-    first = probes[0]
-    env = dict(cluster.hosts[0].env_dict)
+    first, inventory = probes[0], LaunchPlan.from_inventory(cluster)
+    env = inventory.env
     libmpi = choose_libmpi(first.facts) if first.facts is not None else None
     if libmpi:
         env = {**libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
     subnet = shared_subnet(probes)
-    return LaunchPlan(env, cluster.mpi.if_include or (str(subnet) if subnet else None))
+    return LaunchPlan(env, inventory.if_include or (str(subnet) if subnet else None))
 
 
 # Whether python can find a module the way a rank will: from the workdir, with the inventory's env. Exit 0:

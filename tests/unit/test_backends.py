@@ -11,10 +11,11 @@ from clusterctl.inventory import parse
 from clusterctl.launch import backends
 from clusterctl.doctor.diagnose import smoke_tests
 from clusterctl.launch.backends import (
-    REGISTRY, MLXLaunchBackend, RankStarterBackend, Where, for_hostfile, get, names, validated,
+    REGISTRY, MLXLaunchBackend, RankStarterBackend, for_hostfile, get, names, validated,
 )
 from clusterctl.launch.plan import LaunchPlan
 from clusterctl.launch.restart import RestartPolicy
+from clusterctl.launch.site import LaunchSite
 from clusterctl.launch.world import mismatch
 
 INVENTORY = """\
@@ -33,8 +34,8 @@ def cluster(tmp_path):
 
 
 def where(tmp_path, **kwargs):
-    return Where(**{"dir": str(tmp_path / "launch"), "ssh": "/usr/bin/ssh", "as_root": False, "launcher": None,
-                    "ssh_options": ("-F", "/cache/clusterctl/ssh/abc.config"), **kwargs})
+    return LaunchSite(**{"dir": str(tmp_path / "launch"), "ssh": "/usr/bin/ssh", "as_root": False, "launcher": None,
+                         "ssh_options": ("-F", "/cache/clusterctl/ssh/abc.config"), **kwargs})
 
 
 def test_the_registry_names_and_lookups():
@@ -137,6 +138,9 @@ def test_ring_over_mlx_launch_reaches_hosts_through_an_ssh_shim_first_on_path(cl
     assert hosts["backend"] == "ring" and [h["ips"] for h in hosts["hosts"]] == [["10.0.0.1"], ["10.0.0.2"], ["10.0.0.2"]]
     shim, mode = files["ssh/ssh"]
     assert mode == 0o755 and shim == '#!/bin/sh\nexec /usr/bin/ssh -F /cache/clusterctl/ssh/abc.config "$@"\n'
+    # the launcher finds the shim first on its PATH, started here or from a shell line
+    assert command.env()["PATH"].startswith(str(launch_dir / "ssh") + os.pathsep)
+    assert command.shell_path() == f'PATH={launch_dir / "ssh"}:"$PATH"'
     assert command.argv == ["/bin/mlx.launch", "--hostfile", str(launch_dir / "hosts.json"), "--backend", "ring",
                             "--python", "/opt/py/bin/python3", "--connections-per-ip", "2", "--env", "A=1",
                             "--", "-c", "x", "arg"]

@@ -13,10 +13,11 @@ import pytest
 from clusterctl.hosts.probe import probe_script
 from clusterctl.hosts.transport import remote_command, shell_command
 from clusterctl.inventory import parse
-from clusterctl.launch.backends import Where, get
+from clusterctl.launch.backends import get
 from clusterctl.launch.job import LAUNCH_HOST_FACTS
 from clusterctl.launch.launchers import sweep_script
 from clusterctl.launch.plan import LaunchPlan, module_check
+from clusterctl.launch.site import LaunchSite
 from clusterctl.transfer.rsync import remote_rsync_path
 
 # GNU-only forms and what macOS has instead (docs/macos.md#bsd-userland)
@@ -73,7 +74,7 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
         "a command with env": shell_command(["python3", "-c", "print(1)"], {"A": "it's", "B": "$(x)"}, cwd="~/w d"),
     }
     command = get("ring").command(cluster, LaunchPlan({}), program=["py", "-c", "x", "a b"], rank_env={"K": "v"},
-                                  where=Where(str(tmp_path), "/usr/bin/ssh", False, ["python3"], ("-F", "/c")))
+                                  where=LaunchSite(str(tmp_path), "/usr/bin/ssh", False, ["python3"], ("-F", "/c")))
     rank = json.loads(command.files[0][1])["ranks"][0]["argv"][-1]       # what ssh hands the login shell
     scripts["a rank (clusterctl's rank starter)"] = rank
     return {name: text for name, text in scripts.items()}

@@ -24,6 +24,14 @@ def test_the_program_is_a_script_a_module_or_the_bundled_trainer():
         program_for("train.py", (), "pkg")
 
 
+def test_the_ranks_arguments_are_built_from_named_parts():
+    trainer, script = Program(None, BUNDLED_TRAINER, ("--steps", "5")), Program("s.py", None, ("a",))
+    assert trainer.rank_args() == [BUNDLED_TRAINER, "--steps", "5"]
+    # the shards run staged (or re-staged for a new world) go to the bundled trainer first, to no other program
+    assert trainer.rank_args("/w/data") == [BUNDLED_TRAINER, "--data", "/w/data", "--steps", "5"]
+    assert script.rank_args("/w/data") == ["a"] and Program(None, "m", ()).rank_args("/d") == ["m"]
+
+
 def test_exit_codes_of_a_result():
     def result(code):
         return RunResult(None, Outcome(code, "x")).exit_code

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from clusterctl.trainer_contract import (DATA, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step,
-                                         replace_run_flag, report_line, reported_step, step_dir_name)
+                                         report_line, reported_step, step_dir_name)
 
 
 def test_the_trainers_lines_and_checkpoint_names():
@@ -25,10 +25,9 @@ def test_what_the_trainer_writes_run_reads_back():
     assert checkpoint_step("step-12x") is None and checkpoint_step(".step-000001.tmp-00ab12") is None
 
 
-def test_runs_own_flag_comes_first_and_a_restart_replaces_its_value():
+def test_runs_own_flag_comes_first():
     args = add_run_flag(["--steps", "5", "--data", "mine"], DATA, "/w/data")
     assert args == ["--data", "/w/data", "--steps", "5", "--data", "mine"]      # the user's, last, still wins
-    assert replace_run_flag(args, DATA, "/w/data-2") == ["--data", "/w/data-2", "--steps", "5", "--data", "mine"]
 
 
 def test_the_contract_imports_nothing_but_the_standard_library():

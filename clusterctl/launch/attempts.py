@@ -1,0 +1,222 @@
+"""The attempts of one job: the first, then, while it fails and the restart policy allows it
+(`run --max-restarts N [--elastic MIN]`), the next ones, each launched, supervised and told to the use case.
+
+    attempts = Attempts(backend, policy, settings, hooks, connector)
+    launch, outcome = attempts.first(plan, preflight)       # outcome None: a dry run, nothing started
+    launch, outcome = attempts.restart_while_failing(launch, outcome)
+    attempts.cluster, attempts.connector                    # the hosts the last attempt ran on
+
+An attempt whose pre-flight finds the hosts changed since the cached plan is launched again at once from
+the fresh plan. Between attempts: --restart-delay, the re-check of the hosts (the pre-flight; with
+--elastic, every host of the inventory, keeping those that answer), the sweep of what is left of the run.
+What the use case adds (its events, the run's record, data re-staged for a new world, the checkpoint the
+next attempt resumes from) comes through an AttemptHooks object.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ..errors import ClusterctlError, RestartError, SignalReceived
+from ..hosts.connector import Connector
+from ..hosts.fanout import run_all
+from ..hosts.transport import quote_path
+from ..inventory import Cluster
+from .backends import Backend
+from .job import Launch, prepare
+from .launchers import choose_site, sweep
+from .plan import LaunchPlan, discover, discover_reachable, remember_plan
+from ..trainer_contract import STEP_GLOB, checkpoint_step, last_step
+from .restart import RestartPolicy
+from .site import LaunchSite
+from .supervise import AttemptState, Outcome, Settings, Status, Supervisor, signals_stop, stopped
+
+
+@dataclass(frozen=True)
+class AttemptSettings:
+    """How every attempt is launched and watched (run's options)."""
+
+    runs_dir: str = "runs"
+    launch_from: str = "auto"
+    dry_run: bool = False             # prepare the first attempt, start nothing
+    preflight: bool = True            # re-check the hosts before a restart
+    rank0_only: bool = False
+    start_timeout: float | None = None
+    hang_timeout: float | None = None # --hang-timeout as given (the restart policy may watch anyway)
+    script: str | None = None         # what the re-check looks for on every host: the user's script ...
+    module: str | None = None         # ... or module
+
+
+class AttemptHooks:
+    """What the attempts ask of the use case and tell it, one method each. The use case says what the
+    ranks run; every other method of the base class does nothing."""
+
+    def ranks(self) -> tuple[str, list[str], dict[str, str]]:
+        """What every rank runs, asked afresh for each launch: (the bootstrap's script argument, a path or
+        "-m"; its arguments; the ranks' extra environment)."""
+        raise NotImplementedError
+
+    def watching(self, launch: Launch) -> Status:
+        """What hears the ranks' events while the launch is supervised (supervise's `status`)."""
+        return lambda rank, kind, value, now: None
+
+    def launching_from(self, site: LaunchSite) -> None: ...
+    def started(self, launch: Launch, cluster: Cluster) -> None: ...
+    def output(self, text: str, is_err: bool) -> None: ...
+    def watched(self, launch: Launch) -> None: ...   # supervision ended, whatever the way
+    def relaunching(self, launch: Launch, outcome: Outcome, restartable: bool) -> None: ...
+    def attempted(self, attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float) -> None: ...
+    def restarting(self, launch: Launch, restart: int, reason: str) -> None: ...
+    def recheck_failed(self, restart: int, error: ClusterctlError) -> None: ...
+    def reshaped(self, cluster: Cluster, lost: dict[str, str], run_dir: str) -> None: ...   # another world
+    def resuming(self, connector: Connector, launch: Launch) -> None: ...   # the next attempt is about to start
+
+
+class Attempts:
+    """One job's attempts (one, or up to 1 + --max-restarts) and what they share: the run's id and
+    directory (a restartable run is one run), the restarts used, the hosts of the latest attempt."""
+
+    def __init__(self, backend: Backend, policy: RestartPolicy, settings: AttemptSettings, hooks: AttemptHooks,
+                 whole: Connector):
+        self.backend, self.policy, self.settings, self.hooks = backend, policy, settings, hooks
+        self.whole = whole                # the inventory's hosts, all of them
+        self.cluster, self.connector = whole.cluster, whole
+        self.restarts = 0
+        self.run_id: str | None = None
+        self.run_dir = ""
+
+    def first(self, plan: LaunchPlan, preflight) -> tuple[Launch, Outcome | None]:
+        """The first attempt, to its end; `preflight` (a Future, or None) verifies the plan meanwhile."""
+        return self._attempt(plan, preflight)
+
+    def restart_while_failing(self, launch: Launch, outcome: Outcome) -> tuple[Launch, Outcome]:
+        """Restart while the policy says so; the last attempt's (launch, outcome). A stop by the user
+        between attempts ends the job with nothing running."""
+        while self.policy.should_restart(outcome.state, self.restarts):
+            try:
+                with signals_stop():
+                    plan = self._restart(launch, outcome)
+            except (KeyboardInterrupt, SignalReceived) as e:     # between attempts: nothing of the job runs
+                outcome = stopped(e)
+                outcome.reason += f" before restart {self.restarts}: nothing was running"
+                break
+            launch, outcome = self._attempt(plan, None)
+        return launch, outcome
+
+    def _attempt(self, plan: LaunchPlan, preflight) -> tuple[Launch, Outcome | None]:
+        """Launch and supervise one attempt to its end, launching again at once when the pre-flight finds the
+        hosts changed since the cached plan. (launch, outcome), outcome None for a dry run."""
+        settings, backend, cluster, hooks = self.settings, self.backend, self.cluster, self.hooks
+        site = choose_site(cluster, backend, settings.launch_from, self.connector)
+        if site.host is not None:
+            hooks.launching_from(site)
+        attempt = self.restarts if self.policy.enabled else None
+        started = time.time()
+        while True:
+            script, args, extra_env = hooks.ranks()
+            launch = prepare(cluster, plan, script=script, args=args, backend=backend, runs_root=settings.runs_dir,
+                             site=site, connector=self.connector, extra_env=extra_env,
+                             run_id=self.run_id, restart=attempt)
+            if settings.dry_run:
+                return launch, None
+            hooks.started(launch, cluster)
+            if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
+                self.run_id, self.run_dir = launch.run_id, launch.run_dir
+            outcome = self._supervise(launch, plan, preflight)
+            if outcome.state is not AttemptState.REPLAN:
+                break
+            hooks.relaunching(launch, outcome, self.policy.enabled)
+            plan, preflight = outcome.fresh_plan, None
+            remember_plan(cluster, plan)
+        if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
+            remember_plan(cluster, preflight.result())
+        if self.policy.enabled:
+            hooks.attempted(attempt, cluster, launch, outcome, started)
+        return launch, outcome
+
+    def _supervise(self, launch: Launch, plan: LaunchPlan, preflight) -> Outcome:
+        settings = self.settings
+        status = self.hooks.watching(launch)
+        try:
+            watch = Settings(rank0_only=settings.rank0_only, start_timeout=settings.start_timeout,
+                             hang_timeout=self.policy.hang_timeout(settings.hang_timeout))
+            return Supervisor(launch, self.connector, emit=self.hooks.output, settings=watch,
+                              status=status).run(preflight, plan)
+        finally:
+            self.hooks.watched(launch)
+
+    def _restart(self, launch: Launch, outcome: Outcome) -> LaunchPlan:
+        """Wait --restart-delay, re-check the hosts (the pre-flight) and make the next attempt's hosts
+        current: the same, or with --elastic those that answer; returns its plan. A re-check that fails uses
+        up a restart of its own (a Mac waking up may answer the next one); the last one's error is raised."""
+        # an elastic restart asks every host of the inventory again: one that came back is used again
+        whole = self.connector if self.policy.elastic is None else self.whole
+        while True:
+            self.restarts += 1
+            self.hooks.restarting(launch, self.restarts, outcome.reason)
+            time.sleep(self.policy.delay_s)
+            try:
+                cluster, connector, plan = self._recheck(whole, self.cluster)
+                # what an earlier attempt left on a host that did not answer when it was stopped (a Mac that
+                # slept through it) would hold the ranks' ports: gone before the next launch
+                sweep(connector, self.run_id)
+                self.hooks.resuming(connector, launch)
+                self.cluster, self.connector = cluster, connector
+                return plan
+            except ClusterctlError as e:
+                self.hooks.recheck_failed(self.restarts, e)
+                if self.restarts >= self.policy.max_restarts:
+                    raise
+                outcome = Outcome(e.exit_code, f"the pre-flight failed: {e}")
+
+    def _recheck(self, whole: Connector, before: Cluster) -> tuple[Cluster, Connector, LaunchPlan]:
+        settings = self.settings
+        kwargs = {"script": settings.script, "module": settings.module, "needs_mpi": self.backend.needs_mpi}
+        if not settings.preflight:
+            return before, whole, LaunchPlan.from_inventory(before)
+        if self.policy.elastic is None:
+            plan = discover(whole, **kwargs)
+            remember_plan(whole.cluster, plan)
+            return before, whole, plan
+        cluster, plan, lost = discover_reachable(whole, **kwargs)
+        why = "; ".join(f"{name}: {reason}" for name, reason in lost.items())
+        if not self.policy.world_ok(cluster.world_size):
+            raise RestartError(f"--elastic {self.policy.elastic}: only {cluster.world_size} rank(s) on the hosts that "
+                               f"answer ({why})")
+        if cluster.world_size != before.world_size or cluster.names != before.names:
+            self.hooks.reshaped(cluster, lost, self.run_dir)
+        if not lost:
+            return cluster, whole, plan
+        return cluster, whole.narrowed(cluster), plan
+
+
+def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | None]:
+    """host -> the newest complete checkpoint step (a step-N directory with its state.json, as the trainer
+    picks it) in the ranks' run directory there (each host keeps a full copy, train/checkpoint.py); None:
+    none, or the host did not answer."""
+    cluster = connector.cluster
+    listing = f'for d in {STEP_GLOB}; do if [ -f "$d/state.json" ]; then echo "$d"; fi; done'
+
+    def ask(host):
+        # where the ranks ran it: the local run directory when every rank is on this machine (job.py)
+        run_dir = launch.run_dir if all(h.local for h in cluster.hosts) else connector.run_dir(host, launch.run_id)
+        with connector.transport(host) as t:
+            names = t.run(f"cd {quote_path(run_dir + '/checkpoints')} 2>/dev/null && {listing}; true", timeout=15)
+        return max((n for n in map(checkpoint_step, names.stdout.split()) if n is not None), default=None)
+
+    group = run_all(cluster.hosts, ask, deadline=connector.deadline(15))
+    return {name: o.value if o.error is None else None for name, o in group.items()}
+
+
+def steps_lost(log_dir: str, resumed: int | None) -> int | None:
+    """Steps the failed attempt trained past the checkpoint the next one continues from, by rank 0's last
+    report line (so at least this many: the report interval hides the last few)."""
+    try:
+        with open(os.path.join(log_dir, "rank-0.log"), encoding="utf-8", errors="replace") as f:
+            reached = last_step(f.read().splitlines()[-200:])
+    except OSError:
+        return None
+    if reached is None:
+        return None
+    return max(reached - (resumed or 0), 0)
