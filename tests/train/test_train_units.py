@@ -167,8 +167,8 @@ def test_the_preset_line_names_the_preset_how_it_was_chosen_and_what_was_overrid
     assert "--preset tiny|small|base" in help_text and "small on a GPU, tiny on a CPU" in help_text
 
 
-def test_the_readmes_preset_table_is_the_code_s():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+def test_the_docs_preset_table_is_the_code_s():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "trainer.md"), encoding="utf-8").read()
     for name, preset in presets.PRESETS.items():
         [row] = [line for line in readme.splitlines() if line.strip().startswith(f"| `{name}` |")]
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
