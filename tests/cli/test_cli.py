@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from clirun import clusterctl
 
 from clusterctl import __version__
 from clusterctl.cli import EXAMPLES, cli
@@ -15,12 +16,6 @@ from clusterctl.inventory import load
 from clusterctl.train import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def clusterctl(*args, **kwargs) -> subprocess.CompletedProcess:
-    """The real entry point, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
-                          timeout=120, **kwargs)
 
 
 def test_version():

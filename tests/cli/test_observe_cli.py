@@ -6,7 +6,9 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 from click.testing import CliRunner
 
@@ -17,9 +19,7 @@ TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 TRAIN = ["run", "--", "--steps", "40", "--report-every", "5", "--eval-every", "20"]
 
 
-def clusterctl(*args, cwd, timeout=180, **kwargs):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=_env(cwd), **kwargs)
+clusterctl = partial(clirun.clusterctl, timeout=180, own_cache=True)
 
 
 def _env(cwd):
