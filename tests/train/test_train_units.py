@@ -3,10 +3,10 @@ checkpoints, random state, metrics, generation. Real MLX throughout, tiny models
 import json
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
+import clirun
 import mlx.core as mx
 import pytest
 from click.testing import CliRunner
@@ -346,8 +346,7 @@ def test_generate_command(saved_run):
     assert r.output.startswith("Once")
     empty = saved_run / "empty"
     empty.mkdir()
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "generate", "--checkpoint", str(empty), "--prompt", "x"],
-                       capture_output=True, text=True, timeout=60)
+    r = clirun.clusterctl("generate", "--checkpoint", str(empty), "--prompt", "x", timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: no checkpoint in {empty}\n")
 
 
