@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
-
 from sshcluster import caffeinates, requires_private_roots
 from test_run import ALLSUM, RANK, TOKEN, assert_nothing_left, job_processes, start, wait_for_lines
 
@@ -29,10 +30,7 @@ def macs(make_cluster):
         assert cluster.refused(i) == [], f"h{i} refused GNU-only usage: {cluster.refused(i)}"
 
 
-def clusterctl(*args, cwd, timeout=300):
-    env = {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
+clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 
 
 def test_the_fake_macs_are_macs(macs):

@@ -6,7 +6,9 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -18,9 +20,7 @@ def _env(cwd):
     return {**os.environ, "XDG_CACHE_HOME": os.path.join(str(cwd), ".cache")}
 
 
-def clusterctl(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=_env(cwd))
+clusterctl = partial(clirun.clusterctl, own_cache=True)
 
 
 def test_ps_sees_a_running_jobs_ranks_and_kill_leaves_nothing(make_cluster, tmp_path):

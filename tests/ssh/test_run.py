@@ -4,9 +4,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -24,19 +25,9 @@ RANK = "int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['MLX_RANK'])"
 TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 
-def _env(cwd):
-    # Each test its own plan cache: which launches start from a cached plan is then up to the test.
-    return {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
-
-
-def run(*args, cwd, timeout=180):
-    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=_env(cwd))
-
-
-def start(*args, cwd):
-    return subprocess.Popen([sys.executable, "-m", "clusterctl", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=_env(cwd))
+# Each test its own plan cache (own_cache): which launches start from a cached plan is then up to the test.
+run = partial(clirun.clusterctl, "run", timeout=180, own_cache=True)
+start = partial(clirun.start, "run", own_cache=True)
 
 
 def wait_for_lines(proc, predicate, count, limit=60.0):
