@@ -43,7 +43,7 @@ print(g.size())
 
 def timed(argv, env=None, cwd=None, ranks: int = 0) -> float:
     """Seconds `argv` takes; with `ranks`, that many ranks must have printed the world size (mlx.launch
-    exits 0 even when its ranks fail, docs/launchers.md#mlx-launch-exit-status: a failed run is not timed)."""
+    exits 0 even when its ranks fail, docs/facts/launchers.md#mlx-launch-exit-status: a failed run is not timed)."""
     start = time.monotonic()
     r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
     # every rank prints the world size; ranks' lines may run together on one pipe ("44"), so count digits

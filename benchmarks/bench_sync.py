@@ -7,7 +7,8 @@ Each repeat, interleaved: a first sync into an empty directory and a no-change r
   - `sync_tree()` in this process (the same work without starting Python and importing clusterctl),
   - N parallel `rsync -a -e 'ssh -F <the cluster's ssh_config>' TREE/ hI:WORKDIR/r-K/` (the baseline: the
     manual recipe, plain OpenSSH with the user's own config, no multiplexing).
-clusterctl's own runs find a live SSH master per host (its connections are reused for 90 s: see README); the
+clusterctl's own runs find a live SSH master per host (its connections are reused for 90 s: see
+docs/inventory.md#how-a-hosts-ssh-settings-are-decided); the
 no-change re-sync is also timed right after `clusterctl ssh-close` ("cli again, no master"), to show what
 the reuse buys. Medians and ratios come from the same run. Writes benchmarks/results/sync.json.
 """

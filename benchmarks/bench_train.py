@@ -44,7 +44,7 @@ MODEL = ["--n-layers", "2", "--dim", "64", "--n-heads", "4", "--mlp-dim", "128",
 def mpirun(n: int) -> list[str]:
     """mpirun for n > 1. World 1 runs without a launcher: under `mpirun -np 1` MLX 0.32.4 leaves MPI
     initialised but not finalised and mpirun then fails the job ("exiting improperly";
-    docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
+    docs/facts/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
     if n == 1:
         return []
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []

@@ -1,7 +1,7 @@
 """Every exception clusterctl raises, and every exit code. The CLI turns a ClusterctlError into one line
 and its `exit_code`; nothing else in clusterctl exits.
 
-Exit codes (documented in README.md, "Exit codes"):
+Exit codes (documented in README.md#exit-codes):
     0    success
     1    a command ran and failed on at least one host (fan-out), a job failed, or an internal error
     2    bad input: usage errors, malformed inventories, datasets, checkpoints, flags

@@ -22,11 +22,11 @@ import yaml
 
 from .errors import InventoryError
 
-HOST_KEY_POLICIES = ("accept-new", "strict")   # never "no" (docs/ssh.md#accept-new-host-keys)
+HOST_KEY_POLICIES = ("accept-new", "strict")   # never "no" (docs/facts/ssh.md#accept-new-host-keys)
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/clusterctl"
-DEFAULT_BTL_TCP_LINKS = 4         # MLX's advice for bandwidth (docs/launchers.md#btl-tcp-links)
-DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default (docs/launchers.md#mlx-launch-hostfile-format)
+DEFAULT_BTL_TCP_LINKS = 4         # MLX's advice for bandwidth (docs/facts/launchers.md#btl-tcp-links)
+DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default (docs/facts/launchers.md#mlx-launch-hostfile-format)
 
 # Ansible's spellings, accepted so an existing Ansible inventory's host entries can be pasted in.
 ALIASES = {
@@ -50,7 +50,7 @@ _BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
 _SHELL_CHARS = re.compile(r"['`\"$\\;&<>|(){}]")
 # ssh_config reads these in a Host line as patterns (or %-tokens in HostName): clusterctl writes one per host.
 _PATTERN_CHARS = re.compile(r"[*?!,%\[\]]")
-# An RDMA device as `ibv_devices` names it on a Mac (rdma_en2): docs/macos.md#jaccl
+# An RDMA device as `ibv_devices` names it on a Mac (rdma_en2): docs/facts/macos.md#jaccl
 _RDMA_DEVICE = re.compile(r"[A-Za-z0-9_.-]+\Z")
 
 
@@ -79,7 +79,7 @@ class Host:
     slots: int = 1
     local: bool = False               # this machine: run commands directly, no SSH
     # jaccl: per rank of the cluster, the RDMA device(s) this host reaches it through; None for its own rank
-    # (MLX's hostfile `rdma` list: docs/macos.md#jaccl)
+    # (MLX's hostfile `rdma` list: docs/facts/macos.md#jaccl)
     rdma: tuple[str | tuple[str, ...] | None, ...] | None = None
     rdma_line: int | None = field(default=None, compare=False)   # where `rdma:` is, for messages
 
@@ -113,7 +113,7 @@ class Cluster:
     mpi: MPISettings = field(default_factory=MPISettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
     # the only way per-host settings reach mpirun's and mlx.launch's ssh:
-    # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
+    # docs/facts/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     ssh_config: str | None = None     # an ssh_config file used for every ssh (paramiko, mpirun, mlx.launch)
     host_key_checking: str = "accept-new"
 
@@ -332,7 +332,7 @@ class _Parser:
         return tuple(hosts)
 
     def rdma(self, node: yaml.Node) -> tuple[str | tuple[str, ...] | None, ...]:
-        """A host's `rdma` list, MLX's layout (docs/macos.md#jaccl): per rank, null or a device name or a
+        """A host's `rdma` list, MLX's layout (docs/facts/macos.md#jaccl): per rank, null or a device name or a
         list of device names. Its length and self entries are checked once every host's rank is known."""
         if not isinstance(node, yaml.SequenceNode):
             self.fail(node, "rdma must be a list with one entry per rank of the cluster (the RDMA device this "
@@ -398,7 +398,7 @@ class _Parser:
                 out[key] = self.host_name(value)
             elif key == "address":
                 text = self.string(value, label)
-                try:    # docs/mlx-distributed.md#ring-is-ipv4-only
+                try:    # docs/facts/mlx-distributed.md#ring-is-ipv4-only
                     ipaddress.IPv4Address(text)
                 except ValueError:
                     self.fail(value, f"address must be an IPv4 address such as 192.168.10.1, not '{text}' "

@@ -1,4 +1,4 @@
-"""The metrics line a rank prints for `clusterctl run`'s live panel (README "Feeding the live panel").
+"""The metrics line a rank prints for `clusterctl run`'s live panel (docs/run.md#feeding-the-live-panel).
 
     clusterctl:metrics {"step": 10, "total_steps": 100, "loss": 2.31, "tokens_per_s": 1234, "peak_mem_mb": 512}
 

@@ -297,7 +297,7 @@ _RECORDED = {AttemptState.SUCCEEDED: "ok", AttemptState.STOPPED: "stopped"}    #
 
 def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float,
                    resumed_from: str | None) -> dict:
-    """One attempt, as summary.json lists it (README "clusterctl run --max-restarts")."""
+    """One attempt, as summary.json lists it (docs/run.md#restarts-and-elastic-runs)."""
     failed = outcome.failed_rank
     return {"attempt": attempt, "world": cluster.world_size, "hosts": cluster.names, "started": iso(started),
             "ended": iso(time.time()), "outcome": _RECORDED.get(outcome.state, "failed"), "exit_code": outcome.exit_code,
@@ -339,7 +339,7 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
     """Copy what the job needs to the connector's hosts before launching, the project, clusterctl and the
     shards at once (they are independent); returns the ranks' extra environment."""
     if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, MANIFEST)):
-        # the trap of an option both accept: say whose --data this was (README "clusterctl run")
+        # the trap of an option both accept: say whose --data this was (docs/run.md#the-command-line)
         what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {MANIFEST} there"
         raise ShardError(f"--data {options.data_dir}: {what}. This --data is clusterctl's, for shards from "
                          f"`clusterctl data prepare`, because it came before the program; if it was meant for "

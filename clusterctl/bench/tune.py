@@ -7,8 +7,8 @@
           host; tuning does not rewrite those.
 
 A candidate that fails is reported, not fatal: an interface that leads nowhere makes MPI hang
-(docs/launchers.md#btl-tcp-if-include), and so does Open MPI 4.1.4's TCP btl with btl_tcp_links 8 here
-(measured, from 256 KiB up; cf. ompi#4963; docs/launchers.md#btl-tcp-links-8-hangs), so each launch
+(docs/facts/launchers.md#btl-tcp-if-include), and so does Open MPI 4.1.4's TCP btl with btl_tcp_links 8 here
+(measured, from 256 KiB up; cf. ompi#4963; docs/facts/launchers.md#btl-tcp-links-8-hangs), so each launch
 carries a deadline (4x the first healthy candidate's wall time, at least 15 s) after which its ranks give
 up. With --write the winner is stored in the inventory by inventory_edit, which
 changes that one value and nothing else.

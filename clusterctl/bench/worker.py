@@ -34,7 +34,7 @@ SAMPLES = 3
 
 
 def init(backend: str):
-    # strict: MLX raises instead of quietly giving every rank a world of one (docs/mlx-distributed.md#strict-
+    # strict: MLX raises instead of quietly giving every rank a world of one (docs/facts/mlx-distributed.md#strict-
     # init-raises, #world-of-one-fallback); the size check catches a launcher and MLX that disagree anyway
     try:
         group = mx.distributed.init(backend=backend, strict=True)
@@ -154,7 +154,7 @@ def watchdog(seconds: float) -> None:
     def expire():
         time.sleep(seconds)
         print(f"bench: still running after {seconds:g}s; giving up", file=sys.stderr, flush=True)
-        # MLX has no timeout of its own (docs/mlx-distributed.md#ring-all-sum-can-deadlock)
+        # MLX has no timeout of its own (docs/facts/mlx-distributed.md#ring-all-sum-can-deadlock)
         os._exit(EXIT_TIMEOUT)     # a rank stuck in a collective cannot be unwound; the launcher stops the rest
 
     threading.Thread(target=expire, daemon=True).start()
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
     # the spec asks for mpi4py only on a backend that can time it (launch/backends.py's mpi4py_reference)
     if spec.get("mpi4py") and group.size() > 1:
         # after MLX initialised MPI, and told not to initialise (or finalise) it again: see
-        # docs/mlx-distributed.md#mpi4py-after-mlx
+        # docs/facts/mlx-distributed.md#mpi4py-after-mlx
         import mpi4py
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False

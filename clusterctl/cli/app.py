@@ -95,7 +95,7 @@ class _Group(click.Group):
 def cli(ctx, debug):
     """clusterctl: turn a handful of Macs (and Linux boxes) into an MLX training cluster.
 
-    Every command that talks to hosts takes --hosts INVENTORY (a YAML file; see README.md).
+    Every command that talks to hosts takes --hosts INVENTORY (a YAML file; see docs/inventory.md).
     """
     ctx.obj = {"debug": debug}
 

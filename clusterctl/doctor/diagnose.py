@@ -3,7 +3,7 @@
     run_doctor(connector, DoctorOptions()) -> Report     # connector: Connector(cluster, connect_timeout=...)
 
 1. Every host at once (fan-out, per-host deadline): connect (the controller -> host SSH check) and run the
-   probe (probe.py), which itself checks SSH to every peer (docs/ssh.md#all-to-all-ssh) and TCP to every
+   probe (probe.py), which itself checks SSH to every peer (docs/facts/ssh.md#all-to-all-ssh) and TCP to every
    peer's data-plane address.
 2. Pure checks over the parsed facts (checks.py).
 3. With deep checks on (the default when mpirun exists here) and every host healthy enough: the MPI smoke

@@ -1,9 +1,9 @@
 """The deep checks: a one-line MLX program launched for real across the cluster by a backend's own
 launcher (mpirun for mpi, clusterctl's rank starter for ring: each backend with a smoke test in the
 registry), exactly as `run` launches. Each rank inits with strict=True
-(docs/mlx-distributed.md#strict-init-raises), all_sums rank+1, and prints one JSON line; the check fails
+(docs/facts/mlx-distributed.md#strict-init-raises), all_sums rank+1, and prints one JSON line; the check fails
 unless every rank saw the full world size and the right sum — which is exactly what catches MLX quietly
-falling back to a world of one when it cannot load libmpi (docs/mlx-distributed.md#world-of-one-fallback)."""
+falling back to a world of one when it cannot load libmpi (docs/facts/mlx-distributed.md#world-of-one-fallback)."""
 from __future__ import annotations
 
 import json

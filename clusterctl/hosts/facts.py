@@ -12,10 +12,10 @@ from .probe import Facts, HostProbe
 
 
 def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
-    """What `run` exports so that MLX finds this libmpi (docs/mlx-distributed.md#mlx-mpi-libname), passed with
-    mpirun -x, which SIP cannot strip (docs/macos.md#sip-strips-dyld). On a Mac the fallback path: dyld
+    """What `run` exports so that MLX finds this libmpi (docs/facts/mlx-distributed.md#mlx-mpi-libname), passed with
+    mpirun -x, which SIP cannot strip (docs/facts/macos.md#sip-strips-dyld). On a Mac the fallback path: dyld
     searches it only for a library not found where it was linked, where DYLD_LIBRARY_PATH would put, say,
-    Homebrew's libssl before a conda python's own (docs/macos.md#dyld-fallback-library-path)."""
+    Homebrew's libssl before a conda python's own (docs/facts/macos.md#dyld-fallback-library-path)."""
     var = "DYLD_FALLBACK_LIBRARY_PATH" if os_name == "Darwin" else "LD_LIBRARY_PATH"
     return {var: libmpi.rsplit("/", 1)[0], "MLX_MPI_LIBNAME": libmpi}
 
@@ -23,7 +23,7 @@ def libmpi_env(os_name: str, libmpi: str) -> dict[str, str]:
 def rsync_label(version_line: str) -> str:
     """The first line of `rsync --version`, shortened: `rsync version 3.2.7` (rsync, 2.6.9 included), or
     `openrsync (protocol 29)` for macOS 15's openrsync, whose first line names no version of its own
-    (docs/macos.md#mac-rsync-output)."""
+    (docs/facts/macos.md#mac-rsync-output)."""
     m = re.match(r"\s*openrsync:\s*protocol version (\d+)", version_line)
     if m:
         return f"openrsync (protocol {m.group(1)})"
@@ -70,7 +70,7 @@ def interfaces(iface_lines: list[str]) -> list[tuple[str, ipaddress.IPv4Interfac
 
 def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
     """The subnet every host's `address` sits in, by each host's own netmask (not interface names): what
-    `run` pins MPI's traffic to (docs/launchers.md#btl-tcp-if-include)."""
+    `run` pins MPI's traffic to (docs/facts/launchers.md#btl-tcp-if-include)."""
     nets = []
     for p in probes:
         if p.facts is None or not p.host.address:
@@ -88,13 +88,13 @@ def shared_subnet(probes: list[HostProbe]) -> ipaddress.IPv4Network | None:
     return nets[0]
 
 
-# docs/launchers.md#mlx-launch-ring-ports
+# docs/facts/launchers.md#mlx-launch-ring-ports
 RING_STARTING_PORT = 32323   # mlx.launch's --starting-port default
 
 
 def ring_port(host: Host, connections_per_ip: int = 1) -> int:
     """The first port the ring backend listens on at this host: ports go one per address and connection,
-    rank after rank, from the starting port (docs/launchers.md#mlx-launch-ring-ports); one address a host."""
+    rank after rank, from the starting port (docs/facts/launchers.md#mlx-launch-ring-ports); one address a host."""
     return RING_STARTING_PORT + host.rank * connections_per_ip
 
 
@@ -115,7 +115,7 @@ def shared_subnets(iface_lines_by_host: list[list[str]]) -> list[str]:
     return sorted(str(n) for n in common if len({nets[n] for nets in per_host}) == len(per_host))
 
 
-# ---- jaccl on a Mac: docs/macos.md#jaccl -----------------------------------------------------------------
+# ---- jaccl on a Mac: docs/facts/macos.md#jaccl -----------------------------------------------------------------
 
 JACCL_MIN_MACOS = (26, 2)    # RDMA over Thunderbolt 5 exists from macOS 26.2 (Apple TN3205)
 
@@ -146,7 +146,7 @@ def ibv_device_names(lines: list[str]) -> list[str]:
     return names
 
 
-# ---- sleep settings on a Mac: docs/macos.md#pmset-sleep-settings -------------------------------------------
+# ---- sleep settings on a Mac: docs/facts/macos.md#pmset-sleep-settings -------------------------------------------
 
 def pmset_settings(lines: list[str]) -> dict[str, dict[str, str]]:
     """`pmset -g custom`: power source -> setting -> value. pmset(1) prints a heading per power source

@@ -1,7 +1,7 @@
 """The one OpenSSH rendering of an inventory. Every OpenSSH client clusterctl starts — rsync's `-e`, mpirun's
 plm_rsh_agent, mlx.launch's ssh, doctor's all-to-all probe, `hostfile --print-command` lines — reads an
 ssh_config clusterctl wrote from the inventory, with `-F`; so does `ssh -G`, which tells paramiko where to
-connect. One inventory, one answer (docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config).
+connect. One inventory, one answer (docs/facts/ssh.md#inventory-reaches-openssh-only-through-ssh-config).
 
     ssh_options(cluster)            ["-F", <the controller's config>], written once per content under
                                     ~/.cache/clusterctl/ssh/ (0600, in a 0700 directory)
@@ -12,7 +12,7 @@ What a rendering holds, in OpenSSH's first-value-wins order:
   1. a `Host NAME` block per inventory host with what the inventory sets: HostName (`hostname:`), Port,
      User, and a key (`identity_file:` on this machine, `mesh_identity_file:` on the hosts) with
      IdentitiesOnly; what the inventory leaves out is left to the user's own config;
-  2. for every host: BatchMode (never prompt), ConnectTimeout, the host-key policy (docs/ssh.md#batchmode-
+  2. for every host: BatchMode (never prompt), ConnectTimeout, the host-key policy (docs/facts/ssh.md#batchmode-
      and-connecttimeout, #accept-new-host-keys);
   3. `Include` of the inventory's `ssh_config:` if it names one, else of ~/.ssh/config and
      /etc/ssh/ssh_config (which `-F` would otherwise skip), so everything else the user configured applies.
@@ -115,7 +115,7 @@ def _usable_identity(host: Host) -> str | None:
 
 
 def control_dir() -> str:
-    """Where the masters' sockets live (docs/ssh.md#connection-sharing): a directory of this user's only
+    """Where the masters' sockets live (docs/facts/ssh.md#connection-sharing): a directory of this user's only
     (0700), with a short path, since a socket's path must fit in about 100 bytes ($XDG_RUNTIME_DIR/clusterctl,
     else /tmp/clusterctl-UID). A directory someone else made, or a symlink, is refused rather than used."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
@@ -204,7 +204,7 @@ def ssh_options(cluster: Cluster, host_key_checking: str | None = None,
 
 def rsh_agent(options: list[str]) -> str:
     """OpenMPI's plm_rsh_agent value for these ssh options. OpenMPI splits it on white space, so a path with
-    spaces cannot be part of it (docs/launchers.md#open-mpi-rsh-agent)."""
+    spaces cannot be part of it (docs/facts/launchers.md#open-mpi-rsh-agent)."""
     argv = ["ssh", *options]
     if any(any(c.isspace() for c in word) for word in argv):
         raise InventoryError("ssh_config", None, f"{' '.join(argv)!r}: a path with white space, which mpirun cannot "

@@ -2,11 +2,11 @@
 what it prints.
 
 It is POSIX sh (python may be the very thing that is broken) and runs through the same non-interactive SSH
-session a launcher would use, so PATH and friends are what mpirun will see (docs/ssh.md#non-interactive-path).
+session a launcher would use, so PATH and friends are what mpirun will see (docs/facts/ssh.md#non-interactive-path).
 It prints one JSON object per line; anything else on stdout (a chatty ~/.bashrc) is ignored by the parser.
 In one round trip it:
   - starts `ssh` to every peer in the background, with the options mpirun will use (the all-to-all check,
-    docs/ssh.md#all-to-all-ssh), and likewise the slow facts (python + mlx import, mpirun --version),
+    docs/facts/ssh.md#all-to-all-ssh), and likewise the slow facts (python + mlx import, mpirun --version),
   - gathers facts: OS, tools on PATH, python + mlx + mpi4py versions, mpirun, libmpi, disk, clock, interfaces.
 A second, short round trip runs the TCP data-plane probe (scripts/dataplane.py: listen on this host's ring port,
 connect to every peer's) on all reachable hosts at once.
@@ -33,7 +33,7 @@ class DataplaneSpec:
     peers: tuple[tuple[str, str, int], ...]   # (name, address, port)
 
 
-# Where Homebrew and MacPorts put mpirun: not on sshd's PATH on a Mac (docs/launchers.md#mpirun-absolute-path)
+# Where Homebrew and MacPorts put mpirun: not on sshd's PATH on a Mac (docs/facts/launchers.md#mpirun-absolute-path)
 MPIRUN_DIRS = ("/opt/homebrew/bin", "/usr/local/bin", "/opt/local/bin")
 
 
@@ -52,7 +52,7 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
     (openssh.host_config_text): the probe installs it as <workdir>/.clusterctl/ssh_config unless it is there
     already, and logs in to every peer with it, as mpirun started on that host would. full=False skips what
     only doctor needs (importing mlx, mpirun --version): a launch's pre-flight. rdma=True also asks a Mac
-    what jaccl needs (rdma_ctl status, ibv_devices: docs/macos.md#jaccl)."""
+    what jaccl needs (rdma_ctl status, ibv_devices: docs/facts/macos.md#jaccl)."""
     def quoted(path: str | None) -> str:
         return quote_path(path) if path else "''"
 

@@ -1,6 +1,6 @@
 """The SSH transport: a host reached with paramiko, exactly where `ssh NAME` would go (sshconfig.resolve).
 
-Never prompts (docs/ssh.md#batchmode-and-connecttimeout): no password is offered, an encrypted key without an
+Never prompts (docs/facts/ssh.md#batchmode-and-connecttimeout): no password is offered, an encrypted key without an
 agent is an error, and an unknown host key is either recorded (accept-new) or refused (strict). A changed host
 key is always refused. Every failure to connect becomes one ConnectError with a sentence for people and a
 reason word for code.
@@ -23,7 +23,7 @@ from .sshconfig import SSHTarget
 from .transport import DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, remote_command, shell_command, short
 
 # paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
-# handler): the ConnectError this module raises already says it in one line (docs/ssh.md#paramiko-key-exchange).
+# handler): the ConnectError this module raises already says it in one line (docs/facts/ssh.md#paramiko-key-exchange).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
@@ -191,7 +191,7 @@ class RemoteProcess(Process):
 class AcceptNewPolicy:
     """OpenSSH's StrictHostKeyChecking=accept-new: trust a host's key the first time and record it in
     known_hosts (appending one line, under a lock); a key that differs from a recorded one is refused by
-    paramiko before this policy is consulted. See docs/ssh.md#accept-new-host-keys."""
+    paramiko before this policy is consulted. See docs/facts/ssh.md#accept-new-host-keys."""
 
     def __init__(self, known_hosts_path: str):
         self.path = known_hosts_path

@@ -189,7 +189,7 @@ class LocalTransport(Transport):
         """`command` (an argv, or a script of ours) under /bin/sh and the watchdog. The launchers it starts
         get the ranks' variables on their command line (mpirun -x, mlx.launch --env), which macOS SIP
         cannot strip the way it strips DYLD_* from the environment of /bin/sh's children
-        (docs/macos.md#sip-strips-dyld)."""
+        (docs/facts/macos.md#sip-strips-dyld)."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         return LocalProcess(argv, dict(env or {}), lines)
 

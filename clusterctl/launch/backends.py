@@ -104,7 +104,7 @@ class Backend:
 
     def check(self, cluster: Cluster) -> None:
         """InventoryError, at the inventory's line, when `cluster` cannot run on this backend (before anything
-        is launched). Backends with rdma need every host's `rdma` list (docs/macos.md#jaccl)."""
+        is launched). Backends with rdma need every host's `rdma` list (docs/facts/macos.md#jaccl)."""
         if self.rdma is not None:
             check_rdma(cluster, self.name, ring=self.rdma == "ring")
 
@@ -123,8 +123,8 @@ class Backend:
 
     def smoke_ready(self, cluster: Cluster) -> bool:
         """Whether doctor's deep checks can launch this backend's smoke test on `cluster`: it has one, and
-        with data-plane addresses, every host has one (docs/launchers.md#mlx-launch-hostfile-format) or
-        the cluster is this machine alone, ranks on 127.0.0.1 (docs/launchers.md#mlx-launch-runs-ssh-tt)."""
+        with data-plane addresses, every host has one (docs/facts/launchers.md#mlx-launch-hostfile-format) or
+        the cluster is this machine alone, ranks on 127.0.0.1 (docs/facts/launchers.md#mlx-launch-runs-ssh-tt)."""
         if self.smoke_needs is None:
             return False
         if not self.needs_addresses:
@@ -163,7 +163,7 @@ class MPIBackend(Backend):
 
     def launcher_here(self):
         # by its absolute path: Open MPI then starts its daemons on the other hosts from the same prefix, so
-        # they need not be on sshd's PATH there (docs/launchers.md#mpirun-absolute-path)
+        # they need not be on sshd's PATH there (docs/facts/launchers.md#mpirun-absolute-path)
         found = shutil.which("mpirun")
         return [os.path.abspath(found)] if found else None
 
@@ -175,7 +175,7 @@ class MPIBackend(Backend):
                 "LD_LIBRARY_PATH / DYLD_FALLBACK_LIBRARY_PATH; see clusterctl doctor)")
 
     def smoke_fix(self, libmpi_hint):
-        # docs/mlx-distributed.md#mlx-mpi-libname, docs/mlx-distributed.md#mpi-backend-needs-open-mpi
+        # docs/facts/mlx-distributed.md#mlx-mpi-libname, docs/facts/mlx-distributed.md#mpi-backend-needs-open-mpi
         return ("MLX could not load libmpi: set `mpi_lib_dir:` (or MLX_MPI_LIBNAME in env) to the Open MPI "
                 "libmpi" + (f" (doctor found {libmpi_hint})" if libmpi_hint else "") + "; MLX needs Open MPI")
 
@@ -208,7 +208,7 @@ class MPIBackend(Backend):
 
 
 # mlx.launch's own entry point, for a host where only python (with mlx) is known to be installed
-# (a private module: docs/launchers.md#mlx-launch-is-a-module)
+# (a private module: docs/facts/launchers.md#mlx-launch-is-a-module)
 MLX_LAUNCH_MODULE = "import sys; from mlx._distributed_utils.launch import main; sys.exit(main())"
 
 
@@ -218,7 +218,7 @@ class MLXLaunchBackend(Backend):
     OpenSSH options through an `ssh` shim first on its PATH."""
 
     launcher_name, hostfile_format, hostfile_name = "mlx.launch", "mlx", "hosts.json"
-    needs_addresses = True            # its hostfile lists every rank's IP (docs/launchers.md#mlx-launch-hostfile-format)
+    needs_addresses = True            # its hostfile lists every rank's IP (docs/facts/launchers.md#mlx-launch-hostfile-format)
     install_hint = "pip install mlx here as well"
 
     def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,
@@ -257,7 +257,7 @@ class MLXLaunchBackend(Backend):
 
 
 class RankStarterBackend(Backend):
-    """MLX's `ring` backend started by clusterctl itself (docs/launchers.md#our-rank-starter): every rank
+    """MLX's `ring` backend started by clusterctl itself (docs/facts/launchers.md#our-rank-starter): every rank
     is started directly, over the one OpenSSH rendering (hosts/openssh.py) or on the launching machine
     without ssh, with exactly the environment MLX's own launcher gives it (MLX_RANK, and MLX_HOSTFILE
     naming a file with every rank's `ip:port` list; see rank_env below). The starter is a standard-library
@@ -371,14 +371,14 @@ def free_port_block(count: int, low: int = RING_STARTING_PORT, high: int = 60000
     raise LaunchError(f"no {count} consecutive free ports on 127.0.0.1 above {low}")
 
 
-# MLX's backends and which of them clusterctl offers: docs/mlx-distributed.md#backends
+# MLX's backends and which of them clusterctl offers: docs/facts/mlx-distributed.md#backends
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     MPIBackend(),
     # ring: TCP between neighbours only (MLX's ring sends to a rank's two neighbours:
-    # docs/mlx-distributed.md#ring-sends-to-neighbours-only)
+    # docs/facts/mlx-distributed.md#ring-sends-to-neighbours-only)
     RankStarterBackend(MLXLaunchBackend("ring", benchmarked=True, tune_count="connections_per_ip",
                                         neighbours_only=True, smoke_needs=("data-plane",))),
-    # jaccl: RDMA over Thunderbolt 5 between every pair of ranks (docs/macos.md#jaccl); its `jaccl-ring`
+    # jaccl: RDMA over Thunderbolt 5 between every pair of ranks (docs/facts/macos.md#jaccl); its `jaccl-ring`
     # variant would be RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring")). No smoke test:
     # doctor checks each Mac's RDMA devices instead (doctor/checks.py's jaccl)
     RankStarterBackend(MLXLaunchBackend("jaccl", rdma="mesh")),
@@ -477,12 +477,12 @@ def write_files(command: LauncherCommand) -> None:
 # ---- pure builders ----------------------------------------------------------------------------------
 
 def mca_settings(cluster: Cluster, rsh_agent: str, if_include: str | None) -> dict[str, str]:
-    # docs/launchers.md#open-mpi-rsh-agent, docs/launchers.md#btl-tcp-links
+    # docs/facts/launchers.md#open-mpi-rsh-agent, docs/facts/launchers.md#btl-tcp-links
     mca = {"plm_rsh_agent": rsh_agent, "btl_tcp_links": str(cluster.mpi.btl_tcp_links)}
     include = cluster.mpi.if_include or if_include
     if include:
         # Only the rank-to-rank traffic: mpirun's own control connections (oob) must still reach the
-        # machine mpirun runs on, which need not sit on the data-plane subnet (docs/launchers.md#btl-tcp-if-include).
+        # machine mpirun runs on, which need not sit on the data-plane subnet (docs/facts/launchers.md#btl-tcp-if-include).
         mca["btl_tcp_if_include"] = include
     return mca
 
@@ -503,13 +503,13 @@ def _split_user_mca(extra_args: Sequence[str]) -> tuple[dict[str, str], list[str
 def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env: Mapping[str, str],
                 rsh_agent: str, if_include: str | None = None, as_root: bool = False,
                 mpirun: str = "mpirun", wdir: str | None = None) -> list[str]:
-    """The full mpirun command (ours, not `mlx.launch --backend mpi`'s: docs/launchers.md#mlx-launch-mpi-backend):
+    """The full mpirun command (ours, not `mlx.launch --backend mpi`'s: docs/facts/launchers.md#mlx-launch-mpi-backend):
     hostfile, one rank per slot, our MCA settings merged with the user's, `-x` for every environment variable
-    (straight to python: macOS SIP cannot strip them, docs/macos.md#sip-strips-dyld), then the program."""
+    (straight to python: macOS SIP cannot strip them, docs/facts/macos.md#sip-strips-dyld), then the program."""
     ours = mca_settings(cluster, rsh_agent, if_include)
     theirs, rest = _split_user_mca(cluster.mpi.extra_args)
     argv = [mpirun]
-    if as_root:     # docs/launchers.md#allow-run-as-root
+    if as_root:     # docs/facts/launchers.md#allow-run-as-root
         argv.append("--allow-run-as-root")
     argv += ["--hostfile", hostfile, "-np", str(cluster.world_size)]
     if wdir:
@@ -524,8 +524,8 @@ def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env:
 def mlx_launch_argv(cluster: Cluster, *, hostfile: str, backend: str, python: str, program: Sequence[str],
                     env: Mapping[str, str], cwd: str | None = None, launcher: Sequence[str] = ("mlx.launch",)) -> list[str]:
     """mlx.launch's command line. It does not put python in front of the program itself (0.32), hence
-    --python (docs/launchers.md#mlx-launch-does-not-prepend-python); the JSON hostfile carries the hosts and
-    their data-plane addresses (docs/launchers.md#mlx-launch-hostfile-format)."""
+    --python (docs/facts/launchers.md#mlx-launch-does-not-prepend-python); the JSON hostfile carries the hosts and
+    their data-plane addresses (docs/facts/launchers.md#mlx-launch-hostfile-format)."""
     argv = [*launcher, "--hostfile", hostfile, "--backend", backend, "--python", python]
     if backend == "ring" and cluster.launch.connections_per_ip != 1:
         argv += ["--connections-per-ip", str(cluster.launch.connections_per_ip)]
@@ -550,9 +550,9 @@ def common_workdir(cluster: Cluster) -> str | None:
 
 
 def ssh_shim(ssh: str, options: Sequence[str]) -> str:
-    """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST` (docs/launchers.md#mlx-launch-runs-ssh-tt),
+    """An `ssh` for mlx.launch's PATH: mlx.launch runs plain `ssh HOST` (docs/facts/launchers.md#mlx-launch-runs-ssh-tt),
     so the inventory's options (ssh_config, BatchMode, ConnectTimeout, host key policy) reach it only through a
-    wrapper (docs/ssh.md#inventory-reaches-openssh-only-through-ssh-config)."""
+    wrapper (docs/facts/ssh.md#inventory-reaches-openssh-only-through-ssh-config)."""
     return "#!/bin/sh\nexec " + shlex.join([ssh, *options]) + ' "$@"\n'
 
 

@@ -13,7 +13,7 @@ ENV_FILES = script_text("envfiles.py")      # env_files(), which doctor's smoke 
 def parse_line(line: str) -> tuple[int, str, str] | None:
     """(rank, kind, payload) for a tagged line, None for anything else (the launcher's own output).
     A pty (mlx.launch's ssh -tt) may put text or \\r before the mark: the mark is searched for (see
-    docs/launchers.md#mlx-launch-runs-ssh-tt)."""
+    docs/facts/launchers.md#mlx-launch-runs-ssh-tt)."""
     at = line.find(MARK)
     if at < 0:
         return None

@@ -22,7 +22,7 @@ FORMATS = {"openmpi": "hostfile.openmpi.tmpl", "mpich": "hostfile.mpich.tmpl", "
 def render(cluster: Cluster, fmt: str, template: str | None = None, *, backend: str | None = None,
            env: Mapping[str, str] | None = None, template_name: str = "template", rdma: bool = False) -> str:
     """The hostfile's text. For mlx: `backend` names the MLX backend (default the inventory's), and `rdma`
-    adds each host's `rdma` list (the jaccl backends: docs/macos.md#jaccl)."""
+    adds each host's `rdma` list (the jaccl backends: docs/facts/macos.md#jaccl)."""
     text = template if template is not None else template_text(FORMATS[fmt])
     try:
         if fmt == "mlx":
@@ -50,8 +50,8 @@ def _render_lines(cluster: Cluster, text: str) -> str:
 
 
 def mlx_hosts(cluster: Cluster, rdma: bool = False) -> list[dict]:
-    """mlx.launch's host list, one entry per rank (docs/launchers.md#mlx-launch-hostfile-format). This
-    machine is `127.0.0.1`, the only name mlx.launch runs without ssh (docs/launchers.md#mlx-launch-runs-ssh-tt).
+    """mlx.launch's host list, one entry per rank (docs/facts/launchers.md#mlx-launch-hostfile-format). This
+    machine is `127.0.0.1`, the only name mlx.launch runs without ssh (docs/facts/launchers.md#mlx-launch-runs-ssh-tt).
     With `rdma`, each entry carries its host's `rdma` list (a list of devices stays a list; null where the
     inventory has none)."""
     hosts = []

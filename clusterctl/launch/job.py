@@ -88,7 +88,7 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
     """python and its arguments on every rank: the bootstrap (bootstrap.py), which works in its host's
     workdir, then runs `script` (a path, or "-m" and a module) with `args`. The run id is on every rank's
     command line, so the cleanup sweep finds them: as the bootstrap's first line, a comment, because
-    `pgrep -f` on macOS <= 13 sees only a command line's first 2,048 bytes (docs/macos.md#pgrep-2048-bytes)."""
+    `pgrep -f` on macOS <= 13 sees only a command line's first 2,048 bytes (docs/facts/macos.md#pgrep-2048-bytes)."""
     workdirs = [h.workdir for h in cluster.hosts for _ in range(h.slots)]
     workdir = workdirs[0] if len(set(workdirs)) == 1 else json.dumps(workdirs)   # the bootstrap picks its rank's
     return [cluster.hosts[0].python, "-c", f"#clusterctl-run-{run_id}\n{BOOTSTRAP}", workdir, str(HEARTBEAT_S),

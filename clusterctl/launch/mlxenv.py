@@ -13,7 +13,7 @@ per rank). Every value is a string, ready for os.environ. Where mlx.launch write
 `echo TEXT > FILE`, so its files end in a newline; MLX parses the file either way.
 
 Standard library only (the Cluster type is for annotations): the rank launcher may import this anywhere.
-See docs/launchers.md#mlx-launch-rank-environment and docs/macos.md#jaccl.
+See docs/facts/launchers.md#mlx-launch-rank-environment and docs/facts/macos.md#jaccl.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..inventory import Cluster, Host
 
-LOCAL_IP = "127.0.0.1"     # the one host mlx.launch runs without ssh (docs/launchers.md#mlx-launch-runs-ssh-tt)
+LOCAL_IP = "127.0.0.1"     # the one host mlx.launch runs without ssh (docs/facts/launchers.md#mlx-launch-runs-ssh-tt)
 
 
 def rank_hosts(cluster: Cluster) -> list[Host]:
@@ -43,7 +43,7 @@ def ring_hostfile_json(cluster: Cluster, starting_port: int, connections_per_ip:
     """MLX_HOSTFILE's text for the ring backend: a JSON list with, per rank, its "ip:port" strings; ports go
     up by one per connection, address and rank from `starting_port` (mlx.launch's default 32323), each address
     `connections_per_ip` times. "" for a world of one rank, which the ring backend treats as no hostfile.
-    ValueError when a rank's host has no address (the ring needs them: docs/mlx-distributed.md#ring-is-ipv4-only)."""
+    ValueError when a rank's host has no address (the ring needs them: docs/facts/mlx-distributed.md#ring-is-ipv4-only)."""
     ips = rank_ips(cluster)
     for host, addresses in zip(rank_hosts(cluster), ips):
         if not addresses:

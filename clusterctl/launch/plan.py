@@ -1,6 +1,6 @@
 """What a launch needs to know about the hosts, found the way doctor finds it: the environment every rank
-gets (libmpi location for MLX, docs/mlx-distributed.md#mlx-mpi-libname; then the inventory's env, which wins)
-and the subnet to pin MPI to (docs/launchers.md#btl-tcp-if-include)."""
+gets (libmpi location for MLX, docs/facts/mlx-distributed.md#mlx-mpi-libname; then the inventory's env, which wins)
+and the subnet to pin MPI to (docs/facts/launchers.md#btl-tcp-if-include)."""
 from __future__ import annotations
 
 import dataclasses
@@ -103,7 +103,7 @@ def _probe_all(connector: Connector, timeout: float, script: str | None, module:
         with connector.transport(host) as t:
             facts = parse_probe(t.run(text, timeout=timeout).stdout)
         if script is not None or module is not None:
-            # found the way a rank's launcher finds it: on the non-interactive PATH (docs/ssh.md#non-interactive-path)
+            # found the way a rank's launcher finds it: on the non-interactive PATH (docs/facts/ssh.md#non-interactive-path)
             if not facts.get("python_path"):
                 raise PreflightError(f"{host.name}: python {host.python!r} not found on the non-interactive PATH "
                                      "(fix: set `python:` to a full path; `clusterctl doctor` shows more)")
@@ -126,7 +126,7 @@ def module_check(host, module: str) -> str:
     """The probe's lines that look for `module` as a rank imports it: from the workdir, with the inventory's
     env and the clusterctl that `run` ships there first."""
     # exported by the shell itself, not through /usr/bin/env: macOS SIP would strip DYLD_* there
-    # (docs/macos.md#sip-strips-dyld)
+    # (docs/facts/macos.md#sip-strips-dyld)
     env = "".join(f"{k}={shlex.quote(v)}; export {k}; " for k, v in host.env if k.isidentifier())
     return (f"\nm=$(cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
             f"export PYTHONPATH; {env}{quote_path(host.python)} "

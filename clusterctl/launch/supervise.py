@@ -5,7 +5,7 @@
 
 Every rank runs under the bootstrap (bootstrap.py), so the supervisor sees tagged lines, heartbeats and exit
 codes from each rank whatever the launcher (mlx.launch's own exit status says nothing about the ranks:
-docs/launchers.md#mlx-launch-exit-status). It stops the job — SIGTERM to the launcher's process group,
+docs/facts/launchers.md#mlx-launch-exit-status). It stops the job — SIGTERM to the launcher's process group,
 SIGKILL after a grace period, then `pkill -f <run id>` on every host over SSH — when a rank exits non-zero,
 on Ctrl-C, when no rank has started within --start-timeout, when a started rank has been silent (no
 output, no heartbeat) for --hang-timeout, or when the ranks' first `mx.distributed.init()` formed another
@@ -320,7 +320,7 @@ class Supervisor:
     def _finish(self, lines: _Lines, proc, queued: queue.Queue) -> Outcome:
         """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it
         to its exit status (mpirun complains, and fails, when a rank skipped MPI_Finalize:
-        docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
+        docs/facts/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
         try:
             proc.wait(timeout=FINISH_TIMEOUT_S)
         except TimeoutError:

@@ -6,7 +6,7 @@
 
 Under mpirun MLX falls back silently to a world of one per rank when it cannot load libmpi, and a program
 that asks for another backend than the launch's gets one too: each rank then trains alone and exits 0
-(docs/mlx-distributed.md#world-of-one-fallback). The bootstrap reports the size of the group the
+(docs/facts/mlx-distributed.md#world-of-one-fallback). The bootstrap reports the size of the group the
 program's first `mx.distributed.init()` returned; the supervisor fails the job on the first size that is
 not the launch's, after waiting up to WAIT_S for the other ranks' reports so the line names all of them.
 """

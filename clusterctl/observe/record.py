@@ -1,4 +1,4 @@
-"""What `run` records about a run, beside the logs supervise writes (README "clusterctl runs").
+"""What `run` records about a run, beside the logs supervise writes (docs/observe.md#what-run-records).
 
     record = RunRecord.start(launch, program="clusterctl.train", hosts=[...], world=2)
     ...                                   # the job runs; log-times.jsonl is sampled meanwhile

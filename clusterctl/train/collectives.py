@@ -2,7 +2,7 @@
 
 `reduce_scatter(x, group)` sums `x` over the group and returns this rank's 1/N block along axis 0. MLX's
 native `mx.distributed.sum_scatter` exists only on nccl/jaccl ("[ring] sum_scatter not supported",
-"[mpi] sum_scatter not yet implemented"; see docs/mlx-distributed.md#sum-scatter-missing-on-ring-and-mpi),
+"[mpi] sum_scatter not yet implemented"; see docs/facts/mlx-distributed.md#sum-scatter-missing-on-ring-and-mpi),
 so the first call on a group probes, once, which method works and caches it (`reduce_scatter_method(group)`
 says which):
 
@@ -15,7 +15,7 @@ says which):
 
 mpi4py is imported only under an MPI launcher and only after MLX initialised MPI, with
 `mpi4py.rc.initialize = rc.finalize = False` (importing it first makes MPI initialise twice; see
-docs/mlx-distributed.md#mpi4py-after-mlx). Every probe decision is agreed by all ranks through an MLX all_sum,
+docs/facts/mlx-distributed.md#mpi4py-after-mlx). Every probe decision is agreed by all ranks through an MLX all_sum,
 so no rank can pick a different method and deadlock the others.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def init_world(backend: str = "any", expected: int | None = None) -> mx.distribu
 
     `expected` defaults to CLUSTERCTL_WORLD_SIZE (set by `clusterctl run`); with neither, any size goes.
     Under mpirun, MLX quietly returns a group of one on every rank when it cannot load libmpi, and each
-    rank would train alone; this is the check that catches it (docs/mlx-distributed.md#world-of-one-fallback).
+    rank would train alone; this is the check that catches it (docs/facts/mlx-distributed.md#world-of-one-fallback).
     """
     if expected is None and os.environ.get("CLUSTERCTL_WORLD_SIZE"):
         try:
@@ -54,10 +54,10 @@ def init_world(backend: str = "any", expected: int | None = None) -> mx.distribu
         except ValueError:
             raise WorldSizeMismatch(f"CLUSTERCTL_WORLD_SIZE={os.environ['CLUSTERCTL_WORLD_SIZE']!r} "
                                     "is not an integer") from None
-    # MLX finds libmpi through MLX_MPI_LIBNAME or the loader's path (docs/mlx-distributed.md#mlx-mpi-libname).
+    # MLX finds libmpi through MLX_MPI_LIBNAME or the loader's path (docs/facts/mlx-distributed.md#mlx-mpi-libname).
     hint = (" (under mpirun MLX could not load libmpi: set MLX_MPI_LIBNAME or LD_LIBRARY_PATH/"
             "DYLD_FALLBACK_LIBRARY_PATH; `clusterctl doctor` checks it)")
-    try:    # strict: raise instead of falling back to a world of one (docs/mlx-distributed.md#strict-init-raises)
+    try:    # strict: raise instead of falling back to a world of one (docs/facts/mlx-distributed.md#strict-init-raises)
         group = mx.distributed.init(backend=backend, strict=expected is not None and expected > 1)
     except RuntimeError as e:
         raise WorldSizeMismatch(f"mx.distributed.init(backend={backend!r}) could not form the world of "
@@ -80,7 +80,7 @@ def split_group(group: mx.distributed.Group, color: int, key: int = -1) -> mx.di
     """`group.split(color, key)` that also splits the MPI communicator behind `group` when there is one,
     so the split group can use MPI's reduce-scatter. Collective over `group`, like the split itself.
     (Only the mpi backend can split in MLX 0.32.4; ring raises "[ring] Group split not supported": see
-    docs/mlx-distributed.md#group-split-mpi-only.)"""
+    docs/facts/mlx-distributed.md#group-split-mpi-only.)"""
     sub = group.split(color, key)
     method, comm = _probe(group)
     if method == "mpi4py":
@@ -207,7 +207,7 @@ def _mpi_reduce_scatter(x: mx.array, comm, n: int) -> mx.array:
 def _release():
     # MLX finalises MPI at exit; a split group or a communicator still alive then makes every rank abort
     # with "MPI_Comm_free() was called after MPI_FINALIZE" (measured, mlx 0.32.4). Python's atexit runs
-    # before that, so drop them here (docs/mlx-distributed.md#free-mpi-objects-before-exit).
+    # before that, so drop them here (docs/facts/mlx-distributed.md#free-mpi-objects-before-exit).
     for _group, method, comm in list(_PROBED.values()):
         if method == "mpi4py":
             comm.Free()

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a small Llama-style language model with MLX, on one or many ranks.",
         epilog="Precedence: flags > --config > a resumed checkpoint's settings > the preset > the defaults "
                "shown. Launch on 2 ranks: mlx.launch -n 2 --backend ring -- python -m clusterctl.train ... | "
-               "mpirun -np 2 python -m clusterctl.train ... | clusterctl run (see README.md).")
+               "mpirun -np 2 python -m clusterctl.train ... | clusterctl run (see docs/trainer.md).")
     for f in fields(TrainConfig):
         kind = _base_type(f.type)
         metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind)

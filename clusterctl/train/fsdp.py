@@ -2,12 +2,12 @@
 
 The semantics are those of `mlx.nn.fsdp_apply_gradients` (MLX 0.31.1-0.32.0; removed in 0.32.4 in favour
 of `nn.fully_shard`, which needs sum_scatter and so does not run on ring or mpi; see
-docs/mlx-distributed.md#fsdp-apply-gradients-removed): reduce-scatter the gradients so each rank holds 1/N
+docs/facts/mlx-distributed.md#fsdp-apply-gradients-removed): reduce-scatter the gradients so each rank holds 1/N
 of them, optionally clip by the global norm, step the optimizer on the local slice only, all-gather the
 updated parameters. Differences from MLX's version:
 
 * the reduce-scatter works on ring and mpi too (`collectives.reduce_scatter`;
-  docs/mlx-distributed.md#sum-scatter-missing-on-ring-and-mpi);
+  docs/facts/mlx-distributed.md#sum-scatter-missing-on-ring-and-mpi);
 * a parameter of any shape works: each one is flattened and zero-padded to a multiple of N, so a first
   dimension not divisible by N (or a scalar) is fine;
 * buckets are per dtype, so float32 and bfloat16 parameters can mix;

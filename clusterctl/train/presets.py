@@ -21,7 +21,7 @@ from ..errors import ConfigError
 @dataclass(frozen=True)
 class Preset:
     name: str
-    purpose: str                      # one clause for --help and the README
+    purpose: str                      # one clause for --help and docs/trainer.md#presets
     settings: Mapping[str, object]    # TrainConfig field -> value
 
 
@@ -29,7 +29,7 @@ def _preset(name: str, purpose: str, **settings) -> Preset:
     return Preset(name, purpose, MappingProxyType(settings))
 
 
-# tiny is the README's former main-job line, measured on a 2-core CPU (README.md: ~1 minute, loss 5.5 -> 1.2).
+# tiny is the README's former main-job line, measured on a 2-core CPU (docs/trainer.md#presets: ~1 minute, loss 5.5 -> 1.2).
 # small and base are sized for a GPU; base is TrainConfig's own defaults, so TrainConfig() is a base run.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     _preset("tiny", "the default on a CPU: about a minute on 2 cores",

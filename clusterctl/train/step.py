@@ -72,7 +72,7 @@ def make_dp_step(model, optimizer, config, group):
     @partial(mx.compile, inputs=state, outputs=state)
     def step(x, y):
         loss, grads = accumulated_grads(model, x, y)
-        grads = nn.average_gradients(grads, group=group)  # see docs/mlx-distributed.md#average-gradients-buckets
+        grads = nn.average_gradients(grads, group=group)  # see docs/facts/mlx-distributed.md#average-gradients-buckets
         if config.max_norm > 0:
             grads, norm = optim.clip_grad_norm(grads, config.max_norm)
         else:

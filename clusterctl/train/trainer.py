@@ -1,13 +1,13 @@
 """The bundled trainer: a small Llama-style LM, data-parallel (dp) or fully sharded (fsdp), in MLX.
 
 Launch (every rank runs this same program; rank 0 reports; mlx.launch needs the explicit `python`, see
-docs/launchers.md#mlx-launch-does-not-prepend-python):
+docs/facts/launchers.md#mlx-launch-does-not-prepend-python):
 
     python -m clusterctl.train                                                # one process, preset by device
     python -m clusterctl.train --preset small --steps 300                     # a named size, fewer steps
     mlx.launch -n 2 --backend ring -- python -m clusterctl.train --steps 300  # 2 ranks, ring (TCP)
     mpirun -np 2 python -m clusterctl.train --strategy fsdp                   # 2 ranks, MPI
-    clusterctl run --hosts inventory.yaml -- --data shards/ --steps 2000      # a cluster (see README)
+    clusterctl run --hosts inventory.yaml -- --data shards/ --steps 2000      # a cluster (see docs/run.md)
 
 Resume after a crash or kill with `--resume latest --out DIR` (or `--resume DIR`); the continued run's loss
 at each step equals what the uninterrupted run's would have been: the data position is the step (batches
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 def init_world():
     """The world group, failing loudly when it is not the size the launcher started (MLX can silently fall
-    back to a world of one: docs/mlx-distributed.md#world-of-one-fallback). The launcher's size is
+    back to a world of one: docs/facts/mlx-distributed.md#world-of-one-fallback). The launcher's size is
     CLUSTERCTL_WORLD_SIZE (clusterctl run), else mpirun's. The backend is the one `clusterctl run` started
     the ranks for (CLUSTERCTL_BACKEND), else MLX's own choice."""
     expected = None

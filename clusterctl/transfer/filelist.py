@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 from ..errors import SyncSourceError
 
 # Never shipped: VCS metadata, virtualenvs, run logs, caches, bytecode, and macOS's Finder (.DS_Store) and
-# AppleDouble (._name) files (docs/macos.md#ds-store-and-apple-double). `/runs/` is anchored: only the
+# AppleDouble (._name) files (docs/facts/macos.md#ds-store-and-apple-double). `/runs/` is anchored: only the
 # project's top-level runs/ (where `clusterctl run` writes) is excluded, not a package named runs.
 BUILTIN_EXCLUDES = (".git/", ".hg/", ".svn/", ".venv/", "venv/", "/runs/", "__pycache__/", ".pytest_cache/",
                     ".mypy_cache/", ".ruff_cache/", "*.pyc", ".clusterctl/", ".DS_Store", "._*")

@@ -88,7 +88,7 @@ class RsyncSummary:
 
 # The itemize string is YX plus 7 attribute letters in rsync 2.6.9 and openrsync (`YXcstpogz`: a Mac's
 # /usr/bin/rsync), 9 in rsync 3.x (`YXcstpoguax`), 10 in a 3.2 build with --fflags; "Total bytes sent: N"
-# in rsync, "Total sent: N B" in openrsync (docs/macos.md#mac-rsync-output, tests/fixtures/rsync/).
+# in rsync, "Total sent: N B" in openrsync (docs/facts/macos.md#mac-rsync-output, tests/fixtures/rsync/).
 _ITEM = re.compile(r"^([<>ch.*][fdLDS][.+?a-zA-Z ]{7,10}) (\d+) (.*)$")
 _PROGRESS = re.compile(r"^\s*([\d,.]+)\s+(\d+)%")
 _STAT = re.compile(r"^Total (?:bytes )?sent: ([\d,.]+)(?: B)?$")

@@ -221,6 +221,6 @@ def _delete_extra(session: _Session, host: Host, dest: str) -> list[str]:
         if not doomed:
             return []
         # `keep`: the helper never removes a name that is the same file as one of ours (case-insensitive
-        # APFS, docs/macos.md#case-insensitive-apfs); asked even for a dry run, so that it lists the truth
+        # APFS, docs/facts/macos.md#case-insensitive-apfs); asked even for a dry run, so that it lists the truth
         return remotefiles.call(transport, host.python, "delete", {
             "root": dest, "paths": doomed, "keep": sorted(local), "dry": options.dry_run})["deleted"]

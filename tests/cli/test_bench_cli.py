@@ -1,7 +1,6 @@
 """`clusterctl bench`'s bad input: one line, exit 2, nothing launched (no hosts are reachable here)."""
-import subprocess
-import sys
 
+import clirun
 import pytest
 
 INVENTORY = "hosts:\n  - name: nowhere.invalid\n    address: 10.255.255.1\n"
@@ -18,8 +17,7 @@ INVENTORY = "hosts:\n  - name: nowhere.invalid\n    address: 10.255.255.1\n"
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY)
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "bench", "--hosts", str(inventory), *args],
-                       capture_output=True, text=True, timeout=60)
+    r = clirun.clusterctl("bench", "--hosts", str(inventory), *args, timeout=60)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
 
@@ -27,6 +25,5 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 def test_a_jaccl_inventory_needs_an_explicit_backend(tmp_path):
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY + "    rdma: [null]\nlaunch: {backend: jaccl}\n")   # a valid jaccl inventory
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "bench", "--hosts", str(inventory)],
-                       capture_output=True, text=True, timeout=60)
+    r = clirun.clusterctl("bench", "--hosts", str(inventory), timeout=60)
     assert r.returncode == 2 and "bench measures the mpi and ring backends" in r.stderr

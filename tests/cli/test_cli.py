@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from clirun import clusterctl
 
 from clusterctl import __version__
 from clusterctl.cli import EXAMPLES, cli
@@ -15,12 +16,6 @@ from clusterctl.inventory import load
 from clusterctl.train import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def clusterctl(*args, **kwargs) -> subprocess.CompletedProcess:
-    """The real entry point, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
-                          timeout=120, **kwargs)
 
 
 def test_version():
@@ -184,8 +179,8 @@ def test_run_without_hosts_uses_this_machine_with_two_ring_ranks(tmp_path):
     script.write_text("import os, sys\nimport mlx.core as mx\ng = mx.distributed.init(backend='ring', strict=True)\n"
                       "print(g.rank(), g.size(), os.getcwd() == os.path.expanduser(sys.argv[1]), flush=True)\n")
     # ranks work where run was started (a relative SCRIPT is the one here)
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", str(script), str(tmp_path), "--runs-dir",
-                        str(tmp_path / "runs")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = clusterctl("run", str(script), str(tmp_path), "--runs-dir", str(tmp_path / "runs"), timeout=120,
+                   cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(r.stdout.splitlines()) == ["[rank 0 localhost] 0 2 True", "[rank 1 localhost] 1 2 True"]
     assert "2 ranks over ring" in r.stderr and "all 2 ranks finished" in r.stderr
@@ -197,8 +192,7 @@ TINY = ["--n-layers", "1", "--dim", "32", "--mlp-dim", "64", "--n-heads", "2", "
 
 def test_run_without_a_script_trains_the_bundled_model_here(tmp_path):
     """The README's main job, small: `clusterctl run -- FLAGS` is the bundled trainer on 2 ring ranks."""
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--", *TINY], capture_output=True, text=True,
-                       timeout=300, cwd=tmp_path)
+    r = clusterctl("run", "--", *TINY, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "clusterctl.train on 2 ranks over ring" in r.stderr
     assert "[rank 0 localhost] dp on 2 rank(s)" in r.stdout and "step 6/6" in r.stdout
@@ -218,8 +212,7 @@ def test_the_readme_main_job_as_written_learns(tmp_path):
     command = readme.split("```sh\n", 1)[1].split("\n", 1)[0]
     program, *args = shlex.split(command.rsplit("&& .venv/bin/", 1)[1])
     assert program == "clusterctl" and args[:1] == ["run"], command
-    r = subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, timeout=600,
-                       cwd=tmp_path)
+    r = clusterctl(*args, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     preset = re.search(r"^\[rank 0 localhost\] preset (\w+) \((chosen for \w+|given)\b", r.stdout, re.M)
     assert preset, r.stdout[:2000]
@@ -234,11 +227,10 @@ def test_the_readme_main_job_as_written_learns(tmp_path):
 
 
 def test_run_refuses_shards_of_another_world_size_before_launching(tmp_path):
-    prep = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", "embedded:60", "--world", "3",
-                           "--out", str(tmp_path / "d3")], capture_output=True, text=True, timeout=60)
+    prep = clusterctl("data", "prepare", "embedded:60", "--world", "3", "--out", str(tmp_path / "d3"),
+                      timeout=60)
     assert prep.returncode == 0, prep.stderr
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--data", str(tmp_path / "d3"), "--", "--steps", "2"],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    r = clusterctl("run", "--data", str(tmp_path / "d3"), "--", "--steps", "2", timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().endswith("run `clusterctl data prepare --world 2`"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()   # nothing launched
 
@@ -249,14 +241,12 @@ def test_run_here_from_the_home_directory_copies_nothing(tmp_path):
     home.mkdir()
     (home / "hi.py").write_text("print('hi from home')\n")
     env = {**os.environ, "HOME": str(home)}
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "hi.py"], capture_output=True, text=True,
-                       timeout=120, cwd=home, env=env)
+    r = clusterctl("run", "hi.py", timeout=120, cwd=home, env=env)
     assert r.returncode == 0 and "[rank 1 localhost] hi from home" in r.stdout, r.stdout + r.stderr
     inventory = tmp_path / "inv.yaml"
     inventory.write_text(f"hosts: [{{name: here, local: true, slots: 2, workdir: {json.dumps(str(tmp_path / 'w'))}}}]\n"
                          "launch: {backend: ring}\n")
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "hi.py", "--hosts", str(inventory)],
-                       capture_output=True, text=True, timeout=120, cwd=home, env=env)
+    r = clusterctl("run", "hi.py", "--hosts", str(inventory), timeout=120, cwd=home, env=env)
     assert r.returncode == 1 and "not copying" in r.stderr and "--no-sync" in r.stderr, r.stderr
     assert not (tmp_path / "w").exists()
 
@@ -321,14 +311,12 @@ def test_an_option_both_accept_and_a_bad_module_name_each_give_one_line(tmp_path
     says so and how to give it to the program; a module name that cannot be one is refused before anything
     starts. Nothing is launched either way."""
     (tmp_path / "mydata").mkdir()
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--data", "mydata", "train.py", "--steps", "2"],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    r = clusterctl("run", "--data", "mydata", "train.py", "--steps", "2", timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: --data mydata: no manifest.json there. This --data is clusterctl's")
     assert r.stderr.strip().endswith("if it was meant for train.py, write it after train.py")
     for module in ("pkg/train", "my pkg", "pkg."):
-        r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "-m", module, "train"], capture_output=True,
-                           text=True, timeout=60, cwd=tmp_path)
+        r = clusterctl("run", "-m", module, "train", timeout=60, cwd=tmp_path)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert f"-m {module!r} is not a module name" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()

@@ -1,15 +1,9 @@
 """`clusterctl sync` / `clusterctl data push` error paths: one line, a documented exit code, no traceback."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-
-
-def clusterctl(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+from clirun import clusterctl
 
 
 @pytest.fixture

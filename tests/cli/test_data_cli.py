@@ -6,13 +6,10 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from clirun import clusterctl
 
 from clusterctl.cli import cli
 from clusterctl.data.shards import read_manifest
-
-
-def clusterctl(*args):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_prepare_embedded_writes_shards_and_a_summary(tmp_path):

@@ -6,7 +6,9 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 from click.testing import CliRunner
 
@@ -17,9 +19,7 @@ TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 TRAIN = ["run", "--", "--steps", "40", "--report-every", "5", "--eval-every", "20"]
 
 
-def clusterctl(*args, cwd, timeout=180, **kwargs):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=_env(cwd), **kwargs)
+clusterctl = partial(clirun.clusterctl, timeout=180, own_cache=True)
 
 
 def _env(cwd):
@@ -57,8 +57,7 @@ def test_runs_lists_both_with_outcome_and_final_loss(two_runs):
     # from another directory, through the index
     elsewhere = project / "sub"
     elsewhere.mkdir(exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "runs", "--all", "--json"], capture_output=True,
-                       text=True, cwd=elsewhere, env=_env(project))
+    r = clirun.clusterctl("runs", "--all", "--json", cwd=elsewhere, env=_env(project), timeout=None)
     assert {d["run_id"] for d in json.loads(r.stdout)} == set(ids)
 
 
@@ -110,12 +109,10 @@ def test_plot_to_a_file_without_matplotlib_says_how_to_install_it(two_runs, tmp_
     (tmp_path / "matplotlib").mkdir()
     (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('not here')\n")
     env = {**_env(project), "PYTHONPATH": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "plot", "latest", "-o", str(tmp_path / "x.png")],
-                       capture_output=True, text=True, cwd=project, env=env)
+    r = clirun.clusterctl("plot", "latest", "-o", str(tmp_path / "x.png"), cwd=project, env=env, timeout=None)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: plot -o needs matplotlib, which is not installed: pip install 'clusterctl[plot]'")
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "plot", "latest"], capture_output=True, text=True,
-                       cwd=project, env=env)
+    r = clirun.clusterctl("plot", "latest", cwd=project, env=env, timeout=None)
     assert r.returncode == 0 and "step 40" in r.stdout                   # the text chart needs nothing
 
 
@@ -160,5 +157,5 @@ def test_completion_scripts_are_clicks_own():
         r = CliRunner().invoke(cli, ["completion", shell])
         assert r.exit_code == 0 and marker in r.output, (shell, r.output)
     env = {**os.environ, "_CLUSTERCTL_COMPLETE": "bash_complete", "COMP_WORDS": "clusterctl lo", "COMP_CWORD": "1"}
-    r = subprocess.run([sys.executable, "-m", "clusterctl"], capture_output=True, text=True, env=env)
+    r = clirun.clusterctl(env=env, timeout=None)
     assert r.returncode == 0 and "plain,logs" in r.stdout.splitlines()

@@ -8,10 +8,9 @@ import difflib
 import glob
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
+import clirun
 import pytest
 
 from clusterctl.bench.report import parse_size
@@ -20,9 +19,8 @@ pytestmark = pytest.mark.ssh
 
 
 def bench(cluster, *args, cwd, timeout=120):
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "bench", "--hosts", str(cluster.inventory), *args],
-                       capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                       env={**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")})
+    r = clirun.clusterctl("bench", "--hosts", str(cluster.inventory), *args, timeout=timeout, cwd=cwd,
+                          own_cache=True)
     assert r.returncode == 0, r.stdout + r.stderr
     return r
 

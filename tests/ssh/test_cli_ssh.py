@@ -1,15 +1,10 @@
 """CLI commands against the real loopback sshd cluster."""
 import json
-import subprocess
-import sys
 
 import pytest
+from clirun import clusterctl
 
 pytestmark = pytest.mark.ssh
-
-
-def clusterctl(*args):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_hosts_resolves_through_the_inventorys_ssh_config(make_cluster):

@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import clirun
 import pytest
 from sshcluster import requires_private_roots
 
@@ -26,8 +27,7 @@ def doctor(cluster, connect_timeout=DOCTOR_CONNECT_TIMEOUT_S, **options):
 
 def test_healthy_four_hosts_all_green_with_real_mpi_and_ring_smoke_tests(make_cluster):
     cluster = make_cluster(4)
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "doctor", "--json", "--hosts", str(cluster.inventory)],
-                       capture_output=True, text=True, timeout=300)
+    r = clirun.clusterctl("doctor", "--json", "--hosts", str(cluster.inventory), timeout=300)
     doc = json.loads(r.stdout)
     problems = [c for c in doc["checks"] if c["status"] != "pass"]
     assert r.returncode == 0 and doc["ok"] is True and problems == [], problems

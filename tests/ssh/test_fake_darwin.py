@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
-
 from sshcluster import caffeinates, requires_private_roots
 from test_run import ALLSUM, RANK, TOKEN, assert_nothing_left, job_processes, start, wait_for_lines
 
@@ -29,10 +30,7 @@ def macs(make_cluster):
         assert cluster.refused(i) == [], f"h{i} refused GNU-only usage: {cluster.refused(i)}"
 
 
-def clusterctl(*args, cwd, timeout=300):
-    env = {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
+clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 
 
 def test_the_fake_macs_are_macs(macs):
@@ -67,7 +65,7 @@ def test_doctor_is_green_and_names_the_macs_findings(macs, tmp_path):
 
 def test_doctor_warns_that_a_macbook_on_battery_will_sleep(macs, tmp_path):
     """h2 a MacBook running on battery (its pmset stand-in prints tests/fixtures/macos/pmset-*.macbook*): doctor
-    warns, one line each with the fix, and the warnings fail nothing (docs/macos.md#pmset-sleep-settings)."""
+    warns, one line each with the fix, and the warnings fail nothing (docs/facts/macos.md#pmset-sleep-settings)."""
     macs.host(2).session_env["FAKE_DARWIN_POWER"] = "macbook-on-battery"
     macs.restart(2)
     r = clusterctl("doctor", "--json", "--no-deep", "--hosts", str(macs.inventory), cwd=tmp_path)
@@ -107,7 +105,7 @@ def test_run_works_and_a_crash_ctrl_c_and_a_hang_leave_nothing(macs, tmp_path, b
         lines = wait_for_lines(proc, lambda l: l.rstrip().endswith("] up"), 3)
         run_id = TOKEN.search("".join(lines)).group(1)
         ranks = _ranks(run_id)
-        # a caffeinate per rank on a Mac (h1, h2), none on Linux (h3): docs/macos.md#caffeinate-keeps-ranks-awake.
+        # a caffeinate per rank on a Mac (h1, h2), none on Linux (h3): docs/facts/macos.md#caffeinate-keeps-ranks-awake.
         # Not under this machine's mpirun: as Open MPI started by its path does, it puts its prefix's bin
         # (this machine's /usr/bin) first on the ranks' PATH, where Linux's uname hides the fake Mac's; on a
         # real Mac /usr/bin/uname says Darwin. test_mpirun_where_homebrew_puts_it... covers mpi.
@@ -265,7 +263,7 @@ def test_mpirun_where_homebrew_puts_it_is_found_and_launched_by_its_path(make_cl
     assert launch["argv"][0] == "/opt/homebrew/bin/mpirun" and "exec /opt/homebrew/bin/mpirun " in launch["remote_command"]
     assert len([l for l in r.stdout.splitlines() if "world 2 sum" in l]) == 2
     # Open MPI from /opt/homebrew puts /opt/homebrew/bin first on the ranks' PATH, as on a Mac: each rank runs
-    # under a caffeinate watching its pid, gone when the run is (docs/macos.md#caffeinate-keeps-ranks-awake)
+    # under a caffeinate watching its pid, gone when the run is (docs/facts/macos.md#caffeinate-keeps-ranks-awake)
     awake = tmp_path / "awake.py"
     awake.write_text(CAFFEINATED)
     r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", "mpi", "--launch-from", "first-host",

@@ -1,8 +1,8 @@
 """`clusterctl hostfile --print-command`: the printed line, pasted into a shell, runs the job."""
 import json
 import subprocess
-import sys
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -26,9 +26,8 @@ def printed_line(cluster, tmp_path, fmt, output, *program):
     -wdir and mlx.launch's --cwd need the directory to be there)."""
     for i in range(1, len(cluster.hosts) + 1):
         assert cluster.ssh(i, f"mkdir -p {cluster.workdir}").returncode == 0
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "hostfile", "--hosts", str(cluster.inventory),
-                        "--format", fmt, "-o", str(tmp_path / output), "--print-command", "--", *program],
-                       capture_output=True, text=True, timeout=120)
+    r = clirun.clusterctl("hostfile", "--hosts", str(cluster.inventory), "--format", fmt,
+                          "-o", str(tmp_path / output), "--print-command", "--", *program, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().splitlines()[-1]
 

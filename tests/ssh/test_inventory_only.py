@@ -8,9 +8,9 @@ import shlex
 import signal
 import stat
 import subprocess
-import sys
 import time
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -25,8 +25,8 @@ print("sum", g.rank(), g.size(), x.item(), flush=True)
 
 
 def clusterctl(cluster, *args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=cluster.client_env())
+    """clusterctl as the bare cluster's user runs it: with a HOME holding nothing (cluster.client_env())."""
+    return clirun.clusterctl(*args, cwd=cwd, timeout=timeout, env=cluster.client_env())
 
 
 @pytest.fixture

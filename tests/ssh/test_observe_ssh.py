@@ -6,7 +6,9 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -18,9 +20,7 @@ def _env(cwd):
     return {**os.environ, "XDG_CACHE_HOME": os.path.join(str(cwd), ".cache")}
 
 
-def clusterctl(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=_env(cwd))
+clusterctl = partial(clirun.clusterctl, own_cache=True)
 
 
 def test_ps_sees_a_running_jobs_ranks_and_kill_leaves_nothing(make_cluster, tmp_path):
@@ -45,7 +45,7 @@ def test_ps_sees_a_running_jobs_ranks_and_kill_leaves_nothing(make_cluster, tmp_
         assert r.returncode == 0, r.stderr
         hosts = json.loads(r.stdout)
         assert [h["host"] for h in hosts] == ["h1", "h2"] and not any(h["error"] for h in hosts)
-        # every simulated host is this machine, so each host's ps sees both ranks (README "clusterctl ps, kill")
+        # every simulated host is this machine, so each host's ps sees both ranks (docs/observe.md#clusterctl-ps-kill)
         for h in hosts:
             ranks = [p for p in h["processes"] if p["run_id"] == run_id and p["kind"] == "rank"]
             assert sorted(p["rank"] for p in ranks) == [0, 1], h

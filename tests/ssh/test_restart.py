@@ -11,9 +11,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 from sshcluster import requires_private_roots
 
@@ -32,14 +33,10 @@ def _env(cwd):
     return {**os.environ, "XDG_CACHE_HOME": os.path.join(str(cwd), ".cache")}
 
 
-def clusterctl(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=_env(cwd))
+clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 
 
-def start(*args, cwd):
-    return subprocess.Popen([sys.executable, "-m", "clusterctl", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=_env(cwd))
+start = partial(clirun.start, "run", own_cache=True)
 
 
 def until_past_a_checkpoint(job, limit=180.0) -> tuple[str, list[str]]:

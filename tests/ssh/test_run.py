@@ -4,9 +4,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -24,19 +25,9 @@ RANK = "int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['MLX_RANK'])"
 TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 
-def _env(cwd):
-    # Each test its own plan cache: which launches start from a cached plan is then up to the test.
-    return {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
-
-
-def run(*args, cwd, timeout=180):
-    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=_env(cwd))
-
-
-def start(*args, cwd):
-    return subprocess.Popen([sys.executable, "-m", "clusterctl", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=_env(cwd))
+# Each test its own plan cache (own_cache): which launches start from a cached plan is then up to the test.
+run = partial(clirun.clusterctl, "run", timeout=180, own_cache=True)
+start = partial(clirun.start, "run", own_cache=True)
 
 
 def wait_for_lines(proc, predicate, count, limit=60.0):
@@ -260,7 +251,7 @@ def test_launching_from_the_first_host(make_cluster, tmp_path, backend):
 def test_a_world_of_one_over_mpirun(make_cluster, tmp_path):
     """mpirun -np 1 fails any MLX script on its own (MLX 0.32 never finalises an MPI world of one); the
     bootstrap finalises it, so a one-host inventory runs like any other
-    (docs/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
+    (docs/facts/mlx-distributed.md#mpi-world-of-one-not-finalized)."""
     cluster = make_cluster(1)
     script = tmp_path / "one.py"
     script.write_text("import mlx.core as mx\ng = mx.distributed.init(backend='mpi')\n"
@@ -290,7 +281,7 @@ time.sleep(600)
 ])
 def test_ranks_that_each_form_a_world_of_one_fail_the_job_naming_every_rank(make_cluster, tmp_path, backend, how,
                                                                            asked, cause):
-    """MLX falls back to a world of one without an error (docs/mlx-distributed.md#world-of-one-fallback):
+    """MLX falls back to a world of one without an error (docs/facts/mlx-distributed.md#world-of-one-fallback):
     every rank would train alone and exit 0. The bootstrap reports the world the program's init formed and
     run stops the job at once, naming the ranks and the cause."""
     cluster = make_cluster(2)

@@ -3,9 +3,8 @@ after the job, from rank 0's host or with --fetch-all-ranks from every host, inc
 job's outcome. clusterctl's options come before the script; the script's own arguments after it."""
 import os
 import re
-import subprocess
-import sys
 
+import clirun
 import pytest
 from sshcluster import requires_private_roots
 
@@ -34,8 +33,7 @@ RUN_ID = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 def run(*args, cwd):
     env = {**os.environ, "XDG_CACHE_HOME": os.path.join(os.path.dirname(cwd), ".cache")}   # not in the project
-    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
-                          timeout=180, cwd=cwd, env=env)
+    return clirun.clusterctl("run", *args, timeout=180, cwd=cwd, env=env)
 
 
 def project(tmp_path):

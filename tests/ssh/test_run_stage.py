@@ -2,9 +2,8 @@
 for a clusterctl module such as the bundled trainer, clusterctl itself."""
 import os
 import re
-import subprocess
-import sys
 
+import clirun
 import pytest
 from sshcluster import requires_private_roots
 
@@ -13,8 +12,7 @@ pytestmark = pytest.mark.ssh
 
 def run(*args, cwd):
     env = {**os.environ, "XDG_CACHE_HOME": os.path.join(os.path.dirname(cwd), ".cache")}   # not in the project
-    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
-                          timeout=180, cwd=cwd, env=env)
+    return clirun.clusterctl("run", *args, timeout=180, cwd=cwd, env=env)
 
 
 def test_run_copies_the_project_to_every_host_first(make_cluster, tmp_path):
@@ -72,8 +70,7 @@ def test_the_bundled_trainer_on_the_cluster_reads_each_hosts_own_shard(make_clus
     cluster = make_cluster(2)
     requires_private_roots(cluster, "each host needs its own working root")
     data = tmp_path / "tiny"
-    prep = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", "embedded:300", "--world", "2",
-                           "--out", str(data)], capture_output=True, text=True, timeout=120)
+    prep = clirun.clusterctl("data", "prepare", "embedded:300", "--world", "2", "--out", str(data), timeout=120)
     assert prep.returncode == 0, prep.stderr
     project = tmp_path / "project"
     project.mkdir()
@@ -92,6 +89,5 @@ def test_the_bundled_trainer_on_the_cluster_reads_each_hosts_own_shard(make_clus
     local = project / "runs" / run_id
     assert "copied" in r.stderr and (local / "metrics.jsonl").read_text() == metrics.stdout
     assert (local / "rank-0.log").is_file() and (local / "checkpoints" / "step-000006" / "model.safetensors").is_file()
-    g = subprocess.run([sys.executable, "-m", "clusterctl", "generate", "--checkpoint", str(local), "--prompt", "Once",
-                        "--max-tokens", "8"], capture_output=True, text=True, timeout=120)
+    g = clirun.clusterctl("generate", "--checkpoint", str(local), "--prompt", "Once", "--max-tokens", "8", timeout=120)
     assert g.returncode == 0 and g.stdout.startswith("Once"), g.stderr

@@ -1,5 +1,5 @@
 """The test cluster itself: it must fail loudly rather than hand out a host that is not there
-(docs/test-cluster.md#fail-on-sshd-bind-error)."""
+(docs/facts/test-cluster.md#fail-on-sshd-bind-error)."""
 import socket
 
 import pytest

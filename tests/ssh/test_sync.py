@@ -8,13 +8,9 @@ import sys
 import time
 
 import pytest
+from clirun import clusterctl
 
 pytestmark = pytest.mark.ssh
-
-
-def clusterctl(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def sync(cluster, path, *args):

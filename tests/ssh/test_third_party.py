@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
+import clirun
 import pytest
 
 pytestmark = pytest.mark.ssh
@@ -26,10 +28,7 @@ def site(tmp_path_factory):
     return str(target)
 
 
-def clusterctl_run(*args, cwd):
-    env = {**os.environ, "XDG_CACHE_HOME": os.path.join(cwd, ".cache")}
-    return subprocess.run([sys.executable, "-m", "clusterctl", "run", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+clusterctl_run = partial(clirun.clusterctl, "run", timeout=300, own_cache=True)
 
 
 @pytest.mark.parametrize("backend", ["mpi", "ring"])

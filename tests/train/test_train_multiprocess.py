@@ -43,7 +43,7 @@ def mpirun(n: int, forward=("PYTHONPATH", "CLUSTERCTL_WORLD_SIZE")) -> list[str]
 def ring(program: list[str], tmp_path) -> list[str]:
     """`program` ([python, SCRIPT, ARGS...] or the trainer's `[python, -m, clusterctl.train, FLAGS...]`) on
     2 ranks over the ring backend, started as users start it: `clusterctl run` on this machine, whose rank
-    starter gives each rank MLX_RANK and MLX_HOSTFILE (docs/launchers.md#our-rank-starter)."""
+    starter gives each rank MLX_RANK and MLX_HOSTFILE (docs/facts/launchers.md#our-rank-starter)."""
     base = [sys.executable, "-m", "clusterctl", "run", "--no-sync", "--no-preflight", "--runs-dir", str(tmp_path / "runs")]
     if program[1:3] == ["-m", "clusterctl.train"]:
         return base + ["--", *program[3:]]
@@ -221,7 +221,7 @@ def test_loss_falls_30_percent_on_the_embedded_corpus_over_ring(tmp_path):
 @pytest.mark.parametrize("world_from", ["CLUSTERCTL_WORLD_SIZE", "mpirun"])
 def test_ranks_that_cannot_join_the_world_fail_loudly(world_from, tmp_path):
     """MLX cannot load libmpi here (a wrong MLX_MPI_LIBNAME): every rank must stop with one line, not train
-    alone as a world of one (docs/mlx-distributed.md#world-of-one-fallback)."""
+    alone as a world of one (docs/facts/mlx-distributed.md#world-of-one-fallback)."""
     forward = ["PYTHONPATH", "MLX_MPI_LIBNAME"] + (["CLUSTERCTL_WORLD_SIZE"] if world_from != "mpirun" else [])
     argv = mpirun(2, forward) + train_cmd("--steps", "1", "--out", str(tmp_path))
     env = {**ENV, "MLX_MPI_LIBNAME": "libmpi-not-here.so"}    # ENV has no CLUSTERCTL_WORLD_SIZE

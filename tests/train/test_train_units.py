@@ -3,10 +3,10 @@ checkpoints, random state, metrics, generation. Real MLX throughout, tiny models
 import json
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
+import clirun
 import mlx.core as mx
 import pytest
 from click.testing import CliRunner
@@ -167,8 +167,8 @@ def test_the_preset_line_names_the_preset_how_it_was_chosen_and_what_was_overrid
     assert "--preset tiny|small|base" in help_text and "small on a GPU, tiny on a CPU" in help_text
 
 
-def test_the_readmes_preset_table_is_the_code_s():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+def test_the_docs_preset_table_is_the_code_s():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "trainer.md"), encoding="utf-8").read()
     for name, preset in presets.PRESETS.items():
         [row] = [line for line in readme.splitlines() if line.strip().startswith(f"| `{name}` |")]
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
@@ -346,8 +346,7 @@ def test_generate_command(saved_run):
     assert r.output.startswith("Once")
     empty = saved_run / "empty"
     empty.mkdir()
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "generate", "--checkpoint", str(empty), "--prompt", "x"],
-                       capture_output=True, text=True, timeout=60)
+    r = clirun.clusterctl("generate", "--checkpoint", str(empty), "--prompt", "x", timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: no checkpoint in {empty}\n")
 
 

@@ -1,4 +1,4 @@
-"""The package's structure, read from the source: which part may import which (README, "Layout").
+"""The package's structure, read from the source: which part may import which (CONTRIBUTING.md#layout).
 
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
     cli, run -> observe (runs, logs, plots, processes) -> launch / hosts

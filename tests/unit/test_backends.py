@@ -182,7 +182,7 @@ launch: {backend: jaccl-ring}
 
 
 def test_a_new_backend_is_one_registry_entry(monkeypatch, cluster, tmp_path):
-    """What the README's contributor notes promise: register an entry and the rest of clusterctl sees it.
+    """What CONTRIBUTING.md#adding-a-launch-backend promises: register an entry and the rest of clusterctl sees it.
     jaccl-ring needs RDMA devices between ring neighbours only; jaccl between every pair."""
     monkeypatch.setitem(REGISTRY, "jaccl-ring", MLXLaunchBackend("jaccl-ring", rdma="ring"))
     assert "jaccl-ring" in names()

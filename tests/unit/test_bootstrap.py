@@ -126,7 +126,7 @@ def test_a_program_without_mlx_never_loads_it_and_a_failed_init_reports_nothing(
 
 def test_the_run_id_sits_in_the_first_bytes_of_every_ranks_command_line():
     """pgrep -f on macOS <= 13 (and toybox) matches only the first 2,048 bytes of a command line; the sweep
-    finds ranks by their run id, so it must come before the ~3 KB bootstrap (docs/macos.md#pgrep-2048-bytes)."""
+    finds ranks by their run id, so it must come before the ~3 KB bootstrap (docs/facts/macos.md#pgrep-2048-bytes)."""
     from clusterctl.inventory import parse
     from clusterctl.launch.job import rank_program
 
@@ -140,7 +140,7 @@ def test_the_run_id_sits_in_the_first_bytes_of_every_ranks_command_line():
 def test_the_bootstrap_raises_the_open_file_soft_limit(tmp_path):
     """launchd gives a Mac's sshd sessions a soft limit of 256 open files; Open MPI with btl_tcp_links 8 and 31
     peers needs about 250 sockets. The bootstrap raises the soft limit towards the hard one before the program
-    runs (docs/macos.md#open-file-limit-256). Here under `ulimit -n 256` in sh."""
+    runs (docs/facts/macos.md#open-file-limit-256). Here under `ulimit -n 256` in sh."""
     from clusterctl.inventory import parse
     from clusterctl.launch.job import rank_program
 
@@ -158,7 +158,7 @@ def test_the_bootstrap_raises_the_open_file_soft_limit(tmp_path):
 
 def test_on_a_mac_a_rank_runs_under_caffeinate_watching_its_pid_and_nowhere_else():
     """caffeinate(8): -i no idle sleep, -s no system sleep (on AC power only), -w PID: ends when PID has exited
-    (docs/macos.md#caffeinate-keeps-ranks-awake)."""
+    (docs/facts/macos.md#caffeinate-keeps-ranks-awake)."""
     assert caffeinate_argv("Darwin", "/usr/bin/caffeinate", 4242) == ["/usr/bin/caffeinate", "-i", "-s", "-w", "4242"]
     assert caffeinate_argv("Linux", "/usr/bin/caffeinate", 4242) is None       # Ubuntu's caffeine has another one
     assert caffeinate_argv("Darwin", None, 4242) is None

@@ -211,7 +211,7 @@ def test_disk_clock_and_macos():
 
 def test_sip_is_named_only_for_an_interpreter_it_protects():
     """SIP strips DYLD_* only from protected binaries: Xcode's /usr/bin/python3, or a shim run through
-    /usr/bin/env; a venv or Homebrew python keeps them (docs/macos.md#sip-strips-dyld)."""
+    /usr/bin/env; a venv or Homebrew python keeps them (docs/facts/macos.md#sip-strips-dyld)."""
     ring = parse("hosts: [{name: m, address: 192.168.10.2}]\n", "i.yaml")
     sip = "System Integrity Protection status: enabled."
 

@@ -1,4 +1,4 @@
-"""doctor's jaccl check (docs/macos.md#jaccl) on canned macOS outputs (tests/fixtures/macos/, where each
+"""doctor's jaccl check (docs/facts/macos.md#jaccl) on canned macOS outputs (tests/fixtures/macos/, where each
 comes from is in its README): the parsers, the check, and the probe's own shell code run against stand-in
 `uname`, `sw_vers`, `rdma_ctl` and `ibv_devices` that print those outputs."""
 import ipaddress
@@ -152,7 +152,7 @@ def test_the_probe_reports_what_the_check_needs_on_a_mac(tmp_path, shell):
 @pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"]])
 def test_the_probe_lists_interfaces_with_ifconfig_on_a_mac_even_when_an_ip_command_exists(tmp_path, shell):
     """iproute2mac puts an `ip` on a Mac's PATH, whose listing has no bridge members: on Darwin the probe
-    must use `ifconfig -a`, or doctor's bridge0 warning never fires (docs/macos.md#ifconfig-not-ip-on-macos)."""
+    must use `ifconfig -a`, or doctor's bridge0 warning never fires (docs/facts/macos.md#ifconfig-not-ip-on-macos)."""
     standins = {**STANDINS,
                 "ip": "echo '2: en0    inet 192.168.1.237/24 brd 192.168.1.255 en0'",
                 "ifconfig": 'cat "$FIX/ifconfig-a.bridge0-en1-en2.txt"'}

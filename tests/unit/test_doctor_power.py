@@ -1,4 +1,4 @@
-"""doctor's power check (docs/macos.md#pmset-sleep-settings) on canned `pmset -g custom` and `pmset -g batt`
+"""doctor's power check (docs/facts/macos.md#pmset-sleep-settings) on canned `pmset -g custom` and `pmset -g batt`
 outputs (tests/fixtures/macos/, where each comes from is in its README): the parsers, the check, and the
 probe's own shell code run with the fake-Darwin stand-ins (tests/fakedarwin/bin) printing those outputs."""
 import os

@@ -164,7 +164,7 @@ MALFORMED = [
     ("hosts: [a]\nextra: 1\n", 2, "unknown key 'extra' in the inventory"),
     ("hosts: [a]\n---\nhosts: [b]\n", 2, "YAML syntax error"),
     ("hosts:\n  - name: a\n    workdir: ''\n", 3, "workdir must not be empty"),
-    # rdma: MLX's per-rank device list (docs/macos.md#jaccl)
+    # rdma: MLX's per-rank device list (docs/facts/macos.md#jaccl)
     (TWO_MACS.replace("[null, rdma_en2]", "rdma_en2"), 2, "rdma must be a list with one entry per rank"),
     (TWO_MACS.replace("[null, rdma_en2]", "[null]"), 2, "rdma of a has 1 entries; expected 2, one per rank"),
     (TWO_MACS.replace("[null, rdma_en2]", "[rdma_en3, rdma_en2]"), 2, "rdma entry 0 is a's own rank: it must be null"),

@@ -101,7 +101,7 @@ def test_the_preflight_imports_a_module_as_a_rank_does_with_the_inventorys_env(t
 
 
 def test_the_module_check_exports_the_inventorys_env_in_the_shell_not_through_env(tmp_path):
-    """macOS SIP strips DYLD_* from what /usr/bin/env starts (docs/macos.md#sip-strips-dyld): the module
+    """macOS SIP strips DYLD_* from what /usr/bin/env starts (docs/facts/macos.md#sip-strips-dyld): the module
     pre-flight sets the inventory's variables with the shell's own export, so python sees them."""
     from clusterctl.launch.plan import module_check
     host = local(tmp_path, env={"DYLD_FALLBACK_LIBRARY_PATH": "/opt/homebrew/lib", "A": "it's"}).hosts[0]

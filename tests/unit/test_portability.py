@@ -20,7 +20,7 @@ from clusterctl.launch.plan import LaunchPlan, module_check
 from clusterctl.launch.site import LaunchSite
 from clusterctl.transfer.rsync import remote_rsync_path
 
-# GNU-only forms and what macOS has instead (docs/macos.md#bsd-userland)
+# GNU-only forms and what macOS has instead (docs/facts/macos.md#bsd-userland)
 FORBIDDEN = [
     (r"\bstat\s+(-\S+\s+)*(-[a-zA-Z]*c\b|--format|--printf)", "stat -c (GNU): BSD stat formats with -f"),
     (r"\breadlink\s+(-\S+\s+)*-[a-zA-Z]*[fem]\b", "readlink -f (GNU; macOS only since 12.3)"),

@@ -91,7 +91,7 @@ def test_a_helper_that_cannot_run_is_a_command_failure_naming_the_op(tmp_path):
 def test_delete_never_removes_a_name_that_is_the_same_file_as_a_kept_path(tmp_path):
     """A case-insensitive APFS after `git mv Model.py model.py`: the host's old name `Model.py` is listed as
     extra, yet it is the same file as the kept `model.py`, and unlinking it would delete the project's
-    file. Two names for one inode (a hard link) reproduce that on Linux (docs/macos.md#case-insensitive-apfs)."""
+    file. Two names for one inode (a hard link) reproduce that on Linux (docs/facts/macos.md#case-insensitive-apfs)."""
     root = tmp_path / "w"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "model.py").write_text("m")

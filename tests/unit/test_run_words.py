@@ -1,7 +1,6 @@
 """`clusterctl run`'s command line: what is clusterctl's and what is the program's (cli/launch.py)."""
-import subprocess
-import sys
 
+import clirun
 import pytest
 
 from clusterctl.cli.launch import LAUNCH_ONLY, RunCommand, run_cmd, split_run_words
@@ -63,7 +62,7 @@ def test_module_names_are_checked_before_anything_starts():
 
 
 def test_help_shows_both_forms_and_a_module_with_a_subcommand():
-    r = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--help"], capture_output=True, text=True, timeout=60)
+    r = clirun.clusterctl("run", "--help", timeout=60)
     assert r.returncode == 0
     assert r.stdout.startswith("Usage: clusterctl run [OPTIONS] [SCRIPT | -m MODULE] [ARGS]...")
     assert "clusterctl run [OPTIONS] -m MODULE [ARGS]..." in r.stdout and "-m mlx_lm lora --train" in r.stdout

@@ -134,7 +134,7 @@ def test_exclusion_rules_select_the_same_files_as_the_list(tmp_path):
 
 def test_finders_and_apple_double_files_never_ship(tmp_path):
     """Finder's .DS_Store and the AppleDouble `._name` files macOS writes beside files on non-APFS volumes
-    are never shipped, with or without git (docs/macos.md#ds-store-and-apple-double)."""
+    are never shipped, with or without git (docs/facts/macos.md#ds-store-and-apple-double)."""
     from clusterctl.transfer.filelist import select_files
 
     for rel in ("train.py", ".DS_Store", "._train.py", "pkg/.DS_Store", "pkg/._model.py", "pkg/model.py"):

@@ -1,4 +1,4 @@
-"""Keep a Mac awake for as long as this rank lives (docs/macos.md#caffeinate-keeps-ranks-awake); part of the
+"""Keep a Mac awake for as long as this rank lives (docs/facts/macos.md#caffeinate-keeps-ranks-awake); part of the
 rank bootstrap (bootstrap.py). caffeinate(8) -i holds off idle sleep, -s system sleep (on AC power only), and
 -w ends caffeinate when the rank's pid is gone, however it ends (kill -9 included), so nothing is left behind
 without carrying the run id. A Mac is what `uname -s` calls Darwin, asked only when a caffeinate is on PATH

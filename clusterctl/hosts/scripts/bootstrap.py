@@ -1,24 +1,24 @@
 """The few lines every rank runs before the user's script: `python -c "#clusterctl-run-<id>\\n"PROGRAM
 WORKDIR HEARTBEAT SCRIPT ARGS...`, PROGRAM being this file with its sibling imports inlined (scripts.program),
-the run id first, where `pgrep -f` sees it (docs/macos.md#pgrep-2048-bytes). The launcher's side (the argv,
+the run id first, where `pgrep -f` sees it (docs/facts/macos.md#pgrep-2048-bytes). The launcher's side (the argv,
 the tagged lines read back) is launch/bootstrap.py.
 
 It needs nothing but the standard library (hosts need not have clusterctl installed) and sits between the
 launcher and the script without a shell (macOS SIP would strip DYLD_* through /bin/sh, see
-docs/macos.md#sip-strips-dyld). It:
+docs/facts/macos.md#sip-strips-dyld). It:
   - re-emits every line the rank writes on fd 1 and 2 tagged with rank and stream (tagged.py), so one parser
     serves every launcher (the rank: OMPI_COMM_WORLD_RANK or MLX_RANK, see
-    docs/launchers.md#mlx-launch-rank-environment), `\\r` redraws as `bar` lines (lines.py), and a heartbeat
+    docs/facts/launchers.md#mlx-launch-rank-environment), `\\r` redraws as `bar` lines (lines.py), and a heartbeat
     every HEARTBEAT seconds;
   - changes to its host's working directory (one per rank when the hosts' workdirs differ; ~ expanded on
     the host; created if missing), puts <workdir>/.clusterctl/lib (where `run` ships clusterctl itself for
     the bundled trainer) on sys.path when it exists, runs the script as __main__ with its arguments (or, when
     the script is "-m", the module named by the first argument, as `python -m` would, with the working
     directory first on sys.path), and reports the exit code (the launcher's own cannot be trusted:
-    docs/launchers.md#mlx-launch-exit-status);
-  - writes the files MLX reads by path (envfiles.py, docs/launchers.md#our-rank-starter), and removes them;
+    docs/facts/launchers.md#mlx-launch-exit-status);
+  - writes the files MLX reads by path (envfiles.py, docs/facts/launchers.md#our-rank-starter), and removes them;
   - raises the open-file soft limit (nofile.py), keeps a Mac awake while the rank lives (awake.py), reports
-    the world MLX formed (worldwatch.py, docs/mlx-distributed.md#world-check), finalises an MPI world of one
+    the world MLX formed (worldwatch.py, docs/facts/mlx-distributed.md#world-check), finalises an MPI world of one
     (mpiworld.py).
 Line format: MARK + "<rank> <kind> <payload>", kind in start | out | err | bar | world | hb | exit;
 `bar`'s payload is "<out|err> <text>", `world`'s "<size> <backend the program asked for>", `exit`'s

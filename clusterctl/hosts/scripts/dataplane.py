@@ -1,7 +1,7 @@
 """The TCP data-plane check, run on every host at once: listen on this host's data-plane address and ring
 port, connect to every peer's, report what worked as one JSON line. argv[1] is JSON: [me, address, port,
 budget_s, [[peer, address, port], ...]]. The connecting side closes first, so TIME_WAIT never holds the
-ring port that MLX will listen on next (docs/launchers.md#mlx-launch-ring-ports)."""
+ring port that MLX will listen on next (docs/facts/launchers.md#mlx-launch-ring-ports)."""
 import json
 import socket
 import sys

@@ -1,6 +1,6 @@
 """Raise the open-file soft limit towards the hard one; part of the rank bootstrap (bootstrap.py). launchd gives
 a Mac's sshd sessions 256 open files; Open MPI's btl_tcp_links 8 x 31 peers needs ~250 sockets
-(docs/macos.md#open-file-limit-256)."""
+(docs/facts/macos.md#open-file-limit-256)."""
 
 
 def raise_nofile():

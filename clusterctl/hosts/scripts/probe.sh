@@ -17,7 +17,7 @@ if [ -n "$MESH_CONFIG_TEXT" ]; then
 fi
 mesh_ssh() { ssh -F "$MESH_CONFIG" -- "$1" echo "$MARKER"; }
 # SSH to every peer in the background, as mpirun's daemons would (the all-to-all check), keeping ssh's own
-# stderr for doctor's diagnosis (docs/ssh.md#show-ssh-stderr). Every background result is printed the moment
+# stderr for doctor's diagnosis (docs/facts/ssh.md#show-ssh-stderr). Every background result is printed the moment
 # it is known, as one line (one write, shorter than a pipe's atomic size), so that a probe cut off by its
 # budget still hands back everything it finished.
 for peer in "$@"; do
@@ -27,18 +27,18 @@ done
 j os "$(uname -s)"
 j arch "$(uname -m)"
 j release "$(uname -r)"
-# the non-interactive PATH mpirun and the ranks will get (docs/ssh.md#non-interactive-path)
+# the non-interactive PATH mpirun and the ranks will get (docs/facts/ssh.md#non-interactive-path)
 j path "$PATH"
 p=$(command -v "$PY" 2>/dev/null)
 j python_path "$p"
 if [ -n "$p" ] && [ "$FULL" = yes ]; then ( j python_info "$("$PY" -c "$PYTHON_INFO" 2>&1 </dev/null | cut -c1-2000)" ) & fi
 # mpirun: on the PATH a session gets, else where Homebrew and MacPorts put it (not on sshd's PATH on a Mac:
-# docs/macos.md#homebrew-path-in-non-login-zsh)
+# docs/facts/macos.md#homebrew-path-in-non-login-zsh)
 find_mpirun      # sets m (hosts/probe.py find_mpirun_sh, shared with a launch from the first host)
 j mpirun "$m"
 mdir=
 if [ -n "$m" ]; then
-  # follow the symlinks by hand: `readlink -f` is GNU's (macOS before 12.3 has none: docs/macos.md#bsd-userland)
+  # follow the symlinks by hand: `readlink -f` is GNU's (macOS before 12.3 has none: docs/facts/macos.md#bsd-userland)
   mr=$m; n=0
   while [ -L "$mr" ] && [ $n -lt 20 ]; do
     t=$(readlink "$mr"); case $t in /*) mr=$t;; *) mr=$(dirname "$mr")/$t;; esac; n=$((n+1))
@@ -51,7 +51,7 @@ r=$(command -v rsync 2>/dev/null)
 j rsync "$r"
 if [ -n "$r" ]; then j rsync_version "$(rsync --version 2>&1 | head -n 1)"; fi
 # libmpi: the inventory's mpi_lib_dir, beside mpirun, then Homebrew, conda, Debian and RPM directories
-# (what run exports for MLX to load it: docs/mlx-distributed.md#mlx-mpi-libname)
+# (what run exports for MLX to load it: docs/facts/mlx-distributed.md#mlx-mpi-libname)
 for d in "$LIBDIR" "$mdir" /opt/homebrew/lib /opt/homebrew/opt/open-mpi/lib /usr/local/lib \
          "${CONDA_PREFIX:-/nonexistent}/lib" /usr/lib/x86_64-linux-gnu/openmpi/lib /usr/lib/aarch64-linux-gnu/openmpi/lib \
          /usr/lib64/openmpi/lib /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64; do
@@ -64,31 +64,31 @@ if [ -n "$LIBNAME" ]; then
   if [ -e "$LIBNAME" ]; then j libname_exists yes; else j libname_exists no; fi
 fi
 # can this session write in the workdir? (on a Mac, privacy controls (TCC) stop sshd under ~/Documents,
-# ~/Desktop, iCloud and /Volumes without Full Disk Access: docs/macos.md#tcc-blocks-sshd)
+# ~/Desktop, iCloud and /Volumes without Full Disk Access: docs/facts/macos.md#tcc-blocks-sshd)
 if [ "$FULL" = yes ]; then
   t="$WD/.clusterctl-write-test.$$"
   if e=$( { mkdir -p "$WD" && : >"$t" && rm -f "$t"; } 2>&1 ); then j workdir_write yes; else rm -f "$t" 2>/dev/null; j workdir_write "$e"; fi
 fi
-# the interpreter itself, or the script a shim runs it through (#!/usr/bin/env ...: SIP, docs/macos.md#sip-strips-dyld)
+# the interpreter itself, or the script a shim runs it through (#!/usr/bin/env ...: SIP, docs/facts/macos.md#sip-strips-dyld)
 if [ -n "$p" ] && [ "$(head -c 2 "$p" 2>/dev/null)" = "#!" ]; then j python_shebang "$(head -n 1 "$p")"; fi
 d=$WD
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
 # a Mac: ifconfig even when iproute2mac's `ip` exists, whose listing has no bridge members
-# (docs/macos.md#ifconfig-not-ip-on-macos)
+# (docs/facts/macos.md#ifconfig-not-ip-on-macos)
 if [ "$(uname -s)" = Darwin ]; then ifconfig -a 2>/dev/null
 else ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null; fi | while IFS= read -r line; do j iface "$line"; done
-# SIP strips DYLD_* variables (docs/macos.md#sip-strips-dyld)
+# SIP strips DYLD_* variables (docs/facts/macos.md#sip-strips-dyld)
 if [ "$(uname -s)" = Darwin ]; then
   j sip "$(csrutil status 2>&1)"
   j macos_version "$(sw_vers -productVersion 2>/dev/null)"
   # will it sleep? sleep settings per power source, and whether it has a battery (a laptop: its lid sleeps it)
-  # (docs/macos.md#pmset-sleep-settings)
+  # (docs/facts/macos.md#pmset-sleep-settings)
   if [ "$FULL" = yes ]; then
     pmset -g custom 2>&1 </dev/null | while IFS= read -r line; do j pmset_custom "$line"; done
     pmset -g batt 2>&1 </dev/null | while IFS= read -r line; do j pmset_batt "$line"; done
   fi
-  # jaccl: RDMA over Thunderbolt 5, enabled from Recovery; its devices as ibv_devices lists them (docs/macos.md#jaccl)
+  # jaccl: RDMA over Thunderbolt 5, enabled from Recovery; its devices as ibv_devices lists them (docs/facts/macos.md#jaccl)
   if [ "$RDMA" = yes ]; then
     j rdma_ctl "$(command -v rdma_ctl 2>/dev/null)"
     if command -v rdma_ctl >/dev/null 2>&1; then j rdma_status "$(rdma_ctl status 2>&1 </dev/null)"; fi

@@ -3,9 +3,9 @@
 Standard library only: it runs on this machine or, for a launch from the first host, on that host with its
 own python. SPEC.json (written by clusterctl/launch/backends.py) lists every rank with the argv that starts
 it: `/bin/sh -c` of a watchdog-wrapped script for a rank on this machine, `ssh -F <rendering> -- HOST
-<the same script>` for a rank elsewhere (docs/launchers.md#our-rank-starter).
+<the same script>` for a rank elsewhere (docs/facts/launchers.md#our-rank-starter).
 
-What it does, and why it is not mlx.launch (docs/launchers.md#mlx-launch-spins-a-core):
+What it does, and why it is not mlx.launch (docs/facts/launchers.md#mlx-launch-spins-a-core):
   - starts every rank at once, each with a stdin pipe it never writes to and never closes until the rank
     should stop: the rank's watchdog (hosts/transport.py) reads that pipe and kills the rank's process
     tree when it ends, so a rank never outlives this process, even after SIGKILL;

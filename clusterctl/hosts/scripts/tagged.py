@@ -1,7 +1,7 @@
 """A rank's output as tagged lines on its real stdout; part of the rank bootstrap (bootstrap.py). Every line the
 rank writes on fd 1 and 2 (C extensions included) goes out as MARK + "<rank> <out|err> <text>", a progress bar's
 redraws as `bar` lines (lines.py), and a heartbeat from a thread of the rank itself: a stopped or wedged process
-stops beating, a busy one does not (nor one blocked in a collective: docs/mlx-distributed.md#ring-all-sum-can-deadlock)."""
+stops beating, a busy one does not (nor one blocked in a collective: docs/facts/mlx-distributed.md#ring-all-sum-can-deadlock)."""
 import os
 import sys
 import threading

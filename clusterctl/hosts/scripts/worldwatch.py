@@ -3,7 +3,7 @@ bootstrap (bootstrap.py). A one-shot sys.meta_path finder waits for `mlx.core` t
 never imports it pays nothing) and, once the extension is loaded, replaces `mlx.core.distributed.init` with a
 wrapper that returns exactly the group MLX returned and calls report(size, backend asked) after the first call
 that returns one. Patched before the import statement completes, so `mx.distributed.init(...)` and
-`from mlx.core.distributed import init` both get the wrapper. Limits: docs/mlx-distributed.md#world-check."""
+`from mlx.core.distributed import init` both get the wrapper. Limits: docs/facts/mlx-distributed.md#world-check."""
 
 
 def watch_world(report):

@@ -1,0 +1,34 @@
+"""Running the clusterctl command line from tests as a user runs it: `python -m clusterctl ARGS` in a child
+process, so the real entry point, exit code, stdout and stderr are what a test sees.
+
+Every test file uses these (bound with its own defaults through functools.partial where it needs them), so
+how the CLI is started is decided in one place.
+"""
+import os
+import subprocess
+import sys
+
+COMMAND = (sys.executable, "-m", "clusterctl")
+
+
+def cache_env(cwd, env: dict | None = None) -> dict:
+    """`env` (default: this process's) with clusterctl's cache (plans, the runs index) under `cwd`/.cache, so
+    that a test neither reads nor leaves anything in the user's ~/.cache."""
+    return {**(os.environ if env is None else env), "XDG_CACHE_HOME": os.path.join(str(cwd), ".cache")}
+
+
+def clusterctl(*args: str, cwd=None, timeout: float = 120, env: dict | None = None, own_cache: bool = False,
+               **kwargs) -> subprocess.CompletedProcess:
+    """Run `clusterctl ARGS` to the end; own_cache: with cache_env(cwd)."""
+    if own_cache:
+        env = cache_env(cwd, env)
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
+                          **kwargs)
+
+
+def start(*args: str, cwd=None, env: dict | None = None, own_cache: bool = False) -> subprocess.Popen:
+    """Start `clusterctl ARGS` in the background, its stderr merged into its stdout (a pipe, read as text)."""
+    if own_cache:
+        env = cache_env(cwd, env)
+    return subprocess.Popen([*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=cwd, env=env)
