@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +207,7 @@ class SSHCluster:
         for host in self.hosts:
             host.dir.mkdir(exist_ok=True)
             (host.dir / "tmp").mkdir(exist_ok=True)
+            seed_mlx_kernels(host.dir / "tmp")
             _keygen(host.dir / "host_ed25519")
             host.port = common_port or free_port(host.address)
             # Each machine has its own /tmp; here they would share one, and OpenMPI's daemons (all with the
@@ -531,6 +533,8 @@ class SSHCluster:
                 except ProcessLookupError:
                     pass
                 self.stop_host(host.index)
+        for host in self.hosts:
+            harvest_mlx_kernels(host.dir / "tmp")
         if self.inventory_only:
             self._forget_host_keys()
 
@@ -545,6 +549,47 @@ class SSHCluster:
         for h in self.hosts:
             subprocess.run([SSH_KEYGEN, "-R", f"[{h.address}]:{h.port}", "-f", str(known)], capture_output=True)
         Path(str(known) + ".old").unlink(missing_ok=True)
+
+
+# ---- MLX's CPU kernels, compiled once per suite ------------------------------------------------------
+# MLX's CPU backend compiles fused kernels with the system C++ compiler on first use and keeps the
+# libraries under $TMPDIR/mlx/<version>/cpu (docs/facts/test-cluster.md#mlx-cpu-kernel-cache). Each test
+# host has a $TMPDIR of its own, so every cluster would compile them again: two ranks on two cores spend
+# 25-50 s in their first training step. A host is given the kernels earlier clusters compiled (as a real
+# machine that has run MLX before has them), and what its ranks compiled is kept for the next cluster.
+MLX_KERNELS = Path(tempfile.gettempdir()) / "clusterctl-tests-mlx-kernels"
+
+
+def seed_mlx_kernels(host_tmp: Path) -> None:
+    if MLX_KERNELS.is_dir():
+        shutil.copytree(MLX_KERNELS, host_tmp / "mlx", dirs_exist_ok=True)
+
+
+def harvest_mlx_kernels(host_tmp: Path) -> None:
+    """Keep the whole shared libraries a host's ranks compiled (a rank killed while compiling leaves a
+    truncated one: its ELF section table, written last, then lies past the end of the file)."""
+    compiled = host_tmp / "mlx"
+    for lib in compiled.glob("*/cpu/lib*.so"):
+        kept = MLX_KERNELS / lib.relative_to(compiled)
+        if kept.exists() or not _whole_elf(lib):
+            continue
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_name(f".partial-{os.getpid()}")      # MLX's names are near NAME_MAX already
+        shutil.copyfile(lib, partial)
+        os.replace(partial, kept)
+
+
+def _whole_elf(path: Path) -> bool:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if len(data) < 64 or data[:5] != b"\x7fELF\x02":      # 64-bit ELF
+        return False
+    order = "little" if data[5] == 1 else "big"
+    section_table = int.from_bytes(data[40:48], order)
+    entry_size, entries = int.from_bytes(data[58:60], order), int.from_bytes(data[60:62], order)
+    return 0 < section_table and section_table + entry_size * entries <= len(data)
 
 
 def _keygen(path: Path) -> None:
