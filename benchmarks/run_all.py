@@ -115,8 +115,18 @@ def _panel(r: dict) -> str:
             f"{q['chatty']['panel']['clusterctl_cpu_s']:.2f} s vs {q['chatty']['plain']['clusterctl_cpu_s']:.2f} s")
 
 
+def _stall(r: dict) -> str:
+    q = r["results"]
+    s = q["stall"]
+    return (f"trainer tokens/s with the stall watchdog / off: {q['ratio']['median']:.3f} (pairs "
+            f"{q['ratio']['pairs_min']:.3f}..{q['ratio']['pairs_max']:.3f}); a stall under --stall-timeout "
+            f"{s['timeout_s']:g}: diagnosed {s['to_diagnosis_s']:.2f} s after the last progress "
+            f"({s['beyond_timeout_s']:.2f} s beyond it), exit {s['to_exit_s']:.2f} s; `stacks latest` "
+            f"{q['stacks_s']['median']:.2f} s")
+
+
 SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
-             "prepare": _prepare, "train": _train, "panel": _panel}
+             "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall}
 
 
 def _generic(r: dict) -> str:

@@ -7,6 +7,7 @@ Exit codes (documented in README.md#exit-codes):
     2    bad input: usage errors, malformed inventories, datasets, checkpoints, flags
     3    could not connect to a host (SSH)
     124  a job was stopped by its start or hang timeout
+    125  a job was stopped because it stalled: no rank made progress for the stall timeout
     130  interrupted (Ctrl-C); 128 + N for another signal N
 A job whose rank exits N (1 to 255) makes `clusterctl run` exit N.
 
@@ -20,6 +21,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONNECT = 3
 EXIT_TIMEOUT = 124
+EXIT_STALLED = 125
 EXIT_INTERRUPTED = 130
 
 

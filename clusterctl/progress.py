@@ -13,7 +13,7 @@ import math
 import sys
 
 MARKER = "clusterctl:metrics "
-FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb")
+FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s")
 
 
 def report(**fields: float) -> None:

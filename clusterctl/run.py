@@ -43,6 +43,7 @@ from .launch.job import Launch
 from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
 from .launch.restart import RestartPolicy
 from .launch.site import LaunchSite
+from .launch.stall import StallPolicy
 from .launch.supervise import AttemptState, Outcome
 from .observe.live import LiveRun
 from .observe.plot import plot_run
@@ -68,6 +69,7 @@ class RunOptions:
     rank0_only: bool = False
     start_timeout: float | None = None
     hang_timeout: float | None = None
+    stall_timeout: float | None = None   # --stall-timeout: None adaptive, 0 off (launch/stall.py)
     runs_dir: str = "runs"
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     launch_from: str = "auto"
@@ -194,7 +196,8 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
                          f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
         raise
     result = RunResult(launch, outcome)
-    hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank)
+    hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank,
+                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None)
     return result
 
 
@@ -203,6 +206,7 @@ def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
                            dry_run=options.dry_run,
                            preflight=options.preflight, rank0_only=options.rank0_only,
                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
+                           stall=StallPolicy.parse(options.stall_timeout),
                            script=program.script, module=program.module)
 
 
@@ -292,7 +296,7 @@ class _RunHooks(AttemptHooks):
             self.events.spread(step_dir_name(step), holder.name, [h.name for h in lacking])
 
 
-_RECORDED = {AttemptState.SUCCEEDED: "ok", AttemptState.STOPPED: "stopped"}    # and "failed"
+_RECORDED = {AttemptState.SUCCEEDED: "ok", AttemptState.STOPPED: "stopped", AttemptState.STALLED: "stalled"}  # or "failed"
 
 
 def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float,
@@ -303,7 +307,8 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
             "ended": iso(time.time()), "outcome": _RECORDED.get(outcome.state, "failed"), "exit_code": outcome.exit_code,
             "reason": outcome.reason, "failed_rank": failed,
             "failed_host": launch.rank_hosts[failed] if failed is not None and failed < len(launch.rank_hosts) else None,
-            "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir)}
+            "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir),
+            **({"stacks": os.path.relpath(outcome.stacks, launch.run_dir)} if outcome.stacks else {})}
 
 
 def _plot_losses(launch: Launch) -> None:

@@ -8,7 +8,7 @@ core's work (run.py, doctor/, bench/, transfer/, hosts/).
     launch.py   hostfile, run              sync.py    sync
     data.py     data prepare, data push, generate
     bench.py    bench
-    observe.py  runs, logs, plot, ps, kill, completion
+    observe.py  runs, logs, plot, ps, kill, stacks, completion
 
 Each command module registers its commands on `cli` when it is imported: app.MODULES says which module
 defines which command, and a module is imported only when its command is used (or --help lists it).

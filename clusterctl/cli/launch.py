@@ -141,7 +141,8 @@ def _shown(path):
 # Options that name the launch itself, never a program's: a block of clusterctl options written after the
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
-               "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--runs-dir",
+               "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--stall-timeout",
+               "--runs-dir",
                "--max-restarts", "--restart-delay", "--elastic", "--elastic-batch")
 
 
@@ -244,6 +245,10 @@ class RunCommand(click.Command):
 @click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
 @click.option("--hang-timeout", type=float, metavar="S",
               help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
+@click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="S",
+              help="Stop the job, with every rank's stacks, when no rank has made progress (output, metrics "
+                   "lines) for S seconds; 0: never. Default: adaptive, from the first metrics line on "
+                   "(docs/run.md#stalls).")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
 @app.connect_timeout_option()
 @click.option("--launch-from", type=click.Choice(LAUNCH_FROM), default="auto", show_default=True,
@@ -280,7 +285,7 @@ class RunCommand(click.Command):
                    "keep the global batch by changing the bundled trainer's --accum (exported to every program "
                    "as CLUSTERCTL_ELASTIC_BATCH).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, plain, start_timeout,
-            hang_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
+            hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
             fetch_all_ranks, data_dir, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
@@ -310,7 +315,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     script, args, module = words.script, words.args, words.module
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
                          preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
-                         hang_timeout=hang_timeout, runs_dir=runs_dir, connect_timeout=connect_timeout,
+                         hang_timeout=hang_timeout, stall_timeout=stall_timeout, runs_dir=runs_dir,
+                         connect_timeout=connect_timeout,
                          launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
                          restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch))

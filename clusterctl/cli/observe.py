@@ -1,4 +1,4 @@
-"""clusterctl runs, logs, plot, ps, kill, completion: looking at runs, past and present."""
+"""clusterctl runs, logs, plot, ps, kill, stacks, completion: looking at runs, past and present."""
 from __future__ import annotations
 
 import json
@@ -230,3 +230,52 @@ def completion_cmd(shell):
     complete = get_completion_class(shell)(click.get_current_context().find_root().command, {}, "clusterctl",
                                            "_CLUSTERCTL_COMPLETE")
     click.echo(complete.source())
+
+
+@app.command("clusterctl stacks latest")
+@click.argument("run_ref", metavar="RUN")
+@click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
+              help="The inventory the run was started with. Default: the one it recorded (launch.json).")
+@click.option("--native", is_flag=True,
+              help="Add native frames with py-spy where it is installed on a host (pip install py-spy there).")
+@runs_dir_option
+@app.connect_timeout_option()
+@app.json_option
+def stacks_cmd(run_ref, inventory_path, native, runs_dir, connect_timeout, as_json):
+    """Where each rank of a running job is: its Python stacks, grouped.
+
+    RUN is an id, a prefix of one, or latest. The run goes on unharmed; the stacks are saved in
+    runs/<id>/stacks/<time>/rank-N.txt."""
+    from ..errors import EXIT_STALLED, UsageError
+    from ..inventory import Cluster
+    from ..launch.stacks import collect
+    from ..observe.runs import resolve
+
+    info = resolve(runs_dir, run_ref)
+    if info.status not in ("running", "unknown"):
+        raise UsageError(f"run {info.run_id} is not running ({info.outcome}): there are no ranks to ask"
+                         + (" (its stall's stacks are in runs/<id>/stacks/)" if info.exit_code == EXIT_STALLED else ""))
+    try:
+        with open(os.path.join(info.dir, "launch.json"), encoding="utf-8") as f:
+            described = json.load(f)
+    except (OSError, ValueError):
+        described = {}
+    folders = described.get("rank_files") or None
+    inventory = inventory_path or described.get("inventory")
+    if inventory:
+        cluster = app.load(inventory)
+    else:      # a run on this machine alone (no inventory)
+        cluster = Cluster.this_machine(os.getcwd())
+        folders = {cluster.hosts[0].name: next(iter(folders.values()))} if folders else None
+    taken = collect(app.connector(cluster, connect_timeout), info.run_id, folders=folders, native=native)
+    if taken.ranks:
+        taken.save(info.dir)
+    if as_json:
+        click.echo(json.dumps({"run_id": info.run_id, "folder": taken.folder, "errors": taken.errors,
+                               "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "where": r.where(),
+                                          "error": r.error} for r in taken.ranks]}, indent=2))
+    else:
+        for line in taken.screen():
+            click.echo(line)
+    if taken.errors or not taken.ranks:
+        sys.exit(1)

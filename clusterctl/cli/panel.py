@@ -22,7 +22,7 @@ from .console import table_lines
 
 REFRESH_PER_S = 4
 COLUMNS = ["rank", "host", "state", "step", "loss", "tok/s", "peak mem", "heartbeat", "lines/s"]
-STATE_STYLE = {"starting": "yellow", "running": "", "finished": "dim", "failed": "red"}
+STATE_STYLE = {"starting": "yellow", "running": "", "behind": "bold yellow", "finished": "dim", "failed": "red"}
 
 
 class Panel:

@@ -8,6 +8,7 @@ takes one object instead of threading loose settings through every layer:
     others = connector.narrowed(sub_cluster)          # fewer hosts, the same settings
     connector.ssh_options()                           # what an OpenSSH client started here is given
     connector.run_dir(host, run_id)                   # where the ranks' run directory is on a host
+    connector.rank_files_dir(host, run_id)            # where clusterctl's own files of a run are there
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from .transport import DEFAULT_CONNECT_TIMEOUT_S, LocalTransport, Transport
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.
 DEADLINE_SLACK_S = 5.0
 RUNS_DIR = "runs"          # the ranks' run directories, relative to a host's workdir
+# clusterctl's own files of a run on a host, relative to its workdir: the launcher's (a launch from the first
+# host) and the ranks' pid and stacks files (hosts/scripts/stackdump.py, which spells it too)
+RUN_FILES_DIR = ".clusterctl/runs"
 
 
 def ranks_run_dir(run_id: str) -> str:
@@ -85,6 +89,10 @@ class Connector:
     def run_dir(self, host: Host, run_id: str) -> str:
         """The ranks' run directory on `host`: <workdir>/runs/<id> (checkpoints, metrics.jsonl)."""
         return f"{host.workdir.rstrip('/')}/{ranks_run_dir(run_id)}"
+
+    def rank_files_dir(self, host: Host, run_id: str) -> str:
+        """clusterctl's files of a run on `host`: <workdir>/.clusterctl/runs/<id> (~ expanded there)."""
+        return f"{host.workdir.rstrip('/')}/{RUN_FILES_DIR}/{run_id}"
 
     def run_everywhere(self, command: str | Sequence[str], timeout: float, *,
                        env: Mapping[str, str] | None = None, cwd: str | None = None,

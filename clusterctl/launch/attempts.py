@@ -30,6 +30,7 @@ from .plan import LaunchPlan, discover, discover_reachable, remember_plan
 from ..trainer_contract import STEP_GLOB, checkpoint_step, last_step
 from .restart import RestartPolicy
 from .site import LaunchSite
+from .stall import StallPolicy
 from .supervise import AttemptState, Outcome, Settings, Status, Supervisor, signals_stop, stopped
 
 
@@ -44,6 +45,7 @@ class AttemptSettings:
     rank0_only: bool = False
     start_timeout: float | None = None
     hang_timeout: float | None = None # --hang-timeout as given (the restart policy may watch anyway)
+    stall: StallPolicy = StallPolicy()   # --stall-timeout
     script: str | None = None         # what the re-check looks for on every host: the user's script ...
     module: str | None = None         # ... or module
 
@@ -140,7 +142,7 @@ class Attempts:
         status = self.hooks.watching(launch)
         try:
             watch = Settings(rank0_only=settings.rank0_only, start_timeout=settings.start_timeout,
-                             hang_timeout=self.policy.hang_timeout(settings.hang_timeout))
+                             hang_timeout=self.policy.hang_timeout(settings.hang_timeout), stall=settings.stall)
             return Supervisor(launch, self.connector, emit=self.hooks.output, settings=watch,
                               status=status).run(preflight, plan)
         finally:

@@ -15,12 +15,12 @@ import os
 import queue
 import secrets
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
 from ..atomic import write_text
-from ..hosts.connector import Connector, ranks_run_dir
+from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
 from ..hosts.transport import LocalTransport, Process
 from ..inventory import Cluster
@@ -48,6 +48,9 @@ class Launch:
     site: LaunchSite = LaunchSite()  # where the launcher runs
     remote_command: str = ""         # the shell line that starts it there, when that is a host
     log_dir: str = ""                # the rank logs, launcher.log and launch.json: run_dir, or its attempt-K/
+    # what `clusterctl stacks RUN` needs to reach the ranks without being told the inventory again
+    inventory: str | None = None     # the inventory file the cluster came from (None: this machine alone)
+    rank_files: dict[str, str] = field(default_factory=dict)   # host -> the ranks' pid and stacks files there
 
     def __post_init__(self):
         self.log_dir = self.log_dir or self.run_dir
@@ -55,6 +58,7 @@ class Launch:
     def describe(self) -> dict:
         return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
                 "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts,
+                "inventory": self.inventory, "rank_files": self.rank_files,
                 **({"launcher_host": self.site.host, "remote_command": self.remote_command} if self.site.host else {})}
 
 
@@ -118,6 +122,8 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
         launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
                                   log_dir)
     launch.log_dir = log_dir
+    launch.inventory = os.path.abspath(cluster.path) if os.path.isfile(cluster.path) else None
+    launch.rank_files = {h.name: connector.rank_files_dir(h, run_id) for h in cluster.hosts}
     description = json.dumps(launch.describe(), indent=2) + "\n"
     for where in {run_dir, log_dir}:      # the run's own is the newest attempt's (`clusterctl logs` reads it)
         write_text(os.path.join(where, "launch.json"), description)
@@ -140,7 +146,7 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
     facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
     home, uid, ssh, mpirun = (facts + ["", "", "", ""])[:4]
     workdir = home + host.workdir[1:] if host.workdir.startswith("~") else host.workdir
-    there = f"{workdir.rstrip('/')}/.clusterctl/runs/{run_id}"
+    there = f"{workdir.rstrip('/')}/{RUN_FILES_DIR}/{run_id}"
     # the launcher's ssh on that host reads that host's rendering of the inventory, sent with the launch
     config = f"{there}/ssh_config"
     site = site.ready(there, ssh=ssh.strip() or None, as_root=uid.strip() == "0",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..hosts.fanout import run_all
+from ..hosts.transport import quote_path
 from ..inventory import Cluster
 from .backends import Backend
 from .site import LaunchSite
@@ -48,14 +49,20 @@ def sweep_pattern(run_id: str | None) -> str:
     return f"clusterctl-ru[n]-{run_id}"
 
 
-def sweep_script(run_id: str | None) -> str:
+def sweep_script(run_id: str | None, rank_files: str | None = None) -> str:
     """The POSIX sh a host runs to kill what is left of a run (None: of every clusterctl run): every rank
-    carries its run id on its command line. Exit 1, listing them, when something would not die."""
+    carries its run id on its command line. Exit 1, listing them, when something would not die. Then the
+    pid and stacks files killed ranks left in `rank_files` (hosts/scripts/stackdump.py) are removed."""
     pattern = shlex.quote(sweep_pattern(run_id))
     wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
     # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
     # there when `run` returns
-    return (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; "
+    tidy = ""
+    if rank_files:
+        folder = quote_path(rank_files)
+        tidy = (f"rm -f {folder}/rank-*.pid {folder}/rank-*.stacks {folder}/rank-*.partial 2>/dev/null; "
+                f"rmdir {folder} 2>/dev/null; ")
+    return (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; {tidy}"
             f"if pgrep -f {pattern} >/dev/null 2>&1; then "
             f"ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
 
@@ -63,9 +70,8 @@ def sweep_script(run_id: str | None) -> str:
 def sweep(connector: Connector, run_id: str | None, timeout: float = 15.0) -> list[str]:
     """Kill whatever is left of this run (None: of every clusterctl run) on every host (sweep_script).
     Returns the hosts where something may survive (unreachable, or a process that would not die)."""
-    script = sweep_script(run_id)
-
     def one(host):
+        script = sweep_script(run_id, connector.rank_files_dir(host, run_id) if run_id else None)
         with connector.transport(host) as t:
             return t.run(script, timeout=timeout)
 

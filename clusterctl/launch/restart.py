@@ -61,9 +61,9 @@ class RestartPolicy:
                              "drop --elastic: --max-restarts alone restarts on the same hosts)")
 
     def should_restart(self, state: AttemptState, restarts: int) -> bool:
-        """After an attempt: restart one that failed (a rank lost too), not one that succeeded or that the user
+        """After an attempt: restart one that failed (a rank lost, or the job stalled), not one that succeeded or that the user
         stopped (Ctrl-C, SIGTERM, SIGHUP), while restarts are left."""
-        return state in (AttemptState.FAILED, AttemptState.LOST) and restarts < self.max_restarts
+        return state in (AttemptState.FAILED, AttemptState.LOST, AttemptState.STALLED) and restarts < self.max_restarts
 
     def hang_timeout(self, given: float | None) -> float | None:
         """--hang-timeout as given, else SILENT_HOST_S for a restartable run (without one, a sleeping host's

@@ -32,6 +32,7 @@ from ..errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_STALLED,
     EXIT_TIMEOUT,
     SignalReceived,
     exit_for_signal,
@@ -42,6 +43,8 @@ from .bootstrap import parse_line
 from .job import Launch
 from .launchers import sweep
 from .plan import LaunchPlan
+from .stacks import collect as collect_stacks
+from .stall import StallPolicy, StallWatch
 from .world import WorldCheck
 
 FINISH_TIMEOUT_S = 30.0
@@ -66,6 +69,7 @@ class AttemptState(Enum):
     SUCCEEDED = "succeeded"   # every rank finished, and the launcher with them
     FAILED = "failed"         # a rank or the launcher failed, a rank never started or went silent
     LOST = "lost"             # the failed rank died without reporting its exit (the rank starter said)
+    STALLED = "stalled"       # every rank alive, none making progress for the stall timeout (stall.py)
     STOPPED = "stopped"       # Ctrl-C, SIGTERM or SIGHUP: never restarted
     REPLAN = "replan"         # the pre-flight found other hosts than the cached plan: launch again
 
@@ -79,6 +83,7 @@ class Outcome:
     state: AttemptState | None = None         # None: SUCCEEDED for exit code 0, else FAILED
     fresh_plan: LaunchPlan | None = None      # REPLAN: the plan the pre-flight found, to launch again from
     rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
+    stacks: str | None = None         # STALLED: where every rank's stacks were saved (runs/<id>/stacks/<time>)
 
     def __post_init__(self):
         if self.state is None:
@@ -92,6 +97,7 @@ class Settings:
     rank0_only: bool = False              # show rank 0's lines only (every rank's are logged)
     start_timeout: float | None = None    # no sign of a rank this long after the launch: stop the job
     hang_timeout: float | None = None     # a started rank silent this long (no output, no heartbeat): stop
+    stall: StallPolicy = StallPolicy()    # no rank making progress (stall.py): stop, with every rank's stacks
 
 
 class _Preflight:
@@ -142,9 +148,10 @@ class _Lines:
     status hook) or to launcher.log; the verdicts read from the ranks' state are here too."""
 
     def __init__(self, ranks: list[_Rank], launcher_log: TextIO, world: WorldCheck, emit: Emit, *,
-                 rank0_only: bool = False, status: Status = _no_status):
+                 rank0_only: bool = False, status: Status = _no_status, stall: StallPolicy | None = None):
         self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
         self.emit, self.rank0_only, self.status = emit, rank0_only, status
+        self.watch = StallWatch(stall or StallPolicy())
 
     @classmethod
     def open(cls, launch: Launch, emit: Emit, settings: Settings, status: Status) -> _Lines:
@@ -154,7 +161,8 @@ class _Lines:
                  for r, h in enumerate(launch.rank_hosts)]
         world = WorldCheck(len(ranks), launch.backend)
         launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
-        return cls(ranks, launcher_log, world, emit, rank0_only=settings.rank0_only, status=status)
+        return cls(ranks, launcher_log, world, emit, rank0_only=settings.rank0_only, status=status,
+                   stall=settings.stall)
 
     def close(self) -> None:
         for r in self.ranks:
@@ -175,12 +183,19 @@ class _Lines:
         r.last_seen = time.monotonic()
         metrics = parse_metrics(payload) if kind == "out" else None
         if metrics is not None:
+            self.watch.progress(rank, r.last_seen, structured=True)
+            if metrics.get("quiet_s"):
+                self.watch.quiet(rank, r.last_seen, metrics["quiet_s"])
             self.status(rank, "metrics", metrics, r.last_seen)
             return None
         self.status(rank, kind, _exit_code(payload) if kind == "exit" else payload, r.last_seen)
         shown = not self.rank0_only or rank == 0
+        if kind in ("out", "err", "bar"):
+            self.watch.progress(rank, r.last_seen)
         if kind == "start":
             r.started = True
+            if all(x.started for x in self.ranks):
+                self.watch.started(r.last_seen)
         elif kind in ("out", "err"):
             r.write(payload)
             r.tail.append(payload)
@@ -194,6 +209,7 @@ class _Lines:
         elif kind == "world":
             self.world.report(rank, r.host, payload, time.monotonic())
         elif kind in ("lost", "exit"):
+            self.watch.ended(rank)
             return self._ended(r, kind, payload)
         return None
 
@@ -228,6 +244,19 @@ class _Lines:
         who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
         return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
                        f" (see {self.launcher_log.name})", failed_rank=missing[0].rank if missing else None)
+
+    def lagging(self, now: float) -> None:
+        """Warn of ranks that fell behind the others (stall.py): on the screen and in the live panel."""
+        for rank, behind in self.watch.stragglers(now):
+            r = self.ranks[rank]
+            self.emit(f"warning: rank {rank} on {r.host} is behind: no progress for {behind:.0f}s while other ranks "
+                      f"progress (a stall if they stop too)", True)
+            self.launcher_log.write(f"clusterctl: rank {rank} on {r.host} is behind: no progress for {behind:.0f}s\n")
+            self.launcher_log.flush()
+            self.status(rank, "straggler", behind, now)
+
+    def stall(self, now: float):
+        return self.watch.check(now, live=sum(1 for r in self.ranks if r.started and r.exit_code is None))
 
     def timed_out(self, started_at: float, settings: Settings) -> Outcome | None:
         now, start_timeout, hang_timeout = time.monotonic(), settings.start_timeout, settings.hang_timeout
@@ -310,12 +339,35 @@ class Supervisor:
             if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
                 outcome = lines.world_verdict(force=True) or lines.launcher_ended(proc.returncode)
                 break
-            outcome = check.verdict() or lines.world_verdict() or lines.timed_out(started_at, self.settings)
+            outcome = (check.verdict() or lines.world_verdict() or lines.timed_out(started_at, self.settings)
+                       or self._stalled(lines))
         if outcome.state is not AttemptState.REPLAN and check.future is not None and outcome.exit_code != 0:
             # The job ended before the pre-flight did: its verdict still decides what to report (a rank's
             # "No such file" is less useful than "host h2: train.py does not exist there") and what to cache.
             outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
         return outcome
+
+    def _stalled(self, lines: _Lines) -> Outcome | None:
+        """No rank has progressed for the stall timeout: every rank's stacks are taken and saved, the odd one
+        out named, one screen printed; the Outcome is STALLED (restarted like a failure)."""
+        now = time.monotonic()
+        lines.lagging(now)
+        stall = lines.stall(now)
+        if stall is None:
+            return None
+        reason = f"stalled: no progress from any rank for {stall.silent_s:.0f}s"
+        failed, folder = None, None
+        if self.connector is not None:
+            taken = collect_stacks(self.connector, self.launch.run_id)
+            folder = taken.save(self.launch.run_dir)
+            odd = taken.odd_one_out()
+            if odd is not None:
+                failed = odd[0]
+                reason += f"; rank {odd[0]} is the odd one out: {odd[1]}"
+            for text in [reason] + taken.screen():
+                self.emit(text, True)
+            reason += f" (stacks: {os.path.relpath(folder)})"
+        return Outcome(EXIT_STALLED, reason, failed_rank=failed, state=AttemptState.STALLED, stacks=folder)
 
     def _finish(self, lines: _Lines, proc, queued: queue.Queue) -> Outcome:
         """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it

@@ -7,7 +7,8 @@ renderer (cli/panel.py) reads a snapshot a few times a second from its own threa
 
 Kinds: "start" (the bootstrap started), "out" / "err" (an output line), "hb" and any other tagged line (a
 sign of life), "metrics" (the fields of a progress.py metrics line, a dict), "exit" (the exit code, an int),
-"lost" (the rank died without reporting its exit).
+"lost" (the rank died without reporting its exit), "straggler" (the stall watchdog saw it fall behind the
+other ranks: its state is "behind" until its next output or metrics line).
 A program that prints no metrics lines still gets its state, heartbeat age and output rate.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ STEP_WINDOW_S = 60.0       # the step rate behind the ETA, over about this long
 class RankRow:
     rank: int
     host: str
-    state: str                      # starting, running, finished, failed
+    state: str                      # starting, running, behind, finished, failed
     step: int | None
     total_steps: int | None
     loss: float | None
@@ -70,11 +71,15 @@ class LiveRun:
             return
         with self._lock:
             r = self._ranks[rank]
+            if kind == "straggler":          # not a sign of life: the lack of one
+                if r.state in ("starting", "running"):
+                    r.state = "behind"
+                return
             r.last_seen = now
             if kind in ("exit", "lost"):     # lost: it died without reporting an exit
                 r.state = "finished" if kind == "exit" and value == 0 else "failed"
                 return
-            if r.state == "starting":
+            if r.state == "starting" or (r.state == "behind" and kind in ("out", "err", "metrics")):
                 r.state = "running"
             if kind in ("out", "err"):
                 r.lines.append(now)

@@ -15,7 +15,9 @@ In runs/<id>/:
                      "duration_s", "exit_code", "reason", "failed_rank", "world", "backend", "hosts",
                      "program"}, and for `run --max-restarts`: "restarts" and "attempts", one entry per
                     attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
-                    lines, resumed_from, steps_lost). Its appearing means the run is over. Readers ignore
+                    lines, resumed_from, steps_lost, and "stacks" when it stalled); for a run that ended
+                    stalled, "stacks": the folder (relative to runs/<id>/) of every rank's stacks. Its
+                    appearing means the run is over. Readers ignore
                     keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
 ({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program"}) and
@@ -141,7 +143,7 @@ class RunRecord:
                 "pid": os.getpid(), "host": socket.gethostname(), **facts})
         return record
 
-    def end(self, exit_code: int, reason: str, failed_rank: int | None = None) -> dict:
+    def end(self, exit_code: int, reason: str, failed_rank: int | None = None, stacks: str | None = None) -> dict:
         """Stop timing the logs, write summary.json and the index's end line (once)."""
         if self.ended:
             return {}
@@ -152,6 +154,8 @@ class RunRecord:
         summary = {"format": 1, "run_id": self.run_id, "started": iso(self.started), "ended": iso(now),
                    "duration_s": round(now - self.started, 3), "exit_code": exit_code, "reason": reason,
                    "failed_rank": failed_rank, **self.facts}
+        if stacks:
+            summary["stacks"] = stacks
         if self.attempts:
             summary["restarts"] = len(self.attempts) - 1
             summary["attempts"] = self.attempts

@@ -6,19 +6,23 @@ and the checkpoints):
     on_step(N, loss, grad_norm)     every step, once the step's loss and gradient norm are evaluated
     on_report(N, lr)                at the run's first step, every --report-every steps and at the last
     with paused():                  every step; time spent inside is not training time
+        on_quiet(N, what)           before an evaluation or a checkpoint: a phase without steps begins
         on_eval(N, val_loss)        every --eval-every steps and at the last
         on_checkpoint(N)            every --ckpt-every steps and at the last
 
 Every rank gets every call at the same steps, so a hook may be a collective (a report's peak memory and a
 checkpoint are). The trainer's listeners are `Reporting` (metrics.Reporter: rank 0's lines and
-metrics.jsonl) and `Checkpointing` (checkpoint.save), joined by `Callbacks`.
+metrics.jsonl), `Checkpointing` (checkpoint.save) and, under `clusterctl run`, `Progress` (every rank's steps
+and quiet phases for the stall watchdog), joined by `Callbacks`.
 """
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack, contextmanager
 
 import mlx.core as mx
 
+from ..progress import report
 from . import checkpoint
 from .metrics import Reporter
 from .model import ModelArgs
@@ -37,6 +41,9 @@ class Callback:
         pass
 
     def on_checkpoint(self, step: int) -> None:
+        pass
+
+    def on_quiet(self, step: int, what: str) -> None:
         pass
 
     @contextmanager
@@ -61,6 +68,9 @@ class Callbacks(Callback):
 
     def on_checkpoint(self, step):
         self._each("on_checkpoint", step)
+
+    def on_quiet(self, step, what):
+        self._each("on_quiet", step, what)
 
     @contextmanager
     def paused(self):
@@ -112,3 +122,43 @@ class Checkpointing(Callback):
         path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
         if group.rank() == 0:
             print(f"step {step} | checkpoint {path}", flush=True)
+
+
+# How long a phase without steps may last before the stall watchdog may call it a stall (launch/stall.py):
+# loading, restoring and the first step's compile (on a Linux CPU host MLX compiles its kernels then:
+# docs/run.md#a-slow-first-step-on-linux), an evaluation, a checkpoint. A hang there is caught this late.
+QUIET_S = 600.0
+BEAT_S = 1.0          # at most one progress line a second from each rank
+
+
+def announce_quiet(seconds: float = QUIET_S) -> None:
+    """Tell `clusterctl run` that no step will come for up to `seconds` (a metrics line; nothing outside a run)."""
+    if under_run():
+        report(quiet_s=seconds)
+
+
+def under_run() -> bool:
+    import os
+    return bool(os.environ.get("CLUSTERCTL_RUN_ID"))
+
+
+class Progress(Callback):
+    """Every rank's progress for `clusterctl run`'s stall watchdog: a metrics line with the step at most every
+    BEAT_S seconds, and a quiet phase announced before the first step, each evaluation and each checkpoint
+    (ended by the next step's line)."""
+
+    def __init__(self, total_steps: int):
+        self.total_steps = total_steps
+        self.last_beat = 0.0
+        self.quiet = True
+        announce_quiet()          # the first step: graph building and, on a Linux CPU, kernel compiles
+
+    def on_step(self, step, loss, grad_norm):
+        now = time.monotonic()
+        if self.quiet or now - self.last_beat >= BEAT_S or step == self.total_steps:
+            report(step=step, total_steps=self.total_steps)
+            self.last_beat, self.quiet = now, False
+
+    def on_quiet(self, step, what):
+        announce_quiet()
+        self.quiet = True

@@ -33,7 +33,7 @@ import mlx.core as mx
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import checkpoint, collectives, presets
-from .callbacks import Callback, Callbacks, Checkpointing, Reporting
+from .callbacks import Callback, Callbacks, Checkpointing, Progress, Reporting, announce_quiet, under_run
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
@@ -219,14 +219,17 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
             callbacks.on_report(done, optimizer.learning_rate.item())
         with callbacks.paused():
             if (config.eval_every and done % config.eval_every == 0) or last:
+                callbacks.on_quiet(done, "evaluation")
                 callbacks.on_eval(done, evaluate(model, data.val, config.eval_batches, data.group))
             if (config.ckpt_every and done % config.ckpt_every == 0) or last:
+                callbacks.on_quiet(done, "checkpoint")
                 callbacks.on_checkpoint(done)
 
 
 def train(argv: list[str] | None = None) -> None:
     """One rank's run: flags, world, run directory and resume, data, model and optimizer, then fit."""
     resolve(argv)                                              # bad flags fail before the world forms
+    announce_quiet()                                           # loading, restoring: no step for a while
     group = init_world()
     rank, world = group.rank(), group.size()
     device = device_kind(group)
@@ -252,9 +255,11 @@ def train(argv: list[str] | None = None) -> None:
                      val=BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank),
                      group=group, start=start)
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
-    callbacks = Callbacks(Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
-                          Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer),
-                                        vocab_size))
+    listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
+                 Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer), vocab_size)]
+    if under_run():
+        listeners.append(Progress(config.steps))
+    callbacks = Callbacks(*listeners)
     if rank == 0:
         print(presets.describe(config.training_dict(), how, count_parameters(model)), flush=True)
         print(f"{config.strategy} on {world} rank(s): {len(train_tokens):,} training tokens on rank 0, "

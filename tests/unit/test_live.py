@@ -3,11 +3,13 @@ the supervisor's hook (a metrics line feeds the panel only) and the rendering (c
 import json
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
 from clusterctl import progress
 from clusterctl.launch.bootstrap import MARK
+from clusterctl.launch.stall import StallPolicy
 from clusterctl.launch.supervise import _Lines, _Rank
 from clusterctl.launch.world import WorldCheck
 from clusterctl.observe.live import LiveRun
@@ -67,6 +69,21 @@ def test_states_heartbeat_and_output_rate():
     assert live.snapshot(1.0).ranks[0].state == "failed"
 
 
+def test_a_straggler_is_behind_until_it_progresses_again():
+    live = LiveRun(["h1", "h2"], now=0.0)
+    live.update(1, "start", "", 1.0)
+    live.update(1, "straggler", 30.0, 40.0)           # the stall watchdog's warning: not a sign of life
+    row = live.snapshot(41.0).ranks[1]
+    assert row.state == "behind" and row.since_seen_s == pytest.approx(40.0)
+    live.update(1, "hb", "", 42.0)                    # a heartbeat is no progress
+    assert live.snapshot(42.0).ranks[1].state == "behind"
+    live.update(1, "metrics", {"step": 12}, 43.0)
+    assert live.snapshot(43.0).ranks[1].state == "running"
+    live.update(1, "exit", 0, 44.0)
+    live.update(1, "straggler", 1.0, 45.0)            # too late to matter
+    assert live.snapshot(45.0).ranks[1].state == "finished"
+
+
 def test_metrics_give_each_rank_its_row_and_the_job_its_eta_and_global_rate():
     live = LiveRun(["h1", "h2"], now=0.0)
     job = live.snapshot(1.0).job
@@ -119,6 +136,33 @@ def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path
     assert list(ranks[0].tail) == ["step 1 | loss 2.0", f"{progress.MARKER}not json"]
     assert heard == [(0, "start", ""), (0, "out", "step 1 | loss 2.0"), (0, "metrics", {"step": 1, "loss": 2.0}),
                      (0, "out", f"{progress.MARKER}not json"), (0, "exit", 0)]
+
+
+def test_the_supervisors_lines_feed_the_stall_watch(tmp_path):
+    """Heartbeats are not progress, output lines and metrics lines are, quiet_s announces a quiet phase, and a
+    straggler is warned of on the screen, in launcher.log and to the panel."""
+    ranks = [_Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
+    emitted, heard = [], []
+    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"),
+                   lambda text, err: emitted.append(text), status=lambda *event: heard.append(event[:2]),
+                   stall=StallPolicy.parse(10))
+    clock = iter(range(1000))
+    with mock.patch("clusterctl.launch.supervise.time.monotonic", lambda: float(next(clock))):
+        for r in (0, 1):
+            lines.handle(f"{MARK}{r} start")              # t 0, 1: armed at 1 (every rank started)
+        lines.handle(f'{MARK}1 out {progress.MARKER}{{"step": 1}}')      # t 2
+        for _ in range(15):
+            lines.handle(f"{MARK}1 hb")                   # t 3..17: heartbeats only
+        assert lines.stall(18.0) is not None and lines.stall(11.0) is None
+        lines.handle(f'{MARK}0 out {progress.MARKER}{{"step": 1, "quiet_s": 60}}')   # t 18
+        assert lines.stall(70.0) is None and lines.stall(79.0) is not None
+        for _ in range(12):
+            lines.handle(f'{MARK}0 out {progress.MARKER}{{"step": 2}}')                # t 19..30: rank 0 only
+        lines.lagging(30.0)
+    assert emitted == ["warning: rank 1 on h2 is behind: no progress for 28s while other ranks progress "
+                       "(a stall if they stop too)"]
+    assert (1, "straggler") in heard
+    assert "rank 1 on h2 is behind" in (tmp_path / "launcher.log").read_text()
 
 
 # ---- the rendering ------------------------------------------------------------------------------

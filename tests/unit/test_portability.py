@@ -68,7 +68,7 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
         "probe + module check (pre-flight)": probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=None,
                                                           peers=[], mesh_config=None, ssh_config=None, full=False)
         + module_check(host, "pkg.train"),
-        "sweep": sweep_script("20261124-000000-abcdef"),
+        "sweep": sweep_script("20261124-000000-abcdef", "~/work dir/.clusterctl/runs/20261124-000000-abcdef"),
         "rsync's remote side": remote_rsync_path("~/work dir/sub") + " --server -lpt . .",
         "launch from the first host": LAUNCH_HOST_FACTS,
         "a command with env": shell_command(["python3", "-c", "print(1)"], {"A": "it's", "B": "$(x)"}, cwd="~/w d"),

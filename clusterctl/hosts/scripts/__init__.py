@@ -7,7 +7,9 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     filehelper.py   hashing, listing, deleting and verifying files for sync, data push and run
     ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, run by path)
     bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
-                    pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py
+                    pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py,
+                    stackdump.py
+    stacks.py       asks a run's ranks on one host for their stacks (stackdump.py's files) and reads them
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ docs/facts/macos.md#sip-strips-dyld). It:
     directory first on sys.path), and reports the exit code (the launcher's own cannot be trusted:
     docs/facts/launchers.md#mlx-launch-exit-status);
   - writes the files MLX reads by path (envfiles.py, docs/facts/launchers.md#our-rank-starter), and removes them;
+  - dumps every thread's Python stack into a file when asked with a signal (stackdump.py, for `clusterctl
+    stacks` and the stall watchdog);
   - raises the open-file soft limit (nofile.py), keeps a Mac awake while the rank lives (awake.py), reports
     the world MLX formed (worldwatch.py, docs/facts/mlx-distributed.md#world-check), finalises an MPI world of one
     (mpiworld.py).
@@ -35,6 +37,7 @@ from .awake import keep_awake, let_sleep
 from .envfiles import env_files
 from .mpiworld import finalize_world_of_one
 from .nofile import raise_nofile
+from .stackdump import arm_stacks, disarm_stacks
 from .tagged import Tagged
 from .worldwatch import watch_world
 
@@ -89,6 +92,7 @@ def main(argv):
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
     if workdir.startswith("["):
         workdir = json.loads(workdir)[int(rank)]
+    stacks = arm_stacks(workdir, os.environ.get("CLUSTERCTL_RUN_ID"), rank)
     out = Tagged(rank)
     out.emit("start", socket.gethostname().encode())
     out.capture()
@@ -107,6 +111,7 @@ def main(argv):
         except OSError:
             pass
     out.release()
+    disarm_stacks(stacks)
     let_sleep(awake)
     finalize_world_of_one()
     out.emit("exit", ("%d %d" % (code, left_files())).encode())

@@ -1,0 +1,192 @@
+"""The stall watchdog's bookkeeping (launch/stall.py) on canned times, and the stacks' parsing and grouping
+(launch/stacks.py) on answers recorded from hosts/scripts/stacks.py during a real stall: `clusterctl run
+--stall-timeout 60 stall.py` on 2 local ranks over ring, rank 1 in time.sleep, rank 0 waiting in all_sum."""
+import json
+import os
+
+import pytest
+
+from clusterctl.errors import UsageError
+from clusterctl.launch.stacks import RankStacks, Stacks, parse_dump
+from clusterctl.launch.stall import ADAPTIVE_FLOOR_S, ADAPTIVE_MULTIPLE, StallPolicy, StallWatch
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "stacks")
+
+
+# ---- the policy --------------------------------------------------------------------------------------------
+def test_the_flag_parses_to_adaptive_fixed_or_off():
+    assert StallPolicy.parse(None) == StallPolicy()
+    assert StallPolicy.parse(20).fixed == 20.0
+    assert not StallPolicy.parse(0).enabled
+    with pytest.raises(UsageError, match="--stall-timeout -1"):
+        StallPolicy.parse(-1)
+
+
+# ---- fixed -------------------------------------------------------------------------------------------------
+def test_fixed_timeout_counts_from_the_start_of_every_rank_without_any_output():
+    watch = StallWatch(StallPolicy.parse(20))
+    assert watch.check(1000.0) is None                 # nothing started yet
+    watch.started(100.0)
+    assert watch.check(119.0) is None
+    stall = watch.check(121.0)
+    assert stall is not None and stall.silent_s == pytest.approx(21.0) and stall.timeout_s == 20.0
+
+
+def test_any_line_of_any_rank_is_progress():
+    watch = StallWatch(StallPolicy.parse(20))
+    watch.started(0.0)
+    for t in range(0, 100, 10):
+        watch.progress(t % 2, float(t))
+    assert watch.check(109.0) is None
+    assert watch.check(111.0) is not None
+
+
+def test_no_stall_once_no_rank_runs():
+    watch = StallWatch(StallPolicy.parse(20))
+    watch.started(0.0)
+    assert watch.check(50.0, live=0) is None
+    assert watch.check(50.0, live=1) is not None
+
+
+def test_off_never_fires():
+    watch = StallWatch(StallPolicy.parse(0))
+    watch.started(0.0)
+    watch.progress(0, 1.0, structured=True)
+    assert watch.check(1e9) is None and watch.stragglers(1e9) == []
+
+
+# ---- adaptive ----------------------------------------------------------------------------------------------
+def test_adaptive_leaves_a_program_without_metrics_lines_alone_however_long():
+    watch = StallWatch(StallPolicy())
+    watch.started(0.0)
+    watch.progress(0, 5.0)                 # ordinary lines: a server's startup banner
+    assert watch.check(10 * 24 * 3600.0) is None
+
+
+def test_adaptive_arms_at_the_first_metrics_line_with_the_floor():
+    watch = StallWatch(StallPolicy())
+    watch.started(0.0)
+    watch.progress(0, 2.0, structured=True)
+    for t in range(3, 60):
+        watch.progress(0, float(t), structured=True)
+    assert watch.timeout() == ADAPTIVE_FLOOR_S
+    assert watch.check(59.0 + ADAPTIVE_FLOOR_S - 1) is None
+    assert watch.check(59.0 + ADAPTIVE_FLOOR_S + 1) is not None
+
+
+def test_adaptive_grows_with_the_longest_gap_the_start_included():
+    watch = StallWatch(StallPolicy())
+    watch.started(0.0)
+    watch.progress(0, 40.0, structured=True)      # 40 s from the start to the first step
+    assert watch.timeout() == max(ADAPTIVE_FLOOR_S, ADAPTIVE_MULTIPLE * 40.0)
+    watch.progress(0, 100.0, structured=True)     # then a 60 s gap
+    assert watch.timeout() == ADAPTIVE_MULTIPLE * 60.0
+
+
+def test_an_announced_quiet_phase_holds_the_verdict_and_does_not_stretch_the_timeout():
+    watch = StallWatch(StallPolicy())
+    watch.started(0.0)
+    for t in range(1, 11):
+        watch.progress(1, float(t), structured=True)
+    watch.quiet(1, 10.0, 180.0)                  # a three-minute evaluation, announced
+    assert watch.check(10.0 + 179.0) is None     # past the 120 s floor: still quiet
+    watch.progress(1, 10.0 + 175.0, structured=True)    # the phase ends with the rank's next step
+    assert watch.timeout() == ADAPTIVE_FLOOR_S   # the 175 s gap ended a quiet phase: not counted
+    assert watch.check(185.0 + ADAPTIVE_FLOOR_S + 1) is not None
+
+
+def test_a_quiet_phase_that_runs_out_is_a_stall():
+    watch = StallWatch(StallPolicy.parse(20))
+    watch.started(0.0)
+    watch.progress(0, 1.0, structured=True)
+    watch.quiet(0, 1.0, 60.0)
+    assert watch.check(50.0) is None
+    assert watch.check(62.0) is not None
+
+
+def test_a_rank_that_ends_drops_its_quiet_phase():
+    watch = StallWatch(StallPolicy.parse(20))
+    watch.started(0.0)
+    watch.quiet(0, 1.0, 600.0)
+    watch.ended(0)
+    assert watch.check(30.0) is not None
+
+
+# ---- stragglers --------------------------------------------------------------------------------------------
+def test_a_rank_that_stops_while_the_others_go_on_is_named_once():
+    watch = StallWatch(StallPolicy.parse(20))
+    watch.started(0.0)
+    for t in range(1, 40):
+        for rank in (0, 1, 2):
+            if rank != 2 or t < 10:
+                watch.progress(rank, float(t), structured=True)
+        if t == 15:
+            assert watch.stragglers(float(t)) == []          # 6 s behind: under half the timeout (10 s)
+    named = watch.stragglers(39.0)
+    assert [rank for rank, _ in named] == [2] and named[0][1] == pytest.approx(30.0)
+    assert watch.stragglers(40.0) == []                      # once
+    assert watch.check(39.5) is None                         # the others progress: not a stall
+    watch.progress(2, 41.0, structured=True)                 # caught up: may be named again later
+    assert 2 not in watch.lagging
+
+
+def test_ranks_that_never_report_metrics_are_not_stragglers():
+    watch = StallWatch(StallPolicy.parse(20))
+    watch.started(0.0)
+    watch.progress(1, 1.0)                                   # one line at the start, then silence
+    for t in range(2, 60):
+        watch.progress(0, float(t), structured=True)         # rank 0 alone prints
+    assert watch.stragglers(60.0) == []
+
+
+# ---- stacks ------------------------------------------------------------------------------------------------
+def recorded() -> list[RankStacks]:
+    with open(os.path.join(FIXTURES, "linux-ring-2ranks.json"), encoding="utf-8") as f:
+        answer = json.load(f)
+    return [RankStacks(e["rank"], "h1", e["pid"], e["text"], e["source"], e["kinds"], e["native"], e["error"])
+            for e in answer]
+
+
+def test_a_dump_parses_into_threads_and_the_main_one_is_the_bootstraps():
+    rank0 = recorded()[0]
+    main, threads = parse_dump(rank0.text)
+    assert main is not None and main in {t.ident for t in threads}
+    assert len(threads) == 4           # main, the heartbeat, the stdout and stderr pumps
+    frames = rank0.main_thread().frames
+    assert frames[0].file.endswith("stall.py") and frames[0].line == 10 and frames[0].function == "<module>"
+
+
+def test_each_rank_is_summed_up_by_its_innermost_program_frame_with_its_code():
+    rank0, rank1 = recorded()
+    assert rank0.where() == "mx.eval(x) at stall.py:10"
+    assert rank1.where() == "time.sleep(3600) at stall.py:8"
+
+
+def test_ranks_in_one_place_are_grouped_and_the_odd_one_named():
+    rank0, rank1 = recorded()
+    rank2 = RankStacks(2, "h3", 99, rank0.text, rank0.source, rank0.kinds)   # a third rank where rank 0 is
+    stacks = Stacks("20261125-075509-df03ef", 0.0, [rank0, rank1, rank2])
+    assert stacks.groups() == [("mx.eval(x) at stall.py:10", [0, 2]), ("time.sleep(3600) at stall.py:8", [1])]
+    assert stacks.odd_one_out() == (1, "time.sleep(3600) at stall.py:8")
+    screen = "\n".join(stacks.screen())
+    assert "ranks 0, 2  mx.eval(x) at stall.py:10" in screen
+    assert "rank 1      time.sleep(3600) at stall.py:8   <- the odd one out" in screen
+
+
+def test_two_ranks_in_two_places_have_no_odd_one():
+    assert Stacks("x", 0.0, recorded()).odd_one_out() is None
+
+
+def test_a_rank_file_shows_the_main_thread_first_with_each_frames_code(tmp_path):
+    stacks = Stacks("20261125-075509-df03ef", 0.0, recorded())
+    folder = stacks.save(str(tmp_path))
+    text = open(os.path.join(folder, "rank-1.txt"), encoding="utf-8").read()
+    first_thread = text.split("\n\n")[1]
+    assert "(main thread)" in first_thread and "stall.py\", line 8 in <module>\n    time.sleep(3600)" in first_thread
+    assert sorted(os.listdir(folder)) == ["rank-0.txt", "rank-1.txt"]
+    assert Stacks("20261125-075509-df03ef", 0.0, recorded()).save(str(tmp_path)) != folder   # never overwritten
+
+
+def test_a_rank_without_a_python_stack_says_why():
+    r = RankStacks(3, "h4", 7, "", error="did not answer within 5s (its dump, if any, is incomplete)")
+    assert r.where().startswith("did not answer")
