@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -84,8 +85,10 @@ def stacks_calls(repeat: int, steps: int) -> list[float]:
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             for line in job.stdout:
-                if "step  20/" in line or "step 20/" in line:
+                if re.search(r"\] step +20/", line):
                     break
+            else:
+                raise SystemExit("the trainer ended before its 20th step")
             times = []
             for _ in range(repeat):
                 start = time.monotonic()

@@ -176,6 +176,8 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
+    if not StallPolicy.parse(options.stall_timeout).enabled:
+        extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
     hooks = _RunHooks(options, program, backend, extra_env, events, connector)
     attempts = Attempts(backend, policy, _attempt_settings(options, program), hooks, connector)
     launch, outcome = attempts.first(plan, preflight)

@@ -77,6 +77,7 @@ class RankStacks:
     kinds: dict[str, str] = field(default_factory=dict)       # file -> program, library, python, bootstrap
     native: str | None = None
     error: str | None = None
+    native_error: str | None = None                           # why --native gave nothing (no py-spy there)
 
     def threads(self) -> tuple[str | None, list[ThreadStack]]:
         return parse_dump(self.text)
@@ -116,8 +117,8 @@ class RankStacks:
                     lines.append(f"    {code}")
         if not threads:
             lines += ["", self.text.rstrip()]
-        if self.native:
-            lines += ["", "native (py-spy dump --native):", self.native.rstrip()]
+        if self.native or self.native_error:
+            lines += ["", "native (py-spy dump --native):", (self.native or self.native_error).rstrip()]
         return "\n".join(lines) + "\n"
 
 
@@ -168,6 +169,8 @@ class Stacks:
             out.append(f"  {_ranks(ranks):<{width}}  {place}{mark}")
         for host, why in self.errors.items():
             out.append(f"  {host}: {why}")
+        for host, why in dict.fromkeys((r.host, r.native_error) for r in self.ranks if r.native_error):
+            out.append(f"  {host}: no native frames: {why}")
         if not self.ranks and not self.errors:
             out.append("  no rank of this run is running on its hosts")
         return out
@@ -208,5 +211,5 @@ def collect(connector: Connector, run_id: str, *, folders: dict[str, str] | None
         for entry in answer:
             ranks.append(RankStacks(int(entry["rank"]), name, entry.get("pid"), entry.get("text") or "",
                                     entry.get("source") or {}, entry.get("kinds") or {}, entry.get("native"),
-                                    entry.get("error")))
+                                    entry.get("error"), entry.get("native_error")))
     return Stacks(run_id, taken, sorted(ranks, key=lambda r: r.rank), errors)

@@ -34,6 +34,7 @@ from ..errors import (
     EXIT_OK,
     EXIT_STALLED,
     EXIT_TIMEOUT,
+    ClusterctlError,
     SignalReceived,
     exit_for_signal,
 )
@@ -54,6 +55,7 @@ TAIL_LINES = 10
 # that failed after losing it.
 CAUSE_WAIT_S = 0.5
 PREFLIGHT_WAIT_S = 30.0
+CHECK_S = 0.2             # how often the timeouts and the stall watch are read, whatever the ranks print
 
 Emit = Callable[[str, bool], None]                     # (text, is_err): what the user sees
 Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
@@ -314,6 +316,7 @@ class Supervisor:
         outcome: Outcome | None = None
         failed: Outcome | None = None           # a rank's failure, held CAUSE_WAIT_S for a rank lost before it
         failed_at = 0.0
+        checked = started_at                    # the timeouts and the stall watch are read at least every CHECK_S
         while outcome is None:
             if failed is not None and (failed.state is AttemptState.LOST or time.monotonic() - failed_at > CAUSE_WAIT_S):
                 outcome = failed
@@ -333,9 +336,12 @@ class Supervisor:
                         failed, failed_at = ended, failed_at or time.monotonic()
                 else:
                     outcome = lines.world_verdict()
-                continue
+                # many ranks' heartbeats may leave no quiet moment: the checks below still come every CHECK_S
+                if outcome is not None or failed is not None or time.monotonic() - checked < CHECK_S:
+                    continue
             if failed is not None:
                 continue
+            checked = time.monotonic()
             if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
                 outcome = lines.world_verdict(force=True) or lines.launcher_ended(proc.returncode)
                 break
@@ -358,8 +364,13 @@ class Supervisor:
         reason = f"stalled: no progress from any rank for {stall.silent_s:.0f}s"
         failed, folder = None, None
         if self.connector is not None:
-            taken = collect_stacks(self.connector, self.launch.run_id)
-            folder = taken.save(self.launch.run_dir)
+            try:
+                taken = collect_stacks(self.connector, self.launch.run_id)
+                folder = taken.save(self.launch.run_dir)
+            except (OSError, ClusterctlError) as e:     # the stall is reported (and stopped) all the same
+                reason += f"; the stacks could not be taken: {e}"
+                self.emit(reason, True)
+                return Outcome(EXIT_STALLED, reason, state=AttemptState.STALLED)
             odd = taken.odd_one_out()
             if odd is not None:
                 failed = odd[0]

@@ -133,13 +133,19 @@ BEAT_S = 1.0          # at most one progress line a second from each rank
 
 def announce_quiet(seconds: float = QUIET_S) -> None:
     """Tell `clusterctl run` that no step will come for up to `seconds` (a metrics line; nothing outside a run)."""
-    if under_run():
+    if watched():
         report(quiet_s=seconds)
 
 
 def under_run() -> bool:
     import os
     return bool(os.environ.get("CLUSTERCTL_RUN_ID"))
+
+
+def watched() -> bool:
+    """Under `clusterctl run` with its stall watchdog on (`--stall-timeout 0` exports CLUSTERCTL_STALL=off)."""
+    import os
+    return under_run() and os.environ.get("CLUSTERCTL_STALL") != "off"
 
 
 class Progress(Callback):

@@ -33,7 +33,7 @@ import mlx.core as mx
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import checkpoint, collectives, presets
-from .callbacks import Callback, Callbacks, Checkpointing, Progress, Reporting, announce_quiet, under_run
+from .callbacks import Callback, Callbacks, Checkpointing, Progress, Reporting, announce_quiet, watched
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
@@ -257,7 +257,7 @@ def train(argv: list[str] | None = None) -> None:
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
     listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
                  Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer), vocab_size)]
-    if under_run():
+    if watched():
         listeners.append(Progress(config.steps))
     callbacks = Callbacks(*listeners)
     if rank == 0:

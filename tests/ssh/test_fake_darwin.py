@@ -15,6 +15,7 @@ import clirun
 import pytest
 from sshcluster import caffeinates, requires_private_roots
 from test_run import ALLSUM, RANK, TOKEN, assert_nothing_left, job_processes, start, wait_for_lines
+from test_stall import STALL
 
 pytestmark = pytest.mark.ssh
 
@@ -125,6 +126,20 @@ def test_run_works_and_a_crash_ctrl_c_and_a_hang_leave_nothing(macs, tmp_path, b
         while _caffeinated(ranks) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _caffeinated(ranks) == {}
+
+
+def test_a_stall_on_the_macs_is_explained_with_every_ranks_stack(macs, tmp_path):
+    """The stall watchdog's stacks come from the hosts over SSH (pid files, ps, the faulthandler dumps): on zsh
+    and macOS's ps as on Linux. Rank 1 (a Mac) sleeps instead of joining the all_sum."""
+    (tmp_path / "stall.py").write_text(STALL)
+    r = clusterctl("run", "--hosts", str(macs.inventory), "--backend", "ring", "--plain", "--stall-timeout", "10",
+                   "stall.py", cwd=tmp_path)
+    assert r.returncode == 125, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "rank 1 is the odd one out: time.sleep(3600) at stall.py:" in r.stderr, r.stderr[-2000:]
+    run_id = TOKEN.search(r.stderr).group(1)
+    [taken] = os.listdir(tmp_path / "runs" / run_id / "stacks")
+    assert sorted(os.listdir(tmp_path / "runs" / run_id / "stacks" / taken)) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    assert_nothing_left(macs, run_id)
 
 
 # A rank that says which caffeinate processes watch it (`caffeinate ... -w <its pid>`): "caffeinate PID N ARGS".

@@ -4,7 +4,8 @@
   under --stall-timeout 20, over ring and over mpi: `run` exits 125 well within 90 s, says stalled and names
   rank 1, runs/<id>/stacks/ holds every rank's stack with the program's lines, and nothing of the job is
   left on any host; over ring, rank 1 also ignores SIGTERM (it is killed after the grace period).
-- The same program stalling only in its first attempt, under --max-restarts 1: exit 0, attempt 0 "stalled".
+- The same program stalling only in its first attempt, under --max-restarts 1 (--stall-timeout 10): exit 0,
+  attempt 0 "stalled".
 - `clusterctl stacks latest` during a healthy run of the bundled trainer: every rank's stack within 5 s, in
   the trainer's frames, and the run ends as an undisturbed one does, loss for loss.
 - A program that announces a quiet phase longer than the stall timeout is not stopped.
@@ -37,7 +38,7 @@ for i in range(1, 9):
 """
 
 TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
-         "--batch-size", "4", "--warmup", "5", "--steps", "300", "--report-every", "20", "--eval-every", "100",
+         "--batch-size", "4", "--warmup", "5", "--steps", "150", "--report-every", "10", "--eval-every", "100",
          "--ckpt-every", "0", "--dropout", "0.1"]
 
 
@@ -87,7 +88,7 @@ def run_listing(tmp_path) -> dict[str, str]:
 def test_a_stall_restarts_like_a_crash(make_cluster, tmp_path):
     cluster = make_cluster(3)
     (tmp_path / "stall.py").write_text(STALL)
-    r = run("--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--stall-timeout", "20",
+    r = run("--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--stall-timeout", "10",
             "--max-restarts", "1", "--restart-delay", "1", "stall.py", cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     s = summary(tmp_path, TOKEN.search(r.stderr).group(1))
@@ -103,7 +104,7 @@ def test_stacks_of_a_healthy_run_leave_it_unharmed(make_cluster, tmp_path):
     assert reference.returncode == 0, reference.stderr[-2000:]
     job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--", *TRAIN, cwd=tmp_path)
     try:
-        lines = wait_for_lines(job, lambda line: " step  20/300 " in line, 1, limit=120)
+        lines = wait_for_lines(job, lambda line: " step  20/150 " in line, 1, limit=120)
         run_id = TOKEN.search("".join(lines)).group(1)
         from clirun import clusterctl
         began = time.monotonic()
@@ -123,7 +124,7 @@ def test_stacks_of_a_healthy_run_leave_it_unharmed(make_cluster, tmp_path):
     assert job.returncode == 0, out[-2000:]
 
     def final_loss(text):
-        return re.findall(r"step 300/300 \| loss (\S+)", text)[-1]
+        return re.findall(r"step 150/150 \| loss (\S+)", text)[-1]
     assert final_loss("".join(lines) + out) == final_loss(reference.stdout)
 
 

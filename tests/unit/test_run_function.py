@@ -82,6 +82,17 @@ def test_a_dry_run_describes_the_launch_and_starts_nothing(tmp_path):
     assert described["rank_env"]["CLUSTERCTL_WORLD_SIZE"] == "2" and described["argv"][-3:] == ["job.py", "mpi", "0"]
     assert sorted(os.listdir(result.launch.run_dir)) == ["hostfile", "launch.json"]     # no rank ever started
     assert json.loads((tmp_path / "runs" / result.launch.run_id / "launch.json").read_text()) == described
+    # what `clusterctl stacks RUN` reads back: where each host's ranks keep their pid and stacks files
+    assert described["inventory"] is None
+    assert described["rank_files"] == {"localhost": f"{project(tmp_path)}/.clusterctl/runs/{result.launch.run_id}"}
+    assert "CLUSTERCTL_STALL" not in described["rank_env"]          # the watchdog is on by default
+
+
+def test_a_watchdog_turned_off_tells_the_ranks(tmp_path):
+    cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="mpi")
+    result = run(cluster, RunOptions(script="job.py", dry_run=True, preflight=False, stall_timeout=0,
+                                     runs_dir=str(tmp_path / "runs"), project_dir=project(tmp_path)))
+    assert result.launch.describe()["rank_env"]["CLUSTERCTL_STALL"] == "off"
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])

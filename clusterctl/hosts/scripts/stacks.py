@@ -82,7 +82,9 @@ def py_spy(pid):
         return None, "py-spy failed: %s" % e
     if done.returncode != 0:
         return None, "py-spy failed: " + (done.stdout.strip().splitlines() or ["status %d" % done.returncode])[-1]
-    return done.stdout, None
+    text = done.stdout
+    at = text.find("\nPython v")     # py-spy's first line is the command line: the rank's is the whole bootstrap
+    return ("Process %d\n" % pid + text[at + 1:]) if at >= 0 else text, None
 
 
 def main(argv):
@@ -113,7 +115,8 @@ def main(argv):
                 settled[r] = n
     out = []
     for r, pid in sorted(ranks.items()):
-        entry = {"rank": r, "pid": pid, "text": "", "error": None, "source": {}, "kinds": {}, "native": None}
+        entry = {"rank": r, "pid": pid, "text": "", "error": None, "source": {}, "kinds": {}, "native": None,
+                 "native_error": None}
         try:
             with open(paths[r], "rb") as f:
                 header = f.readline()
@@ -132,9 +135,7 @@ def main(argv):
                 entry["source"]["%s:%d" % (path, number)] = linecache.getline(path, number).strip()
                 entry["kinds"][path] = kind_of(path)
         if native:
-            entry["native"], problem = py_spy(pid)
-            if problem:
-                entry["native"] = problem
+            entry["native"], entry["native_error"] = py_spy(pid)
         out.append(entry)
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
