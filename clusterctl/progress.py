@@ -4,7 +4,9 @@
 
 One line on standard output: the marker, a space, a JSON object. Every field is optional; others are
 ignored. `report(**fields)` prints it (standard library only, so a rank can import it without MLX);
-`parse(line)` reads it back, None for any other line.
+`parse(line)` reads it back, None for any other line (a line with the marker but no JSON object is an
+ordinary line), and raises Unreadable for one that must not be parsed or cannot be: longer than MAX_LINE,
+nested too deep for the JSON parser; a number too large for a float is dropped like a non-finite one.
 """
 from __future__ import annotations
 
@@ -13,6 +15,11 @@ import math
 import sys
 
 MARKER = "clusterctl:metrics "
+MAX_LINE = 64 * 1024       # longer metrics lines are not parsed (a real one is ~200 bytes)
+
+
+class Unreadable(ValueError):
+    """A metrics line that is not parsed: the supervisor drops it, with a warning."""
 FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s")
 
 
@@ -26,11 +33,24 @@ def parse(line: str) -> dict[str, float] | None:
     """The known numeric fields of a metrics line, or None when `line` is not one."""
     if not line.startswith(MARKER):
         return None
+    if len(line) > MAX_LINE:
+        raise Unreadable(f"{len(line):,} characters, over {MAX_LINE:,}")
     try:
         value = json.loads(line[len(MARKER):])
-    except ValueError:
+    except RecursionError:
+        raise Unreadable("nested too deep") from None
+    except ValueError:          # not JSON (a number too long to convert is a ValueError too)
         return None
     if not isinstance(value, dict):
         return None
-    return {k: float(v) for k, v in value.items() if k in FIELDS and isinstance(v, (int, float))
-            and not isinstance(v, bool) and math.isfinite(v)}
+    return {k: number for k, v in value.items() if k in FIELDS and (number := _finite(v)) is not None}
+
+
+def _finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:       # an integer beyond a float's range
+        return None
+    return number if math.isfinite(number) else None

@@ -246,14 +246,14 @@ def stacks_cmd(run_ref, inventory_path, native, runs_dir, connect_timeout, as_js
 
     RUN is an id, a prefix of one, or latest. The run goes on unharmed; the stacks are saved in
     runs/<id>/stacks/<time>/rank-N.txt."""
-    from ..errors import EXIT_STALLED, UsageError
+    from ..errors import EXIT_STALLED, ClusterctlError
     from ..inventory import Cluster
     from ..launch.stacks import collect
     from ..observe.runs import resolve
 
     info = resolve(runs_dir, run_ref)
     if info.status not in ("running", "unknown"):
-        raise UsageError(f"run {info.run_id} is not running ({info.outcome}): there are no ranks to ask"
+        raise ClusterctlError(f"run {info.run_id} is not running ({info.outcome}): there are no ranks to ask"
                          + (" (its stall's stacks are in runs/<id>/stacks/)" if info.exit_code == EXIT_STALLED else ""))
     try:
         with open(os.path.join(info.dir, "launch.json"), encoding="utf-8") as f:

@@ -39,6 +39,7 @@ from ..errors import (
     exit_for_signal,
 )
 from ..hosts.connector import Connector
+from ..progress import Unreadable
 from ..progress import parse as parse_metrics
 from .bootstrap import parse_line
 from .job import Launch
@@ -154,6 +155,7 @@ class _Lines:
         self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
         self.emit, self.rank0_only, self.status = emit, rank0_only, status
         self.watch = StallWatch(stall or StallPolicy())
+        self.unreadable: set[int] = set()      # ranks warned of an unreadable metrics line
 
     @classmethod
     def open(cls, launch: Launch, emit: Emit, settings: Settings, status: Status) -> _Lines:
@@ -183,7 +185,14 @@ class _Lines:
         rank, kind, payload = parsed
         r = self.ranks[rank]
         r.last_seen = time.monotonic()
-        metrics = parse_metrics(payload) if kind == "out" else None
+        try:
+            metrics = parse_metrics(payload) if kind == "out" else None
+        except Unreadable as e:
+            if rank not in self.unreadable:
+                self.unreadable.add(rank)
+                self.emit(f"warning: rank {rank} on {r.host} printed a metrics line clusterctl does not read "
+                          f"({e}): dropped, as any more will be", True)
+            return None
         if metrics is not None:
             self.watch.progress(rank, r.last_seen, structured=True)
             if metrics.get("quiet_s"):

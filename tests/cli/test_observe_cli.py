@@ -77,6 +77,16 @@ def test_logs_merged_one_rank_and_grep(two_runs):
     assert clusterctl("logs", "nope", cwd=project).returncode == 2
 
 
+def test_stacks_of_an_ended_run_say_there_is_nothing_to_ask(two_runs, tmp_path):
+    project, ids = two_runs
+    r = clusterctl("stacks", ids[0], cwd=project)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip() == (f"error: run {ids[0]} is not running (exit 0: all 2 ranks finished): there are no "
+                                "ranks to ask"), r.stderr
+    r = clusterctl("stacks", "latest", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: no runs in runs/"), r.stderr
+
+
 def _pixels(path, colour):
     import matplotlib.image
     import numpy as np

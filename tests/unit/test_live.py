@@ -38,6 +38,29 @@ def test_unknown_and_non_numeric_fields_are_dropped():
     assert progress.parse(line) == {"step": 3}
 
 
+def test_hostile_metrics_lines_are_dropped_or_refused_never_raised():
+    assert progress.parse('clusterctl:metrics {"step": 1' + "0" * 400 + ', "loss": 2}') == {"loss": 2.0}
+    assert progress.parse('clusterctl:metrics {"step": 1e400}') == {}
+    with pytest.raises(progress.Unreadable, match="nested too deep"):
+        progress.parse("clusterctl:metrics " + "[" * 50000)
+    with pytest.raises(progress.Unreadable, match="over 65,536"):
+        progress.parse('clusterctl:metrics {"step": 1, "pad": "' + "x" * 70000 + '"}')
+
+
+def test_the_supervisor_drops_an_unreadable_metrics_line_with_one_warning(tmp_path):
+    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
+    emitted = []
+    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(1, "ring"),
+                   lambda text, err: emitted.append(text))
+    for _ in range(3):
+        assert lines.handle(f"{MARK}0 out {progress.MARKER}" + "[" * 50000) is None
+    lines.handle(f"{MARK}0 out after")
+    ranks[0].close()
+    assert emitted == ["warning: rank 0 on h1 printed a metrics line clusterctl does not read (nested too deep): "
+                       "dropped, as any more will be", "[rank 0 h1] after"]
+    assert (tmp_path / "rank-0.log").read_text() == "after\n"
+
+
 def test_the_helper_imports_without_mlx_or_anything_but_the_standard_library():
     code = ("import sys; from clusterctl import report; report(step=1); "
             "print(sorted(m for m in ('mlx', 'click', 'rich', 'yaml') if m in sys.modules))")

@@ -45,15 +45,18 @@ def disarm_stacks(handle):
     if handle is None:
         return
     out, folder, pid_path, stacks_path = handle
-    try:
-        faulthandler.unregister(STACKS_SIGNAL)
-    except (ValueError, RuntimeError):
-        pass
-    for path in (pid_path, stacks_path):
+    for path in (pid_path, stacks_path):       # the pid file first: nobody new asks
         try:
             os.unlink(path)
         except OSError:
             pass
+    try:
+        faulthandler.unregister(STACKS_SIGNAL)
+        # one who read the pid file just before may still ask: the signal's default action would kill the
+        # rank as it finishes, so it is ignored from here to the end
+        signal.signal(STACKS_SIGNAL, signal.SIG_IGN)
+    except (ValueError, RuntimeError, OSError):
+        pass
     out.close()
     for empty in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
         try:
