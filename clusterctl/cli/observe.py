@@ -110,6 +110,9 @@ def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir):
                    "ranks shown one after another", err=True)
     for line in lines:
         show(line)
+    if not lines:      # exit 0 all the same: an empty log is an answer, but a silent one looks like a failure
+        who = f"rank {rank}" if rank is not None else f"run {info.run_id}"
+        click.echo(f"({who} printed nothing" + (" that matches" if regex is not None else "") + ")", err=True)
 
 
 def _size(text: str) -> tuple[int, int]:

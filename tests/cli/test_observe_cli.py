@@ -75,6 +75,10 @@ def test_logs_merged_one_rank_and_grep(two_runs):
     bad = clusterctl("logs", "latest", "--rank", "7", cwd=project)
     assert bad.returncode == 2 and "has no rank 7" in bad.stderr
     assert clusterctl("logs", "nope", cwd=project).returncode == 2
+    quiet = clusterctl("logs", "latest", "--rank", "1", cwd=project)      # the trainer's rank 1 prints nothing
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "(rank 1 printed nothing)\n"
+    unmatched = clusterctl("logs", "latest", "--rank", "0", "--grep", "no such text", cwd=project)
+    assert unmatched.returncode == 0 and unmatched.stderr == "(rank 0 printed nothing that matches)\n"
 
 
 def test_stacks_of_an_ended_run_say_there_is_nothing_to_ask(two_runs, tmp_path):
