@@ -37,10 +37,10 @@ class LogLine:
 def rank_hosts(run_dir: str) -> dict[int, str]:
     """rank -> host, from launch.json; without one, every rank-N.log there with host '?'."""
     try:
-        with open(os.path.join(run_dir, "launch.json"), encoding="utf-8") as f:
+        with open(os.path.join(run_dir, "launch.json"), encoding="utf-8", errors="replace") as f:
             hosts = json.load(f).get("rank_hosts") or []
-        if hosts:
-            return dict(enumerate(hosts))
+        if isinstance(hosts, list) and hosts:       # a damaged launch.json is read as if it were not there
+            return {r: h if isinstance(h, str) else "?" for r, h in enumerate(hosts)}
     except (OSError, ValueError, AttributeError):
         pass
     ranks = sorted(int(m.group(1)) for n in os.listdir(run_dir) if (m := re.fullmatch(r"rank-(\d+)\.log", n)))
@@ -62,14 +62,14 @@ def split_lines(data: bytes) -> tuple[list[tuple[int, str]], int]:
 def read_samples(run_dir: str) -> list[tuple[float, list[int]]]:
     samples = []
     try:
-        with open(os.path.join(run_dir, LOG_TIMES), encoding="utf-8") as f:
+        with open(os.path.join(run_dir, LOG_TIMES), encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     record = json.loads(line)
                     samples.append((float(record["t"]), [int(s) for s in record["sizes"]]))
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, OverflowError):
                     continue
-    except FileNotFoundError:
+    except OSError:
         pass
     return samples
 

@@ -63,7 +63,7 @@ def attempts(run_dir: str) -> list[int]:
 
 def _read_json(path: str) -> dict | None:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             value = json.load(f)
         return value if isinstance(value, dict) else None
     except (OSError, ValueError):
@@ -74,7 +74,7 @@ def read_metrics(run_dir: str) -> list[dict]:
     """metrics.jsonl's records (a torn last line, from a run still writing, is skipped)."""
     records = []
     try:
-        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     value = json.loads(line)
@@ -88,9 +88,27 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 
 def final_losses(records: list[dict]) -> tuple[float | None, float | None]:
-    loss = next((r["loss"] for r in reversed(records) if isinstance(r.get("loss"), (int, float))), None)
-    val = next((r["val_loss"] for r in reversed(records) if isinstance(r.get("val_loss"), (int, float))), None)
+    loss = next((n for r in reversed(records) if (n := _number(r.get("loss"))) is not None), None)
+    val = next((n for r in reversed(records) if (n := _number(r.get("val_loss"))) is not None), None)
     return loss, val
+
+
+# A record is read field by field: a field of the wrong type (a damaged or hand-edited file) reads as absent,
+# so one bad run never breaks the listing of the others.
+def _number(value) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _names(value) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def run_alive(run_dir: str) -> bool | None:
@@ -138,22 +156,23 @@ def run_info(run_dir: str) -> RunInfo:
     run_id = os.path.basename(os.path.normpath(run_dir))
     launch = _read_json(os.path.join(run_dir, "launch.json")) or {}
     summary = _read_json(os.path.join(run_dir, SUMMARY))
-    ranks = [h for h in launch.get("rank_hosts", []) if isinstance(h, str)]
+    ranks = _names(launch.get("rank_hosts"))
     hosts = list(dict.fromkeys(ranks))
     loss, val = final_losses(read_metrics(run_dir))
     if summary is not None:
-        code = summary.get("exit_code")
-        return RunInfo(run_id, run_dir, summary.get("started"), summary.get("duration_s"),
-                       summary.get("hosts") or hosts, summary.get("world") or len(ranks) or None,
-                       summary.get("backend") or launch.get("backend"), "ok" if code == 0 else "failed", code,
-                       summary.get("reason"), loss, val, int(summary.get("restarts") or 0))
+        code = _int(summary.get("exit_code"))
+        return RunInfo(run_id, run_dir, _text(summary.get("started")), _number(summary.get("duration_s")),
+                       _names(summary.get("hosts")) or hosts, _int(summary.get("world")) or len(ranks) or None,
+                       _text(summary.get("backend")) or _text(launch.get("backend")),
+                       "ok" if code == 0 else "failed", code, _text(summary.get("reason")), loss, val,
+                       max(_int(summary.get("restarts")) or 0, 0))
     start = id_time(run_id)
     alive = run_alive(run_dir)
     last = _last_write(run_dir) if os.path.isdir(run_dir) else None
     end = None if alive else last
     duration = round(end - start, 3) if start is not None and end is not None and end >= start else None
     return RunInfo(run_id, run_dir, iso(start) if start is not None else None, duration, hosts,
-                   len(ranks) or None, launch.get("backend"), "running" if alive else "unknown", None, None,
+                   len(ranks) or None, _text(launch.get("backend")), "running" if alive else "unknown", None, None,
                    loss, val, max(len(attempts(run_dir)) - 1, 0))
 
 
@@ -176,7 +195,7 @@ def read_index(path: str | None = None) -> dict[str, dict]:
     lines are skipped)."""
     runs: dict[str, dict] = {}
     try:
-        with open(path or index_path(), encoding="utf-8") as f:
+        with open(path or index_path(), encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     record = json.loads(line)
@@ -184,7 +203,7 @@ def read_index(path: str | None = None) -> dict[str, dict]:
                     continue
                 if isinstance(record, dict) and isinstance(record.get("run_id"), str):
                     runs.setdefault(record["run_id"], {}).update(record)
-    except FileNotFoundError:
+    except OSError:
         pass
     return runs
 
@@ -200,11 +219,11 @@ def list_all(runs_dir: str) -> list[RunInfo]:
         if os.path.isdir(directory):
             found[run_id] = run_info(directory)
             continue
-        code = entry.get("exit_code")
+        code = _int(entry.get("exit_code"))
         status = "unknown" if "exit_code" not in entry else ("ok" if code == 0 else "failed")
-        found[run_id] = RunInfo(run_id, directory, entry.get("started"), entry.get("duration_s"),
-                                entry.get("hosts") or [], entry.get("world"), entry.get("backend"), status, code,
-                                (entry.get("reason") or "") + " (directory gone)", None, None)
+        found[run_id] = RunInfo(run_id, directory, _text(entry.get("started")), _number(entry.get("duration_s")),
+                                _names(entry.get("hosts")), _int(entry.get("world")), _text(entry.get("backend")),
+                                status, code, (_text(entry.get("reason")) or "") + " (directory gone)", None, None)
     return sorted(found.values(), key=lambda r: r.run_id, reverse=True)
 
 

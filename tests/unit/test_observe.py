@@ -197,3 +197,41 @@ def test_text_chart_marks_each_run_and_held_out_points():
     assert "100 tok/s" in lines[-2] and "peak mem 10.0 MB" in lines[-2]
     assert lines[-1].startswith(f"{MARKS[1]} {VAL_MARKS[1]} run-b | loss 4.000 -> 2.000")
     assert render_text([Curves.of("empty", [])]) == ["nothing to plot: no losses in metrics.jsonl"]
+
+
+def test_one_damaged_run_record_never_breaks_runs_logs_or_plot(tmp_path):
+    """Issue 25 item 7: a summary.json with fields of the wrong type, a launch.json whose rank_hosts is not a
+    list, metrics.jsonl, log-times.jsonl and the runs index with invalid UTF-8: the good run beside them is
+    listed, logged and plotted, and the damaged ones are listed too, their bad fields read as absent."""
+    import clirun
+
+    good = _fake_run(tmp_path / "runs", "20250101-100000-aaaaaa", logs={0: "step 1\n", 1: "x\n"},
+                     summary={"exit_code": 0, "reason": "all 2 ranks finished", "duration_s": 3.5},
+                     metrics=[{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}], times=[(1.0, [7, 2])])
+    bad = _fake_run(tmp_path / "runs", "20250101-100001-bbbbbb", logs={0: "y\n"},
+                    summary={"exit_code": "zero", "duration_s": "abc", "restarts": "two", "hosts": 5,
+                             "world": [1], "reason": {"no": 1}})
+    (bad / "launch.json").write_text(json.dumps({"run_id": bad.name, "rank_hosts": 5, "backend": 7}))
+    (bad / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.5}\n\xff\xfe{"step": 2, "loss": "x"}\n')
+    (bad / "log-times.jsonl").write_bytes(b'{"t": 1.0, "sizes": [2]}\n\xff\n{"t": "t", "sizes": 3}\n')
+    worse = _fake_run(tmp_path / "runs", "20250101-100002-cccccc", summary={"exit_code": 1})
+    (worse / "summary.json").write_bytes(b'{"exit_code": 1, "reason": "\xff\xfe"}')
+    cache = tmp_path / "cache" / "clusterctl"
+    cache.mkdir(parents=True)
+    (cache / "runs.jsonl").write_bytes(b'\xff\xfe\n{"run_id": "20250101-090000-dddddd", "event": "end", '
+                                       b'"dir": "/nowhere", "exit_code": 0, "duration_s": "abc", "hosts": 5}\n')
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    listing = clirun.clusterctl("runs", "--json", cwd=tmp_path, env=env)
+    assert listing.returncode == 0, listing.stderr
+    rows = {r["run_id"]: r for r in json.loads(listing.stdout)}
+    assert rows[good.name]["status"] == "ok" and rows[good.name]["final_loss"] == 2.0
+    assert rows[bad.name]["duration_s"] is None and rows[bad.name]["restarts"] == 0 and rows[bad.name]["hosts"] == []
+    assert rows[bad.name]["final_loss"] == 2.5 and rows[worse.name]["status"] == "failed"
+    everything = clirun.clusterctl("runs", "--all", cwd=tmp_path, env=env)
+    assert everything.returncode == 0 and "20250101-090000-dddddd" in everything.stdout, everything.stderr
+    for ref in (good.name, bad.name, worse.name):
+        for command in (["logs", ref], ["plot", ref]):
+            r = clirun.clusterctl(*command, cwd=tmp_path, env=env)
+            assert r.returncode == 0, (command, r.stderr)
+    assert clirun.clusterctl("logs", good.name, cwd=tmp_path, env=env).stdout.splitlines() == [
+        "[rank 0 h1] step 1", "[rank 1 h2] x"]
