@@ -15,6 +15,7 @@ import ipaddress
 import os
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -246,7 +247,11 @@ class _Parser:
     def scalar(self, node: yaml.Node) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             return _NOT_SCALAR
-        return self.loader.construct_object(node, deep=True)
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError:       # a tag safe_load refuses (!!python/...): named, not an internal error
+            self.fail(node, f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed in an "
+                            f"inventory (plain strings, numbers, lists and mappings only)")
 
     def string(self, node: yaml.Node, what: str) -> str:
         value = self.scalar(node)
@@ -385,6 +390,14 @@ class _Parser:
         if _PATTERN_CHARS.search(name):
             self.fail(node, f"host name {name!r} holds a character ssh_config reads as a pattern or token "
                       f"({_PATTERN_CHARS.search(name).group()})")
+        if ":" in name:          # rsync reads host::module as its daemon syntax; an IPv6 address goes in address:
+            self.fail(node, f"host name {name!r} holds ':': give the host a name and put its address under "
+                      f"`address:`")
+        if "/" in name or name in (".", ".."):      # a host's name names folders (runs/<id>/host-<name>/)
+            self.fail(node, f"host name {name!r} must not contain '/' or be '.' or '..'")
+        if any(unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp", "Co", "Cn") for c in name):
+            self.fail(node, f"host name {name!r} holds an invisible or unassigned character "
+                      f"(U+{next(ord(c) for c in name if unicodedata.category(c) in ('Cf', 'Zs', 'Zl', 'Zp', 'Co', 'Cn')):04X})")
         return name
 
     def host_settings(self, node: yaml.Node, what: str, allowed: tuple[str, ...]) -> dict[str, Any]:

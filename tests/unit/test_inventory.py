@@ -149,6 +149,12 @@ MALFORMED = [
     ("hosts:\n  - name: 'two words'\n", 2, "must not contain spaces"),
     ("hosts:\n  - name: 'a;touch${IFS}x'\n", 2, "a character OpenSSH refuses in host names (;)"),
     ("hosts:\n  - name: a\n    ansible_host: '$(reboot)'\n", 3, "OpenSSH refuses in host names ($)"),
+    # issue 25 item 8
+    ("hosts:\n  - name: a\n    python: !!python/name:os.system\n", 3, "the YAML tag !!python/name:os.system is not allowed"),
+    ("hosts:\n  - name: 'fe80::1'\n", 2, "holds ':': give the host a name and put its address under `address:`"),
+    ("hosts:\n  - name: '../../x'\n", 2, "must not contain '/' or be '.' or '..'"),
+    ("hosts:\n  - name: '..'\n", 2, "must not contain '/' or be '.' or '..'"),
+    ("hosts:\n  - name: 'a\u200bb'\n", 2, "an invisible or unassigned character (U+200B)"),
     ("hosts:\n  - name: a\n    user: b\n    ansible_user: c\n", 4, "'ansible_user' and 'user' both set user"),
     ("hosts:\n  - name: a\n    port: 22\n    port: 23\n", 4, "duplicate key 'port'"),
     ("hosts: [a]\nhosts: [b]\n", 2, "duplicate key 'hosts'"),
