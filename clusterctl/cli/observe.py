@@ -205,12 +205,15 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
 @app.connect_timeout_option()
 def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
     """Stop a run's processes on every host (or --all runs')."""
+    from ..errors import UsageError
     from ..observe.procs import kill_runs
     from ..observe.runs import RUN_ID, resolve
 
     if (run_ref is None) == (not every_run):
         raise click.UsageError("give a RUN or --all (not both)")
     run_id = None if every_run else run_ref if RUN_ID.fullmatch(run_ref) else resolve(runs_dir, run_ref).run_id
+    if run_id is not None and not RUN_ID.fullmatch(run_id):     # a directory named otherwise: never a pattern
+        raise UsageError(f"{run_ref!r} is not a run of clusterctl's (a run id looks like 20250101-120000-abcdef)")
     what = "every clusterctl run" if run_id is None else f"run {run_id}"
     result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id)
     failed = _print_failures(result.remaining)

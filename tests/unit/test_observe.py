@@ -235,3 +235,15 @@ def test_one_damaged_run_record_never_breaks_runs_logs_or_plot(tmp_path):
             assert r.returncode == 0, (command, r.stderr)
     assert clirun.clusterctl("logs", good.name, cwd=tmp_path, env=env).stdout.splitlines() == [
         "[rank 0 h1] step 1", "[rank 1 h2] x"]
+
+
+def test_kill_of_a_directory_that_is_no_run_builds_no_pattern(tmp_path):
+    """Issue 25 item 8: `kill DIR` took DIR's base name as the run id, so `x|python` matched every python."""
+    import clirun
+
+    odd = tmp_path / "x|python"
+    odd.mkdir()
+    (odd / "launch.json").write_text("{}")
+    r = clirun.clusterctl("kill", str(odd), cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 2 and r.stderr.strip() == \
+        f"error: {str(odd)!r} is not a run of clusterctl's (a run id looks like 20250101-120000-abcdef)", r.stderr
