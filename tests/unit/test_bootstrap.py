@@ -11,7 +11,7 @@ import pytest
 
 from clusterctl.hosts.scripts import script_text
 from clusterctl.hosts.scripts.awake import caffeinate_argv
-from clusterctl.hosts.scripts.lines import BAR_EVERY_S, Lines
+from clusterctl.hosts.scripts.lines import BAR_EVERY_S, MAX_LINE, SPLIT, Lines
 from clusterctl.launch.bootstrap import BOOTSTRAP
 from sshcluster import caffeinates
 
@@ -207,3 +207,19 @@ def test_off_a_mac_no_caffeinate_is_started_even_when_one_is_on_path(tmp_path):
     assert caffeinates({pid}) == {}
     assert rank.wait(30) == 0
     rank.stdout.close()
+
+
+def test_a_line_longer_than_the_bound_is_cut_into_pieces_that_say_so():
+    """Issue 25 item 6: a 2 MB line without a newline is never held whole (here, in the rank starter, in run)."""
+    lines, out = Lines(1.0), []
+    data = b"x" * (2 * 1024 * 1024 + 5)
+    for i in range(0, len(data), 65536):          # as the pump reads it
+        out += lines.feed(data[i:i + 65536], 0.0)
+        assert len(lines.rest) <= MAX_LINE
+    out += lines.feed(b"\nnext\n", 0.0)
+    texts = [t for kind, t in out if kind == "line"]
+    assert texts[-1] == b"next" and all(len(t) <= MAX_LINE + len(SPLIT) for t in texts)
+    assert all(t.endswith(SPLIT) for t in texts[:-2]) and not texts[-2].endswith(SPLIT)
+    assert b"".join(t.replace(SPLIT, b"") for t in texts[:-1]) == data          # nothing lost
+    assert [len(t) for kind, t in Lines(1.0).feed(b"a" * 200000 + b"\nb\n", 0.0)] == \
+        [MAX_LINE + len(SPLIT)] * 3 + [200000 - 3 * MAX_LINE, 1]

@@ -3,10 +3,14 @@ bootstrap (bootstrap.py). A \\r that something other than \\n follows makes the 
 redraw, the last non-blank state is what the line shows. feed() and end() return ("line", text) for every line
 that ended (a bar's final state; \\r\\n counts as \\n) and ("bar", text) for the current bar's latest state, at
 most once every `every` seconds (tick() too, called from the heartbeat, so a stalled bar still shows its latest
-state). Memory stays bounded: of a bar only its last complete state and the redraw in progress are kept.
+state). Memory stays bounded: of a bar only its last complete state and the redraw in progress are kept,
+and a line longer than MAX_LINE is cut into MAX_LINE pieces, each but the last ending in SPLIT (so the rank,
+the rank starter and `run` never hold more of one line; docs/run.md#output-the-live-panel-and-metrics-lines).
 Pure (time is passed in): tests/unit/test_bootstrap.py."""
 
 BAR_EVERY_S = 1.0   # at most one progress-bar update a second per stream per rank
+MAX_LINE = 64 * 1024
+SPLIT = b" [clusterctl: line cut at 64 KiB, continued on the next line]"
 
 
 class Lines:
@@ -22,10 +26,22 @@ class Lines:
         out = []
         for line in ended:
             self.rest = line[:-1] if line.endswith(b"\r") else line
-            out.append(("line", self._final()))
+            out += self._cut(self._final(), last=True)
         self.rest = partial
         self._absorb()
+        if len(self.rest) > MAX_LINE and not self.rest.endswith(b"\r"):
+            whole, self.rest = self.rest[:len(self.rest) - len(self.rest) % MAX_LINE], self.rest[len(self.rest) - len(self.rest) % MAX_LINE:]
+            out += self._cut(whole, last=False)
+            self.state, self.shown = None, b""
         return out + self.tick(now)
+
+    @staticmethod
+    def _cut(text, last):
+        """`text` as lines of at most MAX_LINE bytes (and SPLIT); `last`: its final piece ends the line."""
+        if len(text) <= MAX_LINE and last:
+            return [("line", text)]
+        pieces = [text[i:i + MAX_LINE] for i in range(0, len(text), MAX_LINE)] or [b""]
+        return [("line", p + (SPLIT if i < len(pieces) - 1 or not last else b"")) for i, p in enumerate(pieces)]
 
     def end(self):
         return [("line", self._final())] if self.rest or self.state is not None else []
