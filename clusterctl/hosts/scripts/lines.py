@@ -30,7 +30,8 @@ class Lines:
         self.rest = partial
         self._absorb()
         if len(self.rest) > MAX_LINE and not self.rest.endswith(b"\r"):
-            whole, self.rest = self.rest[:len(self.rest) - len(self.rest) % MAX_LINE], self.rest[len(self.rest) - len(self.rest) % MAX_LINE:]
+            cut = len(self.rest) - len(self.rest) % MAX_LINE
+            whole, self.rest = self.rest[:cut], self.rest[cut:]
             out += self._cut(whole, last=False)
             self.state, self.shown = None, b""
         return out + self.tick(now)
