@@ -65,13 +65,16 @@ def _version() -> str:
 
 
 def _write_debug_log() -> str:
+    """~/.cache/clusterctl/debug.log (0600: a traceback may show arguments); when that cannot be written, a
+    new file of our own under $TMPDIR, never a fixed name there that another user could have planted."""
+    text = f"--- {datetime.datetime.now().isoformat()} clusterctl {_version()} {sys.argv}\n{traceback.format_exc()}"
     directory = os.path.join(os.path.expanduser("~"), ".cache", "clusterctl")
     try:
         os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "debug.log")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except OSError:
-        directory = tempfile.gettempdir()
-    path = os.path.join(directory, "debug.log")
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(f"--- {datetime.datetime.now().isoformat()} clusterctl {_version()} {sys.argv}\n")
-        f.write(traceback.format_exc())
+        fd, path = tempfile.mkstemp(prefix="clusterctl-debug-", suffix=".log")
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(text)
     return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
 
 from ..errors import CommandFailed
@@ -26,8 +27,8 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
     """Run the file helper's `op` on the host and return its JSON answer."""
     text = json.dumps(request)
     if len(text) > ARG_LIMIT:
-        local = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"clusterctl-req-{uuid.uuid4().hex}.json")
-        with open(local, "w") as f:
+        fd, local = tempfile.mkstemp(prefix="clusterctl-req-", suffix=".json")     # 0600 from the start
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         try:
             remote = f"{request['root'].rstrip('/')}.clusterctl-req-{uuid.uuid4().hex[:8]}.json"

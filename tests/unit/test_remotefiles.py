@@ -83,6 +83,25 @@ def test_a_large_request_travels_as_an_uploaded_file_that_is_removed_after(tmp_p
     assert not [n for n in os.listdir(tmp_path) if "clusterctl-req" in n]
 
 
+def test_the_local_copy_of_a_large_request_is_private_from_its_creation(tmp_path, monkeypatch):
+    """Issue 25 item 9: it was written 0644 under $TMPDIR (a request may list a project's file names)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)          # re-read TMPDIR
+    seen = []
+
+    class Recording(LocalTransport):
+        def put(self, local, remote, mode=None):
+            seen.append((os.path.dirname(local), os.stat(local).st_mode & 0o777))
+            return super().put(local, remote, mode)
+
+    paths = [f"dir/file-{i:05d}-{'x' * 40}.py" for i in range(2000)]
+    remotefiles.call(Recording(), sys.executable, "scan", {"root": str(tmp_path / "w"), "paths": paths, "dry": True})
+    assert seen == [(str(tmp_path / "tmp"), 0o600)]
+    assert os.listdir(tmp_path / "tmp") == []
+
+
 def test_a_helper_that_cannot_run_is_a_command_failure_naming_the_op(tmp_path):
     with pytest.raises(CommandFailed, match=r"here: `/nonexistent/python \(clusterctl file helper: scan\)` exited 127"):
         remotefiles.call(LocalTransport("here"), "/nonexistent/python", "scan", {"root": str(tmp_path)})
