@@ -180,10 +180,10 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
     hooks = _RunHooks(options, program, backend, extra_env, events, connector)
     attempts = Attempts(backend, policy, _attempt_settings(options, program), hooks, connector)
-    launch, outcome = attempts.first(plan, preflight)
-    if outcome is None:
-        return RunResult(launch, None)
     try:
+        launch, outcome = attempts.first(plan, preflight)
+        if outcome is None:
+            return RunResult(launch, None)
         launch, outcome = attempts.restart_while_failing(launch, outcome)
         # rank 0 runs on the first host and says whether it left anything in the run directory there
         if options.fetch and not attempts.cluster.hosts[0].local and outcome.rank0_wrote is not False:
@@ -194,8 +194,9 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         if program.module == BUNDLED_TRAINER:
             _plot_losses(launch)
     except BaseException as e:
-        hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
-                         f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
+        if hooks.record is not None:      # the run had started: its summary says how it ended, whatever that was
+            hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
+                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
         raise
     result = RunResult(launch, outcome)
     hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank,

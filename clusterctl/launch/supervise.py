@@ -153,7 +153,7 @@ class _Lines:
     def __init__(self, ranks: list[_Rank], launcher_log: TextIO, world: WorldCheck, emit: Emit, *,
                  rank0_only: bool = False, status: Status = _no_status, stall: StallPolicy | None = None):
         self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
-        self.emit, self.rank0_only, self.status = emit, rank0_only, status
+        self.emit, self.rank0_only, self._status = emit, rank0_only, status
         self.watch = StallWatch(stall or StallPolicy())
         self.unreadable: set[int] = set()      # ranks warned of an unreadable metrics line
 
@@ -255,6 +255,14 @@ class _Lines:
         who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
         return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
                        f" (see {self.launcher_log.name})", failed_rank=missing[0].rank if missing else None)
+
+    def status(self, rank: int, kind: str, value, now: float) -> None:
+        """The status hook (the live panel), guarded: if it fails, the job goes on without it."""
+        try:
+            self._status(rank, kind, value, now)
+        except Exception as e:      # noqa: BLE001 - a display's bug must never stop the ranks
+            self._status = _no_status
+            self.emit(f"warning: the live panel failed ({type(e).__name__}: {e}); the run goes on without it", True)
 
     def lagging(self, now: float) -> None:
         """Warn of ranks that fell behind the others (stall.py): on the screen and in the live panel."""

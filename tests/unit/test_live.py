@@ -188,6 +188,25 @@ def test_the_supervisors_lines_feed_the_stall_watch(tmp_path):
     assert "rank 1 on h2 is behind" in (tmp_path / "launcher.log").read_text()
 
 
+def test_a_failing_status_hook_is_dropped_with_one_warning_and_the_job_goes_on(tmp_path):
+    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
+    emitted, calls = [], []
+
+    def broken(rank, kind, value, now):
+        calls.append(kind)
+        raise OverflowError("a panel bug")
+
+    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(1, "ring"),
+                   lambda text, err: emitted.append(text), status=broken)
+    lines.handle(f'{MARK}0 out {progress.MARKER}{{"step": 1}}')
+    lines.handle(f"{MARK}0 out still here")
+    assert lines.handle(f"{MARK}0 exit 0 0").exit_code == 0
+    ranks[0].close()
+    assert calls == ["metrics"]           # asked once, then no more
+    assert emitted == ["warning: the live panel failed (OverflowError: a panel bug); the run goes on without it",
+                       "[rank 0 h1] still here"]
+
+
 # ---- the rendering ------------------------------------------------------------------------------
 
 def test_the_panel_renders_a_row_per_rank_and_the_job_line():

@@ -109,6 +109,23 @@ def test_a_job_on_this_machine_runs_every_rank_in_the_project(tmp_path, backend)
     assert open(os.path.join(result.launch.run_dir, "rank-1.log")).read() == "1 2 3.0 p\n"
 
 
+def test_an_error_in_the_first_attempt_still_writes_the_summary(tmp_path, monkeypatch):
+    """Issue 25 item 5: the first attempt ran outside the record's try, so its crash left no summary.json."""
+    from clusterctl.launch import attempts
+
+    def broken(self, preflight=None, plan=None):
+        raise RuntimeError("the supervisor broke")
+
+    monkeypatch.setattr(attempts.Supervisor, "run", broken)
+    cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="ring")
+    with pytest.raises(RuntimeError):
+        run(cluster, RunOptions(script="job.py", args=("ring", "0"), runs_dir=str(tmp_path / "runs"),
+                                project_dir=project(tmp_path)), Recorder())
+    [run_dir] = os.listdir(tmp_path / "runs")
+    summary = json.loads((tmp_path / "runs" / run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 1 and summary["reason"] == "RuntimeError: the supervisor broke"
+
+
 def test_a_failing_rank_fails_the_run_with_its_exit_code_and_last_lines(tmp_path):
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="ring")
     result = run(cluster, RunOptions(script="job.py", args=("ring", "3"), runs_dir=str(tmp_path / "runs"),
