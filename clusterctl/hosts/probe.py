@@ -99,9 +99,10 @@ class Facts:
             return {}
         start = text.rfind("{")
         try:
-            return json.loads(text[start:]) if start >= 0 else {"error": text}
-        except ValueError:
+            value = json.loads(text[start:]) if start >= 0 else {"error": text}
+        except (ValueError, RecursionError):
             return {"error": text}
+        return value if isinstance(value, dict) else {"error": text}
 
 
 def parse_probe(stdout: str) -> Facts:
@@ -112,11 +113,13 @@ def parse_probe(stdout: str) -> Facts:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):     # a host's garbage is no fact, never a crash of ours
             continue
         key = obj.get("key") if isinstance(obj, dict) else None
         if key == "mesh":
-            facts.mesh[str(obj.get("peer"))] = (int(obj.get("rc", 255)), str(obj.get("value", "")))
+            rc = obj.get("rc", 255)
+            rc = rc if isinstance(rc, int) and not isinstance(rc, bool) else 255
+            facts.mesh[str(obj.get("peer"))] = (rc, str(obj.get("value", "")))
         elif key == "dataplane":
             facts.dataplane = obj
         elif key == "done":

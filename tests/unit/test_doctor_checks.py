@@ -74,6 +74,19 @@ def test_parse_probe_ignores_noise_and_collects_repeats():
     assert f.python_info == {"python": "3.12.1"} and f.complete
 
 
+def test_parse_probe_survives_wrong_types_and_deep_nesting():
+    """Issue 25 item 5: a probe line of the wrong type raised out of the parser (a host's garbage)."""
+    f = parse_probe("\n".join([
+        '{"key":"mesh","peer":"h2","rc":"x","value":"?"}',
+        '{"key":"mesh","peer":"h3","rc":[1],"value":"?"}',
+        "{" + '"a":' * 1 + "[" * 50000,
+        '{"key":"python_info","value":"[1, 2]"}',
+        '{"key":"done","value":"1"}',
+    ]))
+    assert f.mesh == {"h2": (255, "?"), "h3": (255, "?")} and f.complete
+    assert f.python_info == {"error": "[1, 2]"}
+
+
 def test_probe_script_is_valid_sh_and_quotes_hostile_inventory_values():
     script = probe_script(python="~/envs/$(reboot)/bin/python", workdir="~/work dir/'x'", mpi_lib_dir="/a;b",
                           peers=["h2", "h3"], mesh_config="Host h2\n  Port 2222\n# it's $(reboot)\n",
