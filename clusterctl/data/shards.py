@@ -93,11 +93,13 @@ class Manifest:
             raise bad("dtype, tokenizer or source is missing or malformed")
         if d["world_size"] < 1:
             raise bad("world_size must be at least 1")
+        tokenizer_path = d["tokenizer"].get("path")
+        if tokenizer_path is not None and not plain_name(tokenizer_path):   # read, sent and verified by this name
+            raise bad(f"tokenizer.path {tokenizer_path!r} must be a plain file name in the data directory")
 
         def info(entry) -> TokenFileInfo:
-            if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or \
-                    not isinstance(entry.get("tokens"), int) or not isinstance(entry.get("sha256"), str) or \
-                    os.path.basename(entry["file"]) != entry["file"]:
+            if not isinstance(entry, dict) or not plain_name(entry.get("file")) or \
+                    not isinstance(entry.get("tokens"), int) or not isinstance(entry.get("sha256"), str):
                 raise bad(f"malformed file entry {entry!r}: each needs file, tokens and sha256, and the file "
                           "must be a plain name in the data directory")
             return TokenFileInfo(entry["file"], entry["tokens"], entry["sha256"])
@@ -110,6 +112,11 @@ class Manifest:
             raise bad("shards of unequal token counts")
         return cls(FORMAT, d["tokenizer"], d["vocab_size"], d["dtype"], d["world_size"], d["tokens_per_shard"],
                    d["dropped_tokens"], d["source"], shards, info(d.get("val")))
+
+
+def plain_name(name) -> bool:
+    """A file name inside the data directory itself: not '', '.', '..', nothing with a slash or backslash."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\x00")
 
 
 def shard_name(rank: int, world: int) -> str:

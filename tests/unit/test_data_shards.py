@@ -106,7 +106,11 @@ def test_read_manifest_validates(tmp_path):
     good = json.loads(m.to_json())
     for change, message in [({"format": 2}, "format 2"), ({"world_size": 3}, "expected shards"),
                             ({"dtype": "int8"}, "dtype"), ({"tokens_per_shard": -1}, "whole number"),
-                            ({"val": {"file": "../x"}}, "malformed file entry")]:
+                            ({"val": {"file": "../x"}}, "malformed file entry"),
+                            ({"val": {"file": "..", "tokens": 1, "sha256": "x"}}, "malformed file entry"),
+                            # issue 25 item 3: the tokenizer's path was read, sent and verified unchecked
+                            ({"tokenizer": {"kind": "hf", "path": "../../victim.txt"}}, "tokenizer.path '../../victim.txt'"),
+                            ({"tokenizer": {"kind": "hf", "path": "a\\b.json"}}, "must be a plain file name")]:
         (tmp_path / MANIFEST).write_text(json.dumps({**good, **change}))
         with pytest.raises(ShardError, match=message):
             read_manifest(str(tmp_path))

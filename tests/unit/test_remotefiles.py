@@ -102,6 +102,21 @@ def test_the_local_copy_of_a_large_request_is_private_from_its_creation(tmp_path
     assert os.listdir(tmp_path / "tmp") == []
 
 
+@pytest.mark.parametrize("field", ["files", "check", "keep"])
+def test_verify_refuses_a_name_that_leaves_the_data_directory(tmp_path, field):
+    """Issue 25 item 3: the host side refuses too, whatever the controller sends: nothing outside is touched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    root = tmp_path / "data"
+    (root / ".incoming").mkdir(parents=True)
+    request = {"root": str(root), "stage": ".incoming", "files": [], "keep": [], "stale": "victim.txt", "check": []}
+    # staged "files" are read from .incoming/: ../../ is the victim, whose wrong sha256 used to get it deleted
+    request[field] = [("../../victim.txt", "0" * 64)] if field == "files" else ["../victim.txt"]
+    with pytest.raises(CommandFailed, match="verify"):
+        call("verify", request)
+    assert victim.read_text() == "precious"
+
+
 def test_a_helper_that_cannot_run_is_a_command_failure_naming_the_op(tmp_path):
     with pytest.raises(CommandFailed, match=r"here: `/nonexistent/python \(clusterctl file helper: scan\)` exited 127"):
         remotefiles.call(LocalTransport("here"), "/nonexistent/python", "scan", {"root": str(tmp_path)})

@@ -100,9 +100,18 @@ def delete(root, req):
     return {"deleted": gone}
 
 
+def plain(name):
+    """A name in `root` itself, nothing that resolves elsewhere ("../x", "a/b", "..", a backslash)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\x00"):
+        raise ValueError("refused: %r is not a plain file name inside the data directory" % (name,))
+    return name
+
+
 def verify(root, req):
     """Shards: check staged files against their sha256, rename the good ones into place (manifest last),
-    and remove any other shard file (another world size, another host's rank)."""
+    and remove any other shard file (another world size, another host's rank). Every name must be plain."""
+    for name in [req["stage"]] + [n for n, _ in req["files"]] + list(req["keep"]) + list(req.get("check", [])):
+        plain(name)
     os.makedirs(root, exist_ok=True)
     stage = os.path.join(root, req["stage"])
     bad, placed = [], []
