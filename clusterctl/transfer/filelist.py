@@ -106,7 +106,11 @@ class IgnoreRules:
         for line in lines:
             t = translate(line)
             if t is not None:
-                self.rules.append(Rule(base.strip("/"), re.compile(t[0], re.DOTALL), t[1], t[2]))
+                try:
+                    pattern = re.compile(t[0], re.DOTALL)
+                except re.error:       # a bracket git's wildmatch cannot match either ([z-a]): a rule matching nothing
+                    pattern = re.compile(r"(?!)")
+                self.rules.append(Rule(base.strip("/"), pattern, t[1], t[2]))
         return self
 
     def matches(self, rel: str, is_dir: bool) -> bool:

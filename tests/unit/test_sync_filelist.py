@@ -42,6 +42,11 @@ from clusterctl.transfer.rsync import rsync_argv
     (["\\!bang"], "!bang", False, True),
     (["trail   "], "trail", False, True),                # unescaped trailing spaces are dropped
     (["*.txt"], "dir.txt/inner", False, False),           # matches() looks at the path itself only
+    # issue 25 item 8: a range Python's re refuses ([z-a]) was an internal error; git matches nothing with it
+    # (`git check-ignore` with .gitignore `[z-a]`: neither `a` nor `z` nor `z-a` is ignored)
+    (["[z-a]"], "z", False, False),
+    (["[z-a]"], "z-a", False, False),
+    (["[z-a]", "*.txt"], "a.txt", False, True),
 ])
 def test_gitignore_rules(patterns, path, is_dir, excluded):
     assert IgnoreRules().add(patterns).matches(path, is_dir) is excluded
