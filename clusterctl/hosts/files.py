@@ -105,7 +105,7 @@ class LocalFiles(FileSession):
         with replacing(local) as tmp:
             with open(os.path.expanduser(remote), "rb") as src, open(tmp, "wb") as dst:
                 _copy(src, dst, None)
-            os.chmod(tmp, os.stat(os.path.expanduser(remote)).st_mode & 0o7777)
+            os.chmod(tmp, os.stat(os.path.expanduser(remote)).st_mode & 0o777)     # never a setuid bit
 
     def symlink(self, target, remote):
         dest = os.path.expanduser(remote)

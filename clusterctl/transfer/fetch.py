@@ -183,19 +183,35 @@ def _with_sftp(connector: Connector, host: Host, root: str, names: list[str] | N
                                  {"root": root, "paths": names, "hash": True, "dry": True})["files"]
         with transport.files() as session:
             for rel in names:
-                have, target = state.get(rel), os.path.join(local_root, *rel.split("/"))
+                have, target = state.get(rel), inside(local_root, rel, host.name)
                 if have is None or have[0] in (None, "other") or _same(target, have[0]):
                     continue
                 os.makedirs(os.path.dirname(target), exist_ok=True)
+                inside(local_root, rel, host.name)      # again: no directory on the way is a link out of it
                 if have[0].startswith("link:"):
                     with replacing(target) as tmp:
                         os.symlink(have[0][len("link:"):], tmp)
                 else:
-                    session.get(posixpath.join(root, rel), target)
-                    os.chmod(target, have[1])
+                    session.get(posixpath.join(root, rel), target)     # replaces a link there, never follows it
+                    os.chmod(target, have[1] & 0o777)                  # no setuid, setgid or sticky bit from a host
                     nbytes += os.path.getsize(target)
                 files += 1
     return files, nbytes
+
+
+def inside(local_root: str, rel: str, host: str) -> str:
+    """Where a file the host listed as `rel` goes under `local_root`; OSError for a name that would land
+    elsewhere: absolute, with `..`, `.`, an empty part or a backslash, or below a directory here that is a
+    link out of `local_root` (an earlier fetch recreates the host's links: one must never be written through)."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise OSError(f"{host} listed {rel!r}, which is not a path inside {local_root}: refused")
+    target = os.path.join(local_root, *parts)
+    root = os.path.realpath(local_root)
+    parent = os.path.realpath(os.path.dirname(target))
+    if parent != root and not parent.startswith(root + os.sep):
+        raise OSError(f"{host} listed {rel!r}, which a link here leads out of {local_root} (to {parent}): refused")
+    return target
 
 
 def _same(target: str, want: str) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.hosts.connector import Connector
 from clusterctl.inventory import Cluster
-from clusterctl.transfer.fetch import FetchPath, check_fetch_paths, fetch_outputs, local_destination
+from clusterctl.transfer.fetch import FetchPath, check_fetch_paths, fetch_outputs, inside, local_destination
 from clusterctl.transfer.rsync import rsync_argv
 
 
@@ -97,3 +97,38 @@ def test_a_relative_path_of_this_machine_in_this_directory_is_already_here(tmp_p
     [fetched] = fetch_outputs(Connector(Cluster.this_machine(str(tmp_path))), check_fetch_paths(["outdir"]),
                               str(tmp_path), str(tmp_path / "runs" / "r1"))
     assert (fetched.status, fetched.files, fetched.dest) == ("here", 0, str(tmp_path / "outdir"))
+
+
+@pytest.mark.parametrize("rel", ["../escape", "/etc/passwd", "a/../../b", "a\\b", "a//b", ".", ""])
+def test_a_name_from_the_host_that_leaves_the_destination_is_refused(tmp_path, rel):
+    """Issue 25 item 2: the SFTP route joined the host's names without a containment check."""
+    with pytest.raises(OSError, match="refused"):
+        inside(str(tmp_path), rel, "h1")
+    assert inside(str(tmp_path), "sub/ok.txt", "h1") == str(tmp_path / "sub" / "ok.txt")
+
+
+def test_the_sftp_route_never_writes_through_a_link_it_recreated_nor_keeps_a_setuid_bit(tmp_path):
+    """A host's symlink is recreated here; when the host later has a directory of that name, its files must
+    not land where the local link points. And a setuid bit from the host is dropped."""
+    workdir, project = tmp_path / "host-work", tmp_path / "project"
+    outside = tmp_path / "outside"
+    for d in (workdir / "out", project, outside):
+        d.mkdir(parents=True)
+    (workdir / "out" / "link").symlink_to(outside)
+    (workdir / "out" / "tool").write_text("#!/bin/sh\n")
+    os.chmod(workdir / "out" / "tool", 0o4755)
+    connector = Connector(Cluster.this_machine(str(workdir)))
+    paths = check_fetch_paths(["out"])
+
+    def fetch():
+        return fetch_outputs(connector, paths, str(project), str(project / "runs" / "r1"), method="sftp")
+
+    assert [f.status for f in fetch()] == ["copied"]
+    assert os.readlink(project / "out" / "link") == str(outside)
+    assert os.stat(project / "out" / "tool").st_mode & 0o7777 == 0o755
+    (workdir / "out" / "link").unlink()                     # now a directory on the host
+    (workdir / "out" / "link").mkdir()
+    (workdir / "out" / "link" / "evil.txt").write_text("written through the link")
+    [result] = fetch()
+    assert result.status == "failed" and "a link here leads out of" in str(result.error)
+    assert os.listdir(outside) == []
