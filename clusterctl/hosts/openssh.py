@@ -71,12 +71,17 @@ def render(hosts: list[Host], *, identity, includes: list[str], host_key_checkin
     for host in hosts:
         if not host.local:
             lines += _host_block(host, identity(host)) + [""]
-    lines += ["Host *", "  BatchMode yes", f"  ConnectTimeout {max(1, int(round(connect_timeout)))}",
-              "  StrictHostKeyChecking " + ("yes" if host_key_checking == "strict" else "accept-new")]
+    lines += ["Host *", "  BatchMode yes", f"  ConnectTimeout {max(1, int(round(connect_timeout)))}"]
+    # OpenSSH takes a setting's first value: the inventory's `strict` goes before the user's config and wins;
+    # the default, accept-new, goes after it, so a user's own StrictHostKeyChecking (yes) is kept
+    strict = ["  StrictHostKeyChecking yes"] if host_key_checking == "strict" else []
+    lines += strict
     if control_path:
         lines += ["  ControlMaster auto", f"  ControlPath {_value(control_path, 'ControlPath', hosts[0], tokens=True)}",
                   f"  ControlPersist {CONTROL_PERSIST_S}"]
     lines += [f"Include {_value(path, 'Include', hosts[0], tokens=True)}" for path in includes]
+    if not strict:
+        lines += ["", "Host *", "  StrictHostKeyChecking accept-new"]
     return "\n".join(lines) + "\n"
 
 

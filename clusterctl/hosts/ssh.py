@@ -50,13 +50,12 @@ class SSHTransport(Transport):
 
         t = self.target
         client = paramiko.SSHClient()
-        for path in t.known_hosts_files:
+        revoked: dict[tuple[str, str], str] = {}
+        for path in t.known_hosts_files + t.global_known_hosts_files:     # the system's are read, never written
             if os.path.isfile(path):
-                try:
-                    client.get_host_keys().load(path)
-                except (OSError, paramiko.SSHException) as e:
-                    raise ConnectError(self.host, f"cannot read known_hosts file {path}: {e}", "known-hosts") from None
-        if self.host_key_checking == "strict":
+                revoked.update(load_known_hosts(client.get_host_keys(), path, self.host))
+        # the stricter wins: the inventory's strict, or the user's own StrictHostKeyChecking yes (ssh -G: true)
+        if self.host_key_checking == "strict" or t.strict_host_key_checking in ("yes", "true"):
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         else:
             record_in = t.known_hosts_files[0] if t.known_hosts_files else os.path.expanduser(
@@ -74,6 +73,11 @@ class SSHTransport(Transport):
             reason, detail = describe_connect_error(e, t, keys)
             raise ConnectError(self.host, detail, reason) from None
         transport = client.get_transport()
+        key = transport.get_remote_server_key()
+        if (key.get_name(), key.get_base64()) in revoked:
+            client.close()
+            raise ConnectError(self.host, f"the host key of {t.hostname}:{t.port} ({key.get_name()}) is marked "
+                               f"@revoked in {revoked[key.get_name(), key.get_base64()]}: refused", "host-key-changed")
         transport.set_keepalive(15)
         self._client = client
         return client
@@ -186,6 +190,36 @@ class RemoteProcess(Process):
 
     def stop(self) -> None:
         self.chan.close()
+
+
+def load_known_hosts(keys, path: str, host: str) -> dict[tuple[str, str], str]:
+    """Load a known_hosts file into paramiko's `keys`; the keys its `@revoked` lines name, (type, base64) ->
+    path, which the connection refuses. `@cert-authority` lines are skipped (paramiko checks no host
+    certificates: such a host is judged by its plain key line, as if the CA line were not there).
+    ConnectError naming the file for anything paramiko cannot read."""
+    import tempfile
+
+    import paramiko
+
+    revoked, plain = {}, []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split()
+                if words and words[0] == "@revoked" and len(words) >= 4:
+                    revoked[(words[2], words[3])] = path
+                elif not (words and words[0].startswith("@")):
+                    plain.append(line)
+        fd, copy = tempfile.mkstemp(prefix="clusterctl-known-hosts-")     # paramiko reads only files
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(plain)
+            keys.load(copy)
+        finally:
+            os.unlink(copy)
+    except (OSError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError) as e:
+        raise ConnectError(host, f"cannot read known_hosts file {path}: {e}", "known-hosts") from None
+    return revoked
 
 
 class AcceptNewPolicy:

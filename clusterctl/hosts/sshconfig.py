@@ -25,6 +25,7 @@ from ..inventory import Cluster, Host
 DEFAULT_IDENTITIES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ecdsa_sk", "~/.ssh/id_ed25519",
                       "~/.ssh/id_ed25519_sk", "~/.ssh/id_xmss", "~/.ssh/id_dsa")
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 SSH_G_TIMEOUT_S = 10.0
 
 
@@ -42,6 +43,7 @@ class SSHTarget:
     proxy_command: str | None = None
     proxy_jump: str | None = None
     config_file: str | None = None      # the ssh_config used, None for the user's default
+    global_known_hosts_files: tuple[str, ...] = ()   # read, never written (GlobalKnownHostsFile)
 
 
 def parse_ssh_G(text: str) -> dict[str, list[str]]:
@@ -65,9 +67,11 @@ def target_from_ssh_G(alias: str, values: dict[str, list[str]], config_file: str
         v = values.get(key)
         return v[0] if v else default
 
-    known = []
+    known, system = [], []
     for entry in values.get("userknownhostsfile", list(DEFAULT_KNOWN_HOSTS)):
         known.extend(entry.split())
+    for entry in values.get("globalknownhostsfile", list(DEFAULT_GLOBAL_KNOWN_HOSTS)):
+        system.extend(entry.split())
     proxy = first("proxycommand")
     jump = first("proxyjump")
     return SSHTarget(
@@ -81,6 +85,7 @@ def target_from_ssh_G(alias: str, values: dict[str, list[str]], config_file: str
         proxy_command=None if proxy in (None, "none") else proxy,
         proxy_jump=None if jump in (None, "none") else jump,
         config_file=config_file,
+        global_known_hosts_files=tuple(_expand(p) for p in system),
     )
 
 

@@ -37,11 +37,14 @@ def test_the_controller_rendering_holds_what_the_inventory_sets_and_nothing_it_l
     assert blocks[1] == f'Host 10.0.0.11\n  Port 2222\n  User root\n  IdentityFile "{key}"\n  IdentitiesOnly yes'
     assert blocks[2].startswith("Host b\n  HostName b.lan\n  Port 22\n")
     assert "Host here" not in text                                       # this machine: no SSH at all
-    assert "Host *\n  BatchMode yes\n  ConnectTimeout 7\n  StrictHostKeyChecking accept-new\n" in text
+    assert "Host *\n  BatchMode yes\n  ConnectTimeout 7\n" in text
     includes = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("Include ")]
     assert includes == [p for p in ("/etc/ssh/ssh_config",) if os.path.isfile(p)]    # no ~/.ssh/config here
+    # issue 25 item 4: the default comes after the user's config (OpenSSH keeps a setting's first value), so a
+    # user's own StrictHostKeyChecking yes is kept; the inventory's strict comes before it and wins
+    assert text.endswith("\nHost *\n  StrictHostKeyChecking accept-new\n") and text.count("StrictHostKeyChecking") == 1
     strict = openssh.controller_config_text(cluster, host_key_checking="strict")
-    assert "StrictHostKeyChecking yes" in strict
+    assert "  ConnectTimeout 10\n  StrictHostKeyChecking yes\n" in strict and "accept-new" not in strict
 
 
 def test_the_host_rendering_names_peers_and_the_mesh_key_on_that_host(cache):
@@ -51,7 +54,7 @@ def test_the_host_rendering_names_peers_and_the_mesh_key_on_that_host(cache):
     assert "Host a\n  Port 2222\n  IdentityFile ~/.ssh/mesh\n" in text                 # itself too: mpirun there may
     assert "Host b\n  Port 2222\n  IdentityFile ~/.ssh/mesh\n  IdentitiesOnly yes" in text
     assert "cluster key" not in text                                     # the controller's key path means nothing there
-    assert text.rstrip().endswith("Include ~/.ssh/config\nInclude /etc/ssh/ssh_config")
+    assert text.endswith("Include ~/.ssh/config\nInclude /etc/ssh/ssh_config\n\nHost *\n  StrictHostKeyChecking accept-new\n")
     assert openssh.host_config_path(cluster.hosts[1]) == "~/clusterctl/.clusterctl/ssh_config"
 
 

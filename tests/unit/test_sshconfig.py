@@ -25,6 +25,7 @@ identitiesonly no
 stricthostkeychecking ask
 identityfile ~/.ssh/foo_key
 identityfile /keys/second
+globalknownhostsfile /etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2
 userknownhostsfile /root/.ssh/known_hosts /root/.ssh/known_hosts2
 proxycommand none
 connecttimeout none
@@ -42,6 +43,7 @@ def test_target_from_ssh_G_expands_paths_and_splits_known_hosts():
     assert (t.alias, t.hostname, t.port, t.user) == ("foo", "10.1.2.3", 2200, "bob")
     assert t.identity_files == (os.path.expanduser("~/.ssh/foo_key"), "/keys/second")
     assert t.known_hosts_files == ("/root/.ssh/known_hosts", "/root/.ssh/known_hosts2")
+    assert t.global_known_hosts_files == ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")   # read too
     assert t.proxy_command is None and t.strict_host_key_checking == "ask"
 
 
@@ -112,3 +114,22 @@ def test_paramiko_fallback_agrees_with_openssh_on_a_plain_config(config):
         via_paramiko = _resolve_with_paramiko(host.name, host, str(path))
         for field in ("hostname", "port", "user", "identity_files", "known_hosts_files"):
             assert getattr(via_paramiko, field) == getattr(via_openssh, field), (text, field)
+
+
+@needs_ssh
+@pytest.mark.parametrize("users, inventory, expected", [
+    ("StrictHostKeyChecking yes", "accept-new", "true"),     # the user's stricter setting is kept
+    ("", "accept-new", "accept-new"),                        # clusterctl's default where the user says nothing
+    ("StrictHostKeyChecking no", "strict", "true"),          # the inventory's strict wins over anything
+])
+def test_the_stricter_host_key_setting_reaches_openssh(tmp_path, users, inventory, expected):
+    """Issue 25 item 4, through a real `ssh -G` of the rendering with the user's config included."""
+    from clusterctl.hosts.openssh import controller_config_text
+
+    user_config = tmp_path / "user_config"
+    user_config.write_text(f"Host foo\n  {users}\n" if users else "")
+    cluster = parse(f"ssh_config: {user_config}\nhost_key_checking: {inventory}\nhosts: [foo]\n", "i.yaml")
+    rendering = tmp_path / "rendering"
+    rendering.write_text(controller_config_text(cluster))
+    t = resolve(cluster.hosts[0], rendered=str(rendering))
+    assert t.strict_host_key_checking == expected
