@@ -2,6 +2,12 @@
 
 `replacing(path)` is the one place this machine does it (text files, copies, downloads, symlinks);
 hosts.files does the same on a host over SFTP.
+
+A rename is atomic against a crash of the process, not against a power loss: the file system may put the new
+name on disk before the data. What must survive one is written `durable` (its data, then its directory, flushed
+with fsync): a checkpoint (every file, then `checkpoints/latest`) and a prepared dataset (its shards, then
+manifest.json). Logs, metrics, summaries and caches are not: after a power loss their last lines may be gone,
+never half of one file mixed with another.
 """
 from __future__ import annotations
 
@@ -31,10 +37,40 @@ def replacing(path: str, tmp: str | None = None) -> Iterator[str]:
             os.unlink(tmp)
 
 
-def write_text(path: str, text: str, mode: int | None = None) -> None:
-    """Replace `path` with `text` atomically; `mode` sets the permissions (default: as open() would)."""
+def write_text(path: str, text: str, mode: int | None = None, durable: bool = False) -> None:
+    """Replace `path` with `text` atomically; `mode`: the permissions it is created with (no moment with wider
+    ones; default: as open() would); `durable`: flushed to disk, and its directory after the rename."""
     with replacing(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         if mode is not None:
-            os.chmod(tmp, mode)
+            os.chmod(tmp, mode)      # exactly `mode`, whatever the umask took away
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a directory's entries (a rename into it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """Flush every regular file under `path`, then each directory, to disk (files other processes wrote too)."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                fd = os.open(full, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_dir(root)

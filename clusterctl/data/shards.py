@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import write_text
+from ..atomic import fsync_tree, write_text
 from ..digest import file_sha256
 from ..errors import ShardError, SourceError
 from .corpus import is_val, open_source
@@ -349,9 +349,10 @@ def _publish(staging: str, out_dir: str, manifest: Manifest) -> None:
     if os.path.exists(old_manifest):
         os.unlink(old_manifest)
     keep = {s.file for s in manifest.shards}
+    fsync_tree(staging)             # the shards are on disk before the manifest that vouches for them
     for name in sorted(os.listdir(staging)):
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
-    write_text(old_manifest, manifest.to_json())
+    write_text(old_manifest, manifest.to_json(), durable=True)
     for name in os.listdir(out_dir):
         if SHARD_NAME.match(name) and name not in keep:
             os.unlink(os.path.join(out_dir, name))

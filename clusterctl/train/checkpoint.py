@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..atomic import write_text
+from ..atomic import fsync_tree, write_text
 from ..errors import CheckpointError
 from ..trainer_contract import STEP_GLOB, checkpoint_step, step_dir_name
 
@@ -85,10 +85,11 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
     barrier(group)                 # every shard is on disk before the directory becomes visible
     if writer:
         write_text(str(tmp / "state.json"), json.dumps({"format": FORMAT, "step": step, **state}, indent=1))
+        fsync_tree(str(tmp))        # on disk before its name is: a power loss never leaves `latest` on a hollow one
         if final.exists():          # left by an earlier run that got further before it was stopped
             shutil.rmtree(final)
         os.replace(tmp, final)
-        write_text(str(root / "latest"), final.name + "\n")
+        write_text(str(root / "latest"), final.name + "\n", durable=True)
         _prune(root, keep, final.name)
     barrier(group)
     return final

@@ -259,6 +259,29 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
         assert a[0].item() == b[0].item() and a[1].item() == b[1].item()
 
 
+def test_a_checkpoint_is_on_disk_before_latest_names_it(tmp_path, monkeypatch):
+    """Issue 25 item 9 (fsync decided per file: clusterctl/atomic.py): every file of the checkpoint and its
+    directory are flushed before `latest` is replaced, and `latest` with its directory after."""
+    config = tiny()
+    model, optimizer, _ = trained(config, steps=1)
+    flushed, real_fsync = [], os.fsync
+
+    def recording(fd):
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    path = save(tmp_path, model, optimizer, config, 7)
+    root = str(tmp_path / "checkpoints")
+    tmp = [p for p in flushed if ".step-000007.tmp-" in p]
+    names = {os.path.basename(p) for p in tmp}
+    assert {"model.safetensors", "optimizer.safetensors", "state.json"} <= names      # the files, then the dir
+    assert any(os.path.basename(p).startswith(".step-000007.tmp-") for p in tmp)
+    latest = [i for i, p in enumerate(flushed) if p.startswith(os.path.join(root, ".latest.tmp-"))]
+    assert latest and max(flushed.index(p) for p in tmp) < latest[0]       # the checkpoint first, then latest
+    assert flushed[-1] == root and (tmp_path / "checkpoints" / "latest").read_text() == f"{path.name}\n"
+
+
 def test_resolve_finds_the_latest_whole_checkpoint(tmp_path):
     config = tiny()
     model, optimizer, _ = trained(config, steps=1)
