@@ -110,7 +110,9 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     run_id = run_id or new_run_id()
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
     log_dir = run_dir if restart is None else os.path.join(run_dir, f"attempt-{restart}")
-    os.makedirs(log_dir, exist_ok=True)
+    # private: launch.json and the launcher's files hold the ranks' environment (the inventory's env values)
+    for folder in dict.fromkeys([run_dir, log_dir]):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     # the backend the ranks were started for: the bundled trainer initialises exactly that one
     rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {})},
                                 restart=restart)
@@ -126,7 +128,7 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     launch.rank_files = {h.name: connector.rank_files_dir(h, run_id) for h in cluster.hosts}
     description = json.dumps(launch.describe(), indent=2) + "\n"
     for where in {run_dir, log_dir}:      # the run's own is the newest attempt's (`clusterctl logs` reads it)
-        write_text(os.path.join(where, "launch.json"), description)
+        write_text(os.path.join(where, "launch.json"), description, mode=0o600)
     return launch
 
 

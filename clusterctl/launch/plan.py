@@ -170,8 +170,9 @@ def cached_plan(cluster: Cluster) -> LaunchPlan | None:
 def remember_plan(cluster: Cluster, plan: LaunchPlan) -> None:
     path = _cache_path(cluster)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include}) + "\n")
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        # 0600: a plan holds the inventory's env values
+        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include}) + "\n", mode=0o600)
     except OSError:
         pass   # a cache we cannot write only costs the next launch a pre-flight round trip
 

@@ -54,6 +54,8 @@ def test_the_cached_plan_round_trips_per_cluster_and_a_damaged_cache_is_no_cache
     assert cached_plan(parse("hosts: [h1]\n", "elsewhere/same.yaml")) == cached_plan(one)   # same cluster, other file
     assert cached_plan(two) is None                                                       # other MPI settings
     [path] = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
+    assert os.stat(path).st_mode & 0o777 == 0o600           # a plan holds env values (issue 25 item 1)
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
     for damage in ("{", json.dumps({"env": {"A": 1}, "if_include": None}), json.dumps([1])):
         with open(path, "w") as f:
             f.write(damage)

@@ -86,6 +86,9 @@ def test_a_dry_run_describes_the_launch_and_starts_nothing(tmp_path):
     assert described["inventory"] is None
     assert described["rank_files"] == {"localhost": f"{project(tmp_path)}/.clusterctl/runs/{result.launch.run_id}"}
     assert "CLUSTERCTL_STALL" not in described["rank_env"]          # the watchdog is on by default
+    # the run directory and launch.json hold the ranks' environment: private from the start (issue 25 item 1)
+    assert os.stat(result.launch.run_dir).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(result.launch.run_dir, "launch.json")).st_mode & 0o777 == 0o600
 
 
 def test_a_watchdog_turned_off_tells_the_ranks(tmp_path):
