@@ -17,6 +17,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..atomic import write_text
 from ..hosts.connector import Connector
@@ -79,11 +80,13 @@ class RankStacks:
     error: str | None = None
     native_error: str | None = None                           # why --native gave nothing (no py-spy there)
 
-    def threads(self) -> tuple[str | None, list[ThreadStack]]:
+    @cached_property
+    def parsed(self) -> tuple[str | None, list[ThreadStack]]:
+        """(the main thread's id, every thread), parsed once (where(), groups() and the file all read it)."""
         return parse_dump(self.text)
 
     def main_thread(self) -> ThreadStack | None:
-        main, threads = self.threads()
+        main, threads = self.parsed
         return next((t for t in threads if t.ident == main), threads[0] if threads else None)
 
     def where(self) -> str:
@@ -107,7 +110,7 @@ class RankStacks:
     def file_text(self) -> str:
         """The dump with each frame's line of code under it, then the native frames when asked for."""
         lines = [f"rank {self.rank} on {self.host}, pid {self.pid}" + (f": {self.error}" if self.error else "")]
-        main, threads = self.threads()
+        main, threads = self.parsed
         for t in sorted(threads, key=lambda t: t.ident != main):       # the main thread first
             lines += ["", f"Thread {t.ident}" + (" (main thread)" if t.ident == main else "") + ", most recent call first:"]
             for f in t.frames:

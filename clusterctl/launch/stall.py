@@ -69,8 +69,7 @@ class Stall:
 class StallWatch:
     policy: StallPolicy
     start: float | None = None                     # every rank started
-    armed: bool = False
-    last: float | None = None                      # the job's last progress
+    last: float | None = None                      # the job's last progress; None until the watch is armed
     longest_gap: float = 0.0
     rank_last: dict[int, float] = field(default_factory=dict)       # ranks that sent structured progress
     quiet_until: dict[int, float] = field(default_factory=dict)     # announced quiet phases
@@ -78,11 +77,15 @@ class StallWatch:
     done: set[int] = field(default_factory=set)
     lagging: set[int] = field(default_factory=set)
 
+    @property
+    def armed(self) -> bool:
+        return self.last is not None
+
     def started(self, now: float) -> None:
         if self.start is None:
             self.start = now
             if self.policy.enabled and self.policy.fixed is not None:
-                self.armed, self.last = True, now
+                self.last = now
 
     def progress(self, rank: int, now: float, structured: bool = False) -> None:
         if not self.policy.enabled:
@@ -91,14 +94,14 @@ class StallWatch:
             self.rank_last[rank] = now
             self.lagging.discard(rank)
         if structured and not self.armed:       # adaptive: the wait from the start to here is the first gap
-            self.armed, self.last = True, self.start if self.start is not None else now
+            self.last = self.start if self.start is not None else now
         if not self.armed:
             return
-        if self.last is not None and not self.quiet_seen:
+        if not self.quiet_seen:
             self.longest_gap = max(self.longest_gap, now - self.last)
         self.quiet_until.pop(rank, None)      # a rank's progress ends its quiet phase
         self.quiet_seen = bool(self.quiet_until)
-        self.last = max(self.last or now, now)
+        self.last = max(self.last, now)
 
     def quiet(self, rank: int, now: float, seconds: float) -> None:
         if self.policy.enabled and seconds > 0:
@@ -119,7 +122,7 @@ class StallWatch:
     def check(self, now: float, live: int = 1) -> Stall | None:
         """A Stall when no rank has progressed for the timeout while `live` ranks still run."""
         timeout = self.timeout()
-        if timeout is None or self.last is None or live <= 0:
+        if timeout is None or live <= 0:
             return None
         deadline = max([self.last + timeout, *self.quiet_until.values()])
         return Stall(now - self.last, timeout) if now > deadline else None
@@ -128,7 +131,7 @@ class StallWatch:
         """Ranks (with the seconds they are behind) that have just fallen behind the others: the others sent
         progress long after their last one. Each is named once until it progresses again."""
         timeout = self.timeout()
-        if timeout is None or self.last is None:
+        if timeout is None:
             return []
         behind = max(STRAGGLER_MIN_S, STRAGGLER_FRACTION * timeout)
         newly = []

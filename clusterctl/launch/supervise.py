@@ -359,6 +359,7 @@ class Supervisor:
             if failed is not None:
                 continue
             checked = time.monotonic()
+            lines.lagging(checked)
             if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
                 outcome = lines.world_verdict(force=True) or lines.launcher_ended(proc.returncode)
                 break
@@ -373,9 +374,7 @@ class Supervisor:
     def _stalled(self, lines: _Lines) -> Outcome | None:
         """No rank has progressed for the stall timeout: every rank's stacks are taken and saved, the odd one
         out named, one screen printed; the Outcome is STALLED (restarted like a failure)."""
-        now = time.monotonic()
-        lines.lagging(now)
-        stall = lines.stall(now)
+        stall = lines.stall(time.monotonic())
         if stall is None:
             return None
         reason = f"stalled: no progress from any rank for {stall.silent_s:.0f}s"

@@ -17,6 +17,7 @@ and quiet phases for the stall watchdog), joined by `Callbacks`.
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import ExitStack, contextmanager
 
@@ -138,13 +139,11 @@ def announce_quiet(seconds: float = QUIET_S) -> None:
 
 
 def under_run() -> bool:
-    import os
     return bool(os.environ.get("CLUSTERCTL_RUN_ID"))
 
 
 def watched() -> bool:
     """Under `clusterctl run` with its stall watchdog on (`--stall-timeout 0` exports CLUSTERCTL_STALL=off)."""
-    import os
     return under_run() and os.environ.get("CLUSTERCTL_STALL") != "off"
 
 
