@@ -223,3 +223,16 @@ def test_a_line_longer_than_the_bound_is_cut_into_pieces_that_say_so():
     assert b"".join(t.replace(SPLIT, b"") for t in texts[:-1]) == data          # nothing lost
     assert [len(t) for kind, t in Lines(1.0).feed(b"a" * 200000 + b"\nb\n", 0.0)] == \
         [MAX_LINE + len(SPLIT)] * 3 + [200000 - 3 * MAX_LINE, 1]
+
+
+@pytest.mark.parametrize("read", [MAX_LINE, 4096, 65537])
+def test_a_line_cuts_the_same_however_its_bytes_arrive(read):
+    """A line of exactly 32 pieces: 32 lines, the note on 31, no empty line, whatever the read size (a read
+    ending on a piece boundary used to cut all 32 with the note and leave an empty line for the newline)."""
+    lines, out = Lines(1.0), []
+    data = b"y" * (32 * MAX_LINE) + b"\nafter\n"
+    for i in range(0, len(data), read):
+        out += lines.feed(data[i:i + read], 0.0)
+    texts = [t for kind, t in out if kind == "line"]
+    assert len(texts) == 33 and texts[-1] == b"after" and sum(t.endswith(SPLIT) for t in texts) == 31
+    assert texts[-2] == b"y" * MAX_LINE

@@ -30,7 +30,9 @@ class Lines:
         self.rest = partial
         self._absorb()
         if len(self.rest) > MAX_LINE and not self.rest.endswith(b"\r"):
-            cut = len(self.rest) - len(self.rest) % MAX_LINE
+            # whole pieces only, and never all of it: the last piece waits for the line's end, so a line cuts
+            # the same way however its bytes arrive (ceil(n / MAX_LINE) pieces, SPLIT on all but the last)
+            cut = (len(self.rest) - 1) // MAX_LINE * MAX_LINE
             whole, self.rest = self.rest[:cut], self.rest[cut:]
             out += self._cut(whole, last=False)
             self.state, self.shown = None, b""
