@@ -46,6 +46,33 @@ MPI_KEYS = ("btl_tcp_links", "if_include", "extra_args")
 LAUNCH_KEYS = ("backend", "connections_per_ip")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# env names whose values records and --json outputs never show (docs/security.md#where-secrets-go)
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|AUTH|COOKIE",
+                          re.IGNORECASE)
+REDACTED = "<redacted>"
+SECRET_TAG = "!secret"
+
+
+def is_secret(name: str, marked: Iterable[str] = ()) -> bool:
+    """An env variable whose value is kept out of records: its name looks like a secret's (HF_TOKEN,
+    WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, ...) or the inventory marks it `!secret`."""
+    return name in marked or bool(_SECRET_NAME.search(name))
+
+
+def scrub(obj: Any, secrets: Iterable[str]) -> Any:
+    """`obj` (JSON-like) with every occurrence of a secret value in its strings replaced by REDACTED."""
+    secrets = [s for s in secrets if s]
+    if not secrets:
+        return obj
+    if isinstance(obj, str):
+        for secret in secrets:
+            obj = obj.replace(secret, REDACTED)
+        return obj
+    if isinstance(obj, dict):
+        return {k: scrub(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub(v, secrets) for v in obj]
+    return obj
 _BAD_NAME_CHARS = re.compile(r"[\s\x00-\x1f\x7f]")
 # OpenSSH refuses host names holding these (ssh.c valid_hostname); so do we, with the line number.
 _SHELL_CHARS = re.compile(r"['`\"$\\;&<>|(){}]")
@@ -77,6 +104,7 @@ class Host:
     workdir: str = DEFAULT_WORKDIR    # a path on the host; ~ means the host user's home
     mpi_lib_dir: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    secret_env: tuple[str, ...] = ()  # env names marked `!secret` in the inventory
     slots: int = 1
     local: bool = False               # this machine: run commands directly, no SSH
     # jaccl: per rank of the cluster, the RDMA device(s) this host reaches it through; None for its own rank
@@ -87,6 +115,11 @@ class Host:
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+    @property
+    def secrets(self) -> list[str]:
+        """The values of this host's env that are secret (is_secret)."""
+        return [value for name, value in self.env if is_secret(name, self.secret_env)]
 
     @property
     def ranks(self) -> range:
@@ -144,6 +177,11 @@ class Cluster:
                 hosts.append(dataclasses.replace(h, rank=rank))
                 rank += h.slots
         return dataclasses.replace(self, hosts=tuple(hosts))
+
+    @property
+    def secrets(self) -> list[str]:
+        """Every secret env value of the inventory, longest first (scrub replaces them in that order)."""
+        return sorted({v for h in self.hosts for v in h.secrets if v}, key=len, reverse=True)
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -326,6 +364,7 @@ class _Parser:
             rdma_nodes.append(settings.pop("rdma_node", None))
             merged = {**defaults, **settings}
             merged["env"] = tuple({**dict(defaults.get("env", ())), **dict(settings.get("env", ()))}.items())
+            merged["secret_env"] = tuple(sorted({*defaults.get("secret_env", ()), *settings.get("secret_env", ())}))
             if merged.get("local") and "python" not in merged:
                 merged["python"] = sys.executable   # this machine: the interpreter running clusterctl
             host = Host(rank=rank, line=entry.start_mark.line + 1, **merged)
@@ -434,6 +473,8 @@ class _Parser:
                 out[key] = self.string(value, label)
             elif key == "env":
                 out[key] = self.env(value)
+                out["secret_env"] = tuple(k.value for k, v in value.value if v.tag == SECRET_TAG) \
+                    if isinstance(value, yaml.MappingNode) else ()
             elif key == "rdma":
                 out[key], out["rdma_line"], out["rdma_node"] = self.rdma(value), value.start_mark.line + 1, value
         return out
@@ -444,7 +485,9 @@ class _Parser:
             if not _ENV_NAME.match(name):
                 self.fail(key_node, f"env name {name!r} is not a valid variable name "
                           "(letters, digits and _; not starting with a digit)")
-            value = self.scalar(value_node)
+            # `!secret 'value'`: a string like any other, kept out of records (is_secret)
+            value = value_node.value if value_node.tag == SECRET_TAG and isinstance(value_node, yaml.ScalarNode) \
+                else self.scalar(value_node)
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 self.fail(value_node, f"env value of {name} must be a string (quote it), "
                           f"not {_kind(value_node, value)}")

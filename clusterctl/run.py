@@ -131,6 +131,7 @@ class RunEvents:
     """What `run` tells its user, one method per event; the base class says nothing."""
 
     def launching_from(self, host: str, launcher: str) -> None: ...
+    def warning(self, text: str) -> None: ...
     def staged(self, what: str, hosts: int, files: int, nbytes: int) -> None: ...
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
@@ -168,6 +169,10 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
     backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
     backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
+    if backend.env_on_command_line and cluster.secrets:
+        events.warning(f"{backend.launcher_label} takes the ranks' environment on its command line: the inventory's "
+                       "secret env values are visible in `ps` on this machine and the hosts while the job runs "
+                       "(clusterctl's own launchers never do that: docs/security.md#where-secrets-go)")
     policy = options.restart
     policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
                  bundled_fsdp=program.module == BUNDLED_TRAINER and flag_value(program.args, STRATEGY) == "fsdp")

@@ -61,6 +61,9 @@ class PrintedRun:
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
 
+    def warning(self, text):
+        click.echo(f"warning: {text}", err=True)
+
     def staged(self, what, hosts, files, nbytes):
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
 

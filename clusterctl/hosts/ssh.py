@@ -16,11 +16,13 @@ import shlex
 import socket
 import threading
 import time
+from typing import Mapping
 
 from ..errors import CommandTimeout, ConnectError
 from .files import SFTPFiles
 from .sshconfig import SSHTarget
-from .transport import DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, remote_command, shell_command, short
+from .transport import (DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, env_input, remote_command,
+                        shell_command, short)
 
 # paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
 # handler): the ConnectError this module raises already says it in one line (docs/facts/ssh.md#paramiko-key-exchange).
@@ -105,7 +107,8 @@ class SSHTransport(Transport):
         deadline = time.monotonic() + timeout
         out, err = bytearray(), bytearray()
         try:
-            channel.exec_command(remote_command(shell_command(command, env, cwd)))
+            channel.exec_command(remote_command(shell_command(command, cwd), env=True))
+            channel.sendall(env_input(env))      # the environment goes on stdin, never on sshd's command line
             while True:
                 while channel.recv_ready():
                     out += channel.recv(65536)
@@ -149,7 +152,7 @@ class SSHTransport(Transport):
 
     def stream(self, command, lines, env=None) -> Process:
         text = command if isinstance(command, str) else shlex.join(command)
-        return RemoteProcess(self._session(), shell_command(text, env), lines)
+        return RemoteProcess(self._session(), text, lines, env)
 
 
 class RemoteProcess(Process):
@@ -157,9 +160,10 @@ class RemoteProcess(Process):
     stop() closes the channel, and the host's watchdog (transport.remote_command) kills the command's
     whole process tree."""
 
-    def __init__(self, channel, script: str, lines: queue.Queue):
+    def __init__(self, channel, script: str, lines: queue.Queue, env: Mapping[str, str] | None = None):
         self.chan = channel
-        self.chan.exec_command(remote_command(script))
+        self.chan.exec_command(remote_command(script, env=True))
+        self.chan.sendall(env_input(env))    # the environment goes on stdin, never on sshd's command line
         self._code: int | None = None
         self.readers = [threading.Thread(target=self._pump, args=(is_err, lines), daemon=True) for is_err in (False, True)]
         for t in self.readers:

@@ -16,6 +16,10 @@ Values that come from users — host names, paths, env values — only ever reac
 Remote commands run under /bin/sh whatever the user's login shell is (zsh on macOS), behind a small watchdog:
 when the SSH channel closes — our timeout, Ctrl-C, a dropped connection — the watchdog sees its stdin end and
 kills the command's whole process tree, so nothing is left running on the host.
+
+The `env` given to run() and stream() never appears on a command line (any local user sees a process's argv
+in `ps`, and inventories hold tokens): it is written to the command's stdin before anything else, and the
+shell that starts the command reads it from there (env_input, remote_command; docs/security.md#where-secrets-go).
 """
 from __future__ import annotations
 
@@ -58,15 +62,10 @@ def quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def shell_command(command: str | Sequence[str], env: Mapping[str, str] | None = None,
-                  cwd: str | None = None) -> str:
-    """The POSIX shell text that runs `command` with `env` exported, in `cwd`."""
+def shell_command(command: str | Sequence[str], cwd: str | None = None) -> str:
+    """The POSIX shell text that runs `command` in `cwd` (its environment comes on stdin: remote_command)."""
     body = command if isinstance(command, str) else shlex.join(command)
     lines = []
-    for name, value in (env or {}).items():
-        if not name.isidentifier() or not name.isascii():
-            raise ValueError(f"not a valid environment variable name: {name!r}")
-        lines.append(f"export {name}={shlex.quote(value)}")
     if cwd:
         lines.append(f"cd {quote_path(cwd)} || exit 125")
     lines.append(body)
@@ -90,10 +89,49 @@ exec 3<&-
 wait $c"""
 
 
-def remote_command(script: str, grace: float = KILL_GRACE_S) -> str:
-    """What is sent to sshd: our script under /bin/sh behind the watchdog, whatever the login shell."""
-    wrapped = _WATCHDOG.format(script=shlex.quote(script), grace=f"{grace:g}")
-    return "exec /bin/sh -c " + shlex.quote(wrapped)
+# The environment on stdin: a line with a count of lines, then that many lines of `NAME='value'; export
+# NAME` text (a quoted value may span lines). The outermost shell reads exactly those lines (`read` takes
+# one byte at a time from a pipe, so the watchdog's stdin is left as it was) and keeps the text in one
+# variable; the innermost shell, the one that starts the program, evals it: exported by that shell itself,
+# DYLD_* reach the program even though macOS SIP strips them from a /bin/sh's own environment
+# (docs/facts/macos.md#sip-strips-dyld). A stdin that ends early stops the command (exit 125) before it runs.
+ENV_TEXT = "CLUSTERCTL_ENV_TEXT"
+_READ_ENV = f"""IFS= read -r n || exit 125
+case $n in ''|*[!0-9]*) exit 125;; esac
+e=
+while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l
+"; n=$((n - 1)); done
+{ENV_TEXT}=$e; export {ENV_TEXT}; unset e l n
+"""
+_EVAL_ENV = f'eval "${ENV_TEXT}"; unset {ENV_TEXT}\n'
+
+
+def export_text(env: Mapping[str, str] | None) -> str:
+    """`env` as POSIX shell text that exports it, every value quoted."""
+    lines = []
+    for name, value in (env or {}).items():
+        if not name.isidentifier() or not name.isascii():
+            raise ValueError(f"not a valid environment variable name: {name!r}")
+        lines.append(f"{name}={shlex.quote(value)}; export {name}")
+    return "".join(line + "\n" for line in lines)
+
+
+def env_input(env: Mapping[str, str] | None) -> bytes:
+    """What a command started with `env` (remote_command, reading_env) must find first on its stdin."""
+    lines = export_text(env).split("\n")[:-1]
+    return f"{len(lines)}\n".encode() + "".join(line + "\n" for line in lines).encode()
+
+
+def reading_env(script: str) -> str:
+    """`script` for a /bin/sh run without the watchdog, with its environment read from stdin first."""
+    return _READ_ENV + _EVAL_ENV + script
+
+
+def remote_command(script: str, grace: float = KILL_GRACE_S, env: bool = False) -> str:
+    """What is sent to sshd: our script under /bin/sh behind the watchdog, whatever the login shell; with
+    `env`, the script's environment is read from stdin first (send env_input() before anything else)."""
+    wrapped = _WATCHDOG.format(script=shlex.quote(_EVAL_ENV + script if env else script), grace=f"{grace:g}")
+    return "exec /bin/sh -c " + shlex.quote(_READ_ENV + wrapped if env else wrapped)
 
 
 # ---- the contract -------------------------------------------------------------------------------
@@ -163,13 +201,13 @@ class LocalTransport(Transport):
         self.host = host
 
     def run(self, command, timeout, env=None, cwd=None) -> Result:
-        script = shell_command(command, env, cwd)
-        proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL,
+        script = shell_command(command, cwd)
+        proc = subprocess.Popen(["/bin/sh", "-c", reading_env(script)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         with _LIVE_LOCK:
             _LIVE.add(proc)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(env_input(env), timeout=timeout)
         except subprocess.TimeoutExpired:
             out, err = _kill_group(proc)
             raise CommandTimeout(self.host, short(command), timeout,
@@ -186,10 +224,8 @@ class LocalTransport(Transport):
         return LocalFiles()
 
     def stream(self, command, lines, env=None) -> Process:
-        """`command` (an argv, or a script of ours) under /bin/sh and the watchdog. The launchers it starts
-        get the ranks' variables on their command line (mpirun -x, mlx.launch --env), which macOS SIP
-        cannot strip the way it strips DYLD_* from the environment of /bin/sh's children
-        (docs/facts/macos.md#sip-strips-dyld)."""
+        """`command` (an argv, or a script of ours) under /bin/sh and the watchdog, `env` exported by the
+        shell that starts it (read from its stdin: never on a command line)."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         return LocalProcess(argv, dict(env or {}), lines)
 
@@ -200,9 +236,11 @@ class LocalProcess(Process):
     SIGKILL, the pipe closes and the watchdog kills the whole tree, so no launcher or rank outlives us."""
 
     def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue):
-        self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv))], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env},
+        self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv), env=True)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
+        self.proc.stdin.write(env_input(env))
+        self.proc.stdin.flush()
         self.readers = [threading.Thread(target=_read_lines, args=(stream, is_err, lines), daemon=True)
                         for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
         for t in self.readers:

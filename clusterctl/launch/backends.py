@@ -32,7 +32,7 @@ from ..errors import InventoryError, LaunchError, UsageError
 from ..hosts.facts import RING_STARTING_PORT
 from ..hosts.openssh import rsh_agent
 from ..hosts.scripts import script_text
-from ..hosts.transport import remote_command, shell_command
+from ..hosts.transport import env_input, remote_command, shell_command
 from ..inventory import Cluster, load
 from . import mlxenv
 from .hostfile import render as render_hostfile
@@ -47,10 +47,19 @@ class LauncherCommand:
     argv: list[str]
     files: list[tuple[str, str, int | None]] = field(default_factory=list)   # (path, text, mode) to write first
     path_prepend: str | None = None   # a directory to put first on the launcher's PATH (mlx.launch's ssh shim)
+    # what the launcher must find in its own environment (mpirun's `-x NAME` passes NAME's value from there):
+    # given to it on its stdin (hosts/transport.py), never on a command line
+    env_values: dict[str, str] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         """What the launcher's process on this machine is given on top of this environment."""
-        return {"PATH": self.path_prepend + os.pathsep + os.environ.get("PATH", "")} if self.path_prepend else {}
+        path = {"PATH": self.path_prepend + os.pathsep + os.environ.get("PATH", "")} if self.path_prepend else {}
+        return {**self.env_values, **path}
+
+    def by_hand(self) -> str:
+        """The command as a line to type: env_values and the PATH as assignments before it."""
+        words = [f"{k}={shlex.quote(v)}" for k, v in self.env_values.items()]
+        return " ".join([*words, *([self.shell_path()] if self.path_prepend else []), shlex.join(self.argv)])
 
     def shell_path(self) -> str:
         """The same for a shell line: a PATH assignment to put before the command, or ""."""
@@ -76,6 +85,7 @@ class Backend:
     fallbacks: Mapping[str, "Backend"] = {}   # other launchers that can start it, by launcher name
     peers_variable: str | None = None  # the variable naming a rank's peers to MLX (the world check's hint)
     smoke_needs: tuple[str, ...] | None = None   # doctor checks its smoke test needs passed; None: it has none
+    env_on_command_line = False       # its launcher takes the ranks' env values as arguments (`ps` shows them)
 
     @property
     def launcher_label(self) -> str:
@@ -188,7 +198,7 @@ class MPIBackend(Backend):
                            rsh_agent=rsh_agent(list(where.ssh_options)),
                            if_include=plan.if_include, as_root=where.as_root,
                            mpirun=(where.launcher or ["mpirun"])[0], wdir=cwd)
-        return LauncherCommand(argv, files)
+        return LauncherCommand(argv, files, env_values=dict(rank_env))
 
     def with_setting(self, cluster, setting):
         return dataclasses.replace(cluster, mpi=dataclasses.replace(
@@ -220,6 +230,7 @@ class MLXLaunchBackend(Backend):
     launcher_name, hostfile_format, hostfile_name = "mlx.launch", "mlx", "hosts.json"
     needs_addresses = True            # its hostfile lists every rank's IP (docs/facts/launchers.md#mlx-launch-hostfile-format)
     install_hint = "pip install mlx here as well"
+    env_on_command_line = True        # `--env NAME=VALUE` (its remote ssh command exports them too)
 
     def __init__(self, name: str, benchmarked: bool = False, tune_count: str | None = None,
                  neighbours_only: bool = False, rdma: str | None = None, smoke_needs: tuple[str, ...] | None = None):
@@ -296,11 +307,13 @@ class RankStarterBackend(Backend):
             env = {**rank_env, **mlx}
             if files:
                 env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
-            wrapped = remote_command(shell_command([host.python, *program[1:]], env))
+            # the environment goes on the rank's stdin (the starter writes it first), never its command line
+            wrapped = remote_command(shell_command([host.python, *program[1:]]), env=True)
             argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
                 [where.ssh, *where.ssh_options, "--", host.name, wrapped]
             # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text
-            ranks.append({"rank": rank, "host": host.name, "mlx": {**mlx, **files}, "argv": argv})
+            ranks.append({"rank": rank, "host": host.name, "mlx": {**mlx, **files}, "argv": argv,
+                          "stdin": env_input(env).decode()})
         spec = os.path.join(where.dir, self.hostfile_name)
         starter = os.path.join(where.dir, "ranks.py")
         files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_text("ranks.py"), None)]
@@ -504,8 +517,10 @@ def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env:
                 rsh_agent: str, if_include: str | None = None, as_root: bool = False,
                 mpirun: str = "mpirun", wdir: str | None = None) -> list[str]:
     """The full mpirun command (ours, not `mlx.launch --backend mpi`'s: docs/facts/launchers.md#mlx-launch-mpi-backend):
-    hostfile, one rank per slot, our MCA settings merged with the user's, `-x` for every environment variable
-    (straight to python: macOS SIP cannot strip them, docs/facts/macos.md#sip-strips-dyld), then the program."""
+    hostfile, one rank per slot, our MCA settings merged with the user's, `-x NAME` for every environment
+    variable (its value taken from mpirun's own environment, where LauncherCommand.env_values puts it: never
+    on a command line; mpirun passes it to the ranks straight, so macOS SIP cannot strip DYLD_* on the way,
+    docs/facts/macos.md#sip-strips-dyld), then the program."""
     ours = mca_settings(cluster, rsh_agent, if_include)
     theirs, rest = _split_user_mca(cluster.mpi.extra_args)
     argv = [mpirun]
@@ -516,8 +531,8 @@ def mpirun_argv(cluster: Cluster, *, hostfile: str, program: Sequence[str], env:
         argv += ["-wdir", wdir]
     for key, value in {**ours, **theirs}.items():
         argv += ["--mca", key, value]
-    for key, value in env.items():
-        argv += ["-x", f"{key}={value}"]
+    for key in env:
+        argv += ["-x", key]
     return argv + rest + ["--", *program]
 
 

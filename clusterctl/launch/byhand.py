@@ -6,7 +6,6 @@ program across the hosts by hand from this machine, as `run` would launch it.
 from __future__ import annotations
 
 import os
-import shlex
 
 from ..atomic import write_text
 from ..errors import UsageError
@@ -43,5 +42,4 @@ def hostfile_and_command(connector: Connector, fmt: str, *, output: str | None, 
     command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
                               where=site, hostfile=os.path.abspath(output), cwd=backends.common_workdir(cluster))
     backends.write_files(command)
-    line = shlex.join(command.argv)
-    return text, (f"{command.shell_path()} {line}" if command.path_prepend else line)
+    return text, command.by_hand()

@@ -23,7 +23,7 @@ from ..atomic import write_text
 from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
 from ..hosts.transport import LocalTransport, Process
-from ..inventory import Cluster
+from ..inventory import Cluster, scrub
 from .backends import Backend, LauncherCommand, write_files
 from .bootstrap import BOOTSTRAP
 from .plan import LaunchPlan
@@ -51,15 +51,18 @@ class Launch:
     # what `clusterctl stacks RUN` needs to reach the ranks without being told the inventory again
     inventory: str | None = None     # the inventory file the cluster came from (None: this machine alone)
     rank_files: dict[str, str] = field(default_factory=dict)   # host -> the ranks' pid and stacks files there
+    secrets: list[str] = field(default_factory=list)           # env values no record shows (Cluster.secrets)
 
     def __post_init__(self):
         self.log_dir = self.log_dir or self.run_dir
 
     def describe(self) -> dict:
-        return {"run_id": self.run_id, "backend": self.backend, "argv": self.argv, "command": shlex.join(self.argv),
-                "launcher_env": self.env, "rank_env": self.rank_env, "rank_hosts": self.rank_hosts,
-                "inventory": self.inventory, "rank_files": self.rank_files,
-                **({"launcher_host": self.site.host, "remote_command": self.remote_command} if self.site.host else {})}
+        """What will run, for the dry run and launch.json: secret env values replaced by <redacted>."""
+        return scrub({"run_id": self.run_id, "backend": self.backend, "argv": self.argv,
+                      "command": shlex.join(self.argv), "launcher_env": self.env, "rank_env": self.rank_env,
+                      "rank_hosts": self.rank_hosts, "inventory": self.inventory, "rank_files": self.rank_files,
+                      **({"launcher_host": self.site.host, "remote_command": self.remote_command}
+                         if self.site.host else {})}, self.secrets)
 
 
 def new_run_id() -> str:
@@ -126,6 +129,7 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     launch.log_dir = log_dir
     launch.inventory = os.path.abspath(cluster.path) if os.path.isfile(cluster.path) else None
     launch.rank_files = {h.name: connector.rank_files_dir(h, run_id) for h in cluster.hosts}
+    launch.secrets = cluster.secrets
     description = json.dumps(launch.describe(), indent=2) + "\n"
     for where in {run_dir, log_dir}:      # the run's own is the newest attempt's (`clusterctl logs` reads it)
         write_text(os.path.join(where, "launch.json"), description, mode=0o600)
@@ -165,7 +169,8 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
         # Copied only when the launch really starts: a dry run writes nothing on any host.
         for path, _, mode in command.files:
             remote.put(os.path.join(files_dir, os.path.relpath(path, there)), path, mode=mode)
-        return remote.stream(text, lines)   # closing its channel kills the launcher's tree there
+        # closing its channel kills the launcher's tree there; env_values go on the channel's stdin
+        return remote.stream(text, lines, env=command.env_values)
 
     return Launch(run_id, run_dir, backend.name, command.argv, {}, rank_env, rank_hosts(cluster), start=start,
                   site=site, remote_command=text)

@@ -16,7 +16,7 @@ from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
 from ..hosts.fanout import run_all
 from ..hosts.probe import MPIRUN_DIRS, HostProbe, parse_probe, probe_script
-from ..hosts.transport import quote_path
+from ..hosts.transport import export_text, quote_path
 from ..inventory import Cluster
 
 
@@ -101,7 +101,7 @@ def _probe_all(connector: Connector, timeout: float, script: str | None, module:
         if module is not None:
             text += module_check(host, module)
         with connector.transport(host) as t:
-            facts = parse_probe(t.run(text, timeout=timeout).stdout)
+            facts = parse_probe(t.run(text, timeout=timeout, env=module_env(host) if module else None).stdout)
         if script is not None or module is not None:
             # found the way a rank's launcher finds it: on the non-interactive PATH (docs/facts/ssh.md#non-interactive-path)
             if not facts.get("python_path"):
@@ -125,13 +125,22 @@ def _probe_all(connector: Connector, timeout: float, script: str | None, module:
 def module_check(host, module: str) -> str:
     """The probe's lines that look for `module` as a rank imports it: from the workdir, with the inventory's
     env and the clusterctl that `run` ships there first."""
-    # exported by the shell itself, not through /usr/bin/env: macOS SIP would strip DYLD_* there
+    # the inventory's env arrives as text in RANK_ENV (on the probe's stdin, never its command line: see
+    # module_env), exported by the shell itself, not through /usr/bin/env: macOS SIP would strip DYLD_* there
     # (docs/facts/macos.md#sip-strips-dyld)
-    env = "".join(f"{k}={shlex.quote(v)}; export {k}; " for k, v in host.env if k.isidentifier())
     return (f"\nm=$(cd {quote_path(host.workdir)} 2>/dev/null; PYTHONPATH=.clusterctl/lib${{PYTHONPATH:+:$PYTHONPATH}}; "
-            f"export PYTHONPATH; {env}{quote_path(host.python)} "
+            f'export PYTHONPATH; eval "${RANK_ENV}"; unset {RANK_ENV}; {quote_path(host.python)} '
             f"-c {shlex.quote(_FIND_MODULE)} {shlex.quote(module)} 2>&1)\n"
             'case $? in 0) j module yes;; 1) j module no;; *) j module error; j module_error "$m";; esac\n')
+
+
+RANK_ENV = "CLUSTERCTL_RANK_ENV"
+
+
+def module_env(host) -> dict[str, str]:
+    """The environment the probe runs module_check's lines with: the inventory's env for the module check
+    alone, as text (the rest of the probe must see the host as a login does)."""
+    return {RANK_ENV: export_text(dict(host.env))}
 
 
 def module_problem(host: str, python: str, module: str, found: str | None, message: str | None) -> str:

@@ -52,7 +52,7 @@ def test_the_registry_names_and_lookups():
 
 def test_ring_ranks_are_started_by_clusterctl_with_the_environment_mlx_reads(cluster, tmp_path):
     """Every rank's argv in the starter's spec: ssh with the rendering to the rank's host, a watchdog-wrapped
-    script exporting MLX_RANK and the ring hostfile (as the bootstrap will write it) before python."""
+    script that reads its environment (MLX_RANK, the ring hostfile as the bootstrap will write it) from stdin."""
     launch_dir = tmp_path / "launch"
     command = get("ring").command(cluster, LaunchPlan({}), program=["/ignored/python", "-c", "x", "arg"],
                                   rank_env={"A": "1"}, where=where(tmp_path, launcher=["/usr/bin/python3"]))
@@ -65,7 +65,10 @@ def test_ring_ranks_are_started_by_clusterctl_with_the_environment_mlx_reads(clu
         assert r["argv"][:5] == ["/usr/bin/ssh", "-F", "/cache/clusterctl/ssh/abc.config", "--", r["host"]]
         script = r["argv"][5]
         assert script.startswith("exec /bin/sh -c ") and "cat <&3" in script          # the watchdog
-        assert f"export MLX_RANK={r['rank']}" in script and "export A=1" in script
+        assert "MLX_RANK" not in script and "A=1" not in script          # no value on the command line ...
+        count, *lines = r["stdin"].splitlines()                          # ... its stdin: a count, the lines
+        assert int(count) == len(lines) == 3 and lines[:2] == ["A=1; export A", f"MLX_RANK={r['rank']}; export MLX_RANK"]
+        assert lines[2].startswith("CLUSTERCTL_ENV_FILES='{\"MLX_HOSTFILE\":")
         assert "/opt/py/bin/python3 -c x arg" in script                              # the host's own python
     # MLX's ring hostfile (mlx 0.32 launch.py launch_ring): per rank one ip:port per address and connection,
     # ports counting up from 32323 across ranks; two connections per ip here
@@ -114,7 +117,7 @@ def test_which_backend_reads_which_hostfile():
         for_hostfile("mpich", "mpi")
 
 
-def test_mpi_command_writes_its_hostfile_and_passes_every_variable_with_x(cluster, tmp_path):
+def test_mpi_command_writes_its_hostfile_and_passes_every_variable_by_name_with_x(cluster, tmp_path):
     command = get("mpi").command(cluster, LaunchPlan({"LD_LIBRARY_PATH": "/l"}, "10.0.0.0/24"),
                                  program=["/opt/py/bin/python3", "t.py", "a b"], rank_env={"K": "v w"},
                                  where=where(tmp_path, as_root=True, launcher=["/usr/bin/mpirun"]))
@@ -124,7 +127,9 @@ def test_mpi_command_writes_its_hostfile_and_passes_every_variable_with_x(cluste
     assert argv[:6] == ["/usr/bin/mpirun", "--allow-run-as-root", "--hostfile", hostfile, "-np", "3"]
     assert argv[argv.index("plm_rsh_agent") + 1] == "ssh -F /cache/clusterctl/ssh/abc.config"
     assert argv[argv.index("btl_tcp_links") + 1] == "2" and argv[argv.index("btl_tcp_if_include") + 1] == "10.0.0.0/24"
-    assert ["-x", "K=v w"] == argv[argv.index("K=v w") - 1:argv.index("K=v w") + 1]
+    assert ["-x", "K"] == argv[argv.index("K") - 1:argv.index("K") + 1] and not any("v w" in a for a in argv)
+    assert command.env_values == {"K": "v w"} and command.env()["K"] == "v w"     # mpirun's own environment
+    assert command.by_hand().startswith("K='v w' /usr/bin/mpirun ")
     assert argv[argv.index("--"):] == ["--", "/opt/py/bin/python3", "t.py", "a b"] and command.path_prepend is None
 
 

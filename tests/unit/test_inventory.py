@@ -212,3 +212,22 @@ def test_unreadable_inventory_is_one_line(tmp_path, make, words):
     with pytest.raises(InventoryError) as info:
         load(path)
     assert str(info.value) == f"{path}: {info.value.message}" and words in str(info.value)
+
+
+def test_secret_env_values_are_marked_by_name_or_by_the_secret_tag_and_scrubbed(tmp_path):
+    """docs/security.md#where-secrets-go: a name that looks secret or `!secret` keeps a value out of records."""
+    from clusterctl.inventory import REDACTED, is_secret, scrub
+    cluster = parse("defaults:\n  env: {HF_TOKEN: hf_abc123, MY_URL: !secret 'https://u:pw@x', PLAIN: plain1}\n"
+                    "hosts:\n  - {name: a, env: {OWN: !secret own-value}}\n  - {name: b}\n", str(tmp_path / "i.yaml"))
+    a, b = cluster.hosts
+    assert a.env_dict == {"HF_TOKEN": "hf_abc123", "MY_URL": "https://u:pw@x", "PLAIN": "plain1", "OWN": "own-value"}
+    assert (a.secret_env, b.secret_env) == (("MY_URL", "OWN"), ("MY_URL",))
+    assert cluster.secrets == ["https://u:pw@x", "own-value", "hf_abc123"]        # longest first
+    for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "github_pat_token", "DB_PASSWORD"):
+        assert is_secret(name)
+    assert not any(is_secret(n) for n in ("PATH", "MLX_RANK", "DYLD_LIBRARY_PATH", "KEYBOARD"))
+    record = {"argv": ["mlx.launch", "--env", "HF_TOKEN=hf_abc123"], "env": {"PLAIN": "plain1", "OWN": "own-value"}}
+    assert scrub(record, cluster.secrets) == {"argv": ["mlx.launch", "--env", f"HF_TOKEN={REDACTED}"],
+                                              "env": {"PLAIN": "plain1", "OWN": REDACTED}}
+    with pytest.raises(InventoryError, match=r"i2.yaml:2: the YAML tag !secret is not allowed"):
+        parse("defaults:\n  python: !secret /x\nhosts:\n  - {name: a}\n", str(tmp_path / "i2.yaml"))

@@ -104,9 +104,13 @@ def test_the_preflight_imports_a_module_as_a_rank_does_with_the_inventorys_env(t
 
 def test_the_module_check_exports_the_inventorys_env_in_the_shell_not_through_env(tmp_path):
     """macOS SIP strips DYLD_* from what /usr/bin/env starts (docs/facts/macos.md#sip-strips-dyld): the module
-    pre-flight sets the inventory's variables with the shell's own export, so python sees them."""
-    from clusterctl.launch.plan import module_check
+    pre-flight sets the inventory's variables with the shell's own export, so python sees them; the values
+    reach the probe as one variable on its stdin, never on its command line."""
+    from clusterctl.launch.plan import module_check, module_env
     host = local(tmp_path, env={"DYLD_FALLBACK_LIBRARY_PATH": "/opt/homebrew/lib", "A": "it's"}).hosts[0]
     text = module_check(host, "pkg.train")
-    assert "DYLD_FALLBACK_LIBRARY_PATH=/opt/homebrew/lib; export DYLD_FALLBACK_LIBRARY_PATH;" in text
-    assert "A='it'\"'\"'s'; export A;" in text and " env " not in text
+    assert "/opt/homebrew/lib" not in text and "A=" not in text
+    assert 'eval "$CLUSTERCTL_RANK_ENV"; unset CLUSTERCTL_RANK_ENV; ' in text and " env " not in text
+    exported = module_env(host)["CLUSTERCTL_RANK_ENV"]         # sent on the probe's stdin, not in its text
+    assert "DYLD_FALLBACK_LIBRARY_PATH=/opt/homebrew/lib; export DYLD_FALLBACK_LIBRARY_PATH\n" in exported
+    assert "A='it'\"'\"'s'; export A\n" in exported

@@ -71,7 +71,7 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
         "sweep": sweep_script("20261124-000000-abcdef", "~/work dir/.clusterctl/runs/20261124-000000-abcdef"),
         "rsync's remote side": remote_rsync_path("~/work dir/sub") + " --server -lpt . .",
         "launch from the first host": LAUNCH_HOST_FACTS,
-        "a command with env": shell_command(["python3", "-c", "print(1)"], {"A": "it's", "B": "$(x)"}, cwd="~/w d"),
+        "a command with env": remote_command(shell_command(["python3", "-c", "print(1)"], cwd="~/w d"), env=True),
     }
     command = get("ring").command(cluster, LaunchPlan({}), program=["py", "-c", "x", "a b"], rank_env={"K": "v"},
                                   where=LaunchSite(str(tmp_path), "/usr/bin/ssh", False, ["python3"], ("-F", "/c")))

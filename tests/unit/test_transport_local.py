@@ -9,7 +9,7 @@ import time
 import pytest
 
 from clusterctl.errors import CommandTimeout
-from clusterctl.hosts.transport import LocalTransport, quote_path, remote_command, shell_command
+from clusterctl.hosts.transport import LocalTransport, env_input, quote_path, remote_command, shell_command
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", '"; touch {canary}; "',
            "a b\tc", "x\ntouch {canary}", "${{IFS}}touch${{IFS}}{canary}", "\\'; touch {canary} #"]
@@ -22,9 +22,26 @@ def test_quote_path_keeps_tilde_as_home_and_quotes_the_rest():
     assert quote_path("~bob/x") == shlex.quote("~bob/x")   # only our own ~/ is expanded
 
 
-def test_shell_command_rejects_bad_env_names():
+def test_env_input_rejects_bad_env_names():
     with pytest.raises(ValueError, match=r"^not a valid environment variable name: 'A;B'$"):
-        shell_command(["true"], env={"A;B": "1"})
+        env_input({"A;B": "1"})
+
+
+@pytest.mark.parametrize("value", ["plain", "two\nlines\n\n", "it's $(x) `y` \\n", ""])
+def test_the_environment_arrives_on_stdin_never_on_the_command_line(value):
+    """The shell reads the count and the lines first, the command sees the value exactly (newlines too), and
+    the watchdog still has the rest of stdin: closing it ends the command."""
+    script = remote_command(shell_command('printf "%s|" "$V"; cat <&0 >/dev/null; echo done'), env=True)
+    assert value == "" or value not in script
+    proc = subprocess.run(["/bin/sh", "-c", script], input=env_input({"V": value}), capture_output=True, timeout=20)
+    assert (proc.returncode, proc.stdout.decode()) == (0, value + "|done\n"), proc.stderr
+
+
+def test_a_stdin_ending_before_the_environment_does_not_run_the_command():
+    script = remote_command(shell_command("echo ran"), env=True)
+    for cut in (b"", b"2\nA=1; export A\n"):
+        proc = subprocess.run(["/bin/sh", "-c", script], input=cut, capture_output=True, timeout=20)
+        assert (proc.returncode, proc.stdout) == (125, b"")
 
 
 @pytest.mark.parametrize("template", HOSTILE)

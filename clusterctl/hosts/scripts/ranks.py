@@ -6,8 +6,9 @@ it: `/bin/sh -c` of a watchdog-wrapped script for a rank on this machine, `ssh -
 <the same script>` for a rank elsewhere (docs/facts/launchers.md#our-rank-starter).
 
 What it does, and why it is not mlx.launch (docs/facts/launchers.md#mlx-launch-spins-a-core):
-  - starts every rank at once, each with a stdin pipe it never writes to and never closes until the rank
-    should stop: the rank's watchdog (hosts/transport.py) reads that pipe and kills the rank's process
+  - starts every rank at once, each with a stdin pipe it writes only the rank's environment to (the
+    spec's "stdin": never on a command line, where `ps` shows it) and never closes until the rank should
+    stop: the rank's watchdog (hosts/transport.py) reads that pipe and kills the rank's process
     tree when it ends, so a rank never outlives this process, even after SIGKILL;
   - relays every complete line of every rank's stdout and stderr to its own, in one thread, blocked in
     select() until a pipe has data or a child exits (SIGCHLD through a wake-up pipe): an idle job costs
@@ -36,6 +37,12 @@ class Rank:
         self.rank, self.host = spec["rank"], spec["host"]
         self.proc = subprocess.Popen(spec["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
+        # the rank's environment, read by its shell before anything else (never on its command line)
+        try:
+            self.proc.stdin.write(spec.get("stdin", "").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass      # ssh already gone: its exit status says why
         self.code = None
         self.open = 2                  # stdout and stderr not yet at EOF
         self.rest = {}                 # fd -> a partial line
