@@ -181,7 +181,7 @@ class Cluster:
     @property
     def secrets(self) -> list[str]:
         """Every secret env value of the inventory, longest first (scrub replaces them in that order)."""
-        return sorted({v for h in self.hosts for v in h.secrets if v}, key=len, reverse=True)
+        return sorted({v for h in self.hosts for v in h.secrets if v}, key=lambda v: (-len(v), v))
 
     def host(self, name: str) -> Host:
         for h in self.hosts:

@@ -32,7 +32,7 @@ from ..errors import InventoryError, LaunchError, UsageError
 from ..hosts.facts import RING_STARTING_PORT
 from ..hosts.openssh import rsh_agent
 from ..hosts.scripts import script_text
-from ..hosts.transport import env_input, remote_command, shell_command
+from ..hosts.transport import env_input, quote_path, remote_command, shell_command
 from ..inventory import Cluster, load
 from . import mlxenv
 from .hostfile import render as render_hostfile
@@ -194,6 +194,7 @@ class MPIBackend(Backend):
         if hostfile is None:
             hostfile = os.path.join(where.dir, self.hostfile_name)
             files.append((hostfile, self.hostfile(cluster), None))
+        program = [plan.python(cluster), *program[1:]]      # mpirun execs it without a shell
         argv = mpirun_argv(cluster, hostfile=hostfile, program=program, env=rank_env,
                            rsh_agent=rsh_agent(list(where.ssh_options)),
                            if_include=plan.if_include, as_root=where.as_root,
@@ -254,7 +255,7 @@ class MLXLaunchBackend(Backend):
             files.append((hostfile, self.hostfile(cluster), None))
         shim_dir = os.path.join(where.dir, "ssh")
         files.append((os.path.join(shim_dir, "ssh"), ssh_shim(where.ssh, where.ssh_options), 0o755))
-        python, *rest = program
+        python, rest = plan.python(cluster), program[1:]      # one --python for every host, not expanded
         argv = mlx_launch_argv(cluster, hostfile=hostfile, backend=self.name, python=python, program=rest,
                                env=rank_env, cwd=cwd, launcher=where.launcher or ["mlx.launch"])
         return LauncherCommand(argv, files, path_prepend=shim_dir)
@@ -308,7 +309,8 @@ class RankStarterBackend(Backend):
             if files:
                 env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
             # the environment goes on the rank's stdin (the starter writes it first), never its command line
-            wrapped = remote_command(shell_command([host.python, *program[1:]]), env=True)
+            # the host's own python, a leading ~ its home (quote_path), as the pre-flight found it
+            wrapped = remote_command(shell_command(f"{quote_path(host.python)} {shlex.join(program[1:])}"), env=True)
             argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
                 [where.ssh, *where.ssh_options, "--", host.name, wrapped]
             # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text

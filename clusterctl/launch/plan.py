@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..atomic import write_text
-from ..errors import ConnectError, PreflightError
+from ..errors import ConnectError, LaunchError, PreflightError
 from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
 from ..hosts.fanout import run_all
@@ -24,6 +24,27 @@ from ..inventory import Cluster
 class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     if_include: str | None = None
+    homes: dict[str, str] = field(default_factory=dict)   # host -> its $HOME, as the probe found it
+
+    def python(self, cluster: Cluster) -> str:
+        """The one python path a launcher that starts the same program on every host (mpirun, mlx.launch)
+        is given: the inventory's, with a leading `~` made each host's home, which must then come out the
+        same everywhere (such launchers exec it without a shell, so nothing else would expand it)."""
+        if not any(h.python == "~" or h.python.startswith("~/") for h in cluster.hosts):
+            return cluster.hosts[0].python
+        missing = [h.name for h in cluster.hosts if h.python.startswith("~") and h.name not in self.homes]
+        if missing:
+            raise LaunchError(f"python {cluster.hosts[0].python!r} starts with ~, which this launcher does not "
+                                 f"expand: the pre-flight finds each host's home (drop --no-preflight), or write "
+                                 "`python:` as an absolute path")
+        found = {h.name: self.homes[h.name] + h.python[1:] if h.python.startswith("~") else h.python
+                 for h in cluster.hosts}
+        if len(set(found.values())) > 1:
+            shown = ", ".join(f"{n}: {p}" for n, p in list(found.items())[:3])
+            raise LaunchError(f"`python:` with ~ is a different path on each host ({shown}), and this launcher "
+                                 "starts one path everywhere: write an absolute `python:` per host that is the same "
+                                 "on all of them (a symlink will do), or use --backend ring")
+        return found[cluster.hosts[0].name]
 
     @classmethod
     def from_inventory(cls, cluster: Cluster) -> LaunchPlan:
@@ -39,7 +60,8 @@ def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
     if libmpi:
         env = {**libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
     subnet = shared_subnet(probes)
-    return LaunchPlan(env, inventory.if_include or (str(subnet) if subnet else None))
+    homes = {p.host.name: p.facts.get("home") for p in probes if p.facts is not None and p.facts.get("home")}
+    return LaunchPlan(env, inventory.if_include or (str(subnet) if subnet else None), homes)
 
 
 # Whether python can find a module the way a rank will: from the workdir, with the inventory's env. Exit 0:
@@ -168,9 +190,10 @@ def cached_plan(cluster: Cluster) -> LaunchPlan | None:
     try:
         with open(_cache_path(cluster), encoding="utf-8") as f:
             data = json.load(f)
-        env, if_include = data["env"], data["if_include"]
+        env, if_include, homes = data["env"], data["if_include"], data.get("homes", {})
         if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
-            return LaunchPlan(dict(env), if_include if isinstance(if_include, str) else None)
+            homes = {k: v for k, v in homes.items() if isinstance(v, str)} if isinstance(homes, dict) else {}
+            return LaunchPlan(dict(env), if_include if isinstance(if_include, str) else None, homes)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
@@ -181,7 +204,8 @@ def remember_plan(cluster: Cluster, plan: LaunchPlan) -> None:
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         # 0600: a plan holds the inventory's env values
-        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include}) + "\n", mode=0o600)
+        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include, "homes": plan.homes}) + "\n",
+                   mode=0o600)
     except OSError:
         pass   # a cache we cannot write only costs the next launch a pre-flight round trip
 

@@ -181,3 +181,24 @@ def test_a_probe_out_of_time_is_reported_slow_with_what_it_finished(bare, monkey
     unfinished = [f for f in by_check["ssh-mesh"] if f.status == "fail"]
     assert unfinished and all("slow, not refused" in f.detail for f in unfinished)
     assert not any("powered on" in (f.fix or "") or "Remote Login" in (f.fix or "") for f in report.findings)
+
+
+def test_a_python_under_each_hosts_home_is_found_at_launch(bare, tmp_path):
+    """`python: ~/venv/bin/python` (issue 25 item 8): each host's own home, as the pre-flight finds it. The
+    rank starter expands it per host; mpirun execs one path on every host without a shell, so where the
+    homes differ (here each host has its own) run says so at once instead of failing on the hosts."""
+    for host in bare.hosts:
+        venv = host.dir / "home" / "venv" / "bin"
+        venv.mkdir(parents=True, exist_ok=True)
+        (venv / "python").write_text(f"#!/bin/sh\nexec {shlex.quote(os.sys.executable)} \"$@\"\n")
+        (venv / "python").chmod(0o755)
+    inventory = bare.write_inventory(python="~/venv/bin/python")
+    (tmp_path / "allsum.py").write_text(ALLSUM)
+    r = clusterctl(bare, "run", "allsum.py", "ring", "--hosts", str(inventory), "--backend", "ring", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(line.split()[-4:] for line in r.stdout.splitlines() if " sum " in line) == [
+        ["sum", str(i), "3", "6.0"] for i in range(3)], r.stdout
+    r = clusterctl(bare, "run", "allsum.py", "mpi", "--hosts", str(inventory), "--backend", "mpi", cwd=tmp_path)
+    [line] = r.stderr.strip().splitlines()[-1:]
+    assert r.returncode != 0 and "`python:` with ~ is a different path on each host" in line, r.stderr
+    assert f"{bare.hosts[0].address}: {bare.hosts[0].dir}/home/venv/bin/python" in line

@@ -222,7 +222,7 @@ def test_secret_env_values_are_marked_by_name_or_by_the_secret_tag_and_scrubbed(
     a, b = cluster.hosts
     assert a.env_dict == {"HF_TOKEN": "hf_abc123", "MY_URL": "https://u:pw@x", "PLAIN": "plain1", "OWN": "own-value"}
     assert (a.secret_env, b.secret_env) == (("MY_URL", "OWN"), ("MY_URL",))
-    assert cluster.secrets == ["https://u:pw@x", "own-value", "hf_abc123"]        # longest first
+    assert cluster.secrets == ["https://u:pw@x", "hf_abc123", "own-value"]        # longest first
     for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "github_pat_token", "DB_PASSWORD"):
         assert is_secret(name)
     assert not any(is_secret(n) for n in ("PATH", "MLX_RANK", "DYLD_LIBRARY_PATH", "KEYBOARD"))

@@ -114,3 +114,20 @@ def test_the_module_check_exports_the_inventorys_env_in_the_shell_not_through_en
     exported = module_env(host)["CLUSTERCTL_RANK_ENV"]         # sent on the probe's stdin, not in its text
     assert "DYLD_FALLBACK_LIBRARY_PATH=/opt/homebrew/lib; export DYLD_FALLBACK_LIBRARY_PATH\n" in exported
     assert "A='it'\"'\"'s'; export A\n" in exported
+
+
+def test_one_python_for_launchers_that_exec_it_without_a_shell(tmp_path):
+    """mpirun and mlx.launch start one python path on every host: a leading ~ is made each host's home as
+    the pre-flight found it, and must come out the same everywhere (issue 25 item 8)."""
+    from clusterctl.errors import LaunchError
+    cluster = parse("defaults: {python: ~/venv/bin/python}\nhosts:\n  - {name: a}\n  - {name: b}\n",
+                    str(tmp_path / "i.yaml"))
+    same = LaunchPlan(homes={"a": "/Users/me", "b": "/Users/me"})
+    assert same.python(cluster) == "/Users/me/venv/bin/python"
+    with pytest.raises(LaunchError, match=r"different path on each host \(a: /Users/me/venv/bin/python, "
+                                          r"b: /Users/you/venv/bin/python\)"):
+        LaunchPlan(homes={"a": "/Users/me", "b": "/Users/you"}).python(cluster)
+    with pytest.raises(LaunchError, match="drop --no-preflight"):
+        LaunchPlan.from_inventory(cluster).python(cluster)
+    absolute = parse("defaults: {python: /opt/py}\nhosts:\n  - {name: a}\n", str(tmp_path / "j.yaml"))
+    assert LaunchPlan().python(absolute) == "/opt/py"
