@@ -29,12 +29,23 @@ from .options import DoctorOptions
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
-MESH_PER_PEER_S = 1.0     # and per peer: each host logs in to all the others at once
+MESH_PER_PEER_S = 1.0     # and per peer: each host logs in to all the others (hosts/probe.py MESH_AT_ONCE at a time)
+PROGRESS_SLACK_S = 5.0    # a probe still reporting logins past its budget: how long after its last line it may go on
 
 
 def probe_budget(connect_timeout: float, peers: int) -> float:
     """How long one host's probe may run: it grows with the logins it starts (N - 1 of them)."""
     return connect_timeout + PROBE_SLACK_S + MESH_PER_PEER_S * peers
+
+
+def probe_limits(connect_timeout: float, peers: int) -> tuple[float, float, float]:
+    """(budget, progress_s, cap) for read_until. Past its budget a probe goes on while it keeps reporting:
+    a login finishes within the connect timeout or fails, so a probe silent for longer than that (and some
+    slack) is stuck, while one whose logins are merely slow (16 hosts sharing two cores) is let finish, up
+    to every login taking the whole connect timeout. A dead host is named as quickly as before: its own
+    probe fails at connecting, and the others' logins to it end within the connect timeout."""
+    budget = probe_budget(connect_timeout, peers)
+    return budget, connect_timeout + PROGRESS_SLACK_S, budget + peers * connect_timeout
 
 
 def run_doctor(connector: Connector, options: DoctorOptions = DoctorOptions()) -> Report:
@@ -70,7 +81,7 @@ def _probe_all(connector: Connector, phases: dict[str, float]) -> list[HostProbe
     the TCP data-plane probe over the same connections."""
     cluster = connector.cluster
     names = [h.name for h in cluster.hosts]
-    budget = probe_budget(connector.connect_timeout, len(names) - 1)
+    budget, progress_s, cap = probe_limits(connector.connect_timeout, len(names) - 1)
     transports = {}
 
     def probe(host: Host) -> HostProbe:
@@ -85,14 +96,14 @@ def _probe_all(connector: Connector, phases: dict[str, float]) -> list[HostProbe
         transport.open()
         connect_ms = None if transport.is_local else (time.monotonic() - t0) * 1000
         lines: queue.Queue = queue.Queue()
-        out, _, finished = read_until(transport.stream(script, lines), lines, budget)
+        out, _, finished = read_until(transport.stream(script, lines), lines, budget, progress_s, cap)
         # a probe that ran past its budget hands back what it had finished: slow, not unreachable
         return HostProbe(host, parse_probe("\n".join(out)), connect_ms=connect_ms, sent_at=sent,
                          received_at=time.time(), overran_s=None if finished else budget)
 
     try:
         t0 = time.monotonic()
-        group = run_all(cluster.hosts, probe, deadline=connector.deadline(budget))
+        group = run_all(cluster.hosts, probe, deadline=connector.deadline(cap))
         phases["probe"] = time.monotonic() - t0
         probes = []
         for name, outcome in group.items():

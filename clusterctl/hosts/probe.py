@@ -23,6 +23,7 @@ from .scripts import script_text
 from .transport import quote_path
 
 MESH_MARKER = "clusterctl-mesh-ok"
+MESH_AT_ONCE = 4      # logins to peers one host's probe has under way at a time (probe.sh says why)
 
 @dataclass(frozen=True)
 class DataplaneSpec:
@@ -60,6 +61,7 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
         f"PY={quote_path(python)}", f"WD={quote_path(workdir)}", f"LIBDIR={quoted(mpi_lib_dir)}",
         f"LIBNAME={quoted(mpi_libname)}", f"SSH_CONFIG={shlex.quote(ssh_config) if ssh_config else chr(39) * 2}",
         f"FULL={'yes' if full else 'no'}", f"RDMA={'yes' if rdma else 'no'}", f"MARKER={MESH_MARKER}",
+        f"MESH_AT_ONCE={MESH_AT_ONCE}",
         f"PYTHON_INFO={shlex.quote(script_text('python_info.py'))}",
         f"MESH_CONFIG_TEXT={shlex.quote((mesh_config or '').rstrip(chr(10)))}", f"MESH_CONFIG=\"$WD\"/{HOST_CONFIG}",
         f"find_mpirun() {{ {find_mpirun_sh()}; }}",

@@ -264,13 +264,16 @@ class LocalProcess(Process):
         self.proc.stdin.close()
 
 
-def read_until(proc: Process, lines: queue.Queue, timeout: float) -> tuple[list[str], list[str], bool]:
+def read_until(proc: Process, lines: queue.Queue, timeout: float, progress_s: float = 0.0,
+               cap: float | None = None) -> tuple[list[str], list[str], bool]:
     """A streamed command's (stdout lines, stderr lines, whether it finished) after it ends or `timeout`
     seconds pass, whichever comes first; a command still running then is stopped, and what it had printed
-    so far is kept."""
+    so far is kept. With `progress_s`, a command still printing is given more time: every line moves the
+    end to at least `progress_s` seconds after it, never beyond `cap` seconds from the start."""
     import time
 
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     out: list[str] = []
     err: list[str] = []
     while True:
@@ -278,6 +281,8 @@ def read_until(proc: Process, lines: queue.Queue, timeout: float) -> tuple[list[
         try:
             is_err, line = lines.get(timeout=0 if done else max(0.0, min(0.2, deadline - time.monotonic())))
             (err if is_err else out).append(line)
+            if progress_s:
+                deadline = max(deadline, min(time.monotonic() + progress_s, start + (cap or timeout)))
             continue
         except queue.Empty:
             pass

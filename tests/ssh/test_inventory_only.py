@@ -170,7 +170,7 @@ def test_a_probe_out_of_time_is_reported_slow_with_what_it_finished(bare, monkey
     for key, value in bare.client_env().items():
         monkeypatch.setenv(key, value)
     # far below what the probe needs (its python alone imports mlx, a few tenths of a second)
-    monkeypatch.setattr(diagnose, "probe_budget", lambda connect_timeout, peers: 0.05)
+    monkeypatch.setattr(diagnose, "probe_limits", lambda connect_timeout, peers: (0.05, 0.0, 0.05))
     report = diagnose.run_doctor(Connector(load_cluster(str(bare.inventory)), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S),
                                  DoctorOptions(deep=False))
     by_check = {}

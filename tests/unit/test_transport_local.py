@@ -168,3 +168,20 @@ def test_the_watchdog_kills_what_ignores_term_even_when_a_listed_pid_is_already_
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("cap,finished", [(10.0, True), (1.2, False)])
+def test_read_until_gives_a_command_that_keeps_printing_more_time_up_to_a_cap(cap, finished):
+    """doctor's probes (issue 25 item 10): past its budget a command still printing goes on, up to the cap."""
+    import queue
+
+    from clusterctl.hosts.transport import read_until
+    lines = queue.Queue()
+    proc = LocalTransport().stream("for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.3; done", lines)
+    out, _, done = read_until(proc, lines, 0.5, progress_s=1.0, cap=cap)
+    assert done is finished and (out == [str(i) for i in range(1, 9)] if finished else 2 <= len(out) < 8), out
+    lines = queue.Queue()
+    proc = LocalTransport().stream("echo 1; sleep 30", lines)     # silent past the budget: stopped at once
+    began = time.monotonic()
+    out, _, done = read_until(proc, lines, 0.5, progress_s=1.0, cap=10.0)
+    assert (out, done) == (["1"], False) and time.monotonic() - began < 3

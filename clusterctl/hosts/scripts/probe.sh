@@ -20,9 +20,16 @@ mesh_ssh() { ssh -F "$MESH_CONFIG" -- "$1" echo "$MARKER"; }
 # stderr for doctor's diagnosis (docs/facts/ssh.md#show-ssh-stderr). Every background result is printed the moment
 # it is known, as one line (one write, shorter than a pipe's atomic size), so that a probe cut off by its
 # budget still hands back everything it finished.
+# At most MESH_AT_ONCE logins at a time from one host: N hosts each starting N-1 at once would be N(N-1)
+# handshakes together, a load doctor made itself (16 hosts: 240), under which a banner can wait past the
+# connect timeout. The first batch goes at once; `wait` here only waits for mesh logins (nothing else is in
+# the background yet).
+n=0
 for peer in "$@"; do
+  if [ "$n" -ge "$MESH_AT_ONCE" ]; then wait; n=0; fi
   ( o=$(mesh_ssh "$peer" 2>&1 </dev/null); rc=$?
     printf '{"key":"mesh","peer":"%s","rc":%d,"value":"%s"}\n' "$(esc "$peer")" "$rc" "$(esc "$o" | cut -c1-2000)" ) &
+  n=$((n + 1))
 done
 j os "$(uname -s)"
 j arch "$(uname -m)"
