@@ -309,8 +309,10 @@ class RankStarterBackend(Backend):
             if files:
                 env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
             # the environment goes on the rank's stdin (the starter writes it first), never its command line
-            # the host's own python, a leading ~ its home (quote_path), as the pre-flight found it
-            wrapped = remote_command(shell_command(f"{quote_path(host.python)} {shlex.join(program[1:])}"), env=True)
+            # the host's own python, a leading ~ its home (quote_path), as the pre-flight found it; MLX_RANK
+            # (no secret) also on the command line, where `clusterctl ps` reads a rank's number
+            wrapped = remote_command(shell_command(
+                f"MLX_RANK={rank} {quote_path(host.python)} {shlex.join(program[1:])}"), env=True)
             argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
                 [where.ssh, *where.ssh_options, "--", host.name, wrapped]
             # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text

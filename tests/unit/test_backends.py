@@ -65,7 +65,8 @@ def test_ring_ranks_are_started_by_clusterctl_with_the_environment_mlx_reads(clu
         assert r["argv"][:5] == ["/usr/bin/ssh", "-F", "/cache/clusterctl/ssh/abc.config", "--", r["host"]]
         script = r["argv"][5]
         assert script.startswith("exec /bin/sh -c ") and "cat <&3" in script          # the watchdog
-        assert "MLX_RANK" not in script and "A=1" not in script          # no value on the command line ...
+        assert "A=1" not in script               # no env value on the command line (MLX_RANK too, for `ps`) ...
+        assert f"MLX_RANK={r['rank']} /opt/py/bin/python3 " in script
         count, *lines = r["stdin"].splitlines()                          # ... its stdin: a count, the lines
         assert int(count) == len(lines) == 3 and lines[:2] == ["A=1; export A", f"MLX_RANK={r['rank']}; export MLX_RANK"]
         assert lines[2].startswith("CLUSTERCTL_ENV_FILES='{\"MLX_HOSTFILE\":")
