@@ -45,6 +45,10 @@ class SSHTransport(Transport):
     def open(self) -> None:
         self._connect()
 
+    def host_key(self) -> tuple[str, str]:
+        key = self._connect().get_transport().get_remote_server_key()
+        return key.get_name(), key.get_base64()
+
     def _connect(self):
         if self._client is not None:
             return self._client

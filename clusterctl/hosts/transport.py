@@ -179,6 +179,10 @@ class Transport(Closeable):
     def open(self) -> None:
         """Connect now rather than at the first command (doctor times the connection)."""
 
+    def host_key(self) -> tuple[str, str] | None:
+        """(type, base64) of the host key this connection verified; None for this machine."""
+        return None
+
     def put(self, local_path: str, remote_path: str, mode: int | None = None) -> None:
         """Copy one file to the host atomically, creating its directory."""
         with self.files() as files:

@@ -2,6 +2,7 @@
 
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
     cli, run -> observe (runs, logs, plots, processes) -> launch / hosts
+    cli -> setup (mesh) -> doctor / launch / hosts
 
 launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
 import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.
@@ -18,7 +19,8 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
-    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe"},
+    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup"},
+    "setup": {"doctor", "launch", "hosts"},
     "run": {"launch", "transfer", "hosts", "observe"},
     "observe": {"launch", "hosts"},
     "doctor": {"launch", "hosts"},

@@ -73,6 +73,10 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
         "launch from the first host": LAUNCH_HOST_FACTS,
         "a command with env": remote_command(shell_command(["python3", "-c", "print(1)"], cwd="~/w d"), env=True),
     }
+    from clusterctl.setup.mesh import script as mesh_script
+    for mode in ("prepare", "apply", "undo"):
+        scripts[f"setup mesh ({mode})"] = mesh_script(mode, host, False, "ssh-ed25519 AAAA clusterctl-mesh:a",
+                                                      "[a]:2222 ssh-ed25519 AAAA clusterctl-mesh:a")
     command = get("ring").command(cluster, LaunchPlan({}), program=["py", "-c", "x", "a b"], rank_env={"K": "v"},
                                   where=LaunchSite(str(tmp_path), "/usr/bin/ssh", False, ["python3"], ("-F", "/c")))
     rank = json.loads(command.files[0][1])["ranks"][0]["argv"][-1]       # what ssh hands the login shell

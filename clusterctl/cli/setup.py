@@ -1,0 +1,43 @@
+"""clusterctl setup mesh."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..doctor import DOCTOR_CONNECT_TIMEOUT_S
+from . import app
+
+
+@app.command("clusterctl setup mesh --hosts inventory.yaml", cls=click.Group)
+def setup_cmd():
+    """Set the hosts up: passwordless SSH between every pair (mesh)."""
+
+
+@setup_cmd.command("mesh")
+@app.hosts_option
+@click.option("--dry-run", is_flag=True, help="List every change; change nothing.")
+@click.option("--undo", is_flag=True, help="Remove exactly what setup mesh added, on the hosts and in the inventory.")
+@app.json_option
+@app.connect_timeout_option(DOCTOR_CONNECT_TIMEOUT_S)
+@app.strict_host_keys_option
+def mesh_cmd(inventory_path, dry_run, undo, as_json, connect_timeout, strict_host_keys):
+    """Passwordless SSH between every pair of hosts: a key pair made on each host (the private half never
+    leaves it), its public half in every host's authorized_keys, every host key (as this machine's own
+    connection verified it) in every host's known_hosts; then doctor's mesh check. This machine's login to
+    each host must already work; no password is ever typed or stored."""
+    from ..setup.mesh import setup_mesh, undo_mesh
+
+    cluster = app.load(inventory_path)
+    connector = app.connector(cluster, connect_timeout, strict_host_keys)
+    result = undo_mesh(connector, dry_run) if undo else setup_mesh(connector, dry_run)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(dry_run, undo), indent=2))
+    else:
+        out, err = result.report(dry_run, undo)
+        for line in err:
+            click.secho(line, fg="red", err=True)
+        if out:
+            click.echo("\n".join(out))
+    sys.exit(result.exit_code)
