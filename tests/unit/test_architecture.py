@@ -2,7 +2,7 @@
 
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
     cli, run -> observe (runs, logs, plots, processes) -> launch / hosts
-    cli -> setup (mesh) -> doctor / launch / hosts
+    cli -> setup (mesh, python) -> doctor / launch / hosts
 
 launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
 import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.

@@ -77,6 +77,8 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
     for mode in ("prepare", "apply", "undo"):
         scripts[f"setup mesh ({mode})"] = mesh_script(mode, host, False, "ssh-ed25519 AAAA clusterctl-mesh:a",
                                                       "[a]:2222 ssh-ed25519 AAAA clusterctl-mesh:a")
+    from clusterctl.setup.python import script as python_script
+    scripts["setup python"] = python_script(host, "3.11", ["mlx==0.32.4", "numpy"], False)
     command = get("ring").command(cluster, LaunchPlan({}), program=["py", "-c", "x", "a b"], rank_env={"K": "v"},
                                   where=LaunchSite(str(tmp_path), "/usr/bin/ssh", False, ["python3"], ("-F", "/c")))
     rank = json.loads(command.files[0][1])["ranks"][0]["argv"][-1]       # what ssh hands the login shell

@@ -13,3 +13,24 @@ def test_setup_mesh_lines_name_a_host_as_the_launch_does(tmp_path):
     assert known_hosts_line(b, "ecdsa-sha2-nistp256", "AAAAE2") == "mac-2 ecdsa-sha2-nistp256 AAAAE2 clusterctl-mesh:mac-2"
     assert authorized_keys_line(b, "ssh-ed25519 AAAAC3xyz clusterctl-mesh@mac-2\n") == \
         "ssh-ed25519 AAAAC3xyz clusterctl-mesh:mac-2"
+
+
+def test_setup_python_requirements_pin_this_machines_versions(tmp_path):
+    """MLX at this machine's version (the cpu extra on a Linux host), then numpy and PyYAML, or a
+    requirements file's lines with MLX pinned beside them unless the file names it."""
+    import importlib.metadata as md
+
+    import pytest
+
+    from clusterctl.errors import UsageError
+    from clusterctl.setup.python import requirements
+    mlx, numpy, pyyaml = (md.version(n) for n in ("mlx", "numpy", "PyYAML"))
+    assert requirements("Linux") == [f"mlx[cpu]=={mlx}", f"numpy=={numpy}", f"PyYAML=={pyyaml}"]
+    assert requirements("Darwin")[0] == f"mlx=={mlx}"
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("# what the project needs\nmlx-lm==0.28.0  # the model code\n\ntokenizers\n")
+    assert requirements("Darwin", str(reqs)) == [f"mlx=={mlx}", "mlx-lm==0.28.0", "tokenizers"]
+    reqs.write_text("MLX>=0.30\nnumpy\n")
+    assert requirements("Darwin", str(reqs)) == ["MLX>=0.30", "numpy"]
+    with pytest.raises(UsageError, match="--requirements .*missing.txt: No such file"):
+        requirements("Darwin", str(tmp_path / "missing.txt"))

@@ -18,9 +18,11 @@ prepare() {
   fi
   if [ ! -f "$KEY" ]; then
     if [ "$DRY" = yes ]; then say "would create the key pair $KEY (ed25519, no passphrase; it never leaves this host)"; return; fi
-    mkdir -p "$(dirname "$KEY")" && ssh-keygen -q -t ed25519 -N '' -C "clusterctl-mesh@$NAME" -f "$KEY" </dev/null >/dev/null 2>&1 \
-      || { say "error ssh-keygen could not create $KEY"; exit 1; }
-    note "created-key $KEY"; say "change created the key pair $KEY"
+    if mkdir -p "$(dirname "$KEY")" && ssh-keygen -q -t ed25519 -N '' -C "clusterctl-mesh@$NAME" -f "$KEY" </dev/null >/dev/null 2>&1; then
+      note "created-key $KEY"; say "change created the key pair $KEY"
+    elif [ ! -f "$KEY" ]; then      # (a home shared with another host: that one made it at the same moment)
+      say "error ssh-keygen could not create $KEY"; exit 1
+    fi
   fi
   if [ -f "$KEY.pub" ]; then p=$(cat "$KEY.pub"); else p=$(ssh-keygen -y -f "$KEY" </dev/null 2>/dev/null); fi
   [ -n "$p" ] || { say "error cannot read the public key of $KEY (a passphrase? the mesh key must have none)"; exit 1; }
