@@ -23,13 +23,14 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..atomic import write_text
-from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_OK, ClusterctlError, ConnectError, UsageError
+from ..errors import ClusterctlError, ConnectError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.scripts import script_text
 from ..hosts.transport import quote_path
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
+from . import exit_code
 
 DEFAULT_KEY = "~/.ssh/clusterctl_mesh"
 MARK = "clusterctl-mesh:"
@@ -61,10 +62,7 @@ class MeshResult:
 
     @property
     def exit_code(self) -> int:
-        """0; 3 when a host could not be reached; 1 for any other failure (README's exit codes)."""
-        if self.ok:
-            return EXIT_OK
-        return EXIT_CONNECT if any(h.unreachable for h in self.hosts) else EXIT_FAILED
+        return exit_code(self.ok, self.hosts)
 
     def as_dict(self, dry_run: bool, undo: bool) -> dict:
         return {"ok": self.ok, "changed": self.changed, "dry_run": dry_run, "undo": undo,

@@ -10,6 +10,10 @@ and PyYAML at this machine's versions (MLX with its `cpu` extra on a Linux host)
 lines with MLX pinned beside them. A host whose venv already holds exactly that (a digest kept in the venv) is
 left alone, so a second run is quick. Then the inventory's `python:` is set to the venv's python and doctor's
 python / mlx / parity checks run.
+
+With `offline`, the hosts never reach an index: this machine downloads the wheels for each kind of host
+(`pip download` for its platform tags: wheel_platforms), sends them into <workdir>/.clusterctl/wheels/<kind>
+(sync: only what is missing there), and each host installs from that folder alone (--no-index).
 """
 from __future__ import annotations
 
@@ -23,15 +27,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import EXIT_CONNECT, EXIT_FAILED, EXIT_OK, ConnectError, UsageError
+from ..errors import ConnectError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.scripts import script_text
 from ..hosts.transport import quote_path
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
+from . import exit_code
 
 VENV = ".clusterctl/venv"
+WHEELS = ".clusterctl/wheels"     # --offline: the wheels sent, per kind of host, relative to the workdir
 TIMEOUT_S = 900.0                 # creating a venv and installing MLX over a slow link
 DEFAULT_PACKAGES = ("mlx", "numpy", "PyYAML")   # what the bundled trainer imports on a host
 
@@ -61,9 +67,7 @@ class PythonResult:
 
     @property
     def exit_code(self) -> int:
-        if self.ok:
-            return EXIT_OK
-        return EXIT_CONNECT if any(h.unreachable for h in self.hosts) else EXIT_FAILED
+        return exit_code(self.ok, self.hosts)
 
     def as_dict(self, dry_run: bool) -> dict:
         return {"ok": self.ok, "dry_run": dry_run, "python": self.want, "requirements": self.requirements,
@@ -118,26 +122,81 @@ def requirements(host_os: str, path: str | None = None) -> list[str]:
     return lines if names_mlx else [mlx, *lines]
 
 
-def script(host: Host, want: str, reqs: list[str], dry_run: bool) -> str:
+def script(host: Host, want: str, reqs: list[str], dry_run: bool, check: bool = False,
+           wheels: str | None = None) -> str:
+    """pyenv.sh for `host`; `check`: only say whether the venv already holds `reqs`; `wheels`: install from
+    that folder (relative to the workdir) alone."""
     text = "\n".join(reqs)
     digest = hashlib.sha256(f"{want}\n{text}".encode()).hexdigest()[:16]
     values = [f"WD={quote_path(host.workdir)}", f"WANT={shlex.quote(want)}", f"PYTHON={quote_path(host.python)}",
-              f"REQS={shlex.quote(text)}", f"DIGEST={digest}", f"DRY={'yes' if dry_run else 'no'}"]
+              f"REQS={shlex.quote(text)}", f"DIGEST={digest}", f"DRY={'yes' if dry_run else 'no'}",
+              f"CHECK={'yes' if check else 'no'}", f"WHEELS={shlex.quote(wheels or '')}"]
     return "\n".join(values) + "\n" + script_text("pyenv.sh")
 
 
+PLATFORM_FACTS = "uname -s; uname -m; sw_vers -productVersion 2>/dev/null || getconf GNU_LIBC_VERSION 2>/dev/null"
+
+
+def platform_key(facts: str) -> tuple[str, str, str]:
+    """(os, machine, release) from PLATFORM_FACTS's output: ("Darwin", "arm64", "15.6.1"),
+    ("Linux", "x86_64", "2.36") (pure)."""
+    words = (facts.split("\n") + ["", "", ""])[:3]
+    os_name, machine, release = (w.strip() for w in words)
+    return os_name, machine, release.removeprefix("glibc ").strip()
+
+
+def wheel_platforms(os_name: str, machine: str, release: str) -> list[str]:
+    """The wheel platform tags a host takes, newest first, for `pip download --platform` (pure): on a Mac
+    macosx_<N>_0_<arch> (and universal2) from its own macOS major version down (wheels name the oldest
+    macOS they run on); on Linux manylinux_2_<N>_<arch> from its glibc down to manylinux2014's 2.17."""
+    if os_name == "Darwin":
+        major = int(release.split(".")[0]) if release.split(".")[0].isdigit() else 11
+        tags = [f"macosx_{v}_0_{a}" for v in range(max(major, 11), 10, -1) for a in (machine, "universal2")]
+        if machine == "x86_64":
+            tags += [f"macosx_10_{m}_{a}" for m in range(15, 8, -1) for a in ("x86_64", "intel", "universal2")]
+        return tags
+    if os_name == "Linux":
+        parts = release.split(".")
+        minor = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 17
+        return [f"manylinux_2_{m}_{machine}" for m in range(max(minor, 17), 16, -1)] + [f"manylinux2014_{machine}"]
+    raise UsageError(f"--offline: no wheels are known for {os_name or 'an unknown system'} {machine}")
+
+
+def download_wheels(reqs: list[str], want: str, platforms: list[str], dest: str) -> None:
+    """pip download, on this machine, of `reqs` and what they need, as wheels for `platforms` and Python `want`,
+    into `dest` (what is there already is not fetched again)."""
+    import subprocess
+    import tempfile
+
+    os.makedirs(dest, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(reqs) + "\n")
+    try:
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--dest", dest,
+                "--only-binary=:all:", "--implementation", "cp", "--python-version", want,
+                *(x for p in platforms for x in ("--platform", p)), "-r", f.name]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    finally:
+        os.unlink(f.name)
+    if r.returncode != 0:
+        last = [line for line in r.stderr.splitlines() if line.strip()][-1:] or ["no message"]
+        raise UsageError(f"--offline: pip download for {platforms[0]} failed here: {last[0]}")
+
+
 def setup_python(connector: Connector, requirements_file: str | None = None, dry_run: bool = False,
-                 progress: Callable[[HostPython], None] = lambda h: None, check: bool = True) -> PythonResult:
+                 progress: Callable[[HostPython], None] = lambda h: None, check: bool = True,
+                 offline: bool = False) -> PythonResult:
     cluster = connector.cluster
     want = this_python()
     seen_reqs: dict[str, list[str]] = {}
+    wheels = _send_wheels(connector, want, requirements_file) if offline and not dry_run else {}
 
     def one(host: Host) -> HostPython:
         began = time.monotonic()
         with connector.transport(host) as t:
             host_os = t.run("uname -s", 30).stdout.strip()
             reqs = seen_reqs.setdefault(host_os, requirements(host_os, requirements_file))
-            r = t.run(script(host, want, reqs, dry_run), TIMEOUT_S)
+            r = t.run(script(host, want, reqs, dry_run, wheels=wheels.get(host.name)), TIMEOUT_S)
         lines = r.stdout.splitlines()
         done = HostPython(host.name, seconds=time.monotonic() - began)
         done.changes = [line.split(" ", 1)[1] if line.startswith("change ") else line
@@ -167,6 +226,43 @@ def setup_python(connector: Connector, requirements_file: str | None = None, dry
     if check and not dry_run:
         result.checks_passed, result.checks_failed = python_checks(connector)
     return result
+
+
+def _send_wheels(connector: Connector, want: str, requirements_file: str | None) -> dict[str, str]:
+    """For the hosts whose venv does not hold what is asked yet: the wheels of each kind of host, downloaded
+    here and sent to <workdir>/.clusterctl/wheels/<kind> there; host -> that folder (relative to the workdir)."""
+    from dataclasses import replace
+
+    from ..transfer.sync import SyncOptions, plan_sync, sync_tree
+
+    cluster = connector.cluster
+
+    def ask(host: Host):
+        with connector.transport(host) as t:
+            key = platform_key(t.run(PLATFORM_FACTS, 30).stdout)
+            reqs = requirements(key[0], requirements_file)
+            needed = t.run(script(host, want, reqs, False, check=True), 60).stdout.splitlines()
+        return key, reqs, not any(line.startswith("python ") for line in needed)
+
+    group = run_all(list(cluster.hosts), ask, connector.deadline(60))
+    kinds: dict[tuple[str, str, str], list[str]] = {}
+    for name, outcome in group.ok.items():        # a host that failed here fails (named) in the setup itself
+        key, reqs, needed = outcome.value
+        if needed:
+            kinds.setdefault(key, []).append(name)
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    where: dict[str, str] = {}
+    for key, names in kinds.items():
+        kind = "-".join(key)
+        local = os.path.join(root, "clusterctl", "wheels", want, kind)
+        download_wheels(group[names[0]].value[1], want, wheel_platforms(*key), local)
+        dest = f"{WHEELS}/{kind}"
+        subset = connector.narrowed(replace(cluster, hosts=tuple(h for h in cluster.hosts if h.name in names)))
+        sent = sync_tree(subset, plan_sync(local, SyncOptions(dest=dest)), SyncOptions(dest=dest))
+        for name, outcome in sent.failed.items():
+            raise UsageError(f"--offline: could not send the wheels to {name}: {outcome.error}")
+        where.update({name: dest for name in names})
+    return where
 
 
 def _set_python(cluster: Cluster, dry_run: bool) -> str | None:

@@ -44,3 +44,29 @@ def test_setup_python_gives_every_host_this_machines_environment(make_cluster, t
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count(": nothing to change (") == 3, again.stdout
     assert took < 60, took          # the figure (under 15 s) is measured on a quiet machine: docs/setup.md
+
+
+def test_setup_python_offline_installs_from_wheels_sent_from_here(make_cluster, tmp_path):
+    """Hosts whose pip cannot reach any index (PIP_INDEX_URL points at a closed port in their sessions):
+    plain setup python fails naming them; --offline downloads the wheels here (pip download for the hosts'
+    platform tags), sends them, and installs from them alone."""
+    cluster = make_cluster(2)
+    for i in (1, 2):
+        cluster.host(i).session_env.update({"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0",
+                                            "PIP_TIMEOUT": "2"})
+        cluster.restart(i)
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    inventory = cluster.write_inventory(python=base)
+    env = clirun.cache_env(tmp_path)
+    online = clirun.clusterctl("setup", "python", "--hosts", str(inventory), cwd=tmp_path, timeout=600, env=env)
+    assert online.returncode == 1 and "h1: failed: installing failed:" in online.stderr, online.stdout + online.stderr
+    r = clirun.clusterctl("setup", "python", "--hosts", str(inventory), "--offline", cwd=tmp_path, timeout=900,
+                          env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import mlx.core as mx
+    for i in (1, 2):
+        wheels = cluster.ssh(i, f"ls {cluster.workdir}/.clusterctl/wheels/*/").stdout.split()
+        assert any(w.startswith("mlx_cpu-") and w.endswith(".whl") for w in wheels), wheels
+        v = cluster.ssh(i, f"{cluster.workdir}/.clusterctl/venv/bin/python -c 'import mlx.core as mx; "
+                           "print(mx.__version__)'")
+        assert v.stdout.strip() == mx.__version__, v.stdout + v.stderr

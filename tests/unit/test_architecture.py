@@ -20,7 +20,7 @@ BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup"},
-    "setup": {"doctor", "launch", "hosts"},
+    "setup": {"doctor", "launch", "transfer", "hosts"},
     "run": {"launch", "transfer", "hosts", "observe"},
     "observe": {"launch", "hosts"},
     "doctor": {"launch", "hosts"},

@@ -34,3 +34,24 @@ def test_setup_python_requirements_pin_this_machines_versions(tmp_path):
     assert requirements("Darwin", str(reqs)) == ["MLX>=0.30", "numpy"]
     with pytest.raises(UsageError, match="--requirements .*missing.txt: No such file"):
         requirements("Darwin", str(tmp_path / "missing.txt"))
+
+
+def test_offline_wheels_are_fetched_for_each_hosts_own_platform_tags():
+    """What `setup python --offline` asks pip download for, from the hosts' own answers (sw_vers as recorded
+    on a Mac: tests/fixtures/macos; getconf on Debian 12)."""
+    import os
+
+    from clusterctl.setup.python import platform_key, wheel_platforms
+    fixtures = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "macos")
+    with open(os.path.join(fixtures, "sw_vers-productVersion.15.6.1.txt")) as f:
+        mac = platform_key("Darwin\narm64\n" + f.read())
+    assert mac == ("Darwin", "arm64", "15.6.1")
+    tags = wheel_platforms(*mac)
+    assert tags[:2] == ["macosx_15_0_arm64", "macosx_15_0_universal2"] and tags[-1] == "macosx_11_0_universal2"
+    assert "macosx_14_0_arm64" in tags and not any("x86_64" in t for t in tags)
+    debian = platform_key("Linux\nx86_64\nglibc 2.36\n")
+    assert debian == ("Linux", "x86_64", "2.36")
+    tags = wheel_platforms(*debian)
+    assert tags[0] == "manylinux_2_36_x86_64" and tags[-2:] == ["manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+    intel = wheel_platforms("Darwin", "x86_64", "13.6")
+    assert intel[0] == "macosx_13_0_x86_64" and "macosx_10_9_x86_64" in intel

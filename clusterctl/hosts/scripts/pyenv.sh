@@ -1,6 +1,7 @@
 # clusterctl setup python, on one host (POSIX sh: the host's Python is what it looks for). setup/python.py puts
 # the values first: WD (the host's workdir), WANT (the Python minor version wanted, "3.11"), PYTHON (a python the
-# inventory names, tried first), REQS (the requirements, one per line), DIGEST (a digest of WANT and REQS), DRY.
+# inventory names, tried first), REQS (the requirements, one per line), DIGEST (a digest of WANT and REQS), DRY,
+# CHECK (yes: only say whether the venv holds REQS already), WHEELS (a folder inside WD: install from it alone).
 # Lines out: "step TEXT" (what it is doing), "change TEXT", "would TEXT", "python PATH", "error TEXT".
 VENV="$WD/.clusterctl/venv"; MARKFILE="$VENV/.clusterctl-setup"
 say() { printf '%s\n' "$*"; }
@@ -11,6 +12,7 @@ if [ -x "$VENV/bin/python" ] && [ "$(minor "$VENV/bin/python")" = "$WANT" ] && [
    && [ "$(cat "$MARKFILE")" = "$DIGEST" ]; then
   say "python $VENV/bin/python"; exit 0
 fi
+[ "$CHECK" = yes ] && { say "needed"; exit 0; }
 
 # a Python WANT: the inventory's, then by name on the PATH a session gets, then where installers put one
 found=
@@ -46,10 +48,12 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(minor "$VENV/bin/python")" != "$WANT" ]; 
 fi
 printf '%s\n' "$REQS" > "$VENV/.clusterctl-requirements.txt"
 say "step installing $(printf '%s' "$REQS" | tr '\n' ' ')"
+set --        # offline: from the wheels sent, never an index
+[ -n "$WHEELS" ] && set -- --no-index --find-links "$WD/$WHEELS"
 if [ -n "$uvbin" ]; then
-  o=$("$uvbin" pip install --quiet --python "$VENV/bin/python" -r "$VENV/.clusterctl-requirements.txt" 2>&1 </dev/null)
+  o=$("$uvbin" pip install --quiet --python "$VENV/bin/python" "$@" -r "$VENV/.clusterctl-requirements.txt" 2>&1 </dev/null)
 else
-  o=$("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$VENV/.clusterctl-requirements.txt" 2>&1 </dev/null)
+  o=$("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" -r "$VENV/.clusterctl-requirements.txt" 2>&1 </dev/null)
 fi
 [ $? -eq 0 ] || { say "error installing failed: $(printf '%s' "$o" | grep -v '^ *$' | tail -n 3 | tr '\n' ' ' | cut -c1-600)"; exit 1; }
 printf '%s\n' "$DIGEST" > "$MARKFILE"
