@@ -67,30 +67,75 @@ def set_setting(text: str, section: str, key: str, value: str, path: str = "inve
         return head + f"\n{indent}{key}: {value}" + text[line_end:]
     if not isinstance(section_node, yaml.MappingNode):
         raise InventoryError(path, where, f"cannot edit: `{section}` is not a mapping")
-    key_node, value_node = _entry(section_node, key)
+    return _set_in(text, section_node, section, f"{section}.{key}", key, value, path)
+
+
+def set_host_setting(text: str, host: str, key: str, value: str, path: str = "inventory.yaml") -> str:
+    """`text` with `key` of the host named `host` (its entry under `hosts:`) set to `value` (YAML text: a
+    scalar, or a flow list such as '[null, rdma_en2]'). A value already there in flow style is replaced; a
+    block list is not (InventoryError: set it by hand)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        raise InventoryError(path, None, f"cannot edit: not valid YAML ({e})") from None
+    _, hosts = _entry(root, "hosts") if isinstance(root, yaml.MappingNode) else (None, None)
+    if not isinstance(hosts, yaml.SequenceNode):
+        raise InventoryError(path, 1, "cannot edit: the inventory has no `hosts:` list")
+    for entry in hosts.value:
+        if isinstance(entry, yaml.MappingNode):
+            _, name = _entry(entry, "name")
+            if isinstance(name, yaml.ScalarNode) and name.value == host:
+                return _set_in(text, entry, f"host {host}", f"host {host}'s {key}", key, value, path)
+        elif isinstance(entry, yaml.ScalarNode) and entry.value == host:
+            raise InventoryError(path, entry.start_mark.line + 1, f"cannot edit: host {host} is a bare name; "
+                                 f"write it as `- name: {host}` to give it settings")
+    raise InventoryError(path, hosts.start_mark.line + 1, f"cannot edit: no host named {host} under hosts:")
+
+
+def _set_in(text: str, mapping: yaml.MappingNode, label: str, what: str, key: str, value: str, path: str) -> str:
+    """`text` with `key` of the mapping node `mapping` set to `value` (`label`: the mapping, `what`: the setting,
+    in messages)."""
+    where = mapping.start_mark.line + 1
+    key_node, value_node = _entry(mapping, key)
     if value_node is not None:
+        if isinstance(value_node, yaml.SequenceNode) and value_node.flow_style:
+            return text[:value_node.start_mark.index] + value + text[value_node.end_mark.index:]
         if not isinstance(value_node, yaml.ScalarNode):
-            raise InventoryError(path, value_node.start_mark.line + 1, f"cannot edit: {section}.{key} is not a scalar")
+            raise InventoryError(path, key_node.start_mark.line + 1,
+                                 f"cannot edit: {what} is not written on one line; set it by hand to {value}")
         between = text[key_node.end_mark.index:value_node.start_mark.index]
         if between.strip() != ":" or value_node.start_mark.index < key_node.end_mark.index:
             # an alias (*name) or a tag: the value's text lives elsewhere, or is not a plain scalar
             raise InventoryError(path, key_node.start_mark.line + 1,
-                                 f"cannot edit {section}.{key}: its value is not written right after the key; "
+                                 f"cannot edit {what}: its value is not written right after the key; "
                                  f"set it by hand to {value}")
         return text[:value_node.start_mark.index] + value + text[value_node.end_mark.index:]
-    if section_node.flow_style:
+    if mapping.flow_style:
         # {a: 1} -> {key: value, a: 1}; {} -> {key: value}
-        opening = section_node.start_mark.index + 1
+        opening = mapping.start_mark.index + 1
         rest = text[opening:]
-        if section_node.value:
+        if mapping.value:
             return text[:opening] + f"{key}: {value}, " + rest.lstrip(" ")
         return text[:opening] + f"{key}: {value}" + rest
-    first_key = section_node.value[0][0]
+    first_key = mapping.value[0][0]
     line_start = text.rfind("\n", 0, first_key.start_mark.index) + 1
     if text[line_start:first_key.start_mark.index].strip():
-        raise InventoryError(path, where, f"cannot edit: `{section}` does not start on a line of its own")
+        if text[line_start:first_key.start_mark.index].strip() == "-":
+            # a host entry `- name: a`: the new key goes after the entry's last line, at its keys' column
+            end = _line_end(text, _content_end(mapping.value[-1][1]))
+            indent = " " * first_key.start_mark.column
+            return text[:end] + f"\n{indent}{key}: {value}" + text[end:]
+        raise InventoryError(path, where, f"cannot edit: `{label}` does not start on a line of its own")
     indent = " " * first_key.start_mark.column
     return text[:line_start] + f"{indent}{key}: {value}\n" + text[line_start:]
+
+
+def _content_end(node: yaml.Node) -> int:
+    """Where the last character of `node`'s own text is (a block collection's end mark lies past it)."""
+    while isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and not node.flow_style and node.value:
+        last = node.value[-1]
+        node = last[1] if isinstance(last, tuple) else last
+    return node.end_mark.index
 
 
 def _entry(mapping: yaml.MappingNode, name: str) -> tuple[yaml.Node | None, yaml.Node | None]:
@@ -123,3 +168,22 @@ def write_setting(path: str, section: str, key: str, value: str) -> bool:
     parse(new, path)   # never write an inventory we would refuse to read
     write_text(real, new, mode=stat.S_IMODE(os.stat(real).st_mode))
     return True
+
+
+def write_host_settings(path: str, changes: list[tuple[str | None, str, str]]) -> list[tuple[str | None, str, str]]:
+    """Apply (host, key, YAML value) settings to the inventory at `path` in one atomic write (a host of None: the
+    `launch` section's key). Returns those that changed the file; a value already written so is left alone."""
+    real = os.path.realpath(path)
+    with open(real, encoding="utf-8") as f:
+        text = f.read()
+    done = []
+    for host, key, value in changes:
+        new = set_setting(text, "launch", key, value, path) if host is None else \
+            set_host_setting(text, host, key, value, path)
+        if new != text:
+            done.append((host, key, value))
+            text = new
+    if done:
+        parse(text, path)   # never write an inventory we would refuse to read
+        write_text(real, text, mode=stat.S_IMODE(os.stat(real).st_mode))
+    return done

@@ -274,6 +274,7 @@ class SSHCluster:
             "FAKE_DARWIN_OUTPUTS": str(FAKE_DARWIN / "outputs"),
             "FAKE_DARWIN_FIXTURES": str(FAKE_DARWIN.parent / "fixtures" / "macos"),
             "FAKE_DARWIN_LOG": str(host.dir / "refused.log"),
+            "FAKE_DARWIN_STATE": str(host.dir),      # what the ifconfig stand-in was told to change
         })
         host.binds["/etc/passwd"] = str(self.darwin_passwd)
         if self.homebrew_mpi:

@@ -1,4 +1,4 @@
-"""clusterctl setup mesh."""
+"""clusterctl setup mesh | python | network."""
 from __future__ import annotations
 
 import json
@@ -7,12 +7,14 @@ import sys
 import click
 
 from ..doctor import DOCTOR_CONNECT_TIMEOUT_S
+from ..errors import UsageError
+from ..setup.topology import BACKENDS, DEFAULT_SUBNET
 from . import app
 
 
 @app.command("clusterctl setup mesh --hosts inventory.yaml", cls=click.Group)
 def setup_cmd():
-    """Set hosts up: SSH between every pair, this machine's MLX on each."""
+    """Set hosts up: SSH mesh, this machine's MLX, Thunderbolt addresses."""
 
 
 @setup_cmd.command("mesh")
@@ -77,4 +79,54 @@ def python_cmd(inventory_path, requirements_file, offline, dry_run, as_json, con
             click.secho(line, fg="red", err=True)
         if out:
             click.echo("\n".join(out))
+    sys.exit(result.exit_code)
+
+
+@setup_cmd.command("network")
+@app.hosts_option
+@click.option("--backend", type=click.Choice(BACKENDS), help="The backend to plan for. Default: jaccl on a "
+              "Thunderbolt 5 mesh whose Macs have RDMA on, else ring.")
+@click.option("--subnet", default=DEFAULT_SUBNET, show_default=True, metavar="CIDR",
+              help="Where the cables' /30 subnets come from (networks a Mac already uses are skipped).")
+@click.option("--dot", "as_dot", is_flag=True, help="Print the cables as a Graphviz graph and stop.")
+@click.option("--write", is_flag=True, help="Write each host's address (and rdma list) and the backend into "
+              "the inventory, comments kept.")
+@click.option("--apply", "apply_", is_flag=True, help="Configure the Macs: cabled ports out of bridge0, an "
+              "address on each (needs passwordless sudo on every Mac; each command is printed first).")
+@app.json_option
+@app.connect_timeout_option(DOCTOR_CONNECT_TIMEOUT_S)
+@app.strict_host_keys_option
+def network_cmd(inventory_path, backend, subnet, as_dot, write, apply_, as_json, connect_timeout, strict_host_keys):
+    """macOS: which Thunderbolt ports join which Macs (system_profiler, networksetup), a subnet per cable,
+    each host's data-plane address (and RDMA devices for jaccl). Prints the plan; --write puts it in the
+    inventory, --apply sets the Macs' interfaces."""
+    import ipaddress
+
+    from ..setup.network import setup_network
+    from ..setup.topology import dot
+
+    try:
+        ipaddress.IPv4Network(subnet, strict=False)
+    except ValueError:
+        raise UsageError(f"--subnet {subnet!r} is not an IPv4 network such as {DEFAULT_SUBNET}") from None
+    cluster = app.load(inventory_path)
+    connector = app.connector(cluster, connect_timeout, strict_host_keys)
+
+    def progress(line):
+        if not as_json:
+            click.echo(f"running {line}", err=True)
+
+    result = setup_network(connector, backend, subnet, write=write and not as_dot, apply=apply_ and not as_dot,
+                           progress=progress)
+    if as_dot and result.plan is not None:
+        click.echo(dot(result.plan), nl=False)
+        sys.exit(result.exit_code)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        out, err = result.report(write, apply_)
+        if out:
+            click.echo("\n".join(out))
+        for line in err:
+            click.secho(line, fg="red", err=True)
     sys.exit(result.exit_code)

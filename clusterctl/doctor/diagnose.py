@@ -132,12 +132,13 @@ def _dataplane_phase(connector: Connector, probes: list[HostProbe], transports: 
     per_ip = cluster.launch.connections_per_ip
 
     by_name = {p.host.name: p for p in live}
+    peers = checks.dataplane_peers(cluster)
 
     def run(host: Host):
         p = by_name[host.name]
         spec = DataplaneSpec(p.host.name, p.host.address, ring_port(p.host, per_ip), budget,
                              tuple((q.host.name, q.host.address, ring_port(q.host, per_ip)) for q in live
-                                   if q is not p))
+                                   if q.host.name in peers[p.host.name]))
         return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
 
     group = run_all([p.host for p in live], run, deadline=budget + 15)

@@ -272,6 +272,27 @@ def test_dataplane_pairs_bind_failures_and_subnet():
         "all addresses are in 192.168.10.0/24; run will use --mca btl_tcp_if_include 192.168.10.0/24"]
 
 
+def test_a_ring_checks_each_host_to_the_next_and_needs_no_shared_subnet():
+    """A Thunderbolt ring (setup network): each host's address sits on the cable from the host before it, so only
+    the next host can reach it, and that is all MLX's ring needs (docs/facts/macos.md#thunderbolt-addresses)."""
+    ring = parse("hosts:\n" + "".join(f"  - {{name: h{i}, address: 10.99.{i - 1}.2}}\n" for i in range(1, 4))
+                 + "launch: {backend: ring}\n", "i.yaml")
+    assert checks.dataplane_peers(ring) == {"h1": ["h2"], "h2": ["h3"], "h3": ["h1"]}
+    assert checks.dataplane_peers(CLUSTER4)["h2"] == ["h1", "h3", "h4"]          # mpi: every other host
+    two = parse("hosts: [{name: a, address: 10.99.0.1}, {name: b, address: 10.99.0.2}]\nlaunch: {backend: ring}\n",
+                "i.yaml")
+    assert checks.dataplane_peers(two) == {"a": ["b"], "b": ["a"]}
+    probes = []
+    for i in range(1, 4):
+        p = probe(i, ring, iface=[f"2: en2    inet 10.99.{i - 1}.2/30 brd 10.99.{i - 1}.3 scope global en2"])
+        p.facts.dataplane = {"address": f"10.99.{i - 1}.2", "port": 32322 + i, "bind": None, "accepted": [],
+                             "connect": {f"h{i % 3 + 1}": {"ok": True, "ms": 0.2}}}
+        probes.append(p)
+    rows = checks.dataplane(probes, ring)
+    assert [f.status for f in rows] == [PASS] * 4
+    assert rows[-1].detail.startswith("the addresses are in several subnets: ring needs each host to reach the next")
+
+
 def _smoke_out(*ranks):
     return "\n".join(json.dumps({"smoke": 1, **r}) for r in ranks)
 
