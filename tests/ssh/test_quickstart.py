@@ -2,20 +2,23 @@
 
 The fenced block under "Quickstart B" is read from README.md and each line run as it stands, with only the
 host placeholders (HOST1, HOST2) replaced by the test hosts' names: `init` writes the inventory, the editor
-line is done by this test the way the README's step 2 says (python, workdir, each host's address, and how
-to reach hosts that ~/.ssh/config does not), then doctor, run, runs, logs and plot. Twice: once with an
-ssh_config that names the hosts, once with no help at all (inventory_only: hosts by address, a key with no
-default name, one non-default port, an empty HOME), where only the keys under `defaults:` say how to
-connect.
+line is done by this test the way the README's step 2 says (workdir, each host's address, and how to reach
+hosts that ~/.ssh/config does not), then setup mesh and setup python, doctor, run, runs, logs and plot. Twice:
+once with an ssh_config that names the hosts, once with no help at all (inventory_only: hosts by address, a key
+with no default name, one non-default port), where only the keys under `defaults:` say how to connect.
+
+Each host starts as a new Mac would: its own empty ~/.ssh (a private directory mounted over root's, which sshd
+reads authorized_keys from besides the test cluster's own file, and ssh its keys and known_hosts), so the hosts
+cannot log in to each other until setup mesh; and no MLX where `python3` is, until setup python.
 """
 import json
 import os
 import re
 import shlex
-import sys
 
 import clirun
 import pytest
+from sshcluster import requires_private_roots
 
 from clusterctl.inventory_edit import set_setting
 
@@ -36,7 +39,6 @@ def quickstart_b() -> list[str]:
 
 def edit(text: str, cluster, hosts: list[str]) -> str:
     """Step 2 of the README, done to what `init` wrote (comments and order kept)."""
-    text = set_setting(text, "defaults", "python", json.dumps(sys.executable))
     text = set_setting(text, "defaults", "workdir", json.dumps(cluster.workdir))
     for name, host in zip(hosts, cluster.hosts):
         entry = f'  - name: "{name}"\n'
@@ -44,8 +46,7 @@ def edit(text: str, cluster, hosts: list[str]) -> str:
         text = text.replace(entry, f"{entry}    address: {host.address}\n")
     if cluster.inventory_only:      # no ~/.ssh/config reaches these hosts: the keys under defaults: do
         for key, value in (("user", "root"), ("port", str(cluster.hosts[0].port)),
-                           ("identity_file", json.dumps(str(cluster.client_key))),
-                           ("mesh_identity_file", json.dumps(str(cluster.client_key)))):
+                           ("identity_file", json.dumps(str(cluster.client_key)))):
             text = set_setting(text, "defaults", key, value)
     else:                           # an ssh_config that names them, as the README offers instead
         text = f"ssh_config: {json.dumps(str(cluster.ssh_config))}\n" + text
@@ -55,11 +56,20 @@ def edit(text: str, cluster, hosts: list[str]) -> str:
 @pytest.mark.parametrize("inventory_only", [False, True], ids=["ssh_config", "inventory_only"])
 def test_quickstart_b_as_written(make_cluster, tmp_path, inventory_only):
     cluster = make_cluster(2, inventory_only=inventory_only)
+    requires_private_roots(cluster, "each host its own ~/.ssh, as each Mac has")
+    root_ssh = os.path.join(os.path.expanduser("~root"), ".ssh")
+    os.makedirs(root_ssh, mode=0o700, exist_ok=True)              # the mount point
+    for i, host in enumerate(cluster.hosts, 1):
+        (host.dir / "dotssh").mkdir(mode=0o700)
+        host.session_env.pop("HOME", None)       # the passwd entry's home, where ssh itself looks
+        cluster.restart(i, binds={root_ssh: str(host.dir / "dotssh")},
+                        AuthorizedKeysFile=f"{cluster.authorized_keys} .ssh/authorized_keys")
     hosts = [h.address if inventory_only else h.name for h in cluster.hosts]
     env = cluster.client_env() if inventory_only else clirun.cache_env(tmp_path)
     lines = quickstart_b()
     assert [shlex.split(line)[:2] for line in lines] == [
-        ["clusterctl", "init"], ["$EDITOR", "inventory.yaml"], ["clusterctl", "doctor"], ["clusterctl", "run"],
+        ["clusterctl", "init"], ["$EDITOR", "inventory.yaml"], ["clusterctl", "setup"], ["clusterctl", "setup"],
+        ["clusterctl", "doctor"], ["clusterctl", "run"],
         ["clusterctl", "runs"], ["clusterctl", "logs"], ["clusterctl", "plot"]], lines
     outputs = {}
     for line in lines:
@@ -72,7 +82,10 @@ def test_quickstart_b_as_written(make_cluster, tmp_path, inventory_only):
             continue
         r = clirun.clusterctl(*words[1:], cwd=tmp_path, env=env, timeout=600)
         assert r.returncode == 0, (line, r.stdout[-3000:], r.stderr[-3000:])
-        outputs[words[1]] = r
+        outputs[" ".join(words[1:3]) if words[1] == "setup" else words[1]] = r
+    assert "doctor's mesh check: 2 of 2 host pairs log in (all)" in outputs["setup mesh"].stdout
+    venv = f"{cluster.workdir}/.clusterctl/venv/bin/python"
+    assert f"python: {venv}" in (tmp_path / "inventory.yaml").read_text().replace('"', "")
     run_ids = RUN_ID.findall(outputs["run"].stdout + outputs["run"].stderr)
     assert run_ids, outputs["run"].stderr
     assert run_ids[-1] in outputs["runs"].stdout, outputs["runs"].stdout
