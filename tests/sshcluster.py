@@ -445,6 +445,18 @@ class SSHCluster:
         host.binds = {**host.binds, **(binds or {})}
         self.start_host(index)
 
+    def own_dot_ssh(self) -> None:
+        """Give every host its own, empty ~/.ssh, as each Mac has: a private directory (host.dir / "dotssh")
+        mounted over root's, from which sshd reads authorized_keys besides the cluster's own file, and ssh its
+        keys and known_hosts. Needs private roots (requires_private_roots first)."""
+        root_ssh = os.path.join(os.path.expanduser("~root"), ".ssh")
+        os.makedirs(root_ssh, mode=0o700, exist_ok=True)              # the mount point
+        for host in self.hosts:
+            (host.dir / "dotssh").mkdir(mode=0o700)
+            host.session_env.pop("HOME", None)       # the passwd entry's home, where ssh itself looks
+            self.restart(host.index, binds={root_ssh: str(host.dir / "dotssh")},
+                         AuthorizedKeysFile=f"{self.authorized_keys} .ssh/authorized_keys")
+
     def refuse_key(self, index: int) -> None:
         """The host no longer accepts our key and offers passwords: a naive ssh would sit at a prompt
         (docs/facts/ssh.md#batchmode-and-connecttimeout)."""

@@ -57,13 +57,7 @@ def edit(text: str, cluster, hosts: list[str]) -> str:
 def test_quickstart_b_as_written(make_cluster, tmp_path, inventory_only):
     cluster = make_cluster(2, inventory_only=inventory_only)
     requires_private_roots(cluster, "each host its own ~/.ssh, as each Mac has")
-    root_ssh = os.path.join(os.path.expanduser("~root"), ".ssh")
-    os.makedirs(root_ssh, mode=0o700, exist_ok=True)              # the mount point
-    for i, host in enumerate(cluster.hosts, 1):
-        (host.dir / "dotssh").mkdir(mode=0o700)
-        host.session_env.pop("HOME", None)       # the passwd entry's home, where ssh itself looks
-        cluster.restart(i, binds={root_ssh: str(host.dir / "dotssh")},
-                        AuthorizedKeysFile=f"{cluster.authorized_keys} .ssh/authorized_keys")
+    cluster.own_dot_ssh()
     hosts = [h.address if inventory_only else h.name for h in cluster.hosts]
     env = cluster.client_env() if inventory_only else clirun.cache_env(tmp_path)
     lines = quickstart_b()

@@ -41,13 +41,7 @@ def mesh_rows(cluster, cwd):
 def test_setup_mesh_makes_the_mesh_green_changes_nothing_twice_and_undoes_byte_exact(make_cluster, tmp_path):
     cluster = make_cluster(3, stock_sshd=True)
     requires_private_roots(cluster, "each host its own ~/.ssh")
-    root_ssh = os.path.join(os.path.expanduser("~root"), ".ssh")
-    os.makedirs(root_ssh, mode=0o700, exist_ok=True)              # the mount point
-    for i, host in enumerate(cluster.hosts, 1):
-        (host.dir / "dotssh").mkdir(mode=0o700)
-        host.session_env.pop("HOME", None)       # the passwd entry's home, where ssh itself looks
-        cluster.restart(i, binds={root_ssh: str(host.dir / "dotssh")},
-                        AuthorizedKeysFile=f"{cluster.authorized_keys} .ssh/authorized_keys")
+    cluster.own_dot_ssh()
     # a user's own line without a final newline: undo must give it back exactly so
     (cluster.hosts[1].dir / "dotssh" / "authorized_keys").write_text("ssh-ed25519 AAAAmine user@laptop")
     (cluster.hosts[1].dir / "dotssh" / "authorized_keys").chmod(0o600)
