@@ -20,7 +20,7 @@ MAX_LINE = 64 * 1024       # longer metrics lines are not parsed (a real one is 
 
 class Unreadable(ValueError):
     """A metrics line that is not parsed: the supervisor drops it, with a warning."""
-FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s")
+FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s", "share")
 
 
 def report(**fields: float) -> None:

@@ -79,6 +79,7 @@ class RunOptions:
     fetch_paths: tuple[str, ...] = () # and these (relative to rank 0's workdir, or absolute there)
     fetch_all_ranks: bool = False     # fetch_paths from every host, into runs/<id>/host-<name>/
     data_dir: str | None = None       # shards from `clusterctl data prepare`
+    all_shards: bool = False          # ... every shard to every host (the bundled trainer's balancing)
     project_dir: str | None = None    # default: the current directory
     restart: RestartPolicy = RestartPolicy()   # --max-restarts, --restart-delay, --elastic, --elastic-batch
 
@@ -282,7 +283,7 @@ class _RunHooks(AttemptHooks):
         if self.options.data_dir:
             self.extra_env["CLUSTERCTL_DATA_DIR"] = stage_data(
                 self.whole.narrowed(cluster), self.options.data_dir,
-                reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"))
+                reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"), all_shards=self.options.all_shards)
 
     def resuming(self, connector: Connector, launch: Launch) -> None:
         """For the bundled trainer: the checkpoint the next attempt continues from (the newest any of its hosts
@@ -363,7 +364,7 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
         if program.module is not None and program.module.startswith("clusterctl."):
             jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:
-        jobs["data"] = in_background(stage_data, connector, options.data_dir)
+        jobs["data"] = in_background(stage_data, connector, options.data_dir, all_shards=options.all_shards)
     wait(jobs.values())
     for future in jobs.values():      # the first failure, after every copy has ended
         future.result()

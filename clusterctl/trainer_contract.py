@@ -14,6 +14,7 @@ STEP_GLOB = "step-*"                   # every checkpoint directory (and nothing
 _STEP_DIR = re.compile(r"step-(\d+)")
 _REPORT = re.compile(r"^step +(\d+)/\d+ \|")
 
+TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer adds to summary.json ("trainer")
 DATA = "--data"
 STRATEGY = "--strategy"
 

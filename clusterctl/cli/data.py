@@ -86,16 +86,20 @@ def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, as_json):
               help="auto: rsync over ssh where both ends have it, else SFTP.")
 @app.connect_timeout_option()
 @click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@click.option("--all-shards", is_flag=True, help="Every shard to every host: the bundled trainer's balancing "
+              "can then give a faster host rows of any shard.")
 @app.strict_host_keys_option
 @app.json_option
-def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeout, strict_host_keys, as_json):
+def data_push_cmd(data_dir, inventory_path, name, method, connect_timeout, timeout, all_shards, strict_host_keys,
+                  as_json):
     """Send host i its shard i (+ val.bin, manifest), checked by sha256."""
     from ..transfer.shards import push_shards
 
     cluster = app.load(inventory_path)
     bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
     group = push_shards(app.connector(cluster, connect_timeout, strict_host_keys), data_dir, name=name,
-                        method=method, timeout=timeout, progress=bars.update if bars else None)
+                        method=method, timeout=timeout, progress=bars.update if bars else None,
+                        all_shards=all_shards)
     if bars:
         bars.close()
     rows = []

@@ -273,6 +273,9 @@ class RunCommand(click.Command):
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Shards from `clusterctl data prepare`: host i gets only its own; ranks find them in "
                    "CLUSTERCTL_DATA_DIR (the bundled trainer reads them).")
+@click.option("--all-shards", is_flag=True,
+              help="With --data: every shard to every host, so that the bundled trainer's balancing can give a "
+                   "faster host rows of a slower one's shard (docs/trainer.md#balanced-data-parallelism).")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="When a rank fails, a host stops answering or the launcher dies: stop every rank, wait "
                    "--restart-delay, check the hosts again and launch again, up to N times. The bundled trainer "
@@ -289,7 +292,7 @@ class RunCommand(click.Command):
                    "as CLUSTERCTL_ELASTIC_BATCH).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
-            fetch_all_ranks, data_dir, max_restarts, restart_delay, elastic, elastic_batch):
+            fetch_all_ranks, data_dir, all_shards, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -322,6 +325,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          connect_timeout=connect_timeout,
                          launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
+                         all_shards=all_shards,
                          restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch))
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome

@@ -21,7 +21,8 @@ from ..observe.live import LiveRun, Snapshot
 from .console import table_lines
 
 REFRESH_PER_S = 4
-COLUMNS = ["rank", "host", "state", "step", "loss", "tok/s", "peak mem", "heartbeat", "lines/s"]
+# "share": the rank's part of the global batch, shown when a rank reports one (the bundled trainer's balancing)
+COLUMNS = ["rank", "host", "state", "step", "loss", "tok/s", "share", "peak mem", "heartbeat", "lines/s"]
 STATE_STYLE = {"starting": "yellow", "running": "", "behind": "bold yellow", "finished": "dim", "failed": "red"}
 
 
@@ -104,10 +105,11 @@ def render(snap: Snapshot) -> _Cropped:
         parts.append(f"{job.tokens_per_s:,.0f} tok/s")
     rows = [{"rank": r.rank, "host": r.host, "state": r.state,
              "step": "-" if r.step is None else f"{r.step}" + (f"/{r.total_steps}" if r.total_steps else ""),
-             "loss": _num(r.loss, "{:.4f}"), "tok/s": _num(r.tokens_per_s, "{:,.0f}"),
+             "loss": _num(r.loss, "{:.4f}"), "tok/s": _num(r.tokens_per_s, "{:,.0f}"), "share": _num(r.share, "{:.0%}"),
              "peak mem": _num(r.peak_mem_mb, "{:,.1f} MB"), "heartbeat": _num(r.since_seen_s, "{:.1f}s ago"),
              "lines/s": f"{r.lines_per_s:.1f}"} for r in snap.ranks]
-    header, *lines = table_lines(rows, COLUMNS)
+    shown = COLUMNS if any(r.share is not None for r in snap.ranks) else [c for c in COLUMNS if c != "share"]
+    header, *lines = table_lines(rows, shown)
     return _Cropped([("job: " + "  ".join(parts), "bold"), (header, "dim")]
                     + [(line, STATE_STYLE.get(r.state, "")) for r, line in zip(snap.ranks, lines)])
 

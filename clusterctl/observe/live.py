@@ -33,6 +33,7 @@ class RankRow:
     peak_mem_mb: float | None       # this rank's own
     since_seen_s: float | None      # since its last heartbeat or output; None before the first
     lines_per_s: float
+    share: float | None = None      # its part of the global batch (the bundled trainer's balancing), 0..1
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ class LiveRun:
             rows = [RankRow(i, r.host, r.state, _int(r.metrics.get("step")), _int(r.metrics.get("total_steps")),
                             r.metrics.get("loss"), r.metrics.get("tokens_per_s"), r.metrics.get("peak_mem_mb"),
                             None if r.last_seen is None else max(0.0, now - r.last_seen),
-                            sum(1 for t in r.lines if t >= now - RATE_WINDOW_S) / window)
+                            sum(1 for t in r.lines if t >= now - RATE_WINDOW_S) / window,
+                            r.metrics.get("share"))
                     for i, r in enumerate(self._ranks)]
             step = self._job_step()
             totals = [row.total_steps for row in rows if row.total_steps]

@@ -16,7 +16,8 @@ In runs/<id>/:
                      "program"}, and for `run --max-restarts`: "restarts" and "attempts", one entry per
                     attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
                     lines, resumed_from, steps_lost, and "stacks" when it stalled); for a run that ended
-                    stalled, "stacks": the folder (relative to runs/<id>/) of every rank's stacks. Its
+                    stalled, "stacks": the folder (relative to runs/<id>/) of every rank's stacks; for the
+                    bundled trainer, "trainer": its trainer.json (shares of the batch, replica sync checks). Its
                     appearing means the run is over. Readers ignore
                     keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..atomic import write_text
+from ..trainer_contract import TRAINER_SUMMARY
 
 SUMMARY = "summary.json"
 PID_FILE = "clusterctl.pid"
@@ -156,6 +158,9 @@ class RunRecord:
                    "failed_rank": failed_rank, **self.facts}
         if stacks:
             summary["stacks"] = stacks
+        trainer = _trainer_summary(self.run_dir)
+        if trainer is not None:
+            summary["trainer"] = trainer
         if self.attempts:
             summary["restarts"] = len(self.attempts) - 1
             summary["attempts"] = self.attempts
@@ -163,6 +168,17 @@ class RunRecord:
         _index({"event": "end", "run_id": self.run_id, "ended": summary["ended"],
                 "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason})
         return summary
+
+
+def _trainer_summary(run_dir: str) -> dict | None:
+    """What the bundled trainer left for summary.json (trainer_contract.TRAINER_SUMMARY: its shares of the batch,
+    its replicas' sync checks), None when there is none or it cannot be read."""
+    try:
+        with open(os.path.join(run_dir, TRAINER_SUMMARY), encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _index(record: dict) -> None:

@@ -3,7 +3,10 @@
 fit calls, for each optimizer step N it takes (1-based, the numbering of the printed lines, metrics.jsonl
 and the checkpoints):
 
+    on_shares(N, info)              balancing on: before the first step and after each exchange of speeds
+                                    (balanced.BalancedSteps.info(): rows per rank, speeds, changes)
     on_step(N, loss, grad_norm)     every step, once the step's loss and gradient norm are evaluated
+    on_out_of_sync(N, ranks, msg)  check-sync found replicas that differ; fit raises OutOfSync next
     on_report(N, lr)                at the run's first step, every --report-every steps and at the last
     with paused():                  every step; time spent inside is not training time
         on_quiet(N, what)           before an evaluation or a checkpoint: a phase without steps begins
@@ -17,13 +20,16 @@ and quiet phases for the stall watchdog), joined by `Callbacks`.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from contextlib import ExitStack, contextmanager
 
 import mlx.core as mx
 
+from ..atomic import write_text
 from ..progress import report
+from ..trainer_contract import TRAINER_SUMMARY
 from . import checkpoint
 from .metrics import Reporter
 from .model import ModelArgs
@@ -32,7 +38,13 @@ from .model import ModelArgs
 class Callback:
     """The hooks fit calls, each doing nothing here: a listener overrides the ones it needs."""
 
+    def on_shares(self, step: int, info: dict) -> None:
+        pass
+
     def on_step(self, step: int, loss: mx.array, grad_norm: mx.array) -> None:
+        pass
+
+    def on_out_of_sync(self, step: int, ranks: list[int], message: str) -> None:
         pass
 
     def on_report(self, step: int, lr: float) -> None:
@@ -58,8 +70,14 @@ class Callbacks(Callback):
     def __init__(self, *listeners: Callback):
         self.listeners = listeners
 
+    def on_shares(self, step, info):
+        self._each("on_shares", step, info)
+
     def on_step(self, step, loss, grad_norm):
         self._each("on_step", step, loss, grad_norm)
+
+    def on_out_of_sync(self, step, ranks, message):
+        self._each("on_out_of_sync", step, ranks, message)
 
     def on_report(self, step, lr):
         self._each("on_report", step, lr)
@@ -92,6 +110,9 @@ class Reporting(Callback):
     def __init__(self, reporter: Reporter, total_steps: int):
         self.reporter, self.total_steps = reporter, total_steps
 
+    def on_shares(self, step, info):
+        self.reporter.shares = info["rows"]
+
     def on_step(self, step, loss, grad_norm):
         self.reporter.add(loss, grad_norm)
 
@@ -112,6 +133,10 @@ class Checkpointing(Callback):
     def __init__(self, out_dir: str, model, optimizer, config, group, tokenizer_spec: dict, vocab_size: int):
         self.out_dir, self.model, self.optimizer, self.config, self.group = out_dir, model, optimizer, config, group
         self.tokenizer_spec, self.vocab_size = tokenizer_spec, vocab_size
+        self.rows: list[int] | None = None
+
+    def on_shares(self, step, info):
+        self.rows = info["rows"]           # a resumed run starts from these shares
 
     def on_checkpoint(self, step):
         config, group = self.config, self.group
@@ -120,9 +145,53 @@ class Checkpointing(Callback):
                  "data_position": {"step": step, "micro_batch": step * config.accum},
                  "tokenizer": self.tokenizer_spec, "vocab_size": self.vocab_size,
                  "model": ModelArgs.from_config(config, self.vocab_size).__dict__}
+        if self.rows is not None:
+            state["balance"] = {"rows": self.rows}
         path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
         if group.rank() == 0:
             print(f"step {step} | checkpoint {path}", flush=True)
+
+
+class TrainerSummary(Callback):
+    """Rank 0 keeps <out>/trainer.json current (trainer_contract.TRAINER_SUMMARY), which `clusterctl run` puts
+    into summary.json under "trainer": the shares and their changes, the replicas' sync checks and, when they
+    differed, which ranks and when."""
+
+    def __init__(self, out_dir: str, group, config):
+        self.path = os.path.join(out_dir, TRAINER_SUMMARY)
+        self.main = group.rank() == 0
+        self.doc = {"balance": {"mode": config.balance if group.size() > 1 else "off"},
+                    "check_sync": {"every": config.check_sync, "last_checked_step": None, "out_of_sync": None}}
+        self.every = config.check_sync
+        self.pending: int | None = None       # a step whose check comes after on_step; passed if fit goes on
+
+    def on_shares(self, step, info):
+        self.doc["balance"] = {**info, "mode": self.doc["balance"]["mode"]}
+        self._write()
+
+    def on_step(self, step, loss, grad_norm):
+        self._passed()
+        if self.every and step % self.every == 0:
+            self.pending = step
+
+    def on_out_of_sync(self, step, ranks, message):
+        self.pending = None
+        self.doc["check_sync"]["out_of_sync"] = {"step": step, "ranks": ranks, "message": message}
+        self._write()
+
+    def on_checkpoint(self, step):
+        self._passed()
+        self._write()
+
+    def _passed(self):
+        if self.pending is not None:
+            self.doc["check_sync"]["last_checked_step"] = self.pending
+            self.pending = None
+
+    def _write(self):
+        if self.main:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            write_text(self.path, json.dumps(self.doc, indent=2) + "\n")
 
 
 # How long a phase without steps may last before the stall watchdog may call it a stall (launch/stall.py):

@@ -46,6 +46,12 @@ class TrainConfig:
     beta1: float = _opt(0.9, "AdamW beta1.")
     beta2: float = _opt(0.95, "AdamW beta2.")
     max_norm: float = _opt(1.0, "Clip the global gradient norm to this (0 turns clipping off).")
+    balance: str = _opt("auto", "Shares of the global batch: auto (in proportion to each rank's measured speed, "
+                                "even while the ranks are within 10%% of each other), off (even), or fixed "
+                                "weights W1,W2,... one per rank (see docs/trainer.md#balanced-data-parallelism).",
+                        metavar="auto|off|W1,W2,...")
+    check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "
+                                "the rank that differs, if a replica drifted (0: never).", metavar="N")
     strategy: str = _opt("dp", "dp: replicated model, averaged gradients; fsdp: optimizer state and "
                                "gradients sharded over the ranks.", choices=("dp", "fsdp"))
     seed: int = _opt(0, "Seed for initialisation, data order and dropout; a run is a function of it.")
@@ -73,7 +79,7 @@ class TrainConfig:
                      "eval_batches", "report_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, not {getattr(self, name)}")
-        for name in ("warmup", "eval_every", "ckpt_every", "keep"):
+        for name in ("warmup", "eval_every", "ckpt_every", "keep", "check_sync"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
@@ -86,6 +92,8 @@ class TrainConfig:
             raise ConfigError("need 0 <= --min-lr <= --lr and --lr > 0")
         if self.max_norm < 0:
             raise ConfigError("--max-norm must not be negative")
+        from .balance import parse_balance
+        parse_balance(self.balance)
         if self.preset is not None:
             presets.get(self.preset)
 

@@ -36,6 +36,7 @@ class Reporter:
         self.last_step = start_step
         self.last_time = time.perf_counter()
         self.live = bool(os.environ.get("CLUSTERCTL_RUN_ID"))
+        self.shares: list[int] | None = None         # balancing on: rows of the global batch per rank
         if self.is_main:
             os.makedirs(out_dir, exist_ok=True)
             self._forget_after(start_step)
@@ -65,6 +66,8 @@ class Reporter:
             "peak_mem_mb": peak_mb,
             "grad_norm": mx.stack(self.norms).mean().item(),
         }
+        if self.shares is not None:
+            record["shares"] = list(self.shares)
         self.losses, self.norms = [], []
         self.last_step, self.last_time = step, time.perf_counter()
         if self.is_main:
@@ -72,8 +75,9 @@ class Reporter:
                               peak_mb=peak_mb, grad_norm=record["grad_norm"]), flush=True)
             self.write(record)
         if self.live:
+            share = self.shares[self.group.rank()] / sum(self.shares) if self.shares else 1 / self.group.size()
             live_report(step=step, total_steps=total_steps, loss=record["loss"],
-                        tokens_per_s=record["tokens_per_s"] / self.group.size(), peak_mem_mb=own_peak_mb)
+                        tokens_per_s=record["tokens_per_s"] * share, peak_mem_mb=own_peak_mb, share=share)
         return record
 
     def evaluation(self, step: int, val_loss: float) -> None:

@@ -72,15 +72,21 @@ def make_dp_step(model, optimizer, config, group):
     @partial(mx.compile, inputs=state, outputs=state)
     def step(x, y):
         loss, grads = accumulated_grads(model, x, y)
-        grads = nn.average_gradients(grads, group=group)  # see docs/facts/mlx-distributed.md#average-gradients-buckets
-        if config.max_norm > 0:
-            grads, norm = optim.clip_grad_norm(grads, config.max_norm)
-        else:
-            norm = global_norm(grads)
-        optimizer.update(model, grads)
-        return _mean_over_ranks(loss, group), norm
+        return dp_update(model, optimizer, config, group, loss, grads)
 
     return step
+
+
+def dp_update(model, optimizer, config, group, loss, grads):
+    """Average this rank's gradients over the ranks, clip their global norm, apply AdamW: (mean loss over the
+    ranks, the norm). Traced inside a compiled step (make_dp_step, balanced.BalancedSteps)."""
+    grads = nn.average_gradients(grads, group=group)  # see docs/facts/mlx-distributed.md#average-gradients-buckets
+    if config.max_norm > 0:
+        grads, norm = optim.clip_grad_norm(grads, config.max_norm)
+    else:
+        norm = global_norm(grads)
+    optimizer.update(model, grads)
+    return _mean_over_ranks(loss, group), norm
 
 
 def make_fsdp_step(model, optimizer, config, group):

@@ -26,14 +26,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import checkpoint, collectives, presets
-from .callbacks import Callback, Callbacks, Checkpointing, Progress, Reporting, announce_quiet, watched
+from .balanced import BalancedSteps, OutOfSync, check_sync, perturb
+from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, TrainerSummary, announce_quiet,
+                        watched)
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
@@ -195,11 +197,15 @@ def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: in
 @dataclass(frozen=True)
 class TrainData:
     """What fit reads besides the model: this rank's batches, the ranks they are split over, and how many
-    optimizer steps the run has already taken (the data position: batches are a function of the step)."""
+    optimizer steps the run has already taken (the data position: batches are a function of the step).
+    With balancing on (more than one rank, --balance not off) a rank may also train on rows of another rank's
+    shard: `shards(k)` is shard k's loader, and `rows` the shares a resumed run continues with."""
     train: BatchLoader          # micro-batch i of this rank is train.batch(i)
     val: BatchLoader            # the held-out loss reads val.batch(0 .. eval_batches - 1)
     group: mx.distributed.Group
     start: int = 0
+    shards: Callable[[int], BatchLoader] | None = None
+    rows: list[int] | None = None
 
 
 def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callback | None = None) -> None:
@@ -207,16 +213,35 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     callbacks hear of every step, report, held-out loss and checkpoint (see callbacks.py for when)."""
     callbacks = Callback() if callbacks is None else callbacks
     mx.eval(model.parameters(), optimizer.state)
-    step_fn = make_step(model, optimizer, config, data.group)
+    group, rank = data.group, data.group.rank()
+    balanced = None
+    if group.size() > 1 and config.balance != "off":
+        balanced = BalancedSteps(model, optimizer, config, group, data.shards or _own_shard(data), data.start,
+                                 data.rows)
+        callbacks.on_shares(data.start, balanced.info())
+    else:
+        step_fn = make_step(model, optimizer, config, group)
     for step in range(data.start, config.steps):
-        x, y = micro_batches(data.train, step, config.accum)
-        loss, grad_norm = step_fn(x, y)
+        if balanced is not None:
+            loss, grad_norm = balanced(step)
+        else:
+            x, y = micro_batches(data.train, step, config.accum)
+            loss, grad_norm = step_fn(x, y)
         mx.eval(loss, grad_norm, model.state, optimizer.state)
         done = step + 1
         last = done == config.steps
+        perturb(model, rank, done)
+        if balanced is not None and balanced.exchanged == done:
+            callbacks.on_shares(done, balanced.info())
         callbacks.on_step(done, loss, grad_norm)
         if done % config.report_every == 0 or last or step == data.start:   # the first step shows the start
             callbacks.on_report(done, optimizer.learning_rate.item())
+        if config.check_sync and (done % config.check_sync == 0 or last):   # before a checkpoint keeps a drift
+            try:
+                check_sync(model, group, done)
+            except OutOfSync as e:
+                callbacks.on_out_of_sync(done, e.ranks, str(e))
+                raise
         with callbacks.paused():
             if (config.eval_every and done % config.eval_every == 0) or last:
                 callbacks.on_quiet(done, "evaluation")
@@ -224,6 +249,47 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
             if (config.ckpt_every and done % config.ckpt_every == 0) or last:
                 callbacks.on_quiet(done, "checkpoint")
                 callbacks.on_checkpoint(done)
+
+
+def _own_shard(data: TrainData):
+    """Without other shards at hand (fit called directly): every row is this rank's own."""
+    def loader(k: int):
+        if k != data.group.rank():
+            raise ConfigError(f"rank {data.group.rank()} was given no loader for shard {k}, which balancing needs")
+        return data.train
+    return loader
+
+
+def shard_loaders(config: TrainConfig, rank: int, world: int, own: BatchLoader, tokenizer):
+    """Shard k's loader, opened the first time a rank trains on one of its rows (balancing: a faster rank
+    takes rows over from slower ranks' shards). Prepared shards must then be on this host too."""
+    from ..data.loader import BatchLoader, rank_tokens
+    from ..errors import ShardError
+
+    opened = {rank: own}
+
+    def loader(k: int) -> BatchLoader:
+        if k not in opened:
+            try:
+                train, _ = rank_tokens(k, world, data_dir=config.data, source=config.source,
+                                       tokenizer=tokenizer, seed=config.seed)
+            except ShardError as e:
+                raise ShardError(f"rank {rank} takes over rows of rank {k}'s shard (--balance) and cannot read it: "
+                                 f"{e}; send every shard to every host (clusterctl data push --all-shards) or "
+                                 "pass --balance off") from None
+            opened[k] = BatchLoader(train, config.batch_size, config.block_size, config.seed, k)
+        return opened[k]
+
+    def readable() -> bool:
+        """Whether this rank can read every shard: always from a corpus (it tokenizes what it takes over);
+        prepared shards only where every shard file is on this host (run --all-shards, data push --all-shards)."""
+        if not config.data:
+            return True
+        from ..data.shards import read_manifest
+        return all(os.path.isfile(os.path.join(config.data, s.file)) for s in read_manifest(config.data).shards)
+
+    loader.readable = readable
+    return loader
 
 
 def train(argv: list[str] | None = None) -> None:
@@ -251,12 +317,15 @@ def train(argv: list[str] | None = None) -> None:
 
     from ..data.loader import BatchLoader
 
-    data = TrainData(train=BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, rank),
+    own = BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, rank)
+    data = TrainData(train=own,
                      val=BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank),
-                     group=group, start=start)
+                     group=group, start=start, shards=shard_loaders(config, rank, world, own, tokenizer),
+                     rows=(resumed or {}).get("balance", {}).get("rows") if resumed else None)
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
     listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
-                 Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer), vocab_size)]
+                 Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer), vocab_size),
+                 TrainerSummary(out_dir, group, config)]
     if watched():
         listeners.append(Progress(config.steps))
     callbacks = Callbacks(*listeners)

@@ -51,10 +51,12 @@ class HostPush:
     elapsed_s: float = 0.0
 
 
-def files_for_host(manifest: Manifest, host: Host) -> list[tuple[str, str]]:
-    """(file, sha256) a host must hold: its ranks' shards, val.bin, the tokenizer.json of an HF-tokenized
-    dataset; the manifest is sent last, separately."""
-    out = [(manifest.shards[r].file, manifest.shards[r].sha256) for r in host.ranks]
+def files_for_host(manifest: Manifest, host: Host, all_shards: bool = False) -> list[tuple[str, str]]:
+    """(file, sha256) a host must hold: its ranks' shards (`all_shards`: every shard, so that the bundled
+    trainer's balancing can hand a faster rank rows of any other: docs/trainer.md#balanced-data-parallelism),
+    val.bin, the tokenizer.json of an HF-tokenized dataset; the manifest is sent last, separately."""
+    ranks = range(len(manifest.shards)) if all_shards else host.ranks
+    out = [(manifest.shards[r].file, manifest.shards[r].sha256) for r in ranks]
     out.append((manifest.val.file, manifest.val.sha256))
     tokenizer = manifest.tokenizer or {}
     if tokenizer.get("path") and tokenizer.get("sha256"):
@@ -71,9 +73,10 @@ def check_world(data_dir: str, manifest: Manifest, cluster: Cluster) -> None:
 
 
 def push_shards(connector: Connector, data_dir: str, manifest: Manifest | None = None, name: str | None = None,
-                timeout: float = 7200.0, method: str = "auto", progress: Progress | None = None) -> GroupResult:
-    """Push data_dir's shards: host i (rank order) of the connector's cluster gets its ranks' shards, val and
-    the manifest."""
+                timeout: float = 7200.0, method: str = "auto", progress: Progress | None = None,
+                all_shards: bool = False) -> GroupResult:
+    """Push data_dir's shards: host i (rank order) of the connector's cluster gets its ranks' shards (every
+    shard with `all_shards`), val and the manifest."""
     cluster = connector.cluster
     data_dir = os.path.abspath(data_dir)
     if manifest is None:
@@ -83,14 +86,14 @@ def push_shards(connector: Connector, data_dir: str, manifest: Manifest | None =
     if not name or "/" in name or name.startswith("."):
         raise ShardError(f"--name {name!r} must be a plain directory name")
     for host in cluster.hosts:
-        for file, _ in files_for_host(manifest, host):
+        for file, _ in files_for_host(manifest, host, all_shards):
             if not os.path.isfile(os.path.join(data_dir, file)):
                 raise ShardError(f"{os.path.join(data_dir, file)}: missing (named by the manifest)")
     manifest_sha = file_sha256(os.path.join(data_dir, MANIFEST))
     rsync = local_rsync(method)
 
     def one(host: Host) -> HostPush:
-        return _push_host(connector, host, data_dir, manifest, name, manifest_sha, method, rsync, progress)
+        return _push_host(connector, host, data_dir, manifest, name, manifest_sha, method, rsync, progress, all_shards)
 
     return run_all(cluster.hosts, one, connector.deadline(timeout, slack=0))
 
@@ -100,9 +103,9 @@ def remote_dir(host: Host, name: str) -> str:
 
 
 def _push_host(connector: Connector, host: Host, data_dir: str, manifest: Manifest, name: str, manifest_sha: str,
-               method: str, rsync: str | None, progress: Progress | None) -> HostPush:
+               method: str, rsync: str | None, progress: Progress | None, all_shards: bool = False) -> HostPush:
     start = time.monotonic()
-    wanted = files_for_host(manifest, host) + [(MANIFEST, manifest_sha)]
+    wanted = files_for_host(manifest, host, all_shards) + [(MANIFEST, manifest_sha)]
     target_dir = remote_dir(host, name)
     report = HostPush(host.name, target_dir, list(host.ranks))
     with connector.transport(host) as transport:

@@ -68,9 +68,10 @@ def ship_clusterctl(connector: Connector) -> GroupResult | None:
     return _check(sync_tree(targets, plan_sync(package, options), options), "clusterctl (for the bundled trainer)")
 
 
-def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None = None) -> str:
-    """Push the prepared shards (host i: its ranks' shards only) and return the directory the ranks
-    should read. On this machine alone nothing moves: the ranks read data_dir itself. With `reshard_into`
+def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None = None,
+               all_shards: bool = False) -> str:
+    """Push the prepared shards (host i: its ranks' shards only; every shard with `all_shards`) and return the
+    directory the ranks should read. On this machine alone nothing moves: the ranks read data_dir itself. With `reshard_into`
     (an elastic restart on another world size), shards prepared for another world are first cut again
     for this one into reshard_into/<the data directory's name> (data.shards.reshard)."""
     from ..data.shards import reshard
@@ -85,7 +86,7 @@ def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None 
     if all(h.local for h in cluster.hosts):
         check_world(data_dir, read_manifest(data_dir), cluster)     # as push_shards would, before launching
         return data_dir
-    _check(push_shards(connector, data_dir), f"the shards of {data_dir}")
+    _check(push_shards(connector, data_dir, all_shards=all_shards), f"the shards of {data_dir}")
     # every rank works in its host's workdir, where push_shards put the data
     return os.path.relpath(remote_dir(cluster.hosts[0], os.path.basename(data_dir.rstrip("/"))),
                            cluster.hosts[0].workdir)

@@ -228,6 +228,12 @@ def test_the_panel_renders_a_row_per_rank_and_the_job_line():
     assert rows == [["0", "h1", "running", "20/100", "2.3457", "1,500", "12.2", "MB", "2.0s", "ago", "0.0"],
                     ["1", "h2", "failed", "20", "-", "-", "-", "1.0s", "ago", "0.0"]]
     assert (clock(59), clock(61), clock(3725)) == ("0:59", "1:01", "1:02:05")
+    live.update(1, "metrics", {"step": 20, "share": 0.25}, 11.5)      # the bundled trainer's balancing: a column
+    console = Console(width=120, record=True, color_system=None)
+    console.print(render(live.snapshot(12.0)))
+    text = console.export_text()
+    assert "SHARE" in text.splitlines()[1]
+    assert [line.split()[6] for line in text.splitlines() if line.strip()[:1].isdigit()] == ["-", "25%"]
 
 
 def test_no_panel_without_a_terminal_or_with_plain():

@@ -159,6 +159,20 @@ def test_a_recorded_run_writes_its_summary_and_the_index(tmp_path, monkeypatch):
     assert resolve(str(tmp_path / "runs"), "20250103").dir == str(run_dir)
 
 
+def test_the_trainers_own_summary_goes_into_summary_json_and_a_bad_one_is_left_out(tmp_path, monkeypatch):
+    """trainer.json (the bundled trainer's shares and sync checks, trainer_contract.TRAINER_SUMMARY) becomes
+    summary.json's "trainer"; one that is not a JSON object is left out, never an error."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for text, expected in [('{"balance": {"rows": [10, 6]}}', {"balance": {"rows": [10, 6]}}), ("[1, 2]", None),
+                           ("{not json", None)]:
+        run_dir = tmp_path / f"r{len(text)}"
+        run_dir.mkdir()
+        (run_dir / "trainer.json").write_text(text)
+        rec = record.RunRecord.start("20250103-100000-dddddd", str(run_dir), world=2, backend="ring",
+                                     hosts=["h1", "h2"], program="clusterctl.train")
+        assert rec.end(0, "all 2 ranks finished").get("trainer") == expected
+
+
 def test_index_lines_appended_from_many_threads_stay_whole(tmp_path):
     path = str(tmp_path / "runs.jsonl")
     payload = "x" * 300

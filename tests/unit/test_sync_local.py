@@ -72,6 +72,24 @@ def test_push_to_a_two_slot_host_gets_both_ranks_and_removes_stale_shards(tmp_pa
     assert push_shards(Connector(cluster), str(tmp_path / "tiny"))["here"].value.sent == []
 
 
+def test_all_shards_names_every_shard_for_every_host(tmp_path):
+    """data push --all-shards (run --all-shards): a host holds every shard, so the trainer's balancing can give
+    its rank rows of any other (docs/trainer.md#balanced-data-parallelism)."""
+    write_manifest(tmp_path / "tiny", 4)
+    cluster = parse(f"hosts: [{{name: here, local: true, workdir: {json.dumps(str(tmp_path / 'w'))}}}, "
+                    "{name: a, hostname: 192.0.2.1}, {name: b, hostname: 192.0.2.2}, {name: c, hostname: 192.0.2.3}]\n",
+                    "inv.yaml")
+    here = cluster.hosts[0]
+    assert [f for f, _ in files_for_host(read_manifest(str(tmp_path / "tiny")), here)] == [
+        "shard-00000-of-00004.bin", "val.bin"]
+    every = [f for f, _ in files_for_host(read_manifest(str(tmp_path / "tiny")), here, all_shards=True)]
+    assert every == [f"shard-0000{k}-of-00004.bin" for k in range(4)] + ["val.bin"]
+    alone = parse(f"hosts: [{{name: here, local: true, slots: 4, workdir: {json.dumps(str(tmp_path / 'w'))}}}]\n",
+                  "inv.yaml")
+    pushed = push_shards(Connector(alone), str(tmp_path / "tiny"), all_shards=True)["here"].value
+    assert sorted(pushed.sent) == sorted(every + ["manifest.json"])
+
+
 def test_manifest_validation(tmp_path):
     with pytest.raises(ShardError, match="no such directory"):
         read_manifest(str(tmp_path / "nope"))

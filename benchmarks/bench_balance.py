@@ -1,0 +1,98 @@
+"""Mixed Macs: what balanced data parallelism gains when one rank is slower, and what check-sync costs.
+
+    .venv/bin/python benchmarks/bench_balance.py [--repeat 3] [--steps 300]
+
+Two loopback sshd hosts (tests/sshcluster.py), the second slowed 2x by the trainer's test aid
+(CLUSTERCTL_TRAIN_SLOWDOWN=2 in its inventory `env`: it sleeps as long again as it computed, each step). The
+bundled trainer (bench_starter's model) over ring, `clusterctl run --plain`, interleaved --repeat times:
+`--balance off` (even shares), `--balance auto` (the default), and auto with `--check-sync 0` and
+`--check-sync 10` (the default is 100). tokens/s: the global rate rank 0 reports (metrics.jsonl), median of
+its reports from step 60 on (auto moves the shares after step 4); final loss: the last report's, at the same
+global batch and steps. Writes benchmarks/results/balance.json.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from bench_starter import FLAGS  # noqa: E402
+from record import write_record  # noqa: E402
+
+from clusterctl.inventory_edit import set_host_setting  # noqa: E402
+
+VARIANTS = {"off": ["--balance", "off"], "auto": ["--balance", "auto"],
+            "auto, check-sync 0": ["--balance", "auto", "--check-sync", "0"],
+            "auto, check-sync 10": ["--balance", "auto", "--check-sync", "10"]}
+
+
+def one(inventory: str, steps: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as cwd:
+        argv = [sys.executable, "-m", "clusterctl", "run", "--hosts", inventory, "--backend", "ring", "--plain",
+                "--", *FLAGS, "--steps", str(steps), *extra]
+        began = time.monotonic()
+        r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=1800)
+        wall = time.monotonic() - began
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        [run_dir] = glob.glob(os.path.join(cwd, "runs", "*", "metrics.jsonl"))
+        records = [json.loads(line) for line in open(run_dir) if line.strip()]
+        reports = [x for x in records if "tokens_per_s" in x]
+        summary = json.load(open(os.path.join(os.path.dirname(run_dir), "summary.json")))
+        return {"wall_s": wall, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in reports if x["step"] >= 60),
+                "final_loss": reports[-1]["loss"], "shares": reports[-1].get("shares"),
+                "trainer": summary.get("trainer")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    from sshcluster import SSHCluster
+    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="bench-balance-") as tmp:
+        cluster = SSHCluster(os.path.join(tmp, "cluster"), 2).start()
+        try:
+            text = set_host_setting(cluster.inventory.read_text(), "h2", "env", '{CLUSTERCTL_TRAIN_SLOWDOWN: "2"}')
+            cluster.inventory.write_text(text)
+            inventory = str(cluster.inventory)
+            one(inventory, 10, ["--balance", "off"])                 # warm: the plan cache, the SSH masters
+            for i in range(args.repeat):
+                for name, extra in VARIANTS.items():
+                    runs[name].append(one(inventory, args.steps, extra))
+                print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:,.0f} tok/s" for k, v in runs.items()),
+                      flush=True)
+        finally:
+            cluster.stop_all()
+    med = {name: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                  "wall_s": statistics.median(r["wall_s"] for r in rs),
+                  "final_loss": statistics.median(r["final_loss"] for r in rs),
+                  "shares": rs[-1]["shares"]} for name, rs in runs.items()}
+    pairs = [a["tokens_per_s"] / o["tokens_per_s"] for a, o in zip(runs["auto"], runs["off"])]
+    sync = [a["tokens_per_s"] / z["tokens_per_s"] for a, z in zip(runs["auto, check-sync 10"], runs["auto, check-sync 0"])]
+    record = {"steps": args.steps, "flags": FLAGS, "slowdown": {"h2": 2}, "runs": runs, "median": med,
+              "auto_over_off": {"median": statistics.median(pairs), "pairs_min": min(pairs), "pairs_max": max(pairs)},
+              "loss_auto_vs_off": med["auto"]["final_loss"] / med["off"]["final_loss"] - 1,
+              "check_sync_10_over_0": {"median": statistics.median(sync), "pairs_min": min(sync), "pairs_max": max(sync)}}
+    for name, m in med.items():
+        print(f"{name}: {m['tokens_per_s']:,.0f} tok/s, wall {m['wall_s']:.1f} s, final loss {m['final_loss']:.4f}, "
+              f"shares {m['shares']}")
+    print(f"auto / off: {record['auto_over_off']['median']:.2f} (pairs {min(pairs):.2f}..{max(pairs):.2f}); final loss "
+          f"{record['loss_auto_vs_off'] * 100:+.2f}%; check-sync 10 / 0: {record['check_sync_10_over_0']['median']:.3f}")
+    write_record("balance", **record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

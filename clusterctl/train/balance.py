@@ -1,0 +1,134 @@
+"""Balanced data parallelism: each rank a share of the global batch in proportion to its speed (pure logic).
+
+The global batch is the one the even split trains on, whatever the shares: R = batch_size x accum x world rows
+per step, shard k contributing its q = R / world rows (the rows rank k reads under the even split:
+BatchLoader(shard k).batch(step * accum + i), i < accum). Shares only move rows between ranks:
+
+- `rows[r]` rows go to rank r (sum R, at least one each). A rank first takes rows of its own shard (up to q);
+  the rows of its shard it does not take (a slower rank's) go, in shard then row order, to the ranks whose
+  share is above q (a faster rank's), so a rank reads another rank's shard only for what it takes over
+  (`assignment`). Even shares: every rank reads exactly its own q rows, in the even split's order.
+- A rank's rows are cut into micro-batches of batch_size rows (the last one padded, its padding weighted 0),
+  and the loss it differentiates is sum(row losses) x world / R: summed over the ranks and averaged as the even
+  split's gradients are (nn.average_gradients, FSDP's reduce-scatter), that is the mean loss over all R rows of
+  the step, so the update is the even split's, and one rank's with the whole batch, to float rounding.
+
+`auto` measures each rank's rows per second of computation (its forward and backward passes, not the time it
+waits for the others), exchanged every EXCHANGE_EVERY steps after WARMUP_STEPS, and moves rows only when the
+measured speeds differ by more than TOLERANCE and the new shares would make the step at least HYSTERESIS
+faster than the current ones (so shares do not flap with noise); a Mac that slows down (heat, another job)
+gets fewer rows at the next exchange.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError
+
+WARMUP_STEPS = 3          # steps measured before the first exchange (the first step, which compiles, is not)
+EXCHANGE_EVERY = 20       # steps between later exchanges
+TOLERANCE = 0.10          # speeds within 10% of the mean: even shares
+HYSTERESIS = 0.05         # new shares must cut the predicted step time by 5% or more
+
+
+def parse_balance(text: str, world: int | None = None) -> str | tuple[float, ...]:
+    """'auto', 'off', or the fixed weights of `W1,W2,...` (positive numbers, one per rank when `world` is
+    known). ConfigError otherwise."""
+    text = (text or "").strip()
+    if text in ("auto", "off"):
+        return text
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--balance must be auto, off or weights such as 2,1 (one per rank), not {text!r}") from None
+    if not weights or any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise ConfigError(f"--balance weights must be positive numbers, not {text!r}")
+    if world is not None and len(weights) != world:
+        raise ConfigError(f"--balance {text} gives {len(weights)} weight(s) for {world} rank(s): one per rank")
+    return weights
+
+
+def proportional(weights, total: int) -> list[int]:
+    """`total` rows split in proportion to `weights`, at least one each (largest remainders; ties to the
+    lower rank)."""
+    n = len(weights)
+    if total < n:
+        raise ConfigError(f"a global batch of {total} rows cannot give each of {n} ranks one")
+    spare = total - n
+    s = sum(weights)
+    exact = [spare * w / s for w in weights]
+    rows = [1 + math.floor(e) for e in exact]
+    left = total - sum(rows)
+    order = sorted(range(n), key=lambda r: (-(exact[r] - math.floor(exact[r])), r))
+    for r in order[:left]:
+        rows[r] += 1
+    return rows
+
+
+def step_time(rows, speeds) -> float:
+    """The predicted compute time of a step: the slowest rank's rows over its speed."""
+    return max(r / s for r, s in zip(rows, speeds))
+
+
+def decide(rows: list[int], speeds: list[float]) -> list[int]:
+    """The shares `auto` moves to from `rows` given measured speeds (rows per second per rank): even when
+    the speeds are within TOLERANCE of their mean, else proportional; kept unless the change predicts a step
+    HYSTERESIS faster."""
+    total, n = sum(rows), len(rows)
+    if any(not math.isfinite(s) or s <= 0 for s in speeds):
+        return rows
+    mean = sum(speeds) / n
+    if all(abs(s - mean) <= TOLERANCE * mean for s in speeds):
+        target = proportional([1] * n, total)
+    else:
+        target = proportional(speeds, total)
+    if target == rows:
+        return rows
+    if step_time(target, speeds) <= (1 - HYSTERESIS) * step_time(rows, speeds):
+        return target
+    return rows
+
+
+def exchange_due(step: int, start: int) -> bool:
+    """Whether `auto` exchanges measurements after optimizer step `step` (0-based) of a run (or attempt)
+    that began at `start`: after WARMUP_STEPS measured steps, then every EXCHANGE_EVERY."""
+    done = step - start          # steps measured: the attempt's first step (compiling) is not
+    return done == WARMUP_STEPS or (done > WARMUP_STEPS and (done - WARMUP_STEPS) % EXCHANGE_EVERY == 0)
+
+
+def assignment(rows: list[int]) -> list[list[tuple[int, int]]]:
+    """Per rank, the (shard, row) pairs it trains on this step, in order: its own shard's first, then what it
+    takes over from slower ranks' shards. rows[r] is rank r's share; the shards' quota is sum(rows) / len."""
+    n, total = len(rows), sum(rows)
+    if total % n:
+        raise ValueError(f"{total} rows do not split into {n} equal shards")
+    q = total // n
+    out = [[(r, j) for j in range(min(rows[r], q))] for r in range(n)]
+    spare = [(k, j) for k in range(n) for j in range(min(rows[k], q), q)]
+    for r in range(n):
+        need = rows[r] - len(out[r])
+        out[r] += spare[:need]
+        spare = spare[need:]
+    return out
+
+
+def micro_batches(pairs: list[tuple[int, int]], batch_size: int) -> list[list[tuple[int, int] | None]]:
+    """A rank's rows in micro-batches of batch_size, the last padded with None (rows weighted 0)."""
+    chunks = [pairs[i:i + batch_size] for i in range(0, len(pairs), batch_size)]
+    if chunks and len(chunks[-1]) < batch_size:
+        chunks[-1] = chunks[-1] + [None] * (batch_size - len(chunks[-1]))
+    return chunks
+
+
+def sync_differs(digests: list[tuple[float, ...]]) -> list[int]:
+    """The ranks whose parameter digest differs from the majority's; every rank when no digest is held by more
+    than half of them (two ranks that disagree: either may be the one that drifted); [] when all agree."""
+    groups: dict[tuple[float, ...], list[int]] = {}
+    for rank, d in enumerate(digests):
+        groups.setdefault(tuple(d), []).append(rank)
+    if len(groups) == 1:
+        return []
+    best = max(groups.values(), key=len)
+    if 2 * len(best) <= len(digests):
+        return list(range(len(digests)))
+    return [r for r in range(len(digests)) if r not in best]

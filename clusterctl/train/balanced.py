@@ -1,0 +1,225 @@
+"""fit's step with balancing on (balance.py has the rules): this rank's share of the global batch, its
+compute timed, the shares exchanged and moved, and the replicas' parameters compared (check-sync).
+
+    steps = BalancedSteps(model, optimizer, config, group, shard_loader, start=0, rows=None)
+    loss, grad_norm = steps(step)           # one optimizer step (0-based), every rank together
+    steps.info()                            # shares, speeds and changes, for metrics and trainer.json
+
+Two test aids, read from the environment (docs/trainer.md#test-aids): CLUSTERCTL_TRAIN_SLOWDOWN=F makes this
+rank's computation F times as long (it sleeps (F - 1) x its compute time each step), CLUSTERCTL_TRAIN_PERTURB=
+RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+
+from ..errors import ClusterctlError, ConfigError
+from . import balance
+from .step import _mean_over_ranks, dp_update
+
+SLOWDOWN = "CLUSTERCTL_TRAIN_SLOWDOWN"
+PERTURB = "CLUSTERCTL_TRAIN_PERTURB"
+
+
+class OutOfSync(ClusterctlError):
+    """The ranks' parameters differ: a replica drifted. `ranks`: the ones that differ from the majority."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def slowdown() -> float:
+    text = os.environ.get(SLOWDOWN, "").strip()
+    if not text:
+        return 1.0
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = -1.0
+    if not math.isfinite(factor) or factor < 1:
+        raise ConfigError(f"{SLOWDOWN}={text!r}: a factor of 1 or more (2: this rank computes half as fast)")
+    return factor
+
+
+def weighted_loss(model, x, y, w):
+    """sum over rows of (the row's mean next-token loss x its weight)."""
+    per_token = nn.losses.cross_entropy(model(x), y, reduction="none")
+    return (per_token.mean(axis=1) * w).sum()
+
+
+def weighted_grads(model, x, y, w):
+    """The weighted loss and its gradients summed over the micro-batches x[i] (one forward/backward each)."""
+    value_and_grad = nn.value_and_grad(model, weighted_loss)
+    loss, grads = value_and_grad(model, x[0], y[0], w[0])
+    for i in range(1, x.shape[0]):
+        more_loss, more_grads = value_and_grad(model, x[i], y[i], w[i])
+        loss = loss + more_loss
+        grads = tree_map(mx.add, grads, more_grads)
+    return loss, grads
+
+
+def initial_rows(config, world: int, saved: list[int] | None = None) -> list[int]:
+    """The shares a run starts with: a checkpoint's (same world and global batch), fixed weights, or even."""
+    total = config.batch_size * config.accum * world
+    mode = balance.parse_balance(config.balance, world)
+    if isinstance(mode, tuple):
+        return balance.proportional(mode, total)
+    if saved and len(saved) == world and sum(saved) == total and mode == "auto":
+        return list(saved)
+    return balance.proportional([1] * world, total)
+
+
+class BalancedSteps:
+    def __init__(self, model, optimizer, config, group, shard_loader, start: int = 0,
+                 rows: list[int] | None = None):
+        self.model, self.optimizer, self.config, self.group = model, optimizer, config, group
+        self.rank, self.world = group.rank(), group.size()
+        self.mode = balance.parse_balance(config.balance, self.world)
+        self.rows = initial_rows(config, self.world, rows)
+        self.shard_loader, self.start = shard_loader, start
+        self.slow = slowdown()
+        self.measured_rows, self.measured_s = 0, 0.0
+        self.speeds: list[float] | None = None
+        self.changes: list[dict] = []
+        self.exchanged: int | None = None     # the step after which the last exchange happened
+        readable = getattr(shard_loader, "readable", None)
+        self.reads_all = readable() if readable is not None else True
+        self.held_even: list[int] | None = None   # auto: ranks that cannot read every shard (shares stay even)
+        self._build()
+
+    def _build(self):
+        model, optimizer, config, group = self.model, self.optimizer, self.config, self.group
+        state = [model.state, mx.random.state]
+        self.grads_of = mx.compile(partial(weighted_grads, model), inputs=state, outputs=state)
+        if config.strategy == "fsdp":
+            from .fsdp import fsdp_apply_gradients
+
+            def apply(loss, grads):
+                parameters, norm = fsdp_apply_gradients(grads, model.trainable_parameters(), optimizer,
+                                                        fsdp_group=group, max_norm=config.max_norm or math.inf)
+                model.update(parameters)
+                return _mean_over_ranks(loss, group), norm
+            self.apply = apply
+        else:
+            optimizer.init(model.trainable_parameters())
+            applied = [model.state, optimizer.state]
+
+            self.apply = mx.compile(partial(dp_update, model, optimizer, config, group), inputs=applied,
+                                    outputs=applied)
+
+    def batch(self, step: int) -> tuple[mx.array, mx.array, mx.array]:
+        """This rank's micro-batches of optimizer step `step` as (m, B, L) inputs and targets and (m, B) weights."""
+        config = self.config
+        B, L, accum = config.batch_size, config.block_size, config.accum
+        weight = self.world / sum(self.rows)
+        starts: dict[tuple[int, int], list[int]] = {}
+        xs, ys, ws = [], [], []
+        for chunk in balance.micro_batches(balance.assignment(self.rows)[self.rank], B):
+            windows, weights = [], []
+            for pair in chunk:
+                shard, j = pair if pair is not None else chunk[0]
+                key = (shard, j // B)
+                if key not in starts:
+                    starts[key] = self.shard_loader(shard).starts(step * accum + j // B)
+                loader = self.shard_loader(shard)
+                windows.append(loader.tokens.window(starts[key][j % B], L + 1))
+                weights.append(0.0 if pair is None else weight)
+            rows = mx.stack(windows).astype(mx.int32)
+            xs.append(rows[:, :-1])
+            ys.append(rows[:, 1:])
+            ws.append(mx.array(weights, dtype=mx.float32))
+        return mx.stack(xs), mx.stack(ys), mx.stack(ws)
+
+    def __call__(self, step: int):
+        x, y, w = self.batch(step)
+        began = time.perf_counter()
+        loss, grads = self.grads_of(x, y, w)
+        mx.eval(loss, grads)
+        took = time.perf_counter() - began
+        if self.slow > 1:
+            time.sleep((self.slow - 1) * took)
+            took *= self.slow
+        if step > self.start:               # the attempt's first step compiles: not a measure of speed
+            self.measured_rows += self.rows[self.rank]
+            self.measured_s += took
+        loss, norm = self.apply(loss, grads)
+        if self.mode == "auto" and balance.exchange_due(step, self.start):
+            self.exchange(step + 1)
+        return loss, norm
+
+    def exchange(self, done: int) -> None:
+        """Every rank's rows per second since the last exchange, then the shares `decide` moves to."""
+        mine = mx.zeros((self.world, 3))
+        mine[self.rank] = mx.array([self.measured_rows, self.measured_s, float(self.reads_all)])
+        table = mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()
+        self.measured_rows, self.measured_s = 0, 0.0
+        self.speeds = [r / s if s > 0 else 0.0 for r, s, _ in table]
+        self.exchanged = done
+        cannot = [r for r, (_, _, reads) in enumerate(table) if not reads]
+        if cannot:
+            if self.held_even is None and self.rank == 0:
+                print(f"note: balancing keeps even shares: rank(s) {', '.join(map(str, cannot))} cannot read every "
+                      "shard of --data (each host holds its own); send every shard to every host (clusterctl run "
+                      "--all-shards, or data push --all-shards) to balance", flush=True)
+            self.held_even = cannot
+            return
+        new = balance.decide(self.rows, self.speeds)
+        if new != self.rows:
+            self.rows = new
+            self.changes.append({"step": done, "rows": list(new), "speeds": [round(s, 1) for s in self.speeds]})
+
+    def info(self) -> dict:
+        return {"mode": self.mode if isinstance(self.mode, str) else "fixed", "rows": list(self.rows),
+                "held_even_for": self.held_even,
+                "speeds_rows_per_s": [round(s, 1) for s in self.speeds] if self.speeds else None,
+                "changes": self.changes}
+
+
+def digest(model) -> mx.array:
+    """A small fingerprint of every parameter: its sum and sum of squares, in float32."""
+    parts = []
+    for _, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
+        p = p.astype(mx.float32)
+        parts += [p.sum(), (p * p).sum()]
+    return mx.stack(parts)
+
+
+def check_sync(model, group, step: int) -> None:
+    """Compare every rank's digest (one all_sum of a world x 2N table); OutOfSync naming the ranks that differ."""
+    if group.size() == 1:
+        return
+    mine = digest(model)
+    table = mx.zeros((group.size(), mine.shape[0]))
+    table[group.rank()] = mine
+    rows = [tuple(r) for r in mx.distributed.all_sum(table, group=group, stream=mx.cpu).tolist()]
+    differ = balance.sync_differs(rows)
+    if differ:
+        who = (f"rank {differ[0]}" if len(differ) == 1 else "ranks " + ", ".join(map(str, differ)))
+        agree = group.size() - len(differ)
+        raise OutOfSync(f"replicas out of sync after step {step}: {who}'s parameters differ from "
+                        + (f"the other {agree} rank(s)'" if agree else "each other's (no majority: either may "
+                           "have drifted)")
+                        + "; stopped (a nondeterministic op, a bad restart or a hardware fault: resume from the "
+                          "last checkpoint)", differ)
+
+
+def perturb(model, rank: int, step: int) -> None:
+    """The test aid CLUSTERCTL_TRAIN_PERTURB=RANK@STEP: after step STEP, rank RANK's first parameter moves."""
+    text = os.environ.get(PERTURB, "")
+    if not text:
+        return
+    try:
+        who, when = (int(v) for v in text.split("@"))
+    except ValueError:
+        raise ConfigError(f"{PERTURB}={text!r}: RANK@STEP, e.g. 1@30") from None
+    if who == rank and when == step:
+        name, p = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])[0]
+        model.update(tree_unflatten([(name, p + 0.001)]))

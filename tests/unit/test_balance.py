@@ -1,0 +1,71 @@
+"""The bundled trainer's balancing rules (clusterctl/train/balance.py): shares, the rows each rank takes,
+when auto moves them, and which replica drifted. The MLX side is tested in tests/train/ (equality with one
+rank holding the whole batch, exact resume, check-sync)."""
+import pytest
+
+from clusterctl.errors import ConfigError
+from clusterctl.train import balance as b
+
+
+def test_parse_balance():
+    assert b.parse_balance("auto") == "auto" and b.parse_balance(" off ") == "off"
+    assert b.parse_balance("2,1") == (2.0, 1.0) and b.parse_balance("1.5,1,1", world=3) == (1.5, 1.0, 1.0)
+    for bad, why in [("fast", "auto, off or weights"), ("2,0", "positive"), ("2,-1", "positive"), ("nan,1", "positive"),
+                     ("", "auto, off or weights")]:
+        with pytest.raises(ConfigError, match=why):
+            b.parse_balance(bad)
+    with pytest.raises(ConfigError, match="gives 2 weight"):
+        b.parse_balance("2,1", world=3)
+
+
+def test_proportional_rows_sum_to_the_batch_and_never_starve_a_rank():
+    assert b.proportional([1, 1], 32) == [16, 16]
+    assert b.proportional([2, 1], 32) == [21, 11]
+    assert b.proportional([1, 2, 3], 24) == [5, 8, 11]          # ties in the remainders go to the lower rank
+    assert b.proportional([1000, 1], 4) == [3, 1]               # one row at least
+    assert sum(b.proportional([3.3, 1.7, 0.2], 97)) == 97
+    with pytest.raises(ConfigError, match="cannot give each of 3 ranks one"):
+        b.proportional([1, 1, 1], 2)
+
+
+def test_auto_stays_even_within_the_tolerance_and_moves_only_for_a_real_gain():
+    even = [16, 16]
+    assert b.decide(even, [100.0, 95.0]) == even                 # within 10%: nothing moves
+    assert b.decide(even, [100.0, 50.0]) == [21, 11]             # twice as fast: two thirds of the rows
+    assert b.decide([21, 11], [100.0, 52.0]) == [21, 11]         # a little noise: the shares stay
+    assert b.decide([21, 11], [100.0, 97.0]) == even             # the slow one recovered
+    assert b.decide([22, 10], [100.0, 49.0]) == [22, 10]         # [21, 11] predicts < 5% faster: kept
+    assert b.decide(even, [100.0, 0.0]) == even                  # a rank that measured nothing: no move
+
+
+def test_exchanges_come_after_the_warm_up_then_every_interval():
+    due = [s for s in range(0, 70) if b.exchange_due(s, 0)]
+    assert due == [3, 23, 43, 63]
+    assert [s for s in range(100, 130) if b.exchange_due(s, 100)] == [103, 123]    # a resumed attempt
+
+
+def test_assignment_keeps_own_rows_first_and_hands_slow_ranks_rows_to_fast_ones():
+    assert b.assignment([4, 4]) == [[(0, 0), (0, 1), (0, 2), (0, 3)], [(1, 0), (1, 1), (1, 2), (1, 3)]]
+    fast_first = b.assignment([6, 2])
+    assert fast_first == [[(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3)], [(1, 0), (1, 1)]]
+    three = b.assignment([2, 3, 7])
+    assert sorted(p for rows in three for p in rows) == [(k, j) for k in range(3) for j in range(4)]   # every row once
+    assert three[0] == [(0, 0), (0, 1)] and three[1] == [(1, 0), (1, 1), (1, 2)]
+    assert three[2] == [(2, 0), (2, 1), (2, 2), (2, 3), (0, 2), (0, 3), (1, 3)]
+    with pytest.raises(ValueError):
+        b.assignment([2, 3])
+
+
+def test_micro_batches_pad_the_last_one():
+    pairs = [(0, j) for j in range(5)]
+    assert b.micro_batches(pairs, 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4), None]]
+    assert b.micro_batches(pairs[:4], 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
+
+
+def test_the_replica_that_drifted_is_the_one_outside_the_majority():
+    same = (1.0, 2.0)
+    assert b.sync_differs([same, same, same]) == []
+    assert b.sync_differs([same, (1.0, 2.5), same]) == [1]
+    assert b.sync_differs([(9.0, 9.0), same, same, same]) == [0]
+    assert b.sync_differs([same, (1.0, 2.5)]) == [0, 1]          # two ranks: either may have drifted
+    assert b.sync_differs([same, (3.0, 3.0), (4.0, 4.0)]) == [0, 1, 2]
