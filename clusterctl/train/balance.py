@@ -14,7 +14,8 @@ BatchLoader(shard k).batch(step * accum + i), i < accum). Shares only move rows 
   the step, so the update is the even split's, and one rank's with the whole batch, to float rounding.
 
 `auto` measures each rank's rows per second of computation (its forward and backward passes, not the time it
-waits for the others), exchanged every EXCHANGE_EVERY steps after WARMUP_STEPS, and moves rows only when the
+waits for the others), exchanged after WARMUP_STEPS steps and then every EXCHANGE_EVERY (each decision waits
+until every rank has computed MIN_MEASURED_S since the last), and moves rows only when the
 measured speeds differ by more than TOLERANCE and the new shares would make the step at least HYSTERESIS
 faster than the current ones (so shares do not flap with noise); a Mac that slows down (heat, another job)
 gets fewer rows at the next exchange.
@@ -27,6 +28,8 @@ from ..errors import ConfigError
 
 WARMUP_STEPS = 3          # steps measured before the first exchange (the first step, which compiles, is not)
 EXCHANGE_EVERY = 20       # steps between later exchanges
+MIN_MEASURED_S = 0.25     # an exchange decides only once every rank has computed this long since the last one
+                          # (a few tiny steps are noise: a rank descheduled once); else it waits a step more
 TOLERANCE = 0.10          # speeds within 10% of the mean: even shares
 HYSTERESIS = 0.05         # new shares must cut the predicted step time by 5% or more
 
@@ -89,11 +92,17 @@ def decide(rows: list[int], speeds: list[float]) -> list[int]:
     return rows
 
 
-def exchange_due(step: int, start: int) -> bool:
-    """Whether `auto` exchanges measurements after optimizer step `step` (0-based) of a run (or attempt)
-    that began at `start`: after WARMUP_STEPS measured steps, then every EXCHANGE_EVERY."""
-    done = step - start          # steps measured: the attempt's first step (compiling) is not
-    return done == WARMUP_STEPS or (done > WARMUP_STEPS and (done - WARMUP_STEPS) % EXCHANGE_EVERY == 0)
+def next_exchange(measured: int, seconds: list[float]) -> int:
+    """After an exchange at `measured` measured steps with these compute seconds per rank: how many measured
+    steps the next one comes at (WARMUP_STEPS first; the next step again while some rank has measured less
+    than MIN_MEASURED_S, the figures adding up meanwhile; else EXCHANGE_EVERY later)."""
+    if min(seconds) < MIN_MEASURED_S:
+        return measured + 1
+    return measured + EXCHANGE_EVERY
+
+
+def enough(seconds: list[float]) -> bool:
+    return min(seconds) >= MIN_MEASURED_S
 
 
 def assignment(rows: list[int]) -> list[list[tuple[int, int]]]:

@@ -87,6 +87,7 @@ class BalancedSteps:
         self.shard_loader, self.start = shard_loader, start
         self.slow = slowdown()
         self.measured_rows, self.measured_s = 0, 0.0
+        self.measured_steps, self.exchange_at = 0, balance.WARMUP_STEPS
         self.speeds: list[float] | None = None
         self.changes: list[dict] = []
         self.exchanged: int | None = None     # the step after which the last exchange happened
@@ -150,8 +151,9 @@ class BalancedSteps:
         if step > self.start:               # the attempt's first step compiles: not a measure of speed
             self.measured_rows += self.rows[self.rank]
             self.measured_s += took
+            self.measured_steps += 1
         loss, norm = self.apply(loss, grads)
-        if self.mode == "auto" and balance.exchange_due(step, self.start):
+        if self.mode == "auto" and self.measured_steps == self.exchange_at:
             self.exchange(step + 1)
         return loss, norm
 
@@ -160,6 +162,10 @@ class BalancedSteps:
         mine = mx.zeros((self.world, 3))
         mine[self.rank] = mx.array([self.measured_rows, self.measured_s, float(self.reads_all)])
         table = mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()
+        seconds = [s for _, s, _ in table]
+        self.exchange_at = balance.next_exchange(self.measured_steps, seconds)
+        if not balance.enough(seconds):
+            return                           # the same table on every rank: all wait a step more together
         self.measured_rows, self.measured_s = 0, 0.0
         self.speeds = [r / s if s > 0 else 0.0 for r, s, _ in table]
         self.exchanged = done

@@ -338,6 +338,23 @@ def test_reporter_writes_the_fields_and_forgets_lines_past_a_resumed_checkpoint(
     assert "step  7/10 | loss 3.0000 | lr 1.00e-03 |" in capsys.readouterr().out
 
 
+def test_the_shares_go_into_metrics_jsonl_and_each_ranks_live_line(tmp_path, capsys, monkeypatch):
+    """Balancing on: metrics.jsonl's "shares" (rows per rank), and under `clusterctl run` the rank's own line
+    for the live panel gives its share and its part of the global tokens/s."""
+    now = [100.0]
+    monkeypatch.setattr(sys.modules[Reporter.__module__], "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setenv("CLUSTERCTL_RUN_ID", "20260101-000000-abcdef")
+    reporter = Reporter(str(tmp_path), group(), tokens_per_step=100, start_step=0)
+    reporter.shares = [12, 4]                    # as if this were rank 0 of 2 holding 12 of the 16 rows
+    reporter.add(mx.array(2.0), mx.array(0.5))
+    now[0] = 101.0
+    record = reporter.report(1, 10, 1e-3)
+    assert record["shares"] == [12, 4] and record["tokens_per_s"] == 100.0
+    live = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("clusterctl:metrics ")]
+    assert live[-1]["share"] == 0.75 and live[-1]["tokens_per_s"] == 75.0
+
+
 # ---- generation -------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -38,10 +38,10 @@ def test_auto_stays_even_within_the_tolerance_and_moves_only_for_a_real_gain():
     assert b.decide(even, [100.0, 0.0]) == even                  # a rank that measured nothing: no move
 
 
-def test_exchanges_come_after_the_warm_up_then_every_interval():
-    due = [s for s in range(0, 70) if b.exchange_due(s, 0)]
-    assert due == [3, 23, 43, 63]
-    assert [s for s in range(100, 130) if b.exchange_due(s, 100)] == [103, 123]    # a resumed attempt
+def test_exchanges_wait_for_enough_measured_time_then_come_every_interval():
+    assert b.next_exchange(3, [0.3, 1.8]) == 3 + b.EXCHANGE_EVERY
+    assert b.next_exchange(3, [0.1, 0.3]) == 4            # tiny steps: measure one more, the figures add up
+    assert b.enough([0.25, 2.0]) and not b.enough([0.24, 9.0])
 
 
 def test_assignment_keeps_own_rows_first_and_hands_slow_ranks_rows_to_fast_ones():
