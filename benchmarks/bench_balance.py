@@ -49,7 +49,8 @@ def one(inventory: str, steps: int, extra: list[str]) -> dict:
         records = [json.loads(line) for line in open(run_dir) if line.strip()]
         reports = [x for x in records if "tokens_per_s" in x]
         summary = json.load(open(os.path.join(os.path.dirname(run_dir), "summary.json")))
-        return {"wall_s": wall, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in reports if x["step"] >= 60),
+        steady = [x["tokens_per_s"] for x in reports if x["step"] >= 60] or [x["tokens_per_s"] for x in reports]
+        return {"wall_s": wall, "tokens_per_s": statistics.median(steady),
                 "final_loss": reports[-1]["loss"], "shares": reports[-1].get("shares"),
                 "trainer": summary.get("trainer")}
 

@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 BEGIN, END = "<!-- SUMMARY: written by benchmarks/run_all.py -->", "<!-- END SUMMARY -->"
 # Fewer repeats than the benchmarks' defaults where those alone would take minutes; medians still.
-QUICK_ARGS = {"bench_doctor": ["--repeat", "2"], "bench_launch": ["--repeat", "3"], "bench_bench": ["--repeat", "3"]}
+QUICK_ARGS = {"bench_doctor": ["--repeat", "2"], "bench_launch": ["--repeat", "3"], "bench_bench": ["--repeat", "3"],
+              "bench_balance": ["--repeat", "2", "--steps", "200"]}
 TIMEOUT_S = 600
 
 
@@ -125,8 +126,15 @@ def _stall(r: dict) -> str:
             f"{q['stacks_s']['median']:.2f} s")
 
 
+def _balance(r: dict) -> str:
+    m, a = r["median"], r["auto_over_off"]
+    return (f"2 hosts, one slowed 2x: trainer tokens/s --balance auto / off {a['median']:.2f} (pairs "
+            f"{a['pairs_min']:.2f}..{a['pairs_max']:.2f}); final loss {r['loss_auto_vs_off'] * 100:+.1f}%; shares "
+            f"{m['auto']['shares']}; --check-sync 10 / 0: {r['check_sync_10_over_0']['median']:.3f}")
+
+
 SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
-             "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall}
+             "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance}
 
 
 def _generic(r: dict) -> str:

@@ -88,7 +88,33 @@ def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: s
         env["CLUSTERCTL_RESTART"] = str(restart)
         if restart:
             env["CLUSTERCTL_RESUME_DIR"] = rank_run_dir
+    differ = host_env_overrides(cluster)
+    if differ:
+        env[HOST_ENV] = json.dumps(differ, separators=(",", ":"))
     return {**env, **(extra_env or {})}
+
+
+HOST_ENV = "CLUSTERCTL_HOST_ENV"     # read (and removed) by the rank bootstrap: hosts/scripts/bootstrap.py
+
+
+def host_env_overrides(cluster: Cluster) -> dict[str, dict[str, str | None]]:
+    """Per rank (its number as a string), how its host's inventory `env` differs from the first host's, which
+    every launcher gives every rank (one `-x NAME` list for mpirun, one environment for the others): the
+    values to set, None for a name to remove. The bootstrap applies its rank's entry before the program
+    starts, so each host's own `env:` reaches its ranks (Python has started by then: variables Python itself
+    reads at start-up, PYTHONPATH and the like, must be the same on every host)."""
+    first = cluster.hosts[0].env_dict
+    out: dict[str, dict[str, str | None]] = {}
+    rank = 0
+    for host in cluster.hosts:
+        mine = host.env_dict
+        delta: dict[str, str | None] = {k: v for k, v in mine.items() if first.get(k) != v}
+        delta.update({k: None for k in first if k not in mine})
+        for _ in range(host.slots):
+            if delta:
+                out[str(rank)] = delta
+            rank += 1
+    return out
 
 
 def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) -> list[str]:

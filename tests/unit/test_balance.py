@@ -56,10 +56,18 @@ def test_assignment_keeps_own_rows_first_and_hands_slow_ranks_rows_to_fast_ones(
         b.assignment([2, 3])
 
 
-def test_micro_batches_pad_the_last_one():
-    pairs = [(0, j) for j in range(5)]
-    assert b.micro_batches(pairs, 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4), None]]
+def test_micro_batches_are_as_few_and_as_even_as_the_batch_size_allows():
+    pairs = [(0, j) for j in range(10)]
+    assert b.micro_batches(pairs[:5], 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4), None]]
     assert b.micro_batches(pairs[:4], 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
+    assert [len(c) for c in b.micro_batches(pairs, 8)] == [5, 5]              # not 8 + 2 padded to 8
+    assert b.micro_batches(pairs[:7], 3) == [pairs[0:3], pairs[3:6], [(0, 6), None, None]]
+    for n in range(1, 40):
+        for size in range(1, 12):
+            chunks = b.micro_batches(pairs[:1] * n, size)
+            assert len(chunks) == -(-n // size) and max(len(c) for c in chunks) <= size
+            assert sum(c.count(None) for c in chunks) < len(chunks)          # under a row per micro-batch
+    assert b.micro_batches([], 4) == []
 
 
 def test_the_replica_that_drifted_is_the_one_outside_the_majority():

@@ -86,10 +86,21 @@ def left_files():
         return False
 
 
+def host_env(rank):
+    """This rank's host's own inventory `env`, where it differs from the first host's (which the launcher gave
+    every rank): CLUSTERCTL_HOST_ENV maps a rank to the values to set (None: remove the name)."""
+    for name, value in json.loads(os.environ.pop("CLUSTERCTL_HOST_ENV", "{}")).get(rank, {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def main(argv):
     workdir, beat, script, *args = argv[1:]     # the run id is the comment on our first line
     raise_nofile()
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "0"
+    host_env(rank)
     if workdir.startswith("["):
         workdir = json.loads(workdir)[int(rank)]
     stacks = arm_stacks(workdir, os.environ.get("CLUSTERCTL_RUN_ID"), rank)
