@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import ClusterctlError, ConfigError
 from . import balance
+from .callbacks import announce_quiet
 from .step import _mean_over_ranks, dp_update
 
 SLOWDOWN = "CLUSTERCTL_TRAIN_SLOWDOWN"
@@ -181,6 +182,11 @@ class BalancedSteps:
         new = balance.decide(self.rows, self.speeds)
         if new != self.rows:
             self.rows = new
+            taken = {shard for shard, _ in balance.assignment(new)[self.rank]} - {self.rank}
+            if taken:                        # opening another rank's shard may take a while (tokenizing it)
+                announce_quiet()
+                for shard in sorted(taken):
+                    self.shard_loader(shard)
             self.changes.append({"step": done, "rows": list(new), "speeds": [round(s, 1) for s in self.speeds]})
 
     def info(self) -> dict:

@@ -47,7 +47,7 @@ class TrainConfig:
     beta2: float = _opt(0.95, "AdamW beta2.")
     max_norm: float = _opt(1.0, "Clip the global gradient norm to this (0 turns clipping off).")
     balance: str = _opt("auto", "Shares of the global batch: auto (in proportion to each rank's measured speed, "
-                                "even while the ranks are within 10%% of each other), off (even), or fixed "
+                                "even while the ranks are within 20%% of each other), off (even), or fixed "
                                 "weights W1,W2,... one per rank (see docs/trainer.md#balanced-data-parallelism).",
                         metavar="auto|off|W1,W2,...")
     check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "

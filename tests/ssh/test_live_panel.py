@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.ssh
 
 ROW = re.compile(r"^\s*(\d+)\s+(h\d)\s+(starting|running|finished|failed)\s+(\d+)/(\d+)\s+[\d.]+\s+[\d,]+\s+"
-                 r"[\d,.]+ MB\s+[\d.]+s ago\s+[\d.]+\s*$")
+                 r"(?:\d+%\s+)?[\d,.]+ MB\s+[\d.]+s ago\s+[\d.]+\s*$")      # share: the trainer's balancing
 STEP_LINE = re.compile(r"^\[rank 0 h1\] step +\d+/3000 \| loss [\d.]+ \| lr [\d.e+-]+ \| [\d,]+ tok/s \| "
                        r"peak mem [\d,.]+ MB \| grad norm [\d.]+$")
 JOB = re.compile(r"^job: elapsed \d+:\d\d  step \d+/3000  ETA (\d+:\d\d|-)  [\d,]+ tok/s$")
