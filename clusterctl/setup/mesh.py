@@ -23,14 +23,14 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..atomic import write_text
-from ..errors import ClusterctlError, ConnectError, UsageError
+from ..errors import ClusterctlError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.scripts import script_text
 from ..hosts.transport import quote_path
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
-from . import exit_code
+from . import exit_code, run_script
 
 DEFAULT_KEY = "~/.ssh/clusterctl_mesh"
 MARK = "clusterctl-mesh:"
@@ -117,23 +117,8 @@ def script(mode: str, host: Host, dry_run: bool, auth: str = "", known: str = ""
 
 def _run_script(connector: Connector, text_for, hosts) -> dict[str, tuple[list[str], str | None, bool]]:
     """Each host's (output lines, error or None, whether it was unreachable) for the script text_for(host)."""
-    def one(host: Host):
-        with connector.transport(host) as t:
-            r = t.run(text_for(host), TIMEOUT_S)
-        lines = r.stdout.splitlines()
-        errors = [line[6:] for line in lines if line.startswith("error ")]
-        if errors or r.exit_code != 0:
-            return lines, (errors[0] if errors else f"exit {r.exit_code}: {(r.stderr.strip() or '?')[-300:]}")
-        return lines, None
-
-    group = run_all(hosts, one, connector.deadline(TIMEOUT_S))
-    out = {}
-    for name, outcome in group.items():
-        if outcome.error is None:
-            out[name] = (*outcome.value, False)
-        else:
-            out[name] = ([], str(outcome.error).removeprefix(f"{name}: "), isinstance(outcome.error, ConnectError))
-    return out
+    return {name: (stdout.splitlines(), error, unreachable)
+            for name, (stdout, error, unreachable) in run_script(connector, hosts, text_for, TIMEOUT_S).items()}
 
 
 def _host_keys(connector: Connector, hosts) -> dict[str, tuple[str, str] | None]:

@@ -20,15 +20,13 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from ..errors import ConnectError
 from ..hosts.connector import Connector
 from ..hosts.facts import ibv_device_names, macos_version, rdma_state
-from ..hosts.fanout import run_all
 from ..hosts.scripts import script_text
 from ..inventory import Host
 from ..launch import backends
 from ..inventory_edit import write_host_settings
-from . import exit_code
+from . import exit_code, run_script
 from .topology import DEFAULT_SUBNET, MacReport, Plan, PlanError, parse_hardware_ports, parse_thunderbolt, plan
 
 TIMEOUT_S = 60.0
@@ -178,34 +176,13 @@ def parse_gather(host: Host, text: str) -> Gathered:
     return g
 
 
-def _run(connector: Connector, hosts: list[Host], text_for) -> dict[str, tuple[str | None, str | None, bool]]:
-    """Each host's (stdout, error, unreachable) for the script text_for(host)."""
-    def one(host: Host):
-        with connector.transport(host) as t:
-            return t.run(text_for(host), TIMEOUT_S)
-
-    group = run_all(hosts, one, connector.deadline(TIMEOUT_S))
-    out = {}
-    for name, o in group.items():
-        if o.error is not None:
-            out[name] = (None, str(o.error).removeprefix(f"{name}: "), isinstance(o.error, ConnectError))
-        else:
-            r = o.value
-            errors = [line[6:] for line in r.stdout.splitlines() if line.startswith("error ")]
-            failed = errors[0] if errors else (f"exit {r.exit_code}: {(r.stderr.strip() or '?')[-300:]}"
-                                               if r.exit_code != 0 else None)
-            out[name] = (r.stdout, failed, False)
-    return out
-
-
 def gather(connector: Connector) -> dict[str, Gathered]:
     hosts = list(connector.cluster.hosts)
-    done = _run(connector, hosts, lambda h: script("gather"))
+    done = run_script(connector, hosts, lambda h: script("gather"), TIMEOUT_S)
     out = {}
     for h in hosts:
         stdout, error, unreachable = done[h.name]
-        out[h.name] = Gathered(error=error, unreachable=unreachable) if error or stdout is None \
-            else parse_gather(h, stdout)
+        out[h.name] = Gathered(error=error, unreachable=unreachable) if error else parse_gather(h, stdout)
     return out
 
 
@@ -215,9 +192,14 @@ def inventory_changes(connector: Connector, p: Plan) -> list[tuple[str | None, s
     for h in connector.cluster.hosts:
         changes.append((h.name, "address", json.dumps(p.address[h.name])))
         if p.rdma is not None:
-            changes.append((h.name, "rdma", "[" + ", ".join("null" if d is None else d for d in p.rdma[h.name]) + "]"))
+            changes.append((h.name, "rdma", rdma_yaml(p.rdma[h.name])))
     changes.append((None, "backend", p.backend))
     return changes
+
+
+def rdma_yaml(rdma) -> str:
+    """An inventory `rdma` list as the flow YAML --write puts on the host's line: [null, rdma_en2, [a, b]]."""
+    return "[" + ", ".join("null" if d is None else d if isinstance(d, str) else rdma_yaml(d) for d in rdma) + "]"
 
 
 def _describe(change: tuple[str | None, str, str], cluster) -> str | None:
@@ -230,8 +212,7 @@ def _describe(change: tuple[str | None, str, str], cluster) -> str | None:
         now = h.address
         return None if now == json.loads(value) else f"{host}: address {json.loads(value)}" + \
             (f" (was {now})" if now else "")
-    now = "[" + ", ".join("null" if d is None else d if isinstance(d, str) else "[" + ", ".join(d) + "]"
-                          for d in h.rdma) + "]" if h.rdma is not None else None
+    now = rdma_yaml(h.rdma) if h.rdma is not None else None
     return None if now == value else f"{host}: rdma {value}" + (f" (was {now})" if now else "")
 
 
@@ -273,10 +254,10 @@ def _apply(connector: Connector, result: NetworkResult, progress) -> None:
             if progress:
                 progress(f"{h}: {sudo(c)}")
     hosts = [h for h in connector.cluster.hosts if h.name in todo]
-    done = _run(connector, hosts, lambda h: script("apply", [sudo(c) for c in todo[h.name]]))
+    done = run_script(connector, hosts, lambda h: script("apply", [sudo(c) for c in todo[h.name]]), TIMEOUT_S)
     for h in hosts:
         stdout, error, _ = done[h.name]
-        result.applied[h.name] = [line[4:] for line in (stdout or "").splitlines() if line.startswith("run ")]
+        result.applied[h.name] = [line[4:] for line in stdout.splitlines() if line.startswith("run ")]
         if error:
             result.apply_errors[h.name] = error
     if result.apply_errors:

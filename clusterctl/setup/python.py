@@ -34,7 +34,7 @@ from ..hosts.scripts import script_text
 from ..hosts.transport import quote_path
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
-from . import exit_code
+from . import exit_code, script_error
 
 VENV = ".clusterctl/venv"
 WHEELS = ".clusterctl/wheels"     # --offline: the wheels sent, per kind of host, relative to the workdir
@@ -202,9 +202,7 @@ def setup_python(connector: Connector, requirements_file: str | None = None, dry
         done.changes = [line.split(" ", 1)[1] if line.startswith("change ") else line
                         for line in lines if line.startswith(("change ", "would "))]
         done.python = next((line[7:] for line in lines if line.startswith("python ")), None)
-        errors = [line[6:] for line in lines if line.startswith("error ")]
-        if errors or r.exit_code != 0:
-            done.error = errors[0] if errors else f"exit {r.exit_code}: {(r.stderr.strip() or '?')[-300:]}"
+        done.error = script_error(r)
         progress(done)
         return done
 
