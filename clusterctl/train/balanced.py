@@ -7,7 +7,7 @@ compute timed, the shares exchanged and moved, and the replicas' parameters comp
 
 Two test aids, read from the environment (docs/trainer.md#test-aids): CLUSTERCTL_TRAIN_SLOWDOWN=F makes this
 rank's computation F times as long (it sleeps (F - 1) x its compute time each step), CLUSTERCTL_TRAIN_PERTURB=
-RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting).
+RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting: perturbation, perturb).
 """
 from __future__ import annotations
 
@@ -128,10 +128,9 @@ class BalancedSteps:
             windows, weights = [], []
             for pair in chunk:
                 shard, j = pair if pair is not None else chunk[0]
-                key = (shard, j // B)
+                loader, key = self.shard_loader(shard), (shard, j // B)
                 if key not in starts:
-                    starts[key] = self.shard_loader(shard).starts(step * accum + j // B)
-                loader = self.shard_loader(shard)
+                    starts[key] = loader.starts(step * accum + j // B)
                 windows.append(loader.tokens.window(starts[key][j % B], L + 1))
                 weights.append(0.0 if pair is None else weight)
             rows = mx.stack(windows).astype(mx.int32)
@@ -224,15 +223,19 @@ def check_sync(model, group, step: int) -> None:
                           "last checkpoint)", differ)
 
 
-def perturb(model, rank: int, step: int) -> None:
-    """The test aid CLUSTERCTL_TRAIN_PERTURB=RANK@STEP: after step STEP, rank RANK's first parameter moves."""
+def perturbation() -> tuple[int, int] | None:
+    """The test aid CLUSTERCTL_TRAIN_PERTURB=RANK@STEP as (rank, step), None when it is not set."""
     text = os.environ.get(PERTURB, "")
     if not text:
-        return
+        return None
     try:
         who, when = (int(v) for v in text.split("@"))
     except ValueError:
         raise ConfigError(f"{PERTURB}={text!r}: RANK@STEP, e.g. 1@30") from None
-    if who == rank and when == step:
-        name, p = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])[0]
-        model.update(tree_unflatten([(name, p + 0.001)]))
+    return who, when
+
+
+def perturb(model) -> None:
+    """Move this rank's first parameter by 0.001 (a replica drifting: the test aid above)."""
+    name, p = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])[0]
+    model.update(tree_unflatten([(name, p + 0.001)]))
