@@ -159,31 +159,36 @@ def _append_section(text: str, section: str, key: str, value: str) -> str:
 def write_setting(path: str, section: str, key: str, value: str) -> bool:
     """Set `section.key` in the inventory at `path` (a symlink's target is edited; the mode is kept).
     Returns False when the file already says exactly that."""
-    real = os.path.realpath(path)
-    with open(real, encoding="utf-8") as f:
-        text = f.read()
-    new = set_setting(text, section, key, value, path)
-    if new == text:
-        return False
-    parse(new, path)   # never write an inventory we would refuse to read
-    write_text(real, new, mode=stat.S_IMODE(os.stat(real).st_mode))
-    return True
+    return _write_edited(path, lambda text: set_setting(text, section, key, value, path))
 
 
 def write_host_settings(path: str, changes: list[tuple[str | None, str, str]]) -> list[tuple[str | None, str, str]]:
     """Apply (host, key, YAML value) settings to the inventory at `path` in one atomic write (a host of None: the
     `launch` section's key). Returns those that changed the file; a value already written so is left alone."""
+    done = []
+
+    def edit(text: str) -> str:
+        for host, key, value in changes:
+            new = set_setting(text, "launch", key, value, path) if host is None else \
+                set_host_setting(text, host, key, value, path)
+            if new != text:
+                done.append((host, key, value))
+                text = new
+        return text
+
+    _write_edited(path, edit)
+    return done
+
+
+def _write_edited(path: str, edit) -> bool:
+    """The inventory at `path` (a symlink's target; its mode kept) rewritten atomically as edit(its text), when
+    that differs and parses (never an inventory we would refuse to read). Whether it was written."""
     real = os.path.realpath(path)
     with open(real, encoding="utf-8") as f:
         text = f.read()
-    done = []
-    for host, key, value in changes:
-        new = set_setting(text, "launch", key, value, path) if host is None else \
-            set_host_setting(text, host, key, value, path)
-        if new != text:
-            done.append((host, key, value))
-            text = new
-    if done:
-        parse(text, path)   # never write an inventory we would refuse to read
-        write_text(real, text, mode=stat.S_IMODE(os.stat(real).st_mode))
-    return done
+    new = edit(text)
+    if new == text:
+        return False
+    parse(new, path)
+    write_text(real, new, mode=stat.S_IMODE(os.stat(real).st_mode))
+    return True
