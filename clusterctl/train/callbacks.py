@@ -160,7 +160,7 @@ class TrainerSummary(Callback):
     def __init__(self, out_dir: str, group, config):
         self.path = os.path.join(out_dir, TRAINER_SUMMARY)
         self.main = group.rank() == 0
-        self.doc = {"balance": {"mode": config.balance if group.size() > 1 else "off"},
+        self.doc = {"balance": {"mode": config.balance if group.size() > 1 and config.strategy != "zero3" else "off"},
                     "check_sync": {"every": config.check_sync, "last_checked_step": None, "out_of_sync": None}}
         self.every = config.check_sync
         self.pending: int | None = None       # a step whose check comes after on_step; passed if fit goes on

@@ -1,17 +1,26 @@
 """Checkpoints: <out>/checkpoints/step-000123/{model.safetensors, optimizer.safetensors, state.json}.
 
 FSDP writes optimizer-rank-K.safetensors per rank instead of optimizer.safetensors (each rank holds only
-its slices of the optimizer state). A checkpoint is assembled in a hidden temporary directory and renamed
+its slices of the optimizer state). ZeRO-3 writes no full model: each rank writes zero3-rank-K.safetensors
+(its slices of the parameters and of the optimizer state) and zero3.json (the manifest: world size, every
+parameter's shape and dtype); loading re-shards them for any world size (`load_zero3`) or assembles the full
+parameters for one process (`load_model`, which `clusterctl generate` uses).
+
+A checkpoint is assembled in a hidden temporary directory and renamed
 into place, then `checkpoints/latest` (a one-line file naming it) is replaced atomically, so a run killed
 at any moment leaves only whole checkpoints behind.
 
 Ranks that do not share rank 0's filesystem (separate hosts without a shared disk) each write a full copy
 on their own disk: in DP every rank holds the whole state, and in FSDP every rank holds the full
-parameters and its own optimizer shard, so every host can resume from its local copy.
+parameters and its own optimizer shard, so every host can resume from its local copy. In ZeRO-3 no rank
+holds the whole state, so after every rank has written its file the files a writer's disk lacks are sent
+to it through the collectives (`_share_files`, one file and 64 MiB at a time): every host still ends with
+a complete checkpoint, for restarts on fewer hosts and for `run`'s fetch from the first host.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -76,9 +85,11 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
         except FileExistsError:
             pass
     barrier(group)
-    if strategy == "fsdp":
+    if strategy == "zero3":
+        _save_zero3(tmp, model, optimizer, group, writer)
+    elif strategy == "fsdp":
         _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
-    if writer:
+    if writer and strategy != "zero3":
         mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
         if strategy != "fsdp":
             _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
@@ -93,6 +104,128 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
         _prune(root, keep, final.name)
     barrier(group)
     return final
+
+
+ZERO3_MANIFEST = "zero3.json"
+SHARE_CHUNK = 64 * 2**20
+
+
+def zero3_file(rank: int) -> str:
+    return f"zero3-rank-{rank}.safetensors"
+
+
+def _save_zero3(tmp: Path, sharded, optimizer, group, writer: bool) -> None:
+    rank, world = group.rank(), group.size()
+    arrays = {f"param:{k}": v for k, v in sharded.shards.items()}
+    arrays.update({f"opt:{k}": v for k, v in tree_flatten(optimizer.state)})
+    part = tmp / f".part-{zero3_file(rank)}"        # mx.save_safetensors wants the .safetensors suffix
+    mx.save_safetensors(str(part), arrays)
+    os.replace(part, tmp / zero3_file(rank))
+    del arrays
+    barrier(group)
+    _share_files(tmp, group, writer)
+    if writer:
+        manifest = {"world": world, "params": {k: {"shape": list(sharded.shapes[k]),
+                                                   "dtype": str(sharded.dtypes[k]).removeprefix("mlx.core.")}
+                                               for k in sharded.shards}}
+        write_text(str(tmp / ZERO3_MANIFEST), json.dumps(manifest, indent=1) + "\n")
+
+
+def _share_files(tmp: Path, group, writer: bool) -> None:
+    """Every rank wrote its zero3 file into the temporary directory on its own disk; a writer (one per disk)
+    that lacks rank k's file gets it from rank k through all_sum (rank k sends the bytes, the others zeros)."""
+    world, rank = group.size(), group.rank()
+    if world == 1:
+        return
+    lacking = [int(writer and not (tmp / zero3_file(k)).is_file()) for k in range(world)]
+    need = mx.distributed.all_sum(mx.array(lacking, dtype=mx.int32), group=group, stream=mx.cpu).tolist()
+    for k in range(world):
+        if not need[k]:
+            continue
+        mine = (tmp / zero3_file(k)).stat().st_size if rank == k else 0
+        size = int(mx.distributed.all_sum(mx.array(mine, dtype=mx.int64), group=group, stream=mx.cpu).item())
+        source = open(tmp / zero3_file(k), "rb") if rank == k else None
+        target = open(tmp / (zero3_file(k) + ".part"), "wb") if lacking[k] else None
+        try:
+            for at in range(0, size, SHARE_CHUNK):
+                n = min(SHARE_CHUNK, size - at)
+                piece = (mx.array(memoryview(source.read(n)).cast("B"), dtype=mx.uint8) if source is not None
+                         else mx.zeros((n,), dtype=mx.uint8))
+                got = mx.distributed.all_sum(piece, group=group, stream=mx.cpu)
+                mx.eval(got)
+                if target is not None:
+                    target.write(memoryview(got))
+        finally:
+            if source is not None:
+                source.close()
+            if target is not None:
+                target.close()
+        if target is not None:
+            os.replace(tmp / (zero3_file(k) + ".part"), tmp / zero3_file(k))
+
+
+def read_zero3_manifest(ckpt: Path) -> dict:
+    try:
+        manifest = json.loads((ckpt / ZERO3_MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{ckpt}: cannot read {ZERO3_MANIFEST} ({e})") from None
+    missing = [zero3_file(k) for k in range(manifest["world"]) if not (ckpt / zero3_file(k)).is_file()]
+    if missing:
+        raise CheckpointError(f"{ckpt} lacks {', '.join(missing)} of its {manifest['world']} ZeRO-3 shards "
+                              "(copy them from the hosts that wrote them)")
+    return manifest
+
+
+def _slice_of(files: list[dict], name: str, size: int, old: int, new: int, rank: int) -> mx.array:
+    """Rank `rank` of `new`'s slice of an array flattened and split over `old` ranks' files (padded)."""
+    old_chunk, new_chunk = -(-size // old), -(-size // new)
+    lo, hi = rank * new_chunk, (rank + 1) * new_chunk
+    pieces = []
+    for k in range(lo // old_chunk, min(old, -(-hi // old_chunk))):
+        a, b = max(lo, k * old_chunk), min(hi, (k + 1) * old_chunk)
+        if a < b:
+            pieces.append(files[k][name][a - k * old_chunk:b - k * old_chunk])
+    have = sum(p.size for p in pieces)
+    if have < new_chunk:
+        pieces.append(mx.zeros((new_chunk - have,), dtype=pieces[0].dtype if pieces else mx.float32))
+    out = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    mx.eval(out)
+    return out
+
+
+def load_zero3(ckpt: Path, sharded, optimizer, rank: int, world: int) -> None:
+    """This rank's slices of the parameters and the optimizer state, re-sharded from the checkpoint's world
+    size to this one (any sizes)."""
+    manifest = read_zero3_manifest(ckpt)
+    old = manifest["world"]
+    files = [mx.load(str(ckpt / zero3_file(k))) for k in range(old)]
+    sizes = {k: math.prod(v["shape"]) for k, v in manifest["params"].items()}
+    if set(sizes) != set(sharded.shapes) or any(tuple(manifest["params"][k]["shape"]) != sharded.shapes[k]
+                                                for k in sizes):
+        raise CheckpointError(f"{ckpt}: its parameters do not match this model's shapes")
+    for k, size in sizes.items():
+        sharded.shards[k] = _slice_of(files, f"param:{k}", size, old, world, rank)
+    state = []
+    for name in files[0]:
+        if not name.startswith("opt:"):
+            continue
+        key = name[4:]
+        owner = key.rsplit(".", 1)[0]
+        if owner in sizes and files[0][name].ndim == 1 and files[0][name].size == -(-sizes[owner] // old):
+            state.append((key, _slice_of(files, name, sizes[owner], old, world, rank)))
+        else:
+            state.append((key, files[0][name]))
+    optimizer.state = tree_unflatten(state)
+
+
+def _zero3_full(ckpt: Path) -> dict[str, mx.array]:
+    manifest = read_zero3_manifest(ckpt)
+    files = [mx.load(str(ckpt / zero3_file(k))) for k in range(manifest["world"])]
+    out = {}
+    for k, meta in manifest["params"].items():
+        flat = mx.concatenate([f[f"param:{k}"] for f in files])
+        out[k] = flat[:math.prod(meta["shape"])].reshape(meta["shape"])
+    return out
 
 
 def _save_tree(path: Path, tree) -> None:
@@ -160,12 +293,16 @@ def read_state(ckpt: Path) -> dict:
 def check_compatible(state: dict, strategy: str, world: int, ckpt: Path) -> None:
     if state["strategy"] != strategy:
         raise CheckpointError(f"{ckpt} was written with --strategy {state['strategy']}; resume with the same")
-    if strategy == "fsdp" and state["world_size"] != world:
+    if strategy == "fsdp" and state["world_size"] != world:     # zero3 re-shards on load (load_zero3)
         raise CheckpointError(f"{ckpt} holds FSDP optimizer shards for {state['world_size']} ranks; "
                               f"cannot resume on {world} (use the same world size)")
 
 
 def load_model(ckpt: Path, model) -> None:
+    """The full parameters into `model` (one process: generation, DP and FSDP resume)."""
+    if (ckpt / ZERO3_MANIFEST).is_file():
+        model.update(tree_unflatten(list(_zero3_full(ckpt).items())))
+        return
     model.load_weights(str(ckpt / "model.safetensors"))
 
 

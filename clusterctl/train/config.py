@@ -18,6 +18,7 @@ from . import presets
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
 RUN_OPTIONS = ("out", "resume", "config")
+STRATEGIES = ("dp", "fsdp", "zero3")
 
 
 def _opt(default, help: str, **extra):
@@ -53,7 +54,9 @@ class TrainConfig:
     check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "
                                 "the rank that differs, if a replica drifted (0: never).", metavar="N")
     strategy: str = _opt("dp", "dp: replicated model, averaged gradients; fsdp: optimizer state and "
-                               "gradients sharded over the ranks.", choices=("dp", "fsdp"))
+                               "gradients sharded over the ranks; zero3: the parameters too, each block's "
+                               "weights gathered only while it computes (docs/trainer.md#zero3).",
+                         choices=STRATEGIES)
     seed: int = _opt(0, "Seed for initialisation, data order and dropout; a run is a function of it.")
     # data
     data: str | None = _opt(None, "A directory from `clusterctl data prepare` (each rank reads only its "
@@ -84,8 +87,8 @@ class TrainConfig:
                 raise ConfigError(f"--{flag(name)} must not be negative")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ConfigError(f"--dim {self.dim} must split into --n-heads {self.n_heads} heads of even size")
-        if self.strategy not in ("dp", "fsdp"):
-            raise ConfigError(f"--strategy must be dp or fsdp, not {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
         if not 0 <= self.dropout < 1:
             raise ConfigError("--dropout must be in [0, 1)")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -94,6 +97,9 @@ class TrainConfig:
             raise ConfigError("--max-norm must not be negative")
         from .balance import parse_balance
         parse_balance(self.balance)
+        if self.strategy == "zero3" and self.balance not in ("auto", "off"):
+            raise ConfigError("--balance with fixed weights needs --strategy dp or fsdp: zero3 splits the batch "
+                              "evenly (docs/trainer.md#zero3)")
         if self.preset is not None:
             presets.get(self.preset)
 

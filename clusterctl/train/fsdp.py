@@ -172,7 +172,7 @@ def fsdp_apply_gradients(gradients, parameters, optimizer, fsdp_group=None, dp_g
             row = mx.distributed.all_sum(row, group=dp_group, stream=communication_stream)
         for i, part in zip(bucket.indices, split_row(row, [grads[i].size for i in bucket.indices], shards)):
             grad_slices[i] = part.astype(grads[i].dtype)
-    param_slices = [_local_chunk(p, shards, rank) for p in params]
+    param_slices = [local_chunk(p, shards, rank) for p in params]
 
     grad_tree = tree_unflatten(list(zip(keys, grad_slices)))
     grad_norm = None
@@ -191,7 +191,8 @@ def fsdp_apply_gradients(gradients, parameters, optimizer, fsdp_group=None, dp_g
     return result if max_norm is None else (result, grad_norm)
 
 
-def _local_chunk(param: mx.array, shards: int, rank: int) -> mx.array:
+def local_chunk(param: mx.array, shards: int, rank: int) -> mx.array:
+    """Rank `rank`'s 1-D slice of `param` (row-major, zero-padded to shards x chunk)."""
     chunk = chunk_size(param.size, shards)
     flat = param.reshape(-1)[rank * chunk:(rank + 1) * chunk]
     short = chunk - flat.size

@@ -40,6 +40,7 @@ from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
 from .step import make_optimizer, make_step
+from .zero3 import ShardedModel, make_zero3_step
 
 if TYPE_CHECKING:
     from ..data.loader import BatchLoader
@@ -167,7 +168,7 @@ def evaluate(model, loader, batches: int, group) -> float:
     total = mx.array(0.0)
     for i in range(batches):
         x, y = loader.batch(i)
-        total = total + loss_fn(model, x, y)
+        total = total + (model.loss(x, y) if isinstance(model, ShardedModel) else loss_fn(model, x, y))
     model.train()
     if group.size() > 1:
         total = mx.distributed.all_sum(total, group=group)
@@ -181,8 +182,11 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
     """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
-    checkpoint.load_model(ckpt, model)
-    checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
+    if isinstance(model, ShardedModel):
+        checkpoint.load_zero3(ckpt, model, optimizer, rank, world)
+    else:
+        checkpoint.load_model(ckpt, model)
+        checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
     keys = resumed["rng"]
     if len(keys) == world:
         checkpoint.restore_random_state(keys[rank])
@@ -216,7 +220,10 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     group, rank = data.group, data.group.rank()
     drift = perturbation()                   # a test aid: (rank, step) or None
     balanced = None
-    if group.size() > 1 and (config.balance != "off" or slowdown() > 1):   # the test aid slows the even split too
+    sharded = isinstance(model, ShardedModel)       # zero3: no replicas to balance or compare
+    if sharded:
+        step_fn = make_zero3_step(model, optimizer, config)
+    elif group.size() > 1 and (config.balance != "off" or slowdown() > 1):   # the test aid slows the even split too
         balanced = BalancedSteps(model, optimizer, config, group, data.shards or _own_shard(data), data.start,
                                  data.rows)
         callbacks.on_shares(data.start, balanced.info())
@@ -231,14 +238,14 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
         mx.eval(loss, grad_norm, model.state, optimizer.state)
         done = step + 1
         last = done == config.steps
-        if drift == (rank, done):
+        if drift == (rank, done) and not sharded:
             perturb(model)
         if balanced is not None and balanced.exchanged == done:
             callbacks.on_shares(done, balanced.info())
         callbacks.on_step(done, loss, grad_norm)
         if done % config.report_every == 0 or last or step == data.start:   # the first step shows the start
             callbacks.on_report(done, optimizer.learning_rate.item())
-        if config.check_sync and (done % config.check_sync == 0 or last):   # before a checkpoint keeps a drift
+        if config.check_sync and not sharded and (done % config.check_sync == 0 or last):   # before a checkpoint keeps a drift
             try:
                 check_sync(model, group, done)
             except OutOfSync as e:
@@ -307,6 +314,8 @@ def train(argv: list[str] | None = None) -> None:
 
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
     model = Transformer(ModelArgs.from_config(config, vocab_size))
+    if config.strategy == "zero3":                             # each rank keeps 1/N of every parameter
+        model = ShardedModel(model, group)
     optimizer = make_optimizer(config)
     if resumed:
         start = restore(ckpt, resumed, model, optimizer, config, rank, world)
@@ -332,7 +341,8 @@ def train(argv: list[str] | None = None) -> None:
         listeners.append(Progress(config.steps))
     callbacks = Callbacks(*listeners)
     if rank == 0:
-        print(presets.describe(config.training_dict(), how, count_parameters(model)), flush=True)
+        print(presets.describe(config.training_dict(), how, model.num_parameters() if isinstance(model, ShardedModel)
+                               else count_parameters(model)), flush=True)
         print(f"{config.strategy} on {world} rank(s): {len(train_tokens):,} training tokens on rank 0, "
               f"{tokens_per_step:,} tokens per step, steps {start + 1}..{config.steps}, run directory {out_dir}"
               + (f", resumed from {ckpt}" if ckpt else ""), flush=True)

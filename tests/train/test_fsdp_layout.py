@@ -47,7 +47,7 @@ def test_pack_reduce_scatter_and_unpack_round_trip_for_odd_shapes():
             flat = (a + b).reshape(-1)
             expected = mx.concatenate([flat, mx.zeros((2 * chunk - flat.size,))])[r * chunk:(r + 1) * chunk]
             assert mx.array_equal(part, expected)
-            assert mx.array_equal(fsdp._local_chunk(a, 2, r), pack_rows([a], 2)[r])
+            assert mx.array_equal(fsdp.local_chunk(a, 2, r), pack_rows([a], 2)[r])
     for full, a, b in zip(unpack_rows(mx.stack(rows), shapes, 2), ranks[0], ranks[1]):
         assert full.shape == a.shape and mx.allclose(full, a + b)
 

@@ -1,0 +1,273 @@
+"""ZeRO-3: parameters, gradients and optimizer state all sharded over the ranks (`--strategy zero3`).
+
+Each rank permanently holds 1/N of every parameter: the parameter flattened row-major, zero-padded to a
+multiple of N, elements [r*chunk, (r+1)*chunk) for rank r (the layout of fsdp.py's optimizer state, so
+AdamW, elementwise, makes the same updates as data parallel). The model object keeps its structure with
+empty placeholder arrays; the full weights of one unit at a time exist only while it computes:
+
+    units           the embedding lookup, each Transformer block, the head (final norm and the tied
+                    output matrix, with the loss)
+    forward         per unit: all-gather its weights (the next unit's gather is started before this one
+                    computes: --zero3-prefetch), compute, evaluate, drop the weights; keep only each block's
+                    input activation (B x L x dim)
+    backward        per unit in reverse: gather its weights again, recompute the unit and take its
+                    vector-Jacobian product (one extra forward per unit, the price of not keeping every
+                    unit's weights and activations), reduce-scatter its weight gradients into this rank's
+                    slice, drop the full gradients
+    update          clip by the global norm (squares summed over the slices, then all_sum), AdamW on the
+                    slices only
+
+Re-gathering in the backward pass rather than keeping each unit's gathered weights from the forward pass is
+the memory choice: keeping them would hold the full model on every rank at the end of the forward pass,
+which is what zero3 is for avoiding (docs/trainer.md#zero3 has the measured costs). The last block's and the
+head's weights gathered in the forward pass are reused at once by the backward pass, not gathered twice.
+
+Reduce-scatter: `collectives.reduce_scatter` (native sum_scatter on nccl/jaccl, MPI's Reduce_scatter_block
+through mpi4py under mpirun, all_sum then slice on ring). Dropout: the random key before each unit's forward
+is kept and restored for its recomputation, so the recomputed masks are the forward pass's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .collectives import reduce_scatter
+from .fsdp import clip_by_global_norm, local_chunk, pack_rows, split_row, unpack_rows
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of the model computed with its full weights gathered: `keys` are its parameters (flattened
+    names), `call(params, *inputs)` computes it with `params` (key -> full array)."""
+    name: str
+    keys: tuple[str, ...]
+    call: Callable
+
+
+def transformer_units(model) -> list[Unit]:
+    """The bundled Transformer (model.py) as units: embedding, blocks, head (the tied output uses the
+    embedding matrix again, so its gradient comes from two units and is summed)."""
+    def embed(params, tokens):
+        model.embedding.weight = params["embedding.weight"]
+        return model.embedding(tokens)
+
+    def block(i):
+        layer = model.layers[i]
+        prefix = f"layers.{i}."
+
+        def call(params, x):
+            layer.update(tree_unflatten([(k[len(prefix):], v) for k, v in params.items()]))
+            return layer(x)
+        return call
+
+    def head(params, x, targets):
+        model.norm.weight = params["norm.weight"]
+        model.embedding.weight = params["embedding.weight"]
+        logits = model.embedding.as_linear(model.norm(x))
+        return nn.losses.cross_entropy(logits, targets, reduction="mean")
+
+    keys = [k for k, _ in tree_flatten(model.trainable_parameters())]
+    units = [Unit("embedding", ("embedding.weight",), embed)]
+    for i in range(len(model.layers)):
+        units.append(Unit(f"layers.{i}", tuple(k for k in keys if k.startswith(f"layers.{i}.")), block(i)))
+    units.append(Unit("head", ("norm.weight", "embedding.weight"), head))
+    covered = {k for u in units for k in u.keys}
+    if covered != set(keys):
+        raise ValueError(f"zero3: parameters in no unit: {sorted(set(keys) - covered)[:5]}")
+    return units
+
+
+class ShardedModel:
+    """A model whose parameters live as this rank's slices (`self.shards`, key -> 1-D array of `chunk`
+    elements). Build it from a model whose parameters are not evaluated yet (MLX is lazy): one parameter
+    at a time is evaluated, sliced and dropped, so the full model never exists on a rank."""
+
+    def __init__(self, model, group, prefetch: bool = True):
+        self.model, self.group, self.prefetch = model, group, prefetch
+        self.world, self.rank = group.size(), group.rank()
+        flat = tree_flatten(model.trainable_parameters())
+        self.shapes = {k: tuple(v.shape) for k, v in flat}
+        self.dtypes = {k: v.dtype for k, v in flat}
+        self.shards: dict[str, mx.array] = {}
+        for k, v in flat:
+            self.shards[k] = local_chunk(v, self.world, self.rank)
+            mx.eval(self.shards[k])
+        del flat, v
+        self._placeholders()
+        self.units = transformer_units(model)
+
+    # --- what fit and the checkpoints see -------------------------------------------------------------
+    @property
+    def state(self):
+        return self.shards
+
+    def parameters(self):
+        return self.shard_tree()
+
+    def shard_tree(self):
+        return tree_unflatten(list(self.shards.items()))
+
+    def num_parameters(self) -> int:
+        return sum(math.prod(s) for s in self.shapes.values())
+
+    def train(self):
+        self.model.train()
+
+    def eval(self):
+        self.model.eval()
+
+    def full_parameters(self) -> dict[str, mx.array]:
+        """Every parameter gathered (a collective; the whole model on this rank: for tests and small models)."""
+        return self._gather(tuple(self.shards))
+
+    # --- gathering and scattering -----------------------------------------------------------------------
+    def _placeholders(self):
+        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in self.shapes]))
+
+    def _gather(self, keys) -> dict[str, mx.array]:
+        if self.world == 1:
+            return {k: self.shards[k].reshape(-1)[:math.prod(self.shapes[k])].reshape(self.shapes[k])
+                    for k in keys}
+        out = {}
+        for dtype in dict.fromkeys(self.dtypes[k] for k in keys):
+            group_keys = [k for k in keys if self.dtypes[k] == dtype]
+            row = mx.concatenate([self.shards[k] for k in group_keys])
+            gathered = mx.distributed.all_gather(row[None], group=self.group)
+            for k, full in zip(group_keys, unpack_rows(gathered, [self.shapes[k] for k in group_keys],
+                                                       self.world)):
+                out[k] = full
+        return out
+
+    def _scatter_into(self, grads: dict[str, mx.array], acc: dict[str, mx.array]) -> None:
+        """Reduce-scatter full gradients (this rank's, of one unit) and add this rank's slices into acc."""
+        keys = list(grads)
+        for dtype in dict.fromkeys(grads[k].dtype for k in keys):
+            group_keys = [k for k in keys if grads[k].dtype == dtype]
+            if self.world == 1:
+                slices = [grads[k].reshape(-1) for k in group_keys]
+            else:
+                packed = pack_rows([grads[k] for k in group_keys], self.world)
+                row = reduce_scatter(packed, self.group).reshape(-1)
+                slices = split_row(row, [grads[k].size for k in group_keys], self.world)
+            for k, part in zip(group_keys, slices):
+                acc[k] = part if acc.get(k) is None else acc[k] + part
+
+    def _start(self, unit: Unit) -> dict[str, mx.array]:
+        params = self._gather(unit.keys)
+        if self.prefetch:
+            mx.async_eval(list(params.values()))
+        return params
+
+    # --- the computation ----------------------------------------------------------------------------------
+    def _release(self, unit: Unit) -> None:
+        """Put placeholders back where `unit.call` set full weights into the model, so nothing holds them."""
+        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in unit.keys]))
+
+    def _run(self, unit: Unit, params: dict, *inputs) -> mx.array:
+        out = unit.call(params, *inputs)
+        mx.eval(out)
+        self._release(unit)
+        return out
+
+    def _vjp(self, unit: Unit, params: dict, inputs: list, const: list, cotangent: mx.array, acc: dict):
+        """(output, cotangents of `inputs`) of `unit` at inputs + const (const: not differentiated), its weight
+        gradients reduce-scattered into acc, everything evaluated and the full weights and gradients dropped."""
+        keys = list(unit.keys)
+
+        def fn(*args):
+            return unit.call(dict(zip(keys, args[:len(keys)])), *args[len(keys):], *const)
+
+        out, grads = mx.vjp(fn, [params[k] for k in keys] + list(inputs), [cotangent])
+        self._scatter_into(dict(zip(keys, grads[:len(keys)])), acc)
+        back = grads[len(keys):]
+        mx.eval(out, back, *(acc[k] for k in keys))
+        self._release(unit)
+        return out[0], back
+
+    def loss(self, tokens: mx.array, targets: mx.array) -> mx.array:
+        """Mean next-token loss of one batch, forward only (held-out evaluation)."""
+        units = self.units
+        params = self._start(units[0])
+        h = tokens
+        for i, unit in enumerate(units):
+            last = i + 1 == len(units)
+            following = self._start(units[i + 1]) if self.prefetch and not last else None
+            h = self._run(unit, params, *((h, targets) if last else (h,)))
+            if not last:
+                params = following if following is not None else self._gather(units[i + 1].keys)
+        return h
+
+    def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array]) -> mx.array:
+        """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
+        gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's)."""
+        units, dropout = self.units, self.model.args.dropout > 0
+        n = len(units)
+        inputs: list = [None] * n            # inputs[i]: unit i's input activation
+        keys_before: list = [None] * n
+        params = self._start(units[0])
+        h, kept = tokens, {}
+        for i in range(n - 1):                # embedding and blocks, forward
+            following = self._start(units[i + 1]) if self.prefetch else None
+            inputs[i] = h
+            if dropout:
+                keys_before[i] = _random_key()
+            h = self._run(units[i], params, h)
+            if i == n - 2:
+                kept = params                 # the last block's weights serve its backward pass at once
+            params = following if following is not None else self._gather(units[i + 1].keys)
+        following = kept if kept else None
+        loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc)
+        del params, kept
+        for i in range(n - 2, -1, -1):        # blocks and embedding, backward
+            params = following if following is not None else self._gather(units[i].keys)
+            following = self._start(units[i - 1]) if self.prefetch and i > 0 else None
+            if dropout:
+                _restore_random_key(keys_before[i])
+            if i == 0:                        # the tokens are not differentiable
+                self._vjp(units[0], params, [], [tokens], dh, acc)
+            else:
+                _, (dh,) = self._vjp(units[i], params, [inputs[i]], [], dh, acc)
+            inputs[i] = None
+            del params
+        return loss
+
+    def step(self, optimizer, x: mx.array, y: mx.array, max_norm: float):
+        """One optimizer step over the micro-batches x[i], y[i]: (mean loss over the ranks, gradient norm)."""
+        accum = x.shape[0]
+        scale = 1.0 / (accum * self.world)
+        acc: dict[str, mx.array] = {}
+        loss = mx.array(0.0)
+        for i in range(accum):
+            loss = loss + self.micro_batch(x[i], y[i], scale, acc)
+            mx.eval(loss)
+        grad_tree = tree_unflatten([(k, acc[k]) for k in self.shards])
+        grad_tree, norm = clip_by_global_norm(grad_tree, max_norm, self.group)
+        updated = optimizer.apply_gradients(grad_tree, self.shard_tree())
+        self.shards = dict(tree_flatten(updated))
+        loss = loss / accum
+        if self.world > 1:
+            loss = mx.distributed.all_sum(loss, group=self.group) / self.world
+        return loss, norm
+
+
+def _random_key() -> list[int]:
+    key = mx.random.state[0]
+    mx.eval(key)
+    return key.tolist()
+
+
+def _restore_random_key(key: list[int]) -> None:
+    mx.random.seed((int(key[0]) << 32) | int(key[1]))
+
+
+def make_zero3_step(sharded: ShardedModel, optimizer, config):
+    max_norm = config.max_norm or math.inf
+
+    def step(x, y):
+        return sharded.step(optimizer, x, y, max_norm)
+    return step
