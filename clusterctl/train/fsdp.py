@@ -147,6 +147,7 @@ def fsdp_apply_gradients(gradients, parameters, optimizer, fsdp_group=None, dp_g
     flat_params = [(k, params_by_key[k]) for k, _ in flat_grads]
 
     if world == 1:
+        gradients = tree_unflatten(flat_grads)       # the same tree as the parameters (no empty modules)
         grads_norm = None
         if max_norm is not None:
             gradients, grads_norm = clip_by_global_norm(gradients, max_norm, fsdp_group)
