@@ -14,21 +14,17 @@ benchmarks/results/balance.json.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from bench_starter import FLAGS  # noqa: E402
-from record import write_record  # noqa: E402
+from record import run_trainer, write_record  # noqa: E402
 
 from clusterctl.inventory_edit import set_host_setting  # noqa: E402
 
@@ -41,22 +37,12 @@ MODEL = [*FLAGS, "--batch-size", "16"]
 
 
 def one(inventory: str, steps: int, extra: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as cwd:
-        argv = [sys.executable, "-m", "clusterctl", "run", "--hosts", inventory, "--backend", "ring", "--plain",
-                "--", *MODEL, "--steps", str(steps), *extra]
-        began = time.monotonic()
-        r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=1800)
-        wall = time.monotonic() - began
-        if r.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-        [run_dir] = glob.glob(os.path.join(cwd, "runs", "*", "metrics.jsonl"))
-        records = [json.loads(line) for line in open(run_dir) if line.strip()]
-        reports = [x for x in records if "tokens_per_s" in x]
-        summary = json.load(open(os.path.join(os.path.dirname(run_dir), "summary.json")))
-        steady = [x["tokens_per_s"] for x in reports if x["step"] >= 60] or [x["tokens_per_s"] for x in reports]
-        return {"wall_s": wall, "tokens_per_s": statistics.median(steady),
-                "final_loss": reports[-1]["loss"], "shares": reports[-1].get("shares"),
-                "trainer": summary.get("trainer")}
+    wall, records, summary = run_trainer(inventory, "ring", [*MODEL, "--steps", str(steps), *extra])
+    reports = [x for x in records if "tokens_per_s" in x]
+    steady = [x["tokens_per_s"] for x in reports if x["step"] >= 60] or [x["tokens_per_s"] for x in reports]
+    return {"wall_s": wall, "tokens_per_s": statistics.median(steady),
+            "final_loss": reports[-1]["loss"], "shares": reports[-1].get("shares"),
+            "trainer": summary.get("trainer")}
 
 
 def main() -> int:

@@ -19,3 +19,27 @@ def write_record(name: str, **fields) -> str:
     os.replace(out + ".tmp", out)
     print(f"wrote {os.path.relpath(out)}")
     return out
+
+
+def run_trainer(inventory: str, backend: str, trainer_args: list[str]) -> tuple[float, list[dict], dict]:
+    """The bundled trainer on the inventory's hosts as users start it (`clusterctl run --plain`), in a fresh
+    directory: (wall seconds, its metrics.jsonl records, its summary.json). A failed run stops the benchmark."""
+    import glob
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory() as cwd:
+        argv = [sys.executable, "-m", "clusterctl", "run", "--hosts", inventory, "--backend", backend, "--plain",
+                "--", *trainer_args]
+        began = time.monotonic()
+        r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=1800)
+        wall = time.monotonic() - began
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        [path] = glob.glob(os.path.join(cwd, "runs", "*", "metrics.jsonl"))
+        records = [json.loads(line) for line in open(path) if line.strip()]
+        with open(os.path.join(os.path.dirname(path), "summary.json")) as f:
+            summary = json.load(f)
+        return wall, records, summary

@@ -178,10 +178,16 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
                  bundled_fsdp=program.module == BUNDLED_TRAINER and flag_value(program.args, STRATEGY) == "fsdp")
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
+    trainer = program.module == BUNDLED_TRAINER and not options.dry_run
+    if trainer:      # what is known before anything moves: the last plan's memory, the inventory's overrides
+        _check_memory(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project,
+                      options.data_dir)
     extra_env = {} if options.dry_run else stage(connector, options, program, project, events)
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
+    if trainer:      # and with what the pre-flight just found
+        _check_memory(cluster, plan, program, project, options.data_dir)
     if not StallPolicy.parse(options.stall_timeout).enabled:
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
     hooks = _RunHooks(options, program, backend, extra_env, events, connector)
@@ -326,6 +332,15 @@ def _plot_losses(launch: Launch) -> None:
         plot_run(launch.run_dir, read_metrics(launch.run_dir), launch.run_id)
     except (OSError, ValueError, RuntimeError, ImportError, ClusterctlError):
         pass      # a picture of the run is a convenience (matplotlib broken, disk full): not the run's failure
+
+
+def _check_memory(cluster: Cluster, plan: LaunchPlan, program: Program, project: str, data_dir: str | None) -> None:
+    """Refuse a bundled-trainer run whose memory estimate exceeds the smallest host's, before any rank starts
+    (docs/trainer.md#memory-planning): memory.MemoryRefused, exit 2."""
+    from .train.memory import HOST_MEMORY, check_before_launch
+
+    overrides = {h.name: h.env_dict[HOST_MEMORY] for h in cluster.hosts if h.env_dict.get(HOST_MEMORY)}
+    check_before_launch(program.args, cluster.world_size, plan.memory, overrides, plan.first_os, project, data_dir)
 
 
 def _plan(cluster: Cluster, connector: Connector, options: RunOptions, program: Program, needs_mpi: bool = False):

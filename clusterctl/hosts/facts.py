@@ -180,3 +180,14 @@ def power_source(lines: list[str]) -> tuple[str | None, bool]:
             source = m.group(1)
         battery = battery or "InternalBattery" in line
     return source, battery
+
+
+def host_memory(f: Facts) -> int | None:
+    """The memory a host's processes may use, in bytes, from its probe: the physical memory (Linux
+    /proc/meminfo's MemTotal, macOS `sysctl -n hw.memsize`), lowered to a cgroup v2 limit (`memory.max`, "max"
+    when there is none); None when the probe could not say."""
+    total = f.get("mem_total").strip()
+    if not total.isdigit() or int(total) == 0:
+        return None
+    limit = f.get("mem_limit").strip()
+    return min(int(total), int(limit)) if limit.isdigit() else int(total)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..atomic import write_text
 from ..errors import ConnectError, LaunchError, PreflightError
 from ..hosts.connector import Connector
-from ..hosts.facts import choose_libmpi, libmpi_env, shared_subnet
+from ..hosts.facts import choose_libmpi, host_memory, libmpi_env, shared_subnet
 from ..hosts.fanout import run_all
 from ..hosts.probe import MPIRUN_DIRS, HostProbe, parse_probe, probe_script
 from ..hosts.transport import export_text, quote_path
@@ -25,6 +25,8 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     if_include: str | None = None
     homes: dict[str, str] = field(default_factory=dict)   # host -> its $HOME, as the probe found it
+    memory: dict[str, int] = field(default_factory=dict)  # host -> bytes its processes may use (facts.host_memory)
+    first_os: str | None = None                           # rank 0's host's `uname -s`
 
     def python(self, cluster: Cluster) -> str:
         """The one python path a launcher that starts the same program on every host (mpirun, mlx.launch)
@@ -61,7 +63,9 @@ def plan_from_probes(cluster: Cluster, probes: list[HostProbe]) -> LaunchPlan:
         env = {**libmpi_env(first.facts.get("os"), libmpi), **env}   # the inventory's env wins
     subnet = shared_subnet(probes)
     homes = {p.host.name: p.facts.get("home") for p in probes if p.facts is not None and p.facts.get("home")}
-    return LaunchPlan(env, inventory.if_include or (str(subnet) if subnet else None), homes)
+    memory = {p.host.name: m for p in probes if p.facts is not None and (m := host_memory(p.facts)) is not None}
+    return LaunchPlan(env, inventory.if_include or (str(subnet) if subnet else None), homes, memory,
+                      first.facts.get("os") or None if first.facts is not None else None)
 
 
 # Whether python can find a module the way a rank will: from the workdir, with the inventory's env. Exit 0:
@@ -191,9 +195,12 @@ def cached_plan(cluster: Cluster) -> LaunchPlan | None:
         with open(_cache_path(cluster), encoding="utf-8") as f:
             data = json.load(f)
         env, if_include, homes = data["env"], data["if_include"], data.get("homes", {})
+        memory, first_os = data.get("memory", {}), data.get("first_os")
         if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
             homes = {k: v for k, v in homes.items() if isinstance(v, str)} if isinstance(homes, dict) else {}
-            return LaunchPlan(dict(env), if_include if isinstance(if_include, str) else None, homes)
+            memory = {k: v for k, v in memory.items() if isinstance(v, int)} if isinstance(memory, dict) else {}
+            return LaunchPlan(dict(env), if_include if isinstance(if_include, str) else None, homes, memory,
+                              first_os if isinstance(first_os, str) else None)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
@@ -204,8 +211,8 @@ def remember_plan(cluster: Cluster, plan: LaunchPlan) -> None:
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         # 0600: a plan holds the inventory's env values
-        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include, "homes": plan.homes}) + "\n",
-                   mode=0o600)
+        write_text(path, json.dumps({"env": plan.env, "if_include": plan.if_include, "homes": plan.homes,
+                                     "memory": plan.memory, "first_os": plan.first_os}) + "\n", mode=0o600)
     except OSError:
         pass   # a cache we cannot write only costs the next launch a pre-flight round trip
 

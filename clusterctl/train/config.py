@@ -55,8 +55,16 @@ class TrainConfig:
                                 "the rank that differs, if a replica drifted (0: never).", metavar="N")
     strategy: str = _opt("dp", "dp: replicated model, averaged gradients; fsdp: optimizer state and "
                                "gradients sharded over the ranks; zero3: the parameters too, each block's "
-                               "weights gathered only while it computes (docs/trainer.md#zero3).",
-                         choices=STRATEGIES)
+                               "weights gathered only while it computes (docs/trainer.md#zero3); auto: the "
+                               "first of dp, fsdp, zero3 whose memory estimate fits the hosts.",
+                         choices=STRATEGIES + ("auto",))
+    zero3_gather: str = _opt("prefetch", "zero3: prefetch (gather the next unit's weights while this one computes), "
+                                         "plain (no overlap, least memory) or keep (the forward pass's weights kept "
+                                         "for the backward pass: no second gather, the full model in memory).",
+                             choices=("prefetch", "plain", "keep"))
+    memory_check: str = _opt("on", "on: refuse a run whose estimated memory per rank exceeds the smallest host's "
+                                   "(naming a strategy that fits); off: only warn (docs/trainer.md#memory-planning).",
+                             choices=("on", "off"))
     seed: int = _opt(0, "Seed for initialisation, data order and dropout; a run is a function of it.")
     # data
     data: str | None = _opt(None, "A directory from `clusterctl data prepare` (each rank reads only its "
@@ -87,8 +95,10 @@ class TrainConfig:
                 raise ConfigError(f"--{flag(name)} must not be negative")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ConfigError(f"--dim {self.dim} must split into --n-heads {self.n_heads} heads of even size")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
+        for f in fields(self):          # a --config file or a checkpoint is not checked by argparse
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f"--{flag(f.name)} must be one of {', '.join(choices)}, not {getattr(self, f.name)!r}")
         if not 0 <= self.dropout < 1:
             raise ConfigError("--dropout must be in [0, 1)")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -97,9 +107,9 @@ class TrainConfig:
             raise ConfigError("--max-norm must not be negative")
         from .balance import parse_balance
         parse_balance(self.balance)
-        if self.strategy == "zero3" and self.balance not in ("auto", "off"):
-            raise ConfigError("--balance with fixed weights needs --strategy dp or fsdp: zero3 splits the batch "
-                              "evenly (docs/trainer.md#zero3)")
+        if self.strategy in ("zero3", "auto") and self.balance not in ("auto", "off"):
+            raise ConfigError(f"--balance with fixed weights needs --strategy dp or fsdp, not {self.strategy}: "
+                              "zero3 splits the batch evenly (docs/trainer.md#zero3)")
         if self.preset is not None:
             presets.get(self.preset)
 

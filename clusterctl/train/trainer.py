@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from ..trainer_contract import STEP_GLOB, step_dir_name
-from . import checkpoint, collectives, presets
+from . import checkpoint, collectives, memory, presets
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, TrainerSummary, announce_quiet,
                         watched)
@@ -79,6 +79,8 @@ def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, de
     ckpt = checkpoint.resolve(config.resume, out_dir)
     resumed = checkpoint.read_state(ckpt)
     config, how = resolve(argv, resumed["config"], device)     # flags still win over the checkpoint
+    if config.strategy == "auto":                              # the strategy the checkpoint was written with
+        config = dataclasses.replace(config, strategy=resumed["strategy"])
     checkpoint.check_compatible(resumed, config.strategy, group.size(), ckpt)
     config = elastic_batch(config, resumed, group.size(), os.environ.get("CLUSTERCTL_ELASTIC_BATCH", "rank"))
     if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
@@ -113,6 +115,33 @@ def elastic_batch(config: TrainConfig, resumed: dict, world: int, policy: str) -
         raise ConfigError(f"--elastic-batch global: the global batch is {total} micro-batches per step (accum "
                           f"x {before} ranks), which {world} ranks cannot share equally; use --elastic-batch rank")
     return dataclasses.replace(config, accum=total // world)
+
+
+def plan_memory(config: TrainConfig, vocab_size: int, group) -> TrainConfig:
+    """The strategy to train with (`auto`: the cheapest whose estimate fits the smallest host), or
+    MemoryRefused with the numbers (--memory-check off: a warning instead). Rank 0 says what it planned."""
+    mine = memory.host_memory()
+    known = mine if mine is not None else -1
+    smallest = int(mx.distributed.all_min(mx.array(known // 2**20, dtype=mx.int32), group=group,
+                                          stream=mx.cpu).item()) if group.size() > 1 else known // 2**20
+    host = smallest * 2**20 if smallest >= 0 else None
+    shape = memory.Shape.of(config, vocab_size)
+    try:
+        strategy = memory.choose(shape, config.strategy, group.size(), host)
+    except memory.MemoryRefused as e:
+        if config.memory_check == "on":
+            raise
+        strategy = "dp" if config.strategy == "auto" else config.strategy
+        if group.rank() == 0:
+            print(f"warning (--memory-check off): {e}", flush=True)
+    if group.rank() == 0:
+        est = memory.estimate(shape, strategy, group.size())
+        chose = f"{strategy} (chosen by --strategy auto)" if config.strategy == "auto" else strategy
+        where = (f"; the smallest host has {memory.gb(host)}, {memory.gb(memory.usable(host))} usable"
+                 if host is not None else "")
+        print(f"memory: about {memory.gb(est.total)} per rank under {chose} at world {group.size()}{where}",
+              flush=True)
+    return dataclasses.replace(config, strategy=strategy)
 
 
 def out_dir_for(config: TrainConfig, group) -> str:
@@ -311,11 +340,12 @@ def train(argv: list[str] | None = None) -> None:
     config, how = resolve(argv, device=device)
     config, how, out_dir, ckpt, resumed = resolve_run(config, how, argv, group, device)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
+    config = plan_memory(config, vocab_size, group)            # before anything is allocated
 
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
     model = Transformer(ModelArgs.from_config(config, vocab_size))
     if config.strategy == "zero3":                             # each rank keeps 1/N of every parameter
-        model = ShardedModel(model, group)
+        model = ShardedModel(model, group, config.zero3_gather)
     optimizer = make_optimizer(config)
     if resumed:
         start = restore(ckpt, resumed, model, optimizer, config, rank, world)

@@ -8,8 +8,8 @@ empty placeholder arrays; the full weights of one unit at a time exist only whil
     units           the embedding lookup, each Transformer block, the head (final norm and the tied
                     output matrix, with the loss)
     forward         per unit: all-gather its weights (the next unit's gather is started before this one
-                    computes: --zero3-prefetch), compute, evaluate, drop the weights; keep only each block's
-                    input activation (B x L x dim)
+                    computes, --zero3-gather prefetch), compute, evaluate, drop the weights; keep only each
+                    block's input activation (B x L x dim)
     backward        per unit in reverse: gather its weights again, recompute the unit and take its
                     vector-Jacobian product (one extra forward per unit, the price of not keeping every
                     unit's weights and activations), reduce-scatter its weight gradients into this rank's
@@ -18,8 +18,9 @@ empty placeholder arrays; the full weights of one unit at a time exist only whil
                     slices only
 
 Re-gathering in the backward pass rather than keeping each unit's gathered weights from the forward pass is
-the memory choice: keeping them would hold the full model on every rank at the end of the forward pass,
-which is what zero3 is for avoiding (docs/trainer.md#zero3 has the measured costs). The last block's and the
+the memory choice: keeping them (--zero3-gather keep) holds the full model on every rank at the end of the
+forward pass, which is what zero3 is for avoiding; `plain` gathers without prefetching (docs/trainer.md#zero3
+has the measured costs of the three). The last block's and the
 head's weights gathered in the forward pass are reused at once by the backward pass, not gathered twice.
 
 Reduce-scatter: `collectives.reduce_scatter` (native sum_scatter on nccl/jaccl, MPI's Reduce_scatter_block
@@ -87,8 +88,11 @@ class ShardedModel:
     elements). Build it from a model whose parameters are not evaluated yet (MLX is lazy): one parameter
     at a time is evaluated, sliced and dropped, so the full model never exists on a rank."""
 
-    def __init__(self, model, group, prefetch: bool = True):
-        self.model, self.group, self.prefetch = model, group, prefetch
+    def __init__(self, model, group, gather: str = "prefetch"):
+        if gather not in GATHER_MODES:
+            raise ValueError(f"zero3 gather mode {gather!r}: one of {', '.join(GATHER_MODES)}")
+        self.model, self.group = model, group
+        self.prefetch, self.keep = gather != "plain", gather == "keep"
         self.world, self.rank = group.size(), group.rank()
         flat = tree_flatten(model.trainable_parameters())
         self.shapes = {k: tuple(v.shape) for k, v in flat}
@@ -209,23 +213,26 @@ class ShardedModel:
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
         keys_before: list = [None] * n
+        held: list = [None] * n               # "keep": every unit's weights from the forward pass
         params = self._start(units[0])
-        h, kept = tokens, {}
+        h = tokens
         for i in range(n - 1):                # embedding and blocks, forward
             following = self._start(units[i + 1]) if self.prefetch else None
             inputs[i] = h
             if dropout:
                 keys_before[i] = _random_key()
             h = self._run(units[i], params, h)
-            if i == n - 2:
-                kept = params                 # the last block's weights serve its backward pass at once
+            if self.keep or i == n - 2:       # the last block's weights serve its backward pass at once
+                held[i] = params
             params = following if following is not None else self._gather(units[i + 1].keys)
-        following = kept if kept else None
+        following = held[n - 2]
         loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc)
-        del params, kept
+        del params
         for i in range(n - 2, -1, -1):        # blocks and embedding, backward
             params = following if following is not None else self._gather(units[i].keys)
-            following = self._start(units[i - 1]) if self.prefetch and i > 0 else None
+            held[i] = None
+            following = (held[i - 1] if self.keep else self._start(units[i - 1]) if self.prefetch else None
+                         ) if i > 0 else None
             if dropout:
                 _restore_random_key(keys_before[i])
             if i == 0:                        # the tokens are not differentiable
@@ -263,6 +270,9 @@ def _random_key() -> list[int]:
 
 def _restore_random_key(key: list[int]) -> None:
     mx.random.seed((int(key[0]) << 32) | int(key[1]))
+
+
+GATHER_MODES = ("prefetch", "plain", "keep")
 
 
 def make_zero3_step(sharded: ShardedModel, optimizer, config):

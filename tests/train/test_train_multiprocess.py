@@ -338,3 +338,52 @@ def test_a_zero3_checkpoint_from_four_ranks_resumes_on_two_and_generates(tmp_pat
                        timeout=60)
     assert g.returncode == 0, g.stderr
     assert g.stdout.startswith("Once") and len(g.stdout.strip()) > len("Once")
+
+
+# ---- memory planning --------------------------------------------------------------------------
+
+ISSUE_MODEL = ["--n-layers", "4", "--dim", "384", "--n-heads", "4", "--mlp-dim", "1536", "--block-size", "16",
+               "--batch-size", "2"]
+
+
+def test_a_run_that_does_not_fit_is_refused_before_training_and_auto_picks_what_fits(tmp_path):
+    """Hosts of 200 MB (the test aid CLUSTERCTL_HOST_MEMORY, 150 MB usable): dp of the 9.5M-parameter model
+    (about 250 MB a rank) is refused in one line naming zero3, before any step; --strategy auto trains
+    with zero3 and its measured peak stays under the estimate's budget."""
+    env = {**ENV, "CLUSTERCTL_WORLD_SIZE": "2", "CLUSTERCTL_HOST_MEMORY": "200M"}
+    mpi = mpirun(2, forward=("PYTHONPATH", "CLUSTERCTL_WORLD_SIZE", "CLUSTERCTL_HOST_MEMORY"))
+    flags = [*ISSUE_MODEL, "--steps", "2", "--report-every", "1", "--eval-every", "0", "--balance", "off"]
+    r = subprocess.run(mpi + [sys.executable, "-m", "clusterctl.train", *flags, "--out", str(tmp_path / "dp")],
+                       capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "per rank under dp at world 2; the smallest host has 200 MB (150 MB usable: 75%)" in errors[0]
+    assert "zero3 at world 2 needs" in errors[0] and "pass --strategy zero3" in errors[0]
+    assert not (tmp_path / "dp" / "metrics.jsonl").exists()
+    r = subprocess.run(mpi + [sys.executable, "-m", "clusterctl.train", *flags, "--strategy", "auto", "--out",
+                              str(tmp_path / "auto")], capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "under zero3 (chosen by --strategy auto) at world 2" in r.stdout
+    state = json.loads((tmp_path / "auto" / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["strategy"] == "zero3"
+    peak = max(json.loads(line).get("peak_mem_mb", 0) for line in open(tmp_path / "auto" / "metrics.jsonl"))
+    assert 0 < peak < 150
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp", "zero3"])
+def test_the_memory_estimate_is_within_20_percent_of_the_measured_peak(strategy, tmp_path):
+    """memory.estimate against the largest mx.get_peak_memory() of any rank (metrics.jsonl), at worlds 1, 2
+    and 4, for the issue's parameter-dominated model."""
+    from clusterctl.train.memory import Shape, estimate
+    shape = Shape(vocab=257, n_layers=4, dim=384, n_heads=4, mlp_dim=1536, block_size=16, batch_size=2)
+    ratios = {}
+    for world in (1, 2, 4):
+        out = tmp_path / f"w{world}"
+        run(mpirun(world) + train_cmd(*ISSUE_MODEL, "--strategy", strategy, "--steps", "2", "--report-every", "1",
+                                      "--eval-every", "0", "--ckpt-every", "0", "--balance", "off", "--check-sync", "0",
+                                      "--out", str(out)), world=world)
+        peak = max(json.loads(line).get("peak_mem_mb", 0) for line in open(out / "metrics.jsonl")) * 2 ** 20
+        ratios[world] = estimate(shape, strategy, world).total / peak
+    print(strategy, "estimate / measured peak:", ratios)
+    assert all(0.8 <= r <= 1.2 for r in ratios.values()), ratios

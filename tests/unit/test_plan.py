@@ -16,10 +16,18 @@ IP = {"h1": "2: eth1    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth1",
       "h2": "2: eth1    inet 10.0.0.2/24 brd 10.0.0.255 scope global eth1"}
 
 
-def probes(cluster, os_name="Darwin", libmpi="/opt/homebrew/lib/libmpi.dylib"):
+# what the probe prints for memory: `sysctl -n hw.memsize` on a 64 GB Mac and a 16 GB one (recorded), Linux
+# MemTotal in bytes (awk on /proc/meminfo) with cgroup v2's memory.max ("max": no limit, or bytes)
+MEMORY = {"Darwin": {"h1": {"mem_total": ["68719476736"]}, "h2": {"mem_total": ["17179869184"]}},
+          "Linux": {"h1": {"mem_total": ["25151807488"], "mem_limit": ["max"]},
+                    "h2": {"mem_total": ["25151807488"], "mem_limit": ["8589934592"]}}}
+
+
+def probes(cluster, os_name="Darwin", libmpi="/opt/homebrew/lib/libmpi.dylib", memory=True):
     out = []
     for h in cluster.hosts:
-        facts = Facts({"os": [os_name], "iface": [IP[h.name]], **({"libmpi": [libmpi]} if libmpi else {})})
+        facts = Facts({"os": [os_name], "iface": [IP[h.name]], **({"libmpi": [libmpi]} if libmpi else {}),
+                       **(MEMORY[os_name][h.name] if memory else {})})
         out.append(HostProbe(h, facts))
     return out
 
@@ -28,7 +36,15 @@ def test_the_plan_exports_the_first_hosts_libmpi_and_pins_mpi_to_the_shared_subn
     cluster = parse("hosts: [{name: h1, address: 10.0.0.1}, {name: h2, address: 10.0.0.2}]\n")
     plan = plan_from_probes(cluster, probes(cluster))
     assert plan == LaunchPlan({"DYLD_FALLBACK_LIBRARY_PATH": "/opt/homebrew/lib",
-                               "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}, "10.0.0.0/24")
+                               "MLX_MPI_LIBNAME": "/opt/homebrew/lib/libmpi.dylib"}, "10.0.0.0/24",
+                              memory={"h1": 64 * 2**30, "h2": 16 * 2**30}, first_os="Darwin")
+
+
+def test_the_plan_keeps_each_hosts_memory_lowered_to_its_cgroup_limit():
+    cluster = parse("hosts: [{name: h1, address: 10.0.0.1}, {name: h2, address: 10.0.0.2}]\n")
+    plan = plan_from_probes(cluster, probes(cluster, "Linux", "/usr/lib/libmpi.so"))
+    assert plan.memory == {"h1": 25151807488, "h2": 8 * 2**30} and plan.first_os == "Linux"
+    assert plan_from_probes(cluster, probes(cluster, memory=False)).memory == {}     # an older probe: unknown
 
 
 def test_the_inventory_wins_over_what_the_probe_found():
@@ -42,15 +58,16 @@ def test_the_inventory_wins_over_what_the_probe_found():
 
 def test_no_libmpi_and_no_addresses_plan_nothing_extra():
     cluster = parse("hosts: [h1, h2]\n")
-    assert plan_from_probes(cluster, probes(cluster, libmpi=None)) == LaunchPlan({}, None)
+    assert plan_from_probes(cluster, probes(cluster, libmpi=None, memory=False)) == LaunchPlan({}, None,
+                                                                                             first_os="Darwin")
 
 
 def test_the_cached_plan_round_trips_per_cluster_and_a_damaged_cache_is_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     one, two = parse("hosts: [h1]\n", "one.yaml"), parse("hosts: [h1]\nmpi: {btl_tcp_links: 8}\n", "two.yaml")
     assert cached_plan(one) is None
-    remember_plan(one, LaunchPlan({"A": "1"}, "10.0.0.0/24"))
-    assert cached_plan(one) == LaunchPlan({"A": "1"}, "10.0.0.0/24")
+    remember_plan(one, LaunchPlan({"A": "1"}, "10.0.0.0/24", memory={"h1": 2**34}, first_os="Darwin"))
+    assert cached_plan(one) == LaunchPlan({"A": "1"}, "10.0.0.0/24", memory={"h1": 2**34}, first_os="Darwin")
     assert cached_plan(parse("hosts: [h1]\n", "elsewhere/same.yaml")) == cached_plan(one)   # same cluster, other file
     assert cached_plan(two) is None                                                       # other MPI settings
     [path] = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]

@@ -8,6 +8,12 @@ esac; }
 j() { printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")"; }
 j time "$(date +%s)"
 j home "$HOME"
+# memory in bytes, for the bundled trainer's memory plan (docs/trainer.md#memory-planning); Linux: a cgroup's limit too
+if [ "$(uname -s)" = Darwin ]; then j mem_total "$(sysctl -n hw.memsize 2>/dev/null)"
+else
+  j mem_total "$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 }' /proc/meminfo 2>/dev/null)"
+  j mem_limit "$(cat /sys/fs/cgroup/memory.max 2>/dev/null)"
+fi
 # this host's rendering of the inventory for OpenSSH: installed (atomically) unless it is there already
 if [ -n "$MESH_CONFIG_TEXT" ]; then
   if [ "$(cat "$MESH_CONFIG" 2>/dev/null)" = "$MESH_CONFIG_TEXT" ]; then j mesh_config current

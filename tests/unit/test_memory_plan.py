@@ -1,0 +1,101 @@
+"""The memory planner (clusterctl.train.memory): the estimate's arithmetic, what --strategy auto picks, and
+the one-line refusal of a run that does not fit. Pure: the figures here are the formula's; how close the
+formula is to measured peaks is tests/train/test_train_multiprocess.py's estimate test and
+benchmarks/bench_zero3.py."""
+import pytest
+
+from clusterctl.errors import BadInput
+from clusterctl.train import memory
+from clusterctl.train.memory import MemoryRefused, Shape, choose, estimate, parse_size
+
+# the issue's parameter-dominated model: 4 layers, dim 384, mlp 1536, block 16, batch 2, byte tokenizer
+ISSUE = Shape(vocab=257, n_layers=4, dim=384, n_heads=4, mlp_dim=1536, block_size=16, batch_size=2)
+MB = 2 ** 20
+
+
+def test_parameter_count_is_the_bundled_models():
+    block = 4 * 384 * 384 + 3 * 384 * 1536 + 2 * 384
+    assert ISSUE.params == 257 * 384 + 4 * block + 384 == 9_539_328     # count_parameters of the model: 9.54M
+    assert ISSUE.largest_unit == block
+
+
+def test_sharding_shrinks_the_estimate_with_the_world_and_dp_does_not():
+    dp = [estimate(ISSUE, "dp", n).total for n in (1, 2, 4)]
+    fsdp = [estimate(ISSUE, "fsdp", n).total for n in (1, 2, 4)]
+    zero3 = [estimate(ISSUE, "zero3", n).total for n in (1, 2, 4, 8)]
+    assert dp[0] == dp[1] == dp[2]
+    assert fsdp[0] > fsdp[1] > fsdp[2] and zero3 == sorted(zero3, reverse=True)
+    assert zero3[2] < fsdp[2] < dp[2]
+    assert zero3[2] / dp[2] < 0.4
+    more = Shape(**{**ISSUE.__dict__, "accum": 2})       # a running sum of the gradients
+    assert estimate(more, "dp", 1).total - dp[0] == ISSUE.params * 4
+
+
+def test_auto_takes_the_cheapest_strategy_that_fits():
+    dp, fsdp, zero3 = (estimate(ISSUE, s, 4).total for s in ("dp", "fsdp", "zero3"))
+    host = lambda need: int(need / memory.BUDGET) + 1      # noqa: E731 — just enough memory for `need`
+    assert choose(ISSUE, "auto", 4, host(dp)) == "dp"
+    assert choose(ISSUE, "auto", 4, host(fsdp)) == "fsdp"
+    assert choose(ISSUE, "auto", 4, host(zero3)) == "zero3"
+    assert choose(ISSUE, "auto", 4, None) == "dp"           # nothing known of the hosts: the default
+    assert choose(ISSUE, "zero3", 4, host(dp)) == "zero3"   # a strategy that fits is kept as given
+
+
+def test_a_run_that_does_not_fit_is_refused_naming_what_fits():
+    zero3 = estimate(ISSUE, "zero3", 4).total
+    host = int(zero3 / memory.BUDGET) + MB
+    with pytest.raises(MemoryRefused) as e:
+        choose(ISSUE, "dp", 4, host)
+    text = str(e.value)
+    assert "\n" not in text and isinstance(e.value, BadInput)
+    assert f"needs about {memory.gb(estimate(ISSUE, 'dp', 4).total)} per rank under dp at world 4" in text
+    assert f"zero3 at world 4 needs {memory.gb(zero3)}: pass --strategy zero3" in text
+
+
+def test_a_run_that_fits_nowhere_says_how_many_hosts_would_do():
+    small = int(estimate(ISSUE, "zero3", 8).total / memory.BUDGET) + MB    # zero3 fits at 8, not at 4
+    with pytest.raises(MemoryRefused, match="zero3 would fit on (5|6|7|8) such hosts"):
+        choose(ISSUE, "auto", 4, small)
+    with pytest.raises(MemoryRefused, match="no number of such hosts fits it"):
+        choose(ISSUE, "zero3", 4, 10 * MB)
+
+
+@pytest.mark.parametrize("text, value", [("16G", 16 * 2 ** 30), ("300M", 300 * MB), ("1.5g", int(1.5 * 2 ** 30)),
+                                         ("2GiB", 2 * 2 ** 30), ("4096", 4096), ("512k", 512 * 1024)])
+def test_sizes(text, value):
+    assert parse_size(text) == value
+
+
+def test_host_memory_reads_the_override_and_refuses_nonsense(monkeypatch):
+    monkeypatch.setenv(memory.HOST_MEMORY, "300M")
+    assert memory.host_memory() == 300 * MB
+    monkeypatch.setenv(memory.HOST_MEMORY, "lots")
+    with pytest.raises(BadInput, match="CLUSTERCTL_HOST_MEMORY='lots': a size such as 16G"):
+        memory.host_memory()
+    monkeypatch.delenv(memory.HOST_MEMORY)
+    assert memory.host_memory() > 100 * MB            # this machine's own
+
+
+ARGS = ["--n-layers", "4", "--dim", "384", "--n-heads", "4", "--mlp-dim", "1536", "--block-size", "16",
+        "--batch-size", "2"]
+
+
+def test_run_refuses_on_the_controller_with_the_smallest_hosts_memory(tmp_path):
+    check = memory.check_before_launch
+    big, small = 16 * 2 ** 30, 200 * MB
+    assert check(ARGS, 2, {"h1": big, "h2": big}, {}, "Linux", str(tmp_path)) == "dp"
+    with pytest.raises(MemoryRefused, match="under dp at world 2; the smallest host has 200 MB .* pass --strategy zero3"):
+        check(ARGS, 2, {"h1": big, "h2": small}, {}, "Linux", str(tmp_path))
+    with pytest.raises(MemoryRefused):           # the inventory's env says so, whatever the probe found
+        check(ARGS, 2, {"h1": big, "h2": big}, {"h2": "200M"}, "Linux", str(tmp_path))
+    assert check([*ARGS, "--strategy", "auto"], 2, {"h1": small, "h2": small}, {}, "Linux", str(tmp_path)) == "zero3"
+    assert check([*ARGS, "--memory-check", "off"], 2, {"h1": small}, {}, "Linux", str(tmp_path)) is None
+
+
+def test_run_leaves_to_the_ranks_what_it_cannot_tell(tmp_path):
+    check = memory.check_before_launch
+    tiny = {"h1": 10 * MB}
+    assert check([*ARGS, "--resume", "runs/x"], 1, tiny, {}, "Linux", str(tmp_path)) is None    # the checkpoint's settings
+    assert check([*ARGS, "--dim", "385"], 1, tiny, {}, "Linux", str(tmp_path)) is None          # the trainer refuses it
+    assert check([*ARGS, "--data", "nowhere"], 1, tiny, {}, "Linux", str(tmp_path)) is None     # vocabulary unknown
+    assert check(ARGS, 1, {}, {}, "Linux", str(tmp_path)) is None                               # hosts unknown
