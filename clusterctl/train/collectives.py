@@ -11,7 +11,9 @@ says which):
     "mpi4py"    MPI_Reduce_scatter_block through mpi4py on a duplicate of the MPI communicator behind the
                 group (COMM_WORLD for the world group; `split_group` registers the communicators of split
                 groups). Eager: it evaluates its input, so keep it out of mx.compile.
-    "all_sum"   all_sum then slice (ring; anything else): twice the traffic of a real reduce-scatter
+    "all_sum"   (ring; anything else) below SENDRECV_MIN_BYTES all_sum then slice, twice the traffic of a
+                real reduce-scatter; from there on `ring_reduce_scatter`, send/recv around the ring (faster
+                from about 1 MiB: benchmarks/RESULTS.md#zero3)
 
 mpi4py is imported only under an MPI launcher and only after MLX initialised MPI, with
 `mpi4py.rc.initialize = rc.finalize = False` (importing it first makes MPI initialise twice; see
@@ -28,6 +30,7 @@ import mlx.core as mx
 from clusterctl.errors import WorldSizeMismatch
 
 METHODS = ("identity", "native", "mpi4py", "all_sum")
+SENDRECV_MIN_BYTES = 1 << 20
 
 # id(group) -> (group, method, mpi communicator or None). The group is held so its id stays unique.
 _PROBED: dict[int, tuple] = {}
@@ -112,9 +115,35 @@ def reduce_scatter(x: mx.array, group: mx.distributed.Group | None = None, strea
         return mx.distributed.sum_scatter(x, group=group, stream=stream)
     if method == "mpi4py":
         return _mpi_reduce_scatter(x, comm, n)
+    if x.nbytes >= SENDRECV_MIN_BYTES:
+        return ring_reduce_scatter(x, group)
     rows = x.shape[0] // n
     r = group.rank()
     return mx.distributed.all_sum(x, group=group, stream=stream)[r * rows:(r + 1) * rows]
+
+
+def ring_reduce_scatter(x: mx.array, group) -> mx.array:
+    """Reduce-scatter around the ring with send/recv: N - 1 steps, each rank passing a running sum of one
+    block to the next rank and adding its own block to what the previous rank passed; each link carries
+    (N - 1)/N of x once, against all_sum's twice, and no rank ever holds the summed whole. Even ranks send
+    before they receive and odd ones receive first, so no two neighbours both wait on a send (measured: both
+    sending first hangs the ring backend). Evaluates as it goes (one step at a time)."""
+    n, r = group.size(), group.rank()
+    rows = x.shape[0] // n
+    block = [x[i * rows:(i + 1) * rows] for i in range(n)]
+    after, before = (r + 1) % n, (r - 1) % n
+    running = block[before]
+    for step in range(n - 1):
+        if r % 2 == 0:
+            mx.eval(mx.distributed.send(running, after, group=group))
+            got = mx.distributed.recv_like(running, before, group=group)
+            mx.eval(got)
+        else:
+            got = mx.distributed.recv_like(running, before, group=group)
+            mx.eval(got)
+            mx.eval(mx.distributed.send(running, after, group=group))
+        running = got + block[(r - step - 2) % n]
+    return running
 
 
 def _probe(group) -> tuple:

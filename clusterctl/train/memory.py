@@ -13,8 +13,8 @@ at worlds 1, 2 and 4: benchmarks/bench_zero3.py checks them, docs/trainer.md#mem
 
     dp      DP_PARAM x 4P                                   + activations of every block + the logits
     fsdp    (FSDP_FULL + FSDP_SHARD / N) x 4P               + the same activations
-    zero3   ZERO3_SHARD x 4P / N + ZERO3_UNITS x 4U         + each block's input + one block's activations
-                                                              + the logits
+    zero3   ZERO3_SHARD x 4P / N + ZERO3_UNITS x 4U         + each block's input + the recomputed block's
+                                                              activations, forward and backward + the logits
     accum > 1 adds a running sum of the gradients: 4P (dp, fsdp) or 4P / N (zero3).
 
 What counts against it is BUDGET of the smallest host's memory (macOS lets the GPU wire about that much by
@@ -34,11 +34,14 @@ BUDGET = 0.75
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"
 ORDER = ("dp", "fsdp", "zero3")     # cheapest (least communication) first: what auto tries in turn
 
-# measured (see the module docstring)
-DP_PARAM = 6.7
-FSDP_FULL, FSDP_SHARD = 3.7, 1.85
-ZERO3_SHARD, ZERO3_UNITS = 2.4, 7.0
-ACT_DIM, ACT_MLP, ACT_ATTN, ACT_LOGITS = 12.0, 4.0, 2.0, 3.0
+# measured (see the module docstring): peaks in units of 4P and 4U from the parameter-dominated
+# model (4 layers, dim 384, mlp 1536, block 16, batch 2) at worlds 1, 2, 4; activations from an
+# activation-heavy one (6 layers, dim 256, mlp 768, block 128, batch 8)
+DP_PARAM = 7.0
+FSDP_FULL, FSDP_SHARD = 3.86, 2.0
+ZERO3_SHARD, ZERO3_UNITS = 2.5, 7.1
+ACT_DIM, ACT_MLP, ACT_ATTN, ACT_LOGITS = 8.8, 2.93, 1.47, 3.0
+ZERO3_ACT_BLOCKS = 2.5      # the block being recomputed: its forward's activations and its backward's
 
 
 class MemoryRefused(BadInput):
@@ -101,7 +104,7 @@ def estimate(shape: Shape, strategy: str, world: int) -> Estimate:
         act = shape.n_layers * per_block + logits
     elif strategy == "zero3":
         state = ZERO3_SHARD * p4 / world + ZERO3_UNITS * u4 + running * p4 / world
-        act = shape.n_layers * BYTES * tokens * shape.dim + per_block + logits
+        act = shape.n_layers * BYTES * tokens * shape.dim + ZERO3_ACT_BLOCKS * per_block + logits
     else:
         raise ValueError(f"no estimate for strategy {strategy!r}")
     return Estimate(strategy, world, int(state), int(act))

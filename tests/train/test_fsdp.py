@@ -94,3 +94,24 @@ def test_init_world_fails_loudly_when_mlx_cannot_load_libmpi(tmp_path):
     assert "trained alone" not in r.stdout
     assert "could not form the world of 2 the launcher started" in r.stderr
     assert "MLX_MPI_LIBNAME" in r.stderr
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_reduce_scatter_with_send_and_recv_sums_like_all_sum(world):
+    """Above 1 MiB, reduce_scatter on ring passes running sums around the ring (collectives.ring_reduce_scatter);
+    it must give every rank its block of the all_sum (to float rounding: the sums are added in another
+    order; bfloat16 rounds each partial sum), on an even and an odd number of ranks."""
+    launch = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    r = subprocess.run([launch, "-n", str(world), "--backend", "ring", sys.executable,
+                        os.path.join(os.path.dirname(WORKER), "reduce_scatter_worker.py")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert sorted(rep["rank"] for rep in reports) == list(range(world))
+    for rep in reports:
+        paths = {v["path"] for v in rep["results"].values()}
+        assert paths == {"all_sum", "sendrecv"}, rep
+        for name, v in rep["results"].items():
+            assert v["shape_ok"], (rep["rank"], name)
+            # largest difference / largest value: float32 ~1e-7; bfloat16 keeps 8 bits (2^-8 = 0.004 a rounding)
+            assert v["relative"] <= (0.02 if "bfloat16" in name else 1e-5), (rep["rank"], name, v)
