@@ -12,7 +12,8 @@ Per rank, in bytes (the coefficients are measured peaks of MLX 0.32.4 on its CPU
 at worlds 1, 2 and 4: benchmarks/bench_zero3.py checks them, docs/trainer.md#memory-planning has the table):
 
     dp      DP_PARAM x 4P                                   + activations of every block + the logits
-    fsdp    (FSDP_FULL + FSDP_SHARD / N) x 4P               + the same activations
+    fsdp    (FSDP_FULL + FSDP_SHARD / N) x 4P               + FSDP_ACT x the same activations
+            (FSDP_ONE x 4P at N = 1: the optimizer steps the full parameters)
     zero3   ZERO3_SHARD x 4P / N + ZERO3_UNITS x 4U         + each block's input + the recomputed block's
                                                               activations, forward and backward + the logits
     accum > 1 adds a running sum of the gradients: 4P (dp, fsdp) or 4P / N (zero3).
@@ -39,6 +40,8 @@ ORDER = ("dp", "fsdp", "zero3")     # cheapest (least communication) first: what
 # activation-heavy one (6 layers, dim 256, mlp 768, block 128, batch 8)
 DP_PARAM = 7.0
 FSDP_FULL, FSDP_SHARD = 3.86, 2.0
+FSDP_ONE = 4.77             # a world of one: the optimizer steps the full parameters, no buckets
+FSDP_ACT = 1.15             # its gradient step, compiled apart from the update, holds more at the peak
 ZERO3_SHARD, ZERO3_UNITS = 2.5, 7.1
 ACT_DIM, ACT_MLP, ACT_ATTN, ACT_LOGITS = 8.8, 2.93, 1.47, 3.0
 ZERO3_ACT_BLOCKS = 2.5      # the block being recomputed: its forward's activations and its backward's
@@ -100,8 +103,8 @@ def estimate(shape: Shape, strategy: str, world: int) -> Estimate:
         state = DP_PARAM * p4 + running * p4
         act = shape.n_layers * per_block + logits
     elif strategy == "fsdp":
-        state = (FSDP_FULL + FSDP_SHARD / world) * p4 + running * p4
-        act = shape.n_layers * per_block + logits
+        state = (FSDP_ONE if world == 1 else FSDP_FULL + FSDP_SHARD / world) * p4 + running * p4
+        act = FSDP_ACT * (shape.n_layers * per_block + logits)
     elif strategy == "zero3":
         state = ZERO3_SHARD * p4 / world + ZERO3_UNITS * u4 + running * p4 / world
         act = shape.n_layers * BYTES * tokens * shape.dim + ZERO3_ACT_BLOCKS * per_block + logits
