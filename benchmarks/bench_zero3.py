@@ -10,13 +10,18 @@ float32), --balance off, no evaluation or checkpoint inside the timed steps. For
 strategy: the largest `mx.get_peak_memory()` of any rank (metrics.jsonl's peak_mem_mb, the maximum over the
 reports), the global tokens/s (median of the reports after step 10), the final loss, and
 clusterctl.train.memory's estimate. At world 4 over ring, zero3's three gather modes (prefetch, plain, keep)
-too. Writes benchmarks/results/zero3.json.
+too. First, reduce-scatter on ring by size (mlx.launch, 2 and 4 ranks on this machine): all_sum then slice
+against send/recv around the ring, which collectives.reduce_scatter picks from SENDRECV_MIN_BYTES up.
+Writes benchmarks/results/zero3.json.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import time
 import sys
 import tempfile
 
@@ -43,6 +48,46 @@ def one(inventory: str, backend: str, steps: int, extra: list[str]) -> dict:
             "peak_mb": max(x["peak_mem_mb"] for x in reports)}
 
 
+RS_SIZES = [2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22, 2 ** 24]      # bytes of float32 reduce-scattered
+
+
+def reduce_scatter_worker() -> None:
+    """One rank (mlx.launch, ring): seconds per reduce-scatter of each size, all_sum-then-slice against
+    send/recv around the ring (collectives.ring_reduce_scatter), interleaved, median of 7 after a warm-up."""
+    import mlx.core as mx
+
+    from clusterctl.train import collectives
+
+    group = collectives.init_world("ring")
+    n, r = group.size(), group.rank()
+    out = {}
+    for size in RS_SIZES:
+        x = mx.random.normal((n, size // 4 // n)) + r
+        mx.eval(x)
+        ways = {"all_sum": lambda x=x: mx.distributed.all_sum(x, group=group)[r],
+                "sendrecv": lambda x=x: collectives.ring_reduce_scatter(x, group)}
+        times = {k: [] for k in ways}
+        for i in range(8):
+            for name, fn in ways.items():
+                began = time.perf_counter()
+                mx.eval(fn())
+                if i:
+                    times[name].append(time.perf_counter() - began)
+        out[size] = {k: statistics.median(v) for k, v in times.items()}
+    if r == 0:
+        print(json.dumps(out), flush=True)
+
+
+def reduce_scatter_sizes(world: int) -> dict:
+    launch = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    r = subprocess.run([launch, "-n", str(world), "--backend", "ring", sys.executable, os.path.abspath(__file__),
+                        "--reduce-scatter-worker"], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": os.path.join(HERE, "..")})
+    if r.returncode != 0:
+        raise SystemExit(f"reduce-scatter sizes at world {world} failed:\n{r.stderr[-2000:]}")
+    return json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
+
+
 def subset_inventory(text: str, keep: int) -> str:
     """The inventory with only its first `keep` hosts (the test cluster writes `- name:` then `address:`)."""
     out, seen, skipping = [], 0, False
@@ -62,7 +107,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--backends", default="ring,mpi")
     parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--reduce-scatter-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reduce_scatter_worker:
+        reduce_scatter_worker()
+        return 0
+    sizes = {}
+    for w in (2, 4):
+        sizes[w] = reduce_scatter_sizes(w)
+        for size, t in sizes[w].items():
+            print(f"ring reduce-scatter at world {w}, {int(size) / MiB:.2f} MiB: all_sum then slice "
+                  f"{t['all_sum'] * 1e3:.1f} ms, send/recv {t['sendrecv'] * 1e3:.1f} ms "
+                  f"({t['all_sum'] / t['sendrecv']:.2f}x)", flush=True)
     backends, worlds = args.backends.split(","), [int(w) for w in args.worlds.split(",")]
     from sshcluster import SSHCluster
     rows = []
@@ -72,7 +128,7 @@ def main() -> int:
             text = cluster.inventory.read_text()
             inventories = {}
             for w in worlds:
-                path = os.path.join(tmp, f"inventory-{w}.yaml")
+                path = str(cluster.inventory.with_name(f"inventory-{w}.yaml"))    # beside its ssh_config
                 with open(path, "w") as f:
                     f.write(subset_inventory(text, w))
                 inventories[w] = path
@@ -114,7 +170,8 @@ def main() -> int:
               f"zero3 tok/s / dp {r['zero3_tokens_over_dp']:.2f}, final loss {r['zero3_loss_vs_dp'] * 100:+.2f}%")
     worst = max(abs(r["estimate_over_peak"] - 1) for r in rows)
     print(f"estimate within {worst * 100:.0f}% of every measured peak")
-    write_record("zero3", steps=args.steps, flags=MODEL, rows=rows, ratios=ratios, estimate_worst=worst)
+    write_record("zero3", steps=args.steps, flags=MODEL, rows=rows, ratios=ratios, estimate_worst=worst,
+                 reduce_scatter_ring=sizes)
     return 0
 
 

@@ -133,8 +133,16 @@ def _balance(r: dict) -> str:
             f"{m['auto']['shares']}; --check-sync 10 / 100: {r['check_sync_10_over_100']['median']:.3f}")
 
 
+def _zero3(r: dict) -> str:
+    parts = [f"{name}: peak zero3/dp {x['zero3_peak_over_dp']:.2f} (fsdp/dp {x['fsdp_peak_over_dp']:.2f}), "
+             f"tok/s zero3/dp {x['zero3_tokens_over_dp']:.2f}, loss {x['zero3_loss_vs_dp'] * 100:+.1f}%"
+             for name, x in r["ratios"].items()]
+    return "; ".join(parts) + f"; memory estimate within {r['estimate_worst'] * 100:.0f}% of every peak"
+
+
 SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
-             "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance}
+             "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
+             "zero3": _zero3}
 
 
 def _generic(r: dict) -> str:

@@ -17,6 +17,7 @@ _REPORT = re.compile(r"^step +(\d+)/\d+ \|")
 TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer adds to summary.json ("trainer")
 DATA = "--data"
 STRATEGY = "--strategy"
+HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
 
 
 def step_dir_name(step: int) -> str:

@@ -39,4 +39,4 @@ fi
 
 # the package is linted first (pyproject.toml [tool.ruff]); a lint error fails the run before the tests start
 .venv/bin/ruff check clusterctl
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --durations=40 "$@"

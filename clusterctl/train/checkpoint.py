@@ -1,10 +1,11 @@
 """Checkpoints: <out>/checkpoints/step-000123/{model.safetensors, optimizer.safetensors, state.json}.
 
 FSDP writes optimizer-rank-K.safetensors per rank instead of optimizer.safetensors (each rank holds only
-its slices of the optimizer state). ZeRO-3 writes no full model: each rank writes zero3-rank-K.safetensors
-(its slices of the parameters and of the optimizer state) and zero3.json (the manifest: world size, every
-parameter's shape and dtype); loading re-shards them for any world size (`load_zero3`) or assembles the full
-parameters for one process (`load_model`, which `clusterctl generate` uses).
+its slices of the optimizer state). ZeRO-3 writes no full model: each rank writes
+zero3-rank-K.safetensors (its slices of the parameters' flat groups and of the optimizer state) and
+zero3.json (the manifest: world size, each group's name, dtype and parameters with their shapes, in
+order); loading re-shards them for any world size (`load_zero3`) or assembles the full parameters for
+one process (`load_model`, which `clusterctl generate` uses).
 
 A checkpoint is assembled in a hidden temporary directory and renamed
 into place, then `checkpoints/latest` (a one-line file naming it) is replaced atomically, so a run killed
@@ -125,9 +126,9 @@ def _save_zero3(tmp: Path, sharded, optimizer, group, writer: bool) -> None:
     barrier(group)
     _share_files(tmp, group, writer)
     if writer:
-        manifest = {"world": world, "params": {k: {"shape": list(sharded.shapes[k]),
-                                                   "dtype": str(sharded.dtypes[k]).removeprefix("mlx.core.")}
-                                               for k in sharded.shards}}
+        manifest = {"world": world, "groups": [{"name": g.name, "dtype": str(g.dtype).removeprefix("mlx.core."),
+                                                "params": [[k, list(shape)] for k, shape in zip(g.keys, g.shapes)]}
+                                               for g in sharded.groups]}
         write_text(str(tmp / ZERO3_MANIFEST), json.dumps(manifest, indent=1) + "\n")
 
 
@@ -188,23 +189,27 @@ def _slice_of(files: list[dict], name: str, size: int, old: int, new: int, rank:
     have = sum(p.size for p in pieces)
     if have < new_chunk:
         pieces.append(mx.zeros((new_chunk - have,), dtype=pieces[0].dtype if pieces else mx.float32))
-    out = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    out = mx.concatenate(pieces) if len(pieces) > 1 else mx.contiguous(pieces[0])   # not a view of the file's array
     mx.eval(out)
     return out
 
 
+def _group_sizes(manifest: dict) -> dict[str, int]:
+    return {g["name"]: sum(math.prod(shape) for _, shape in g["params"]) for g in manifest["groups"]}
+
+
 def load_zero3(ckpt: Path, sharded, optimizer, rank: int, world: int) -> None:
-    """This rank's slices of the parameters and the optimizer state, re-sharded from the checkpoint's world
-    size to this one (any sizes)."""
+    """This rank's slices of the parameters (flat groups) and of the optimizer state, re-sharded from the
+    checkpoint's world size to this one (any sizes)."""
     manifest = read_zero3_manifest(ckpt)
     old = manifest["world"]
+    layout = [(g["name"], [(k, tuple(shape)) for k, shape in g["params"]]) for g in manifest["groups"]]
+    if layout != [(g.name, list(zip(g.keys, g.shapes))) for g in sharded.groups]:
+        raise CheckpointError(f"{ckpt}: its parameters do not match this model's (another model shape?)")
     files = [mx.load(str(ckpt / zero3_file(k))) for k in range(old)]
-    sizes = {k: math.prod(v["shape"]) for k, v in manifest["params"].items()}
-    if set(sizes) != set(sharded.shapes) or any(tuple(manifest["params"][k]["shape"]) != sharded.shapes[k]
-                                                for k in sizes):
-        raise CheckpointError(f"{ckpt}: its parameters do not match this model's shapes")
-    for k, size in sizes.items():
-        sharded.shards[k] = _slice_of(files, f"param:{k}", size, old, world, rank)
+    sizes = _group_sizes(manifest)
+    for name, size in sizes.items():
+        sharded.shards[name] = _slice_of(files, f"param:{name}", size, old, world, rank)
     state = []
     for name in files[0]:
         if not name.startswith("opt:"):
@@ -219,12 +224,15 @@ def load_zero3(ckpt: Path, sharded, optimizer, rank: int, world: int) -> None:
 
 
 def _zero3_full(ckpt: Path) -> dict[str, mx.array]:
+    """Every parameter, assembled from the ranks' slices (one process: generate, tests)."""
     manifest = read_zero3_manifest(ckpt)
     files = [mx.load(str(ckpt / zero3_file(k))) for k in range(manifest["world"])]
     out = {}
-    for k, meta in manifest["params"].items():
-        flat = mx.concatenate([f[f"param:{k}"] for f in files])
-        out[k] = flat[:math.prod(meta["shape"])].reshape(meta["shape"])
+    for g in manifest["groups"]:
+        flat, at = mx.concatenate([f[f"param:{g['name']}"] for f in files]), 0
+        for key, shape in g["params"]:
+            out[key] = flat[at:at + math.prod(shape)].reshape(shape)
+            at += math.prod(shape)
     return out
 
 

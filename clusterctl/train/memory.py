@@ -29,10 +29,10 @@ import re
 from dataclasses import dataclass
 
 from ..errors import BadInput
+from ..trainer_contract import HOST_MEMORY
 
 BYTES = 4                 # float32
 BUDGET = 0.75
-HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"
 ORDER = ("dp", "fsdp", "zero3")     # cheapest (least communication) first: what auto tries in turn
 
 # measured (see the module docstring): peaks in units of 4P and 4U from the parameter-dominated
@@ -42,7 +42,7 @@ DP_PARAM = 7.0
 FSDP_FULL, FSDP_SHARD = 3.86, 2.0
 FSDP_ONE = 4.77             # a world of one: the optimizer steps the full parameters, no buckets
 FSDP_ACT = 1.15             # its gradient step, compiled apart from the update, holds more at the peak
-ZERO3_SHARD, ZERO3_UNITS = 2.5, 7.1
+ZERO3_SHARD, ZERO3_UNITS = 3.5, 5.1
 ACT_DIM, ACT_MLP, ACT_ATTN, ACT_LOGITS = 8.8, 2.93, 1.47, 3.0
 ZERO3_ACT_BLOCKS = 2.5      # the block being recomputed: its forward's activations and its backward's
 

@@ -139,7 +139,9 @@ def plan_memory(config: TrainConfig, vocab_size: int, group) -> TrainConfig:
         chose = f"{strategy} (chosen by --strategy auto)" if config.strategy == "auto" else strategy
         where = (f"; the smallest host has {memory.gb(host)}, {memory.gb(memory.usable(host))} usable"
                  if host is not None else "")
-        print(f"memory: about {memory.gb(est.total)} per rank under {chose} at world {group.size()}{where}",
+        others = ", ".join(f"{s} {memory.gb(memory.estimate(shape, s, group.size()).total)}"
+                           for s in memory.ORDER if s != strategy)
+        print(f"memory: about {memory.gb(est.total)} per rank under {chose} at world {group.size()} ({others}){where}",
               flush=True)
     return dataclasses.replace(config, strategy=strategy)
 

@@ -1,9 +1,12 @@
 """ZeRO-3: parameters, gradients and optimizer state all sharded over the ranks (`--strategy zero3`).
 
-Each rank permanently holds 1/N of every parameter: the parameter flattened row-major, zero-padded to a
-multiple of N, elements [r*chunk, (r+1)*chunk) for rank r (the layout of fsdp.py's optimizer state, so
-AdamW, elementwise, makes the same updates as data parallel). The model object keeps its structure with
-empty placeholder arrays; the full weights of one unit at a time exist only while it computes:
+Each rank permanently holds 1/N of every parameter. The parameters a unit (below) uses are stored as one flat
+vector (a FlatGroup, as PyTorch FSDP's flat parameter): their concatenation, each flattened row-major, zero-
+padded to a multiple of N, of which rank r keeps elements [r*chunk, (r+1)*chunk). One all_gather returns the
+whole vector contiguously and every parameter is a view of it (gathering per parameter would copy each out of a
+strided block); AdamW, elementwise, makes the same updates on the slices as data parallel on the whole. The
+model object keeps its structure with empty placeholder arrays; the full weights of one unit at a time exist
+only while it computes:
 
     units           the embedding lookup, each Transformer block, the head (final norm and the tied
                     output matrix, with the loss)
@@ -42,7 +45,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .collectives import reduce_scatter
-from .fsdp import clip_by_global_norm, local_chunk, pack_rows, split_row, unpack_rows
+from .fsdp import clip_by_global_norm, local_chunk
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,46 @@ def transformer_units(model) -> list[Unit]:
     return units
 
 
+@dataclass(frozen=True)
+class FlatGroup:
+    """Parameters stored as one flat vector, sharded as a whole: rank r holds elements [r*chunk, (r+1)*chunk)
+    of the concatenation of `keys` (each flattened row-major, at `offsets`), zero-padded to world x chunk.
+    One all_gather returns the whole vector contiguously, and each parameter is a view of it: no copy."""
+    name: str
+    dtype: mx.Dtype
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1] + math.prod(self.shapes[-1])
+
+
+def flat_groups(units: list[Unit], shapes: dict, dtypes: dict) -> list[FlatGroup]:
+    """A group per unit (and dtype) of the parameters that unit is the first to use (the head's tied output
+    matrix is the embedding's, so it stays in the embedding's group)."""
+    groups, placed = [], set()
+    for unit in units:
+        mine = [k for k in unit.keys if k not in placed]
+        placed.update(mine)
+        kinds = list(dict.fromkeys(dtypes[k] for k in mine))
+        for dtype in kinds:
+            keys = tuple(k for k in mine if dtypes[k] == dtype)
+            offsets, at = [], 0
+            for k in keys:
+                offsets.append(at)
+                at += math.prod(shapes[k])
+            name = unit.name if len(kinds) == 1 else f"{unit.name}:{str(dtype).removeprefix('mlx.core.')}"
+            groups.append(FlatGroup(name, dtype, keys, tuple(shapes[k] for k in keys), tuple(offsets)))
+    return groups
+
+
 class ShardedModel:
-    """A model whose parameters live as this rank's slices (`self.shards`, key -> 1-D array of `chunk`
-    elements). Build it from a model whose parameters are not evaluated yet (MLX is lazy): one parameter
-    at a time is evaluated, sliced and dropped, so the full model never exists on a rank."""
+    """A model whose parameters live as this rank's slices of flat groups (`self.shards`, group name -> 1-D
+    array of `chunk` elements; `self.groups` says what is where). Build it from a model whose parameters are
+    not evaluated yet (MLX is lazy): one group at a time is evaluated, sliced and dropped, so the full model
+    never exists on a rank."""
 
     def __init__(self, model, group, gather: str = "prefetch"):
         if gather not in GATHER_MODES:
@@ -98,16 +137,20 @@ class ShardedModel:
         self.model, self.group = model, group
         self.prefetch, self.keep = gather != "plain", gather == "keep"
         self.world, self.rank = group.size(), group.rank()
-        flat = tree_flatten(model.trainable_parameters())
-        self.shapes = {k: tuple(v.shape) for k, v in flat}
-        self.dtypes = {k: v.dtype for k, v in flat}
-        self.shards: dict[str, mx.array] = {}
-        for k, v in flat:
-            self.shards[k] = local_chunk(v, self.world, self.rank)
-            mx.eval(self.shards[k])
-        del flat, v
-        self._placeholders()
+        params = dict(tree_flatten(model.trainable_parameters()))
+        self.shapes = {k: tuple(v.shape) for k, v in params.items()}
+        self.dtypes = {k: v.dtype for k, v in params.items()}
         self.units = transformer_units(model)
+        self.groups = flat_groups(self.units, self.shapes, self.dtypes)
+        self.group_of = {k: g for g in self.groups for k in g.keys}
+        self.shards: dict[str, mx.array] = {}
+        for g in self.groups:
+            flat = mx.concatenate([params.pop(k).reshape(-1) for k in g.keys])
+            self._release_keys(g.keys)        # the model must not keep the group's full arrays once evaluated
+            # a copy: a slice would be a view that keeps the whole group's buffer alive
+            self.shards[g.name] = mx.contiguous(local_chunk(flat, self.world, self.rank))
+            del flat
+            mx.eval(self.shards[g.name])
         self._fns: dict = {}
 
     # --- what fit and the checkpoints see -------------------------------------------------------------
@@ -132,39 +175,39 @@ class ShardedModel:
 
     def full_parameters(self) -> dict[str, mx.array]:
         """Every parameter gathered (a collective; the whole model on this rank: for tests and small models)."""
-        return self._gather(tuple(self.shards))
+        return self._gather(tuple(self.shapes))
 
     # --- gathering and scattering -----------------------------------------------------------------------
     def _placeholders(self):
         self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in self.shapes]))
 
+    def _groups(self, keys) -> list[FlatGroup]:
+        return list(dict.fromkeys(self.group_of[k] for k in keys))
+
     def _gather(self, keys) -> dict[str, mx.array]:
-        if self.world == 1:
-            return {k: self.shards[k].reshape(-1)[:math.prod(self.shapes[k])].reshape(self.shapes[k])
-                    for k in keys}
+        """The full parameters `keys` (and the rest of their groups): one all_gather per group, each parameter
+        a view of the gathered vector."""
         out = {}
-        for dtype in dict.fromkeys(self.dtypes[k] for k in keys):
-            group_keys = [k for k in keys if self.dtypes[k] == dtype]
-            row = mx.concatenate([self.shards[k] for k in group_keys])
-            gathered = mx.distributed.all_gather(row[None], group=self.group)
-            for k, full in zip(group_keys, unpack_rows(gathered, [self.shapes[k] for k in group_keys],
-                                                       self.world)):
-                out[k] = full
+        for g in self._groups(keys):
+            shard = self.shards[g.name]
+            flat = shard if self.world == 1 else mx.distributed.all_gather(shard[None], group=self.group).reshape(-1)
+            for k, shape, at in zip(g.keys, g.shapes, g.offsets):
+                out[k] = flat[at:at + math.prod(shape)].reshape(shape)
         return out
 
     def _scatter_into(self, grads: dict[str, mx.array], acc: dict[str, mx.array]) -> None:
-        """Reduce-scatter full gradients (this rank's, of one unit) and add this rank's slices into acc."""
-        keys = list(grads)
-        for dtype in dict.fromkeys(grads[k].dtype for k in keys):
-            group_keys = [k for k in keys if grads[k].dtype == dtype]
+        """Reduce-scatter full gradients (this rank's, of one unit's groups) and add this rank's slices into acc."""
+        for g in self._groups(grads):
+            flat = mx.concatenate([grads[k].reshape(-1).astype(g.dtype) for k in g.keys])
             if self.world == 1:
-                slices = [grads[k].reshape(-1) for k in group_keys]
+                row = flat
             else:
-                packed = pack_rows([grads[k] for k in group_keys], self.world)
-                row = reduce_scatter(packed, self.group).reshape(-1)
-                slices = split_row(row, [grads[k].size for k in group_keys], self.world)
-            for k, part in zip(group_keys, slices):
-                acc[k] = part if acc.get(k) is None else acc[k] + part
+                chunk = -(-g.size // self.world)
+                pad = chunk * self.world - g.size
+                if pad:
+                    flat = mx.concatenate([flat, mx.zeros((pad,), dtype=g.dtype)])
+                row = reduce_scatter(flat.reshape(self.world, chunk), self.group).reshape(-1)
+            acc[g.name] = row if acc.get(g.name) is None else acc[g.name] + row
 
     def _start(self, unit: Unit) -> dict[str, mx.array]:
         params = self._gather(unit.keys)
@@ -175,7 +218,10 @@ class ShardedModel:
     # --- the computation ----------------------------------------------------------------------------------
     def _release(self, unit: Unit) -> None:
         """Put placeholders back where `unit.call` set full weights into the model, so nothing holds them."""
-        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in unit.keys]))
+        self._release_keys(unit.keys)
+
+    def _release_keys(self, keys) -> None:
+        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in keys]))
 
     def _compiled(self, unit: Unit, kind: str):
         """The unit's forward ("run": weights, inputs -> output) or its vector-Jacobian product ("vjp": weights,
@@ -214,7 +260,7 @@ class ShardedModel:
         out, *grads = fn(*(params[k] for k in keys), *inputs, *const, cotangent)
         self._scatter_into(dict(zip(keys, grads[:len(keys)])), acc)
         back = grads[len(keys):]
-        mx.eval(out, back, *(acc[k] for k in keys))
+        mx.eval(out, back, *(acc[g.name] for g in self._groups(keys)))
         self._release(unit)
         return out, back
 
@@ -280,10 +326,17 @@ class ShardedModel:
         for i in range(accum):
             loss = loss + self.micro_batch(x[i], y[i], scale, acc)
             mx.eval(loss)
-        grad_tree = tree_unflatten([(k, acc[k]) for k in self.shards])
+        grad_tree = tree_unflatten([(k, acc.pop(k)) for k in self.shards])
         grad_tree, norm = clip_by_global_norm(grad_tree, max_norm, self.group)
-        updated = optimizer.apply_gradients(grad_tree, self.shard_tree())
-        self.shards = dict(tree_flatten(updated))
+        mx.eval(norm)
+        updated = tree_flatten(optimizer.apply_gradients(grad_tree, self.shard_tree()))
+        del grad_tree
+        # evaluated one group at a time: AdamW's temporaries for the whole model at once were 4 x the
+        # parameters' bytes on top of the state (measured), one group's are 4 x that group's
+        state = tree_flatten(optimizer.state)
+        for name, new in updated:
+            mx.eval(new, *(v for k, v in state if k.startswith(name + ".")))
+            self.shards[name] = new
         loss = loss / accum
         if self.world > 1:
             loss = mx.distributed.all_sum(loss, group=self.group) / self.world

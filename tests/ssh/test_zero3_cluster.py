@@ -33,7 +33,8 @@ def test_a_run_too_big_for_a_host_is_refused_up_front_and_auto_trains_it_with_ze
     r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--", *MODEL,
                    "--strategy", "auto", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "under zero3 (chosen by --strategy auto) at world 2; the smallest host has 200 MB" in r.stdout
+    assert re.search(r"under zero3 \(chosen by --strategy auto\) at world 2 \(dp \d+ MB, fsdp \d+ MB\); the smallest "
+                     r"host has 200 MB", r.stdout), r.stdout
     run_dir = tmp_path / "runs" / TOKEN.search(r.stderr).group(1)
     step = run_dir / "checkpoints" / "step-000003"
     assert sorted(p.name for p in step.iterdir()) == ["state.json", "zero3-rank-0.safetensors",
