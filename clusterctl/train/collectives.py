@@ -129,6 +129,9 @@ def ring_reduce_scatter(x: mx.array, group) -> mx.array:
     before they receive and odd ones receive first, so no two neighbours both wait on a send (measured: both
     sending first hangs the ring backend). Evaluates as it goes (one step at a time)."""
     n, r = group.size(), group.rank()
+    # x first, on every rank: a collective inside its lazy graph (zero3's gather) would otherwise run on a
+    # rank while its odd neighbour already waits in recv for it, and neither would return (measured: a hang)
+    mx.eval(x)
     rows = x.shape[0] // n
     block = [x[i * rows:(i + 1) * rows] for i in range(n)]
     after, before = (r + 1) % n, (r - 1) % n
