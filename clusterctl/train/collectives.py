@@ -13,7 +13,7 @@ says which):
                 groups). Eager: it evaluates its input, so keep it out of mx.compile.
     "all_sum"   (ring; anything else) below SENDRECV_MIN_BYTES all_sum then slice, twice the traffic of a
                 real reduce-scatter; from there on `ring_reduce_scatter`, send/recv around the ring (faster
-                from about 1 MiB: benchmarks/RESULTS.md#zero3)
+                from about 1 MiB: benchmarks/RESULTS.md#zero3-a-model-bigger-than-one-host-and-the-memory-estimate-2026-11-25)
 
 mpi4py is imported only under an MPI launcher and only after MLX initialised MPI, with
 `mpi4py.rc.initialize = rc.finalize = False` (importing it first makes MPI initialise twice; see
