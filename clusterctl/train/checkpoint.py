@@ -32,6 +32,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..atomic import fsync_tree, write_text
 from ..errors import CheckpointError
 from ..trainer_contract import STEP_GLOB, checkpoint_step, step_dir_name
+from .fsdp import chunk_size
 
 FORMAT = 1
 
@@ -179,7 +180,7 @@ def read_zero3_manifest(ckpt: Path) -> dict:
 
 def _slice_of(files: list[dict], name: str, size: int, old: int, new: int, rank: int) -> mx.array:
     """Rank `rank` of `new`'s slice of an array flattened and split over `old` ranks' files (padded)."""
-    old_chunk, new_chunk = -(-size // old), -(-size // new)
+    old_chunk, new_chunk = chunk_size(size, old), chunk_size(size, new)
     lo, hi = rank * new_chunk, (rank + 1) * new_chunk
     pieces = []
     for k in range(lo // old_chunk, min(old, -(-hi // old_chunk))):
@@ -216,7 +217,7 @@ def load_zero3(ckpt: Path, sharded, optimizer, rank: int, world: int) -> None:
             continue
         key = name[4:]
         owner = key.rsplit(".", 1)[0]
-        if owner in sizes and files[0][name].ndim == 1 and files[0][name].size == -(-sizes[owner] // old):
+        if owner in sizes and files[0][name].ndim == 1 and files[0][name].size == chunk_size(sizes[owner], old):
             state.append((key, _slice_of(files, name, sizes[owner], old, world, rank)))
         else:
             state.append((key, files[0][name]))

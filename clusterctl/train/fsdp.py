@@ -81,7 +81,7 @@ def pack_rows(arrays, shards: int) -> mx.array:
         if pad:
             flat = mx.concatenate([flat, mx.zeros((pad,), dtype=a.dtype)])
         rows.append(flat.reshape(shards, chunk))
-    return mx.concatenate(rows, axis=1)
+    return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=1)    # one array: no copy
 
 
 def split_row(row: mx.array, sizes, shards: int) -> list[mx.array]:

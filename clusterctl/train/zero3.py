@@ -45,7 +45,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .collectives import reduce_scatter
-from .fsdp import clip_by_global_norm, local_chunk
+from .checkpoint import restore_random_state
+from .fsdp import clip_by_global_norm, local_chunk, pack_rows
 
 
 @dataclass(frozen=True)
@@ -173,14 +174,7 @@ class ShardedModel:
     def eval(self):
         self.model.eval()
 
-    def full_parameters(self) -> dict[str, mx.array]:
-        """Every parameter gathered (a collective; the whole model on this rank: for tests and small models)."""
-        return self._gather(tuple(self.shapes))
-
     # --- gathering and scattering -----------------------------------------------------------------------
-    def _placeholders(self):
-        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in self.shapes]))
-
     def _groups(self, keys) -> list[FlatGroup]:
         return list(dict.fromkeys(self.group_of[k] for k in keys))
 
@@ -201,12 +195,8 @@ class ShardedModel:
             flat = mx.concatenate([grads[k].reshape(-1).astype(g.dtype) for k in g.keys])
             if self.world == 1:
                 row = flat
-            else:
-                chunk = -(-g.size // self.world)
-                pad = chunk * self.world - g.size
-                if pad:
-                    flat = mx.concatenate([flat, mx.zeros((pad,), dtype=g.dtype)])
-                row = reduce_scatter(flat.reshape(self.world, chunk), self.group).reshape(-1)
+            else:        # the padded (world, chunk) layout the shards have (fsdp.pack_rows of one array)
+                row = reduce_scatter(pack_rows([flat], self.world), self.group).reshape(-1)
             acc[g.name] = row if acc.get(g.name) is None else acc[g.name] + row
 
     def _start(self, unit: Unit) -> dict[str, mx.array]:
@@ -306,7 +296,7 @@ class ShardedModel:
             following = (held[i - 1] if self.keep else self._start(units[i - 1]) if self.prefetch else None
                          ) if i > 0 else None
             if dropout:
-                _restore_random_key(keys_before[i])
+                restore_random_state(keys_before[i])
             if i == 0:                        # the tokens are not differentiable
                 self._vjp(units[0], params, [], [tokens], dh, acc)
             else:
@@ -314,7 +304,7 @@ class ShardedModel:
             inputs[i] = None
             del params
         if dropout:
-            _restore_random_key(after)
+            restore_random_state(after)
         return loss
 
     def step(self, optimizer, x: mx.array, y: mx.array, max_norm: float):
@@ -347,10 +337,6 @@ def _random_key() -> list[int]:
     key = mx.random.state[0]
     mx.eval(key)
     return key.tolist()
-
-
-def _restore_random_key(key: list[int]) -> None:
-    mx.random.seed((int(key[0]) << 32) | int(key[1]))
 
 
 GATHER_MODES = ("prefetch", "plain", "keep")
