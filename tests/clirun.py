@@ -5,10 +5,13 @@ Every test file uses these (bound with its own defaults through functools.partia
 how the CLI is started is decided in one place.
 """
 import os
+import re
 import subprocess
 import sys
 
 COMMAND = (sys.executable, "-m", "clusterctl")
+# the run id in `run`'s lines ("run 20261125-205307-1c97f5: ..."): TOKEN.search(r.stderr).group(1)
+TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 
 def cache_env(cwd, env: dict | None = None) -> dict:

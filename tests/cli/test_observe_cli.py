@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from clusterctl.cli import cli
 from clusterctl.observe.plot import PALETTE
 
-TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = clirun.TOKEN
 TRAIN = ["run", "--", "--steps", "40", "--report-every", "5", "--eval-every", "20"]
 
 

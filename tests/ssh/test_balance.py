@@ -3,7 +3,6 @@
 exchange, and the shares reach metrics.jsonl and summary.json (the live panel's: tests/train/test_train_units.py). The speed-up
 itself is measured in benchmarks/bench_balance.py (a timed figure does not belong in a test)."""
 import json
-import re
 from functools import partial
 
 import clirun
@@ -13,7 +12,7 @@ from clusterctl.inventory_edit import set_host_setting
 
 pytestmark = pytest.mark.ssh
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
-TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = clirun.TOKEN
 TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
          "--batch-size", "8", "--steps", "80", "--report-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
 

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.ssh
 
-TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = clirun.TOKEN
 
 
 def _env(cwd):

@@ -20,7 +20,7 @@ from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
 
-TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = clirun.TOKEN
 STEP = re.compile(r"\] step +(\d+)/\d+ \|")
 CHECKPOINT = re.compile(r"\] step (\d+) \| checkpoint ")
 STEPS = 60

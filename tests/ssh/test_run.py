@@ -22,7 +22,7 @@ assert g.size() == int(os.environ["CLUSTERCTL_WORLD_SIZE"]), "the silent size-1 
 print(f"world {g.size()} sum {x.tolist()} arg {sys.argv[2]}", flush=True)
 """
 RANK = "int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['MLX_RANK'])"
-TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = clirun.TOKEN
 
 
 # Each test its own plan cache (own_cache): which launches start from a cached plan is then up to the test.

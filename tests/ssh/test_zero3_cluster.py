@@ -14,7 +14,7 @@ from clusterctl.inventory_edit import set_host_setting
 
 pytestmark = pytest.mark.ssh
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
-TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = clirun.TOKEN
 MODEL = ["--n-layers", "4", "--dim", "384", "--n-heads", "4", "--mlp-dim", "1536", "--block-size", "16",
          "--batch-size", "2", "--steps", "3", "--report-every", "1", "--eval-every", "0", "--balance", "off"]
 
