@@ -157,7 +157,10 @@ def parse_size(text: str) -> int:
     if not m:
         raise ValueError(text)
     scale = {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
+    value = float(m.group(1)) * scale
+    if not value < 2 ** 60:          # a 400-digit number is a typo, not a host (float('1e400') is inf)
+        raise ValueError(text)
+    return int(value)
 
 
 def host_memory() -> int | None:

@@ -69,6 +69,9 @@ def test_sizes(text, value):
 def test_host_memory_reads_the_override_and_refuses_nonsense(monkeypatch):
     monkeypatch.setenv(memory.HOST_MEMORY, "300M")
     assert memory.host_memory() == 300 * MB
+    monkeypatch.setenv(memory.HOST_MEMORY, "9" * 400)
+    with pytest.raises(BadInput, match="a size such as 16G"):
+        memory.host_memory()
     monkeypatch.setenv(memory.HOST_MEMORY, "lots")
     with pytest.raises(BadInput, match="CLUSTERCTL_HOST_MEMORY='lots': a size such as 16G"):
         memory.host_memory()
