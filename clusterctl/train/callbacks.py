@@ -144,7 +144,8 @@ class Checkpointing(Callback):
                  "rng": checkpoint.random_states(group),
                  "data_position": {"step": step, "micro_batch": step * config.accum},
                  "tokenizer": self.tokenizer_spec, "vocab_size": self.vocab_size,
-                 "model": ModelArgs.from_config(config, self.vocab_size).__dict__}
+                 "model": ({"mlx_lm": config.model} if config.model
+                           else ModelArgs.from_config(config, self.vocab_size).__dict__)}
         if self.rows is not None:
             state["balance"] = {"rows": self.rows}
         path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)

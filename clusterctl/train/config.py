@@ -29,6 +29,12 @@ def _opt(default, help: str, **extra):
 class TrainConfig:
     preset: str | None = _opt(None, presets.help_text(), metavar="|".join(presets.PRESETS))
     # model
+    model: str | None = _opt(None, "Fine-tune this local mlx-lm model directory (config.json, safetensors, tokenizer; "
+                                   "needs mlx-lm) instead of training the bundled model from scratch; --data names "
+                                   "a directory of train.jsonl / valid.jsonl records (docs/finetune.md). The model "
+                                   "flags below are then the model's own.", metavar="DIR")
+    mask_prompt: str = _opt("on", "With --model: on trains only on the answers of chat and prompt/completion records "
+                                  "(as mlx-lm's --mask-prompt), off on every token.", choices=("on", "off"))
     n_layers: int = _opt(4, "Transformer blocks.")
     dim: int = _opt(256, "Model (embedding) width.")
     n_heads: int = _opt(4, "Attention heads; must divide --dim.")
@@ -68,7 +74,8 @@ class TrainConfig:
     seed: int = _opt(0, "Seed for initialisation, data order and dropout; a run is a function of it.")
     # data
     data: str | None = _opt(None, "A directory from `clusterctl data prepare` (each rank reads only its "
-                                  "shard); overrides --source.", metavar="DIR")
+                                  "shard); overrides --source. With --model: a directory of train.jsonl "
+                                  "(and valid.jsonl) records.", metavar="DIR")
     source: str = _opt("embedded", "Without --data: 'embedded' (the built-in story corpus), a .txt/.jsonl "
                                    "file or a directory of them; each rank tokenizes only its share.")
     tokenizer: str | None = _opt(None, "Without --data: 'byte' (default) or a local tokenizer.json.",
@@ -112,6 +119,9 @@ class TrainConfig:
                               "zero3 splits the batch evenly (docs/trainer.md#zero3)")
         if self.preset is not None:
             presets.get(self.preset)
+        if self.model and self.balance not in ("auto", "off"):
+            raise ConfigError("--balance with fixed weights is not available with --model: fine-tuning splits each "
+                              "step's rows evenly over the ranks (docs/finetune.md)")
 
     def training_dict(self) -> dict:
         """The settings that define the run (saved in checkpoints), without the per-invocation options."""

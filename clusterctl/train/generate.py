@@ -10,7 +10,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from ..errors import ClusterctlError
+from ..errors import CheckpointError, ClusterctlError
 from . import checkpoint
 from .model import ModelArgs, Transformer
 
@@ -21,6 +21,10 @@ def load(checkpoint_dir: str):
 
     ckpt = checkpoint.resolve(checkpoint_dir, None)
     state = checkpoint.read_state(ckpt)
+    if "mlx_lm" in state["model"]:
+        run = ckpt.parent.parent
+        raise CheckpointError(f"{ckpt} fine-tuned the mlx-lm model {state['model']['mlx_lm']}: generate with mlx-lm, "
+                              f"mlx_lm.generate --model {run / 'model'} (`clusterctl export {run}` writes it if absent)")
     model = Transformer(ModelArgs(**state["model"]))
     checkpoint.load_model(ckpt, model)
     model.eval()

@@ -61,19 +61,32 @@ class Shape:
     block_size: int
     batch_size: int
     accum: int = 1
+    kv_dim: int | None = None       # keys' and values' width where it is not dim (grouped-query attention)
+    tied: bool = True               # the output matrix is the embedding's
 
     @classmethod
-    def of(cls, config, vocab: int) -> "Shape":
-        return cls(vocab, config.n_layers, config.dim, config.n_heads, config.mlp_dim, config.block_size,
-                   config.batch_size, config.accum)
+    def of(cls, config, vocab: int, model_config: dict | None = None) -> "Shape":
+        """The bundled model's shape from the trainer's config, or with `model_config` (an mlx-lm model's
+        config.json, --model) that model's, trained at the config's batch and block size."""
+        if model_config is None:
+            return cls(vocab, config.n_layers, config.dim, config.n_heads, config.mlp_dim, config.block_size,
+                       config.batch_size, config.accum)
+        m = {**model_config.get("text_config", {}), **model_config}
+        dim, heads = int(m["hidden_size"]), int(m["num_attention_heads"])
+        head_dim = int(m.get("head_dim") or dim // heads)
+        return cls(int(m["vocab_size"]), int(m["num_hidden_layers"]), dim, heads, int(m["intermediate_size"]),
+                   config.block_size, config.batch_size, config.accum,
+                   kv_dim=int(m.get("num_key_value_heads") or heads) * head_dim,
+                   tied=bool(m.get("tie_word_embeddings", True)))
 
     @property
     def block_params(self) -> int:
-        return 4 * self.dim * self.dim + 3 * self.dim * self.mlp_dim + 2 * self.dim
+        kv = self.dim if self.kv_dim is None else self.kv_dim
+        return 2 * self.dim * self.dim + 2 * self.dim * kv + 3 * self.dim * self.mlp_dim + 2 * self.dim
 
     @property
     def params(self) -> int:
-        return self.vocab * self.dim + self.n_layers * self.block_params + self.dim
+        return (1 if self.tied else 2) * self.vocab * self.dim + self.n_layers * self.block_params + self.dim
 
     @property
     def largest_unit(self) -> int:

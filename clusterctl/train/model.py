@@ -133,9 +133,17 @@ class Transformer(nn.Module):
         return [KVCache() for _ in self.layers]
 
 
-def loss_fn(model: Transformer, x: mx.array, y: mx.array) -> mx.array:
-    """Mean next-token cross-entropy over every position of every sequence."""
-    return nn.losses.cross_entropy(model(x), y, reduction="mean")
+def loss_fn(model, x: mx.array, y: mx.array) -> mx.array:
+    """Mean next-token cross-entropy over the trained targets (fine-tuning labels a prompt's targets -1:
+    data/records.py; the bundled corpus trains on every position). Any model whose call returns logits."""
+    return masked_cross_entropy(model(x), y)
+
+
+def masked_cross_entropy(logits: mx.array, y: mx.array) -> mx.array:
+    """Cross-entropy in float32 (bfloat16 logits lose the loss's precision), averaged over targets >= 0."""
+    trained = y >= 0
+    ce = nn.losses.cross_entropy(logits.astype(mx.float32), mx.maximum(y, 0)) * trained
+    return ce.sum() / mx.maximum(trained.sum(), 1).astype(mx.float32)
 
 
 def count_parameters(model: nn.Module) -> int:

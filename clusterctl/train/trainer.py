@@ -117,7 +117,7 @@ def elastic_batch(config: TrainConfig, resumed: dict, world: int, policy: str) -
     return dataclasses.replace(config, accum=total // world)
 
 
-def plan_memory(config: TrainConfig, vocab_size: int, group) -> TrainConfig:
+def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict | None = None) -> TrainConfig:
     """The strategy to train with (`auto`: the cheapest whose estimate fits the smallest host), or
     MemoryRefused with the numbers (--memory-check off: a warning instead). Rank 0 says what it planned."""
     mine = memory.host_memory()
@@ -125,7 +125,7 @@ def plan_memory(config: TrainConfig, vocab_size: int, group) -> TrainConfig:
     smallest = int(mx.distributed.all_min(mx.array(known // 2**20, dtype=mx.int32), group=group,
                                           stream=mx.cpu).item()) if group.size() > 1 else known // 2**20
     host = smallest * 2**20 if smallest >= 0 else None
-    shape = memory.Shape.of(config, vocab_size)
+    shape = memory.Shape.of(config, vocab_size, model_config)
     try:
         strategy = memory.choose(shape, config.strategy, group.size(), host)
     except memory.MemoryRefused as e:
@@ -177,6 +177,44 @@ def open_data(config: TrainConfig, rank: int, world: int):
             raise ClusterctlError(f"rank {rank}: only {len(tokens)} {name} tokens, fewer than --block-size "
                                   f"{config.block_size} + 1")
     return tokenizer, vocab_size, train, val
+
+
+@dataclass
+class FineTune:
+    """What `--model` brings: the mlx-lm model, its tokenizer and config.json, and this rank's row loaders."""
+    model: object
+    tokenizer: object
+    config: dict
+    train: object
+    val: object
+    summary: str
+
+
+def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
+    """The model directory (mlx-lm's loader, weights lazily in float32) and the jsonl records of --data,
+    tokenized with the model's tokenizer and packed into rows (data/records.py)."""
+    from ..data import records
+    from . import lm
+
+    if not config.data:
+        raise ConfigError(f"--model {config.model} needs --data DIR: a directory of train.jsonl (and valid.jsonl) "
+                          "records (docs/finetune.md#data)")
+    if not records.is_records_dir(config.data):
+        raise ConfigError(f"--data {config.data}: with --model, a directory holding train.jsonl (mlx-lm's layout) "
+                          "is needed" + (" (this one holds shards from `data prepare` for the bundled model)"
+                                         if os.path.isfile(os.path.join(config.data, "manifest.json")) else ""))
+    model, tokenizer, model_config = lm.load(config.model)
+    train_records, val_records, given = records.read_dir(config.data)
+    mask = config.mask_prompt == "on"
+    packed = records.rows_of(train_records, tokenizer, config.block_size, mask)
+    held = records.rows_of(val_records, tokenizer, config.block_size, mask)
+    train = records.RowLoader(packed, config.batch_size, config.accum, world, rank, config.seed)
+    val = records.RowLoader(held, config.batch_size, 1, world, rank, config.seed + 1, shuffle=False)
+    where = records.VALID if given else f"every {records.VAL_EVERY}th record of {records.TRAIN}"
+    summary = (f"{len(train_records):,} records, {packed.tokens:,} tokens in {len(packed.rows):,} rows of "
+               f"{config.block_size + 1} ({packed.trained:,} trained on); held out: {len(val_records):,} records "
+               f"({where})")
+    return FineTune(model, tokenizer, model_config, train, val, summary)
 
 
 def portable_spec(tokenizer) -> dict:
@@ -341,6 +379,8 @@ def train(argv: list[str] | None = None) -> None:
     device = device_kind(group)
     config, how = resolve(argv, device=device)
     config, how, out_dir, ckpt, resumed = resolve_run(config, how, argv, group, device)
+    if config.model:
+        return train_model(config, how, group, out_dir, ckpt, resumed)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
     config = plan_memory(config, vocab_size, group)            # before anything is allocated
 
@@ -349,14 +389,7 @@ def train(argv: list[str] | None = None) -> None:
     if config.strategy == "zero3":                             # each rank keeps 1/N of every parameter
         model = ShardedModel(model, group, config.zero3_gather)
     optimizer = make_optimizer(config)
-    if resumed:
-        start = restore(ckpt, resumed, model, optimizer, config, rank, world)
-    else:
-        start = 0
-        mx.random.seed(rank_seed(config.seed, rank))           # each rank's own stream (dropout) from here
-    if start >= config.steps:
-        raise ConfigError(f"{ckpt} is at step {start} and --steps is {config.steps}: nothing to train "
-                          f"(pass a larger --steps)")
+    start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
 
     from ..data.loader import BatchLoader
 
@@ -365,20 +398,77 @@ def train(argv: list[str] | None = None) -> None:
                      val=BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank),
                      group=group, start=start, shards=shard_loaders(config, rank, world, own, tokenizer),
                      rows=resumed.get("balance", {}).get("rows") if resumed else None)
+    described = presets.describe(config.training_dict(), how, parameters(model))
+    run_fit(model, optimizer, data, config, out_dir, (portable_spec(tokenizer), vocab_size), described,
+            f"{len(train_tokens):,} training tokens on rank 0", ckpt)
+
+
+def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resumed) -> None:
+    """--model: fine-tune an mlx-lm model on jsonl records, then write it as an mlx-lm model directory,
+    <run>/model (export.py), which `clusterctl run` fetches with the run (docs/finetune.md)."""
+    from . import lm
+    from .export import export
+
+    rank, world = group.rank(), group.size()
+    ft = open_finetune(config, rank, world)
+    if config.balance == "auto":        # the rows of a step are split evenly: the global order (data/records.py)
+        config = dataclasses.replace(config, balance="off")
+    config = plan_memory(config, lm.vocab_size(ft.config), group, ft.config)
+    model = ft.model
+    if config.strategy == "zero3":
+        if not lm.zero3_units_known(ft.config["model_type"]):
+            raise ConfigError(f"--strategy zero3 knows how to shard {', '.join(lm.ZERO3_TYPES)} models, not "
+                              f"{ft.config['model_type']!r}: use --strategy fsdp or dp (docs/finetune.md#strategies)")
+        model = ShardedModel(model, group, config.zero3_gather)
+    else:
+        mx.eval(model.parameters())
+    optimizer = make_optimizer(config)
+    start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
+    data = TrainData(train=ft.train, val=ft.val, group=group, start=start)
+    spec = {"type": "mlx-lm", "path": os.path.abspath(config.model)}
+    described = (f"model {config.model} ({ft.config['model_type']}, {parameters(model) / 1e6:.2f}M parameters, "
+                 f"trained in float32), {config.steps} steps at lr {config.lr:g}")
+    run_fit(model, optimizer, data, config, out_dir, (spec, lm.vocab_size(ft.config)), described, ft.summary, ckpt)
+    if rank == 0:
+        path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()])
+        print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {path})", flush=True)
+
+
+def parameters(model) -> int:
+    return model.num_parameters() if isinstance(model, ShardedModel) else count_parameters(model)
+
+
+def start_step(ckpt, resumed, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
+    """The step to continue from: a checkpoint's (restored into model and optimizer), else 0 with each rank's
+    own random stream seeded (dropout)."""
+    if resumed:
+        start = restore(ckpt, resumed, model, optimizer, config, rank, world)
+    else:
+        start = 0
+        mx.random.seed(rank_seed(config.seed, rank))           # each rank's own stream (dropout) from here
+    if start >= config.steps:
+        raise ConfigError(f"{ckpt} is at step {start} and --steps is {config.steps}: nothing to train "
+                          f"(pass a larger --steps)")
+    return start
+
+
+def run_fit(model, optimizer, data: TrainData, config: TrainConfig, out_dir: str, tokenizer: tuple[dict, int],
+            described: str, what: str, ckpt) -> None:
+    """fit with the reporting, checkpointing and summary callbacks; rank 0 says what it trains first.
+    `tokenizer`: (its spec, the vocabulary size), what checkpoints record."""
+    group, world = data.group, data.group.size()
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
-    listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, start), config.steps),
-                 Checkpointing(out_dir, model, optimizer, config, group, portable_spec(tokenizer), vocab_size),
+    listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, data.start), config.steps),
+                 Checkpointing(out_dir, model, optimizer, config, group, *tokenizer),
                  TrainerSummary(out_dir, group, config)]
     if watched():
         listeners.append(Progress(config.steps))
-    callbacks = Callbacks(*listeners)
-    if rank == 0:
-        print(presets.describe(config.training_dict(), how, model.num_parameters() if isinstance(model, ShardedModel)
-                               else count_parameters(model)), flush=True)
-        print(f"{config.strategy} on {world} rank(s): {len(train_tokens):,} training tokens on rank 0, "
-              f"{tokens_per_step:,} tokens per step, steps {start + 1}..{config.steps}, run directory {out_dir}"
-              + (f", resumed from {ckpt}" if ckpt else ""), flush=True)
-    fit(model, optimizer, data, config, callbacks)
+    if group.rank() == 0:
+        print(described, flush=True)
+        print(f"{config.strategy} on {world} rank(s): {what}, {tokens_per_step:,} tokens per step, steps "
+              f"{data.start + 1}..{config.steps}, run directory {out_dir}" + (f", resumed from {ckpt}" if ckpt else ""),
+              flush=True)
+    fit(model, optimizer, data, config, Callbacks(*listeners))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,12 +41,12 @@ from functools import partial
 from typing import Callable
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .collectives import reduce_scatter
 from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
+from .model import masked_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -77,14 +77,58 @@ def transformer_units(model) -> list[Unit]:
     def head(params, x, targets):
         model.norm.weight = params["norm.weight"]
         model.embedding.weight = params["embedding.weight"]
-        logits = model.embedding.as_linear(model.norm(x))
-        return nn.losses.cross_entropy(logits, targets, reduction="mean")
+        return masked_cross_entropy(model.embedding.as_linear(model.norm(x)), targets)
 
     keys = [k for k, _ in tree_flatten(model.trainable_parameters())]
     units = [Unit("embedding", ("embedding.weight",), embed)]
     for i in range(len(model.layers)):
         units.append(Unit(f"layers.{i}", tuple(k for k in keys if k.startswith(f"layers.{i}.")), block(i)))
     units.append(Unit("head", ("norm.weight", "embedding.weight"), head))
+    covered = {k for u in units for k in u.keys}
+    if covered != set(keys):
+        raise ValueError(f"zero3: parameters in no unit: {sorted(set(keys) - covered)[:5]}")
+    return units
+
+
+def lm_units(model) -> list[Unit]:
+    """An mlx-lm model (lm.ZERO3_TYPES: llama, mistral, qwen2, qwen3) as units: `model.embed_tokens`, each of
+    `model.layers` (called as the model calls it: hidden state and the causal mask), and the head (`model.norm`,
+    then `lm_head` or, tied, the embedding matrix again, with the loss). Other architectures compute more in their
+    forward pass (scaled embeddings, sliding windows, shared layers) and are refused by the trainer."""
+    inner = model.model
+    tied = not hasattr(model, "lm_head")
+    if getattr(inner, "swa_idx", None) is not None:
+        raise ValueError("zero3: sliding-window attention layers are not cut into units")
+    embed_key = "model.embed_tokens.weight"
+
+    def embed(params, tokens):
+        inner.embed_tokens.weight = params[embed_key]
+        return inner.embed_tokens(tokens)
+
+    def block(i):
+        layer = inner.layers[i]
+        prefix = f"model.layers.{i}."
+
+        def call(params, x):
+            layer.update(tree_unflatten([(k[len(prefix):], v) for k, v in params.items()]))
+            return layer(x, "causal" if x.shape[1] > 1 else None)
+        return call
+
+    def head(params, x, targets):
+        inner.norm.weight = params["model.norm.weight"]
+        if tied:
+            inner.embed_tokens.weight = params[embed_key]
+            logits = inner.embed_tokens.as_linear(inner.norm(x))
+        else:
+            model.lm_head.weight = params["lm_head.weight"]
+            logits = model.lm_head(inner.norm(x))
+        return masked_cross_entropy(logits, targets)
+
+    keys = [k for k, _ in tree_flatten(model.trainable_parameters())]
+    units = [Unit("embedding", (embed_key,), embed)]
+    for i in range(len(inner.layers)):
+        units.append(Unit(f"layers.{i}", tuple(k for k in keys if k.startswith(f"model.layers.{i}.")), block(i)))
+    units.append(Unit("head", ("model.norm.weight", embed_key if tied else "lm_head.weight"), head))
     covered = {k for u in units for k in u.keys}
     if covered != set(keys):
         raise ValueError(f"zero3: parameters in no unit: {sorted(set(keys) - covered)[:5]}")
@@ -141,7 +185,7 @@ class ShardedModel:
         params = dict(tree_flatten(model.trainable_parameters()))
         self.shapes = {k: tuple(v.shape) for k, v in params.items()}
         self.dtypes = {k: v.dtype for k, v in params.items()}
-        self.units = transformer_units(model)
+        self.units = transformer_units(model) if hasattr(model, "embedding") else lm_units(model)
         self.groups = flat_groups(self.units, self.shapes, self.dtypes)
         self.group_of = {k: g for g in self.groups for k in g.keys}
         self.shards: dict[str, mx.array] = {}
@@ -270,7 +314,7 @@ class ShardedModel:
     def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array]) -> mx.array:
         """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
         gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's)."""
-        units, dropout = self.units, self.model.args.dropout > 0
+        units, dropout = self.units, getattr(self.model.args, "dropout", 0.0) > 0
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
         keys_before: list = [None] * n

@@ -1,0 +1,214 @@
+"""Fine-tuning data in the layout mlx-lm's trainer reads: a directory with `train.jsonl` (and `valid.jsonl`),
+one JSON object a line, each one of
+
+    {"text": "..."}                                                  trained on every token
+    {"prompt": "...", "completion": "..."}                           the model's chat template, user then assistant
+    {"messages": [{"role": "user", "content": "..."}, ...]}          the model's chat template (optional "tools")
+
+Prompts are masked as mlx-lm's `--mask-prompt` masks them: the loss counts only the tokens after what the chat
+template renders for every message but the last (with the generation prompt), so a model learns its answers,
+not the questions (`--mask-prompt off` trains on every token).
+
+The tokenized records are packed back to back into one stream (no padding: every position of a row is a real
+token) and cut into rows of block_size + 1 tokens; the last row's tail is filled with masked tokens. A row's
+targets that belong to a prompt carry the label -1 (IGNORE), which the loss leaves out.
+
+Order: the rows of a step's global batch are a pure function of (seed, step), and rank r takes its slice of
+them, micro-batch i of rank r being slots (r x accum + i) x batch ... of the global batch. So one rank with
+--accum 2 trains on exactly the rows two ranks with --accum 1 do (the same run, to float rounding), and a
+resumed or elastic run continues the same sequence. Every rank reads and tokenizes the whole file: fine-tuning
+sets are small beside the model (a 10,000-record set is a few MB), and the global order needs every row's place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+
+from ..errors import SourceError
+
+IGNORE = -1
+TRAIN, VALID = "train.jsonl", "valid.jsonl"
+KINDS = ("text", "completions", "chat")
+VAL_EVERY = 20            # without valid.jsonl: every 20th training record is held out instead
+
+
+def is_records_dir(path: str | None) -> bool:
+    return bool(path) and os.path.isfile(os.path.join(path, TRAIN)) and not os.path.isfile(os.path.join(path, "manifest.json"))
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: str            # text | completions | chat
+    value: dict
+    where: str           # file:line
+
+
+def _kind(obj, where: str) -> str:
+    if not isinstance(obj, dict):
+        raise SourceError(f"{where}: a record must be a JSON object, not {type(obj).__name__}")
+    if "messages" in obj:
+        messages = obj["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise SourceError(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} objects")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise SourceError(f"{where}: messages[{i}] needs a string \"role\" and a string \"content\"")
+        return "chat"
+    if "prompt" in obj or "completion" in obj:
+        for key in ("prompt", "completion"):
+            if not isinstance(obj.get(key), str):
+                raise SourceError(f"{where}: a completions record needs string \"prompt\" and \"completion\" "
+                                  f"({key} is {'missing' if key not in obj else type(obj[key]).__name__})")
+        return "completions"
+    if "text" in obj:
+        if not isinstance(obj["text"], str):
+            raise SourceError(f"{where}: \"text\" must be a string, not {type(obj['text']).__name__}")
+        return "text"
+    keys = ", ".join(sorted(obj)) or "none"
+    raise SourceError(f"{where}: no \"text\", \"prompt\"/\"completion\" or \"messages\" (keys: {keys})")
+
+
+def read_records(path: str) -> list[Record]:
+    """Every record of a jsonl file, checked: a line that is not JSON, or not a record of a known kind, is one
+    error naming file:line (never skipped). Blank lines are not records."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise SourceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+                records.append(Record(_kind(obj, where), obj, where))
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise SourceError(f"{path}: {e.strerror}") from None
+    if not records:
+        raise SourceError(f"{path}: no records")
+    return records
+
+
+def read_dir(data_dir: str) -> tuple[list[Record], list[Record], bool]:
+    """(train records, held-out records, whether valid.jsonl gave them)."""
+    train = read_records(os.path.join(data_dir, TRAIN))
+    valid_path = os.path.join(data_dir, VALID)
+    if os.path.isfile(valid_path):
+        return train, read_records(valid_path), True
+    if len(train) < 2:
+        raise SourceError(f"{data_dir}: one training record and no {VALID}: add {VALID} for the held-out loss")
+    held = [r for i, r in enumerate(train) if i % VAL_EVERY == VAL_EVERY - 1] or train[-1:]
+    keep = [r for r in train if r not in held]
+    return keep, held, False
+
+
+def tokenize(record: Record, tokenizer, mask_prompt: bool) -> tuple[list[int], int]:
+    """(token ids, offset): the ids of the record and how many leading ones are prompt (not trained on)."""
+    if record.kind == "text":
+        ids = list(tokenizer.encode(record.value["text"]))
+        if not ids or ids[-1] != tokenizer.eos_token_id:
+            ids.append(tokenizer.eos_token_id)
+        return ids, 0
+    if record.kind == "completions":
+        messages = [{"role": "user", "content": record.value["prompt"]},
+                    {"role": "assistant", "content": record.value["completion"]}]
+    else:
+        messages = record.value["messages"]
+    if not getattr(tokenizer, "chat_template", None):
+        raise SourceError(f"{record.where}: a {record.kind} record is rendered with the model's chat template, and "
+                          "this tokenizer has none (tokenizer_config.json chat_template); use {\"text\": ...} records")
+    tools = record.value.get("tools")
+    try:
+        ids = list(tokenizer.apply_chat_template(messages, tools=tools, return_dict=False))
+        offset = 0
+        if mask_prompt and len(messages) > 1:
+            prompt = tokenizer.apply_chat_template(messages[:-1], tools=tools, return_dict=False,
+                                                   add_generation_prompt=messages[-1]["role"] == "assistant")
+            offset = len(prompt)
+    except Exception as e:  # noqa: BLE001 - a template is a program of the model's (jinja2 raises anything)
+        raise SourceError(f"{record.where}: the model's chat template failed on this record: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return ids, offset
+
+
+@dataclass
+class Packed:
+    """Rows of block_size + 1 token ids and, per position, the label it is trained to predict (IGNORE:
+    not trained); `tokens` is how many real tokens the records had, `trained` how many targets count."""
+    rows: list[list[int]]
+    labels: list[list[int]]
+    tokens: int
+    trained: int
+
+
+def pack(sequences: list[tuple[list[int], int]], block_size: int, filler: int) -> Packed:
+    """The sequences back to back, cut into rows of block_size + 1 (neighbouring rows share one token, so every
+    target is in exactly one row). Token k of a sequence is a target unless k < offset (its prompt)."""
+    stream, trained = [], []
+    for ids, offset in sequences:
+        stream.extend(ids)
+        trained.extend(k >= offset for k in range(len(ids)))
+    total = len(stream)
+    if total < 2:
+        raise SourceError("the records hold fewer than 2 tokens: nothing to train on")
+    n_rows = -(-(total - 1) // block_size)
+    pad = n_rows * block_size + 1 - total
+    stream += [filler] * pad
+    trained += [False] * pad
+    rows, labels = [], []
+    for r in range(n_rows):
+        a = r * block_size
+        row = stream[a:a + block_size + 1]
+        rows.append(row)
+        labels.append([t if trained[a + j] else IGNORE for j, t in enumerate(row)])
+    return Packed(rows, labels, total, sum(trained[1:]))
+
+
+def rows_of(records: list[Record], tokenizer, block_size: int, mask_prompt: bool) -> Packed:
+    return pack([tokenize(r, tokenizer, mask_prompt) for r in records], block_size, tokenizer.eos_token_id)
+
+
+class RowLoader:
+    """Micro-batch m of rank `rank`: batch(m) -> (x, y), (batch, block_size) int32 each, y the labels shifted by
+    one with IGNORE where the target is not trained on. Rows are drawn epoch by epoch in a permutation that
+    depends on (seed, epoch) only; see the module docstring for which rows a rank's micro-batch takes."""
+
+    def __init__(self, packed: Packed, batch_size: int, accum: int, world: int, rank: int, seed: int,
+                 shuffle: bool = True):
+        import mlx.core as mx
+
+        self.rows = mx.array(packed.rows, dtype=mx.int32)
+        self.labels = mx.array(packed.labels, dtype=mx.int32)
+        self.n = len(packed.rows)
+        self.batch_size, self.accum, self.world, self.rank, self.seed = batch_size, accum, world, rank, seed
+        self.shuffle = shuffle
+        self._orders: dict[int, list[int]] = {}
+        self.tokens, self.trained = packed.tokens, packed.trained
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(self.n))
+            if self.shuffle:
+                random.Random(f"clusterctl-rows:{self.seed}:{epoch}").shuffle(order)
+            self._orders = {epoch: order}        # the loader walks forward: one epoch's order at a time
+        return self._orders[epoch]
+
+    def indices(self, m: int) -> list[int]:
+        step, i = divmod(m, self.accum)
+        first = step * self.batch_size * self.accum * self.world + (self.rank * self.accum + i) * self.batch_size
+        out = []
+        for slot in range(first, first + self.batch_size):
+            epoch, at = divmod(slot, self.n)
+            out.append(self._order(epoch)[at])
+        return out
+
+    def batch(self, m: int):
+        import mlx.core as mx
+
+        idx = mx.array(self.indices(m), dtype=mx.int32)
+        return self.rows[idx][:, :-1], self.labels[idx][:, 1:]

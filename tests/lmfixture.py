@@ -1,0 +1,92 @@
+"""Small mlx-lm models and fine-tuning data made on the spot (nothing is downloaded): a byte-pair tokenizer
+trained with `tokenizers` on a made-up corpus, with a ChatML chat template, and a llama or qwen3 model of a
+few hundred thousand parameters built with mlx-lm's own classes and saved as mlx-lm saves models."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+NAMES = ["Tom", "Ann", "Lily", "Sam", "Max", "Mia", "Ben", "Zoe"]
+THINGS = ["a red ball", "a small dog", "a blue kite", "an old map", "a green frog", "a shiny key"]
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{rng.choice(NAMES)} found {rng.choice(THINGS)} in the park and was very happy." for _ in range(n)]
+
+
+def qa(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        out.append((f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}."))
+    return out
+
+
+def make_tokenizer(dest: Path, vocab: int = 320) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = sentences(400) + [f"{q} {a}" for q, a in qa(200)] + ["user assistant system"] * 20
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None,
+        "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE, "model_max_length": 512}))
+
+
+def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: int = 128, tied: bool = False,
+               dtype: str = "float32", seed: int = 0) -> Path:
+    """An mlx-lm model directory at `dest`: config.json, model.safetensors, tokenizer (llama or qwen3)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import save_model
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    make_tokenizer(dest)
+    vocab = json.loads((dest / "tokenizer.json").read_text())["model"]["vocab"]
+    config = {"model_type": kind, "hidden_size": dim, "num_hidden_layers": layers, "intermediate_size": mlp,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+              "vocab_size": len(vocab) + 3, "rope_theta": 10000.0, "tie_word_embeddings": tied,
+              "max_position_embeddings": 512, "torch_dtype": dtype}
+    if kind == "qwen3":
+        config.update(head_dim=dim // 4, architectures=["Qwen3ForCausalLM"])
+        from mlx_lm.models import qwen3 as arch
+    else:
+        config.update(architectures=["LlamaForCausalLM"])
+        from mlx_lm.models import llama as arch
+    mx.random.seed(seed)
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    model.update(tree_map(lambda p: p.astype(getattr(mx, dtype)), model.parameters()))
+    mx.eval(model.parameters())
+    save_model(dest, model)
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    return dest
+
+
+def make_data(dest, kind: str = "chat", records: int = 120, valid: bool = True, seed: int = 0) -> Path:
+    """train.jsonl (and valid.jsonl) of `chat`, `completions` or `text` records."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def lines(n, s):
+        if kind == "text":
+            return [json.dumps({"text": t}) for t in sentences(n, s)]
+        if kind == "completions":
+            return [json.dumps({"prompt": q, "completion": a}) for q, a in qa(n, s)]
+        return [json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                for q, a in qa(n, s)]
+
+    (dest / "train.jsonl").write_text("\n".join(lines(records, seed)) + "\n")
+    if valid:
+        (dest / "valid.jsonl").write_text("\n".join(lines(max(records // 10, 4), seed + 1000)) + "\n")
+    return dest
