@@ -83,10 +83,10 @@ class RunOptions:
     all_shards: bool = False          # ... every shard to every host (the bundled trainer's balancing)
     project_dir: str | None = None    # default: the current directory
     restart: RestartPolicy = RestartPolicy()   # --max-restarts, --restart-delay, --elastic, --elastic-batch
-    # the bundled trainer's memory plan (cli passes clusterctl.train.memory.check_before_launch; run does not
+    # the bundled trainer's checks (cli passes clusterctl.train.prelaunch.check_before_launch; run does not
     # know the trainer): (its args, world, host -> bytes, host -> CLUSTERCTL_HOST_MEMORY, rank 0's OS, project,
-    # data dir), raising a BadInput for a run that cannot fit
-    memory_check: Callable[..., object] | None = None
+    # data dir), raising a BadInput for a run that cannot fit or whose fine-tuning inputs the ranks would refuse
+    trainer_check: Callable[..., object] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,15 +183,15 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     policy.check(world=cluster.world_size, backend=backend.name, preflight=options.preflight,
                  bundled_fsdp=program.module == BUNDLED_TRAINER and flag_value(program.args, STRATEGY) == "fsdp")
     connector = Connector(cluster, connect_timeout=options.connect_timeout)
-    trainer = program.module == BUNDLED_TRAINER and not options.dry_run and options.memory_check is not None
+    trainer = program.module == BUNDLED_TRAINER and not options.dry_run and options.trainer_check is not None
     if trainer:      # what is known before anything moves: the last plan's memory, the inventory's overrides
-        _check_memory(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
+        _check_trainer(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
     extra_env = {} if options.dry_run else stage(connector, options, program, project, events)
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, options, program, needs_mpi=backend.needs_mpi)
     if trainer:      # and with what the pre-flight just found
-        _check_memory(cluster, plan, program, project, options)
+        _check_trainer(cluster, plan, program, project, options)
     if not StallPolicy.parse(options.stall_timeout).enabled:
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
     hooks = _RunHooks(options, program, backend, extra_env, events, connector)
@@ -338,11 +338,12 @@ def _plot_losses(launch: Launch) -> None:
         pass      # a picture of the run is a convenience (matplotlib broken, disk full): not the run's failure
 
 
-def _check_memory(cluster: Cluster, plan: LaunchPlan, program: Program, project: str, options: RunOptions) -> None:
+def _check_trainer(cluster: Cluster, plan: LaunchPlan, program: Program, project: str, options: RunOptions) -> None:
     """Refuse a bundled-trainer run whose memory estimate exceeds the smallest host's, before any rank starts
-    (docs/trainer.md#memory-planning): options.memory_check raises (exit 2)."""
+    (docs/trainer.md#memory-planning), or whose --model / --data fine-tuning inputs the ranks would refuse
+    (docs/finetune.md): options.trainer_check raises (exit 2)."""
     overrides = {h.name: h.env_dict[HOST_MEMORY] for h in cluster.hosts if h.env_dict.get(HOST_MEMORY)}
-    options.memory_check(program.args, cluster.world_size, plan.memory, overrides, plan.first_os, project,
+    options.trainer_check(program.args, cluster.world_size, plan.memory, overrides, plan.first_os, project,
                          options.data_dir)
 
 

@@ -31,7 +31,7 @@ class Failure(click.ClickException):
 # command -> the module of clusterctl.cli that defines it. A command's module is imported when the command
 # is looked up (running it, or --help), so `clusterctl hosts` does not pay for importing `run` or `bench`.
 MODULES = {"hosts": "hosts", "exec": "hosts", "init": "hosts", "ssh-close": "hosts", "doctor": "doctor", "hostfile": "launch",
-           "run": "launch", "sync": "sync", "data": "data", "generate": "data", "bench": "bench",
+           "run": "launch", "sync": "sync", "data": "data", "generate": "data", "export": "data", "bench": "bench",
            "runs": "observe", "logs": "observe", "plot": "observe", "ps": "observe", "kill": "observe",
            "completion": "observe", "stacks": "observe", "setup": "setup"}
 

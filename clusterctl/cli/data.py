@@ -32,6 +32,35 @@ def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
     click.echo()
 
 
+@app.command("clusterctl export latest -o my-model")
+@click.argument("run_ref", metavar="RUN")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="The model directory to write (replaced if it is an earlier export). Default: RUN's model/.")
+@click.option("--runs-dir", default="runs", show_default=True, help="Where the project's runs/<id>/ directories are.")
+def export_cmd(run_ref, out_dir, runs_dir):
+    """Write a run's latest checkpoint as an mlx-lm model directory.
+
+    RUN: `latest`, a run id (or a unique prefix), a run directory, or a checkpoint directory. The result loads
+    in `mlx_lm.generate --model DIR`, `mlx_lm.server` and `mlx_lm.convert -q`: a fine-tuned model (--model)
+    with its source's config and tokenizer, a model trained from scratch as a llama with its tokenizer.
+    """
+    import os
+
+    from ..observe.runs import resolve
+    from ..train.export import export   # imports mlx: only this command pays for it
+
+    if os.path.isdir(run_ref) and (os.path.isfile(os.path.join(run_ref, "state.json"))
+                                   or os.path.isdir(os.path.join(run_ref, "checkpoints"))):
+        source = run_ref
+    else:
+        source = resolve(runs_dir, run_ref).dir
+    run_dir = source if os.path.isdir(os.path.join(source, "checkpoints")) else os.path.dirname(os.path.dirname(
+        os.path.abspath(source)))
+    dest = out_dir or os.path.join(run_dir, "model")
+    path = export(source, dest, search=[os.getcwd(), os.path.dirname(os.path.abspath(runs_dir))])
+    click.echo(f"wrote {path}: mlx_lm.generate --model {path} --prompt \"...\"")
+
+
 @app.command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)
 def data_cmd():
     """Dataset shards: tokenize a corpus into one shard per rank."""

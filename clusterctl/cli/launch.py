@@ -312,7 +312,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     """
     from ..launch.restart import RestartPolicy
     from ..run import RunOptions, run
-    from ..train.memory import check_before_launch
+    from ..train.prelaunch import check_before_launch
 
     words: RunWords = click.get_current_context().meta["clusterctl.run"]
     if words.trailing:
@@ -328,7 +328,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
                          all_shards=all_shards,
                          restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch),
-                         memory_check=check_before_launch)
+                         trainer_check=check_before_launch)
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:

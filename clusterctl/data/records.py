@@ -81,7 +81,7 @@ def read_records(path: str) -> list[Record]:
                     continue
                 where = f"{path}:{n}"
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line.rstrip("\r\n"))
                 except ValueError as e:
                     raise SourceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
                 records.append(Record(_kind(obj, where), obj, where))

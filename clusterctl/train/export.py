@@ -157,6 +157,9 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> P
     ckpt = checkpoint.resolve(checkpoint_dir, None)
     state = checkpoint.read_state(ckpt)
     final = Path(dest)
+    if final.exists() and (not final.is_dir() or (any(final.iterdir()) and not (final / "config.json").is_file())):
+        raise CheckpointError(f"{final} exists and is not a model directory: export replaces the whole directory, so "
+                              "give a new one (or an earlier export's)")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -224,10 +224,17 @@ def check_before_launch(args: list[str], world: int, memory: dict[str, int], ove
             sizes[host] = parse_size(text)
         except ValueError:
             return None
-    vocab = _vocab(config, project, data_dir)
-    if not sizes or vocab is None:
+    if config.model:             # an mlx-lm model's own shape (prelaunch.py has checked the directory)
+        from .lm import read_config, vocab_size
+
+        model_config = read_config(config.model if os.path.isabs(config.model) else os.path.join(project, config.model))
+        shape = Shape.of(config, vocab_size(model_config), model_config)
+    else:
+        vocab = _vocab(config, project, data_dir)
+        shape = Shape.of(config, vocab) if vocab is not None else None
+    if not sizes or shape is None:
         return None
-    return choose(Shape.of(config, vocab), config.strategy, world, min(sizes.values()))
+    return choose(shape, config.strategy, world, min(sizes.values()))
 
 
 def _vocab(config, project: str, data_dir: str | None) -> int | None:

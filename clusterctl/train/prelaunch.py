@@ -1,0 +1,50 @@
+"""What `clusterctl run` checks on the controller before any host starts a bundled-trainer run: the fine-tuning
+inputs (`--model DIR`: an mlx-lm model directory mlx-lm can build; `--data DIR`: its jsonl records, every line)
+and the memory plan (memory.py). Each failure is one line (exit 2); the ranks check again as they start.
+
+No MLX import: the controller may plan a cluster of Macs from a machine without MLX's backend loaded."""
+from __future__ import annotations
+
+import functools
+import os
+
+from ..trainer_contract import flag_value
+from . import memory
+
+
+def check_before_launch(args: list[str], world: int, sizes: dict[str, int], overrides: dict[str, str],
+                        first_os: str | None, project: str, data_dir: str | None = None) -> str | None:
+    """Raises a one-line error for a --model or --data the ranks would refuse; then memory.check_before_launch
+    (the strategy that fits, or None when it cannot tell)."""
+    model = flag_value(args, "--model")
+    if model and not flag_value(args, "--resume"):
+        check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None)
+    return memory.check_before_launch(args, world, sizes, overrides, first_os, project, data_dir)
+
+
+def _in(project: str, path: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(project, path)
+
+
+def check_finetune(model_dir: str, data_dir: str | None) -> None:
+    from ..data import records
+    from .config import ConfigError
+    from .lm import check_model_dir
+
+    check_model_dir(model_dir)
+    if not data_dir:
+        raise ConfigError(f"--model {model_dir} needs --data DIR: a directory of train.jsonl (and valid.jsonl) records")
+    if not records.is_records_dir(data_dir):
+        raise ConfigError(f"--data {data_dir}: with --model, a directory holding train.jsonl (mlx-lm's layout) is needed")
+    for name in (records.TRAIN, records.VALID):
+        path = os.path.join(data_dir, name)
+        if os.path.isfile(path):
+            st = os.stat(path)
+            _records_ok(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _records_ok(path: str, mtime_ns: int, size: int) -> int:
+    """Every line of a jsonl file parsed and checked once per version of the file (run checks twice)."""
+    from ..data.records import read_records
+    return len(read_records(path))
