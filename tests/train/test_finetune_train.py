@@ -1,0 +1,130 @@
+"""Fine-tuning an mlx-lm model (`--model DIR`) in real multi-process runs on this machine: the models are small
+llama and qwen3 models made with mlx-lm's own classes (tests/lmfixture.py), the data chat / text jsonl.
+
+Tolerances: as tests/train/test_train_multiprocess.py's DP equivalence (the same mean gradient summed in
+another order: measured <= 2e-7 here after 10 AdamW steps); 5e-5 catches a rank training on its own rows."""
+import json
+import os
+import sys
+
+import mlx.core as mx
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import lmfixture  # noqa: E402
+from test_train_multiprocess import losses, mpirun, ring, run  # noqa: E402
+
+STEPS = ["--batch-size", "4", "--block-size", "64", "--lr", "3e-3", "--warmup", "3", "--report-every", "1",
+         "--eval-every", "0", "--ckpt-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    return {"llama": lmfixture.make_model(root / "llama", "llama", dtype="bfloat16"),
+            "qwen3": lmfixture.make_model(root / "qwen3", "qwen3", tied=True),
+            "chat": lmfixture.make_data(root / "chat", "chat"),
+            "text": lmfixture.make_data(root / "text", "text", valid=False)}
+
+
+def finetune(inputs, model, data, *args):
+    return [sys.executable, "-m", "clusterctl.train", "--model", str(inputs[model]), "--data", str(inputs[data]),
+            *STEPS, *args]
+
+
+def params(run_dir):
+    from clusterctl.train.export import full_parameters
+    from clusterctl.train.checkpoint import resolve
+    return full_parameters(resolve(str(run_dir), None))
+
+
+def max_diff(a, b):
+    assert set(a) == set(b)
+    return max(mx.abs(a[k] - b[k]).max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def one_rank_accum_2(inputs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    run(finetune(inputs, "llama", "chat", "--steps", "10", "--accum", "2", "--out", str(out)))
+    return out
+
+
+@pytest.mark.parametrize("strategy, launcher", [("dp", "mpi"), ("zero3", "ring")])
+def test_two_ranks_train_what_one_rank_with_accum_2_does(inputs, one_rank_accum_2, strategy, launcher, tmp_path):
+    out = tmp_path / "run"
+    program = finetune(inputs, "llama", "chat", "--steps", "10", "--strategy", strategy, "--out", str(out))
+    run(mpirun(2) + program if launcher == "mpi" else ring(program, tmp_path), world=2)
+    assert max_diff(params(out), params(one_rank_accum_2)) < 5e-5
+    ref, got = losses(one_rank_accum_2), losses(out)
+    assert ref.keys() == got.keys()
+    for step in ref:
+        assert got[step][0] == pytest.approx(ref[step][0], rel=1e-5), step
+
+
+def test_thirty_steps_lower_the_loss_and_the_result_generates_in_mlx_lm(inputs, tmp_path):
+    from mlx_lm import generate, load
+
+    out = tmp_path / "run"
+    r = run(finetune(inputs, "qwen3", "text", "--steps", "30", "--out", str(out)))
+    curve = losses(out)
+    assert curve[30][0] < 0.6 * curve[1][0], curve
+    assert "held out: 6 records (every 20th record of train.jsonl)" in r.stdout
+    model_dir = out / "model"
+    assert f"model: {model_dir} (an mlx-lm model directory" in r.stdout
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                          "tokenizer_config.json"]
+    model, tokenizer = load(str(model_dir))
+    text = generate(model, tokenizer, "Tom found", max_tokens=12)
+    assert len(tokenizer.encode(text)) >= 4, text
+    from clusterctl.train.lm import weights_dtype
+    assert weights_dtype(str(model_dir)) == "float32" and weights_dtype(str(inputs["llama"])) == "bfloat16"
+
+
+def test_a_bfloat16_model_is_trained_in_float32_and_written_back_in_bfloat16(inputs, one_rank_accum_2):
+    from clusterctl.train.lm import weights_dtype
+
+    assert weights_dtype(str(one_rank_accum_2 / "model")) == "bfloat16"
+    trained = params(one_rank_accum_2)
+    assert {v.dtype for v in trained.values()} == {mx.float32}
+    exported = mx.load(str(one_rank_accum_2 / "model" / "model.safetensors"))
+    assert max_diff({k: v.astype(mx.float32) for k, v in exported.items()}, trained) < 2e-2
+
+
+def test_zero3_resumes_exactly_and_on_another_world_size(inputs, tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    args = ["--strategy", "zero3", "--ckpt-every", "3"]
+    run(mpirun(2) + finetune(inputs, "qwen3", "chat", "--steps", "6", *args, "--out", str(whole)), world=2)
+    run(mpirun(2) + finetune(inputs, "qwen3", "chat", "--steps", "3", *args, "--out", str(part)), world=2)
+    run(mpirun(2) + finetune(inputs, "qwen3", "chat", "--steps", "6", *args, "--resume", "latest", "--out", str(part)),
+        world=2)
+    assert losses(part) == losses(whole)
+    assert max_diff(params(part), params(whole)) == 0.0
+    state = json.loads((part / "checkpoints" / "step-000006" / "state.json").read_text())
+    assert state["model"] == {"mlx_lm": str(inputs["qwen3"])} and state["tokenizer"]["type"] == "mlx-lm"
+    # the 2-rank checkpoint continues on one rank: the same rows (the order does not depend on the world)
+    run(finetune(inputs, "qwen3", "chat", "--steps", "8", *args, "--accum", "2", "--resume", "latest", "--out",
+                 str(part)))
+    assert sorted(losses(part)) == list(range(1, 9))
+
+
+def test_a_bad_record_or_a_missing_data_dir_is_one_line_before_training(inputs, tmp_path):
+    import subprocess
+
+    from test_train_multiprocess import ENV
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.jsonl").write_text('{"text": "fine"}\n{"text": fine}\n')
+
+    def trainer(*args):
+        return subprocess.run([sys.executable, "-m", "clusterctl.train", "--model", str(inputs["llama"]), "--steps",
+                               "2", "--out", str(tmp_path / "out"), *args], capture_output=True, text=True, env=ENV,
+                              timeout=120)
+
+    r = trainer("--data", str(bad))
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}/train.jsonl:2: not JSON (Expecting value at column 10)"
+    r = trainer()
+    assert r.returncode == 2 and r.stderr.strip().startswith(f"error: --model {inputs['llama']} needs --data DIR")
+    assert not (tmp_path / "out" / "checkpoints").exists()
