@@ -106,6 +106,9 @@ class PrintedRun:
     def fetched(self, launch, host, remote_dir, files, nbytes):
         click.echo(f"run {launch.run_id}: copied {files} file(s), {size(nbytes)} from {host}:{remote_dir} "
                    f"into {launch.run_dir}", err=True)
+        model = os.path.join(launch.run_dir, "model")
+        if os.path.isfile(os.path.join(model, "config.json")):       # the bundled trainer's --model export
+            click.echo(f"run {launch.run_id}: the trained model is {model} (mlx_lm.generate --model {model})", err=True)
 
     def fetch_failed(self, launch, host, remote_dir, error):
         click.secho(f"run {launch.run_id}: could not copy {remote_dir} from {host} ({one_line(error)}); it is "

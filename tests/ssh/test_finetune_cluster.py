@@ -1,0 +1,77 @@
+"""Fine-tuning an mlx-lm model on two test hosts, launched as users launch it: the model directory and the jsonl
+records sit in the project, `clusterctl run --hosts inventory.yaml -- --model models/M --data data/D` syncs them
+with the code, 30 steps lower the loss, and the model directory the run writes comes home with the run
+(runs/<id>/model) and generates in mlx-lm. Inputs the ranks would refuse are refused on the controller first."""
+import json
+import shutil
+from functools import partial
+
+import clirun
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import lmfixture  # noqa: E402
+
+pytestmark = pytest.mark.ssh
+clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
+TOKEN = clirun.TOKEN
+STEPS = ["--steps", "30", "--batch-size", "4", "--block-size", "64", "--lr", "3e-3", "--warmup", "3",
+         "--report-every", "1", "--eval-every", "0", "--ckpt-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("made")
+    return {"llama": lmfixture.make_model(root / "llama", "llama", dtype="bfloat16"),
+            "qwen3": lmfixture.make_model(root / "qwen3", "qwen3", tied=True),
+            "chat": lmfixture.make_data(root / "chat", "chat"),
+            "text": lmfixture.make_data(root / "text", "text", valid=False)}
+
+
+def project(tmp_path, made, model, data):
+    shutil.copytree(made[model], tmp_path / "models" / model)
+    shutil.copytree(made[data], tmp_path / "data" / data)
+
+
+@pytest.mark.parametrize("backend, strategy, model, data", [("ring", "dp", "llama", "chat"),
+                                                             ("ring", "zero3", "qwen3", "text"),
+                                                             ("mpi", "zero3", "llama", "chat"),
+                                                             ("mpi", "dp", "qwen3", "text")])
+def test_thirty_steps_on_two_hosts_lower_the_loss_and_the_model_comes_home(make_cluster, made, tmp_path, backend,
+                                                                          strategy, model, data):
+    from mlx_lm import generate, load
+
+    cluster = make_cluster(2)
+    project(tmp_path, made, model, data)
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", backend, "--plain", "--",
+                   "--model", f"models/{model}", "--data", f"data/{data}", "--strategy", strategy, *STEPS, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"{strategy} on 2 rank(s): {120 if data == 'chat' else 114} records" in r.stdout
+    run_dir = tmp_path / "runs" / TOKEN.search(r.stderr).group(1)
+    assert f"the trained model is {run_dir / 'model'} (mlx_lm.generate --model" in r.stderr
+    curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [c["loss"] for c in curve if "loss" in c]
+    assert len(curve) == 30 and curve[-1] < 0.6 * curve[0], curve
+    loaded, tokenizer = load(str(run_dir / "model"))
+    assert tokenizer.encode(generate(loaded, tokenizer, "Tom found", max_tokens=8))
+
+
+def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_cluster, made, tmp_path):
+    cluster = make_cluster(2)
+    project(tmp_path, made, "llama", "chat")
+    (tmp_path / "data" / "chat" / "valid.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n'
+                                                            '{"messages": "hi"}\n')
+    (tmp_path / "models" / "odd").mkdir()
+    (tmp_path / "models" / "odd" / "config.json").write_text('{"model_type": "no_such_arch"}')
+    shutil.copy(made["llama"] / "model.safetensors", tmp_path / "models" / "odd")
+    shutil.copy(made["llama"] / "tokenizer.json", tmp_path / "models" / "odd")
+    for model, says in [("models/llama", "data/chat/valid.jsonl:2: \"messages\" must be a non-empty list"),
+                        ("models/none", "models/none: no such directory"),
+                        ("data/chat", "data/chat: not an mlx-lm model directory (no config.json)"),
+                        ("models/odd", "has no architecture 'no_such_arch'")]:
+        r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
+                       "--model", model, "--data", "data/chat", *STEPS, cwd=tmp_path)
+        errors = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
+        assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()     # no run started
