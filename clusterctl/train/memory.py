@@ -63,6 +63,7 @@ class Shape:
     accum: int = 1
     kv_dim: int | None = None       # keys' and values' width where it is not dim (grouped-query attention)
     tied: bool = True               # the output matrix is the embedding's
+    q_dim: int | None = None        # queries' width (heads x head_dim) where it is not dim (qwen3)
 
     @classmethod
     def of(cls, config, vocab: int, model_config: dict | None = None) -> "Shape":
@@ -77,12 +78,13 @@ class Shape:
         return cls(int(m["vocab_size"]), int(m["num_hidden_layers"]), dim, heads, int(m["intermediate_size"]),
                    config.block_size, config.batch_size, config.accum,
                    kv_dim=int(m.get("num_key_value_heads") or heads) * head_dim,
-                   tied=bool(m.get("tie_word_embeddings", True)))
+                   tied=bool(m.get("tie_word_embeddings", True)), q_dim=heads * head_dim)
 
     @property
     def block_params(self) -> int:
         kv = self.dim if self.kv_dim is None else self.kv_dim
-        return 2 * self.dim * self.dim + 2 * self.dim * kv + 3 * self.dim * self.mlp_dim + 2 * self.dim
+        q = self.dim if self.q_dim is None else self.q_dim
+        return 2 * self.dim * q + 2 * self.dim * kv + 3 * self.dim * self.mlp_dim + 2 * self.dim
 
     @property
     def params(self) -> int:

@@ -128,3 +128,23 @@ def test_a_bad_record_or_a_missing_data_dir_is_one_line_before_training(inputs, 
     r = trainer()
     assert r.returncode == 2 and r.stderr.strip().startswith(f"error: --model {inputs['llama']} needs --data DIR")
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_export_writes_a_fine_tuned_run_again_and_generate_points_to_mlx_lm(inputs, one_rank_accum_2, tmp_path):
+    import subprocess
+
+    from test_train_multiprocess import ENV
+
+    def clusterctl(*args):
+        return subprocess.run([sys.executable, "-m", "clusterctl", *args], capture_output=True, text=True, env=ENV,
+                              timeout=120, cwd=tmp_path)
+
+    r = clusterctl("generate", "--checkpoint", str(one_rank_accum_2), "--prompt", "Tom")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        f"fine-tuned the mlx-lm model {inputs['llama']}: generate with mlx-lm, mlx_lm.generate --model "
+        f"{one_rank_accum_2 / 'model'} (`clusterctl export {one_rank_accum_2}` writes it if absent)"), r.stderr
+    r = clusterctl("export", str(one_rank_accum_2 / "checkpoints" / "step-000010"), "-o", "again")
+    assert r.returncode == 0 and r.stdout.startswith("wrote again: mlx_lm.generate --model again"), r.stderr
+    again = {p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()}
+    first = {p.name: p.read_bytes() for p in (one_rank_accum_2 / "model").iterdir()}
+    assert again == first          # the same bytes as the export at the end of the run
