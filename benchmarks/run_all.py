@@ -140,7 +140,16 @@ def _zero3(r: dict) -> str:
     return "; ".join(parts) + f"; memory estimate within {r['estimate_worst'] * 100:.0f}% of every peak"
 
 
-SUMMARIES = {"doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
+def _finetune(r: dict) -> str:
+    parts = [f"{backend} world 2, against mlx_lm lora --fine-tune-type full: tok/s " + ", ".join(
+        f"{s} {x['tokens_over_mlx_lm']:.2f}x" for s, x in v.items()) + "; peak per rank " + ", ".join(
+        f"{s} {x['peak_over_mlx_lm']:.2f}x" for s, x in v.items()) for backend, v in r["ratios"].items()]
+    w4 = r["world4_ratios"]
+    return "; ".join(parts) + (f"; ring world 4, parameter-dominated model: peak zero3/dp {w4['zero3_peak_over_dp']:.2f}, "
+                               f"loss {w4['zero3_loss_vs_dp'] * 100:+.2f}%")
+
+
+SUMMARIES = {"finetune": _finetune, "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3}
 

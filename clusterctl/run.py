@@ -51,7 +51,7 @@ from .observe.plot import plot_run
 from .observe.record import RunRecord, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .trainer_contract import DATA, HOST_MEMORY, STRATEGY, add_run_flag, flag_value, step_dir_name
+from .trainer_contract import DATA, HOST_MEMORY, MODEL, STRATEGY, add_run_flag, flag_value, step_dir_name
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
 BUNDLED_TRAINER = "clusterctl.train"
@@ -379,7 +379,7 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
                          f"{program.label}, write it after {program.label}")
     jobs = {}
     if options.sync:
-        jobs["project"] = in_background(stage_project, connector, project)
+        jobs["project"] = in_background(stage_project, connector, project, _inputs(program, options))
         if program.module is not None and program.module.startswith("clusterctl."):
             jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:
@@ -393,6 +393,14 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
             events.staged(what, len(group), sum(len(o.value.moved) for o in group.values()),
                           sum(o.value.moved_bytes for o in group.values()))
     return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
+
+
+def _inputs(program: Program, options: RunOptions) -> tuple[str, ...]:
+    """The paths in the project the bundled trainer reads (its --model, and its --data when run gives none)."""
+    if program.module != BUNDLED_TRAINER:
+        return ()
+    flags = (MODEL,) if options.data_dir else (MODEL, DATA)
+    return tuple(v for flag in flags if (v := flag_value(program.args, flag)) and not os.path.isabs(v))
 
 
 def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:

@@ -16,6 +16,7 @@ _REPORT = re.compile(r"^step +(\d+)/\d+ \|")
 
 TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer adds to summary.json ("trainer")
 DATA = "--data"
+MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
 STRATEGY = "--strategy"
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
 

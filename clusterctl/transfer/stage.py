@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import StageError
+from ..errors import StageError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult
 
@@ -40,9 +40,11 @@ def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying")
     return group
 
 
-def stage_project(connector: Connector, root: str) -> GroupResult | None:
+def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = ()) -> GroupResult | None:
     """Mirror the project at `root` into every host's workdir (not into itself on this machine). Refuses
-    a home directory or `/`: run from the project, or pass --no-sync."""
+    a home directory or `/`: run from the project, or pass --no-sync. `needed`: paths in the project the
+    program reads (the bundled trainer's --model and --data), refused before anything moves when the
+    project's ignore rules leave them out of the copy (a .gitignore'd models/ is common)."""
     from .sync import SyncOptions, plan_sync, sync_tree
 
     root = os.path.realpath(root)
@@ -52,7 +54,17 @@ def stage_project(connector: Connector, root: str) -> GroupResult | None:
     if root in (os.path.realpath(os.path.expanduser("~")), "/"):
         raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
     options = SyncOptions()
-    return _check(sync_tree(targets, plan_sync(root, options), options), f"the project {root}")
+    plan = plan_sync(root, options)
+    shipped = {e.rel for e in plan.entries}
+    for path in needed:
+        rel = os.path.relpath(os.path.realpath(os.path.join(root, path)), root).replace(os.sep, "/")
+        if rel.startswith("../") or not os.path.exists(os.path.join(root, rel)):
+            continue          # outside the project (it must be on the hosts already) or absent (the program says)
+        if not any(f == rel or f.startswith(rel.rstrip("/") + "/") for f in shipped):
+            raise UsageError(f"{path}: the program reads it, but the project's ignore rules (.gitignore, "
+                             f"{plan.selection}) leave it out of what run copies to the hosts: un-ignore it "
+                             "(a `!path` line), or give an absolute path that exists on every host")
+    return _check(sync_tree(targets, plan, options), f"the project {root}")
 
 
 def ship_clusterctl(connector: Connector) -> GroupResult | None:

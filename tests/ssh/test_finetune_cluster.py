@@ -75,3 +75,11 @@ def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_clus
         errors = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
         assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()     # no run started
+    (tmp_path / "data" / "chat" / "valid.jsonl").unlink()
+    (tmp_path / ".gitignore").write_text("models/\n")      # common: the weights kept out of git, so out of sync
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
+                   "--model", "models/llama", "--data", "data/chat", *STEPS, cwd=tmp_path)
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and errors[-1].startswith("error: models/llama: the program reads it, but the project's "
+                                                       "ignore rules (.gitignore, gitignore) leave it out"), r.stderr
+    assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()
