@@ -1,7 +1,10 @@
 """`--model DIR` refused in one line for what the ranks cannot use, checked before anything loads (train/lm.py);
 and export.py: a from-scratch checkpoint as an mlx-lm llama whose logits and tokens are the bundled model's."""
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -87,12 +90,15 @@ def test_a_model_trained_from_scratch_exports_as_a_llama_with_the_same_logits(tm
     import mlx.core as mx
     from mlx_lm import load
 
-    from clusterctl.train import trainer
     from clusterctl.train.export import export
     from clusterctl.train.generate import load as load_ours
 
     out = tmp_path / "run"
-    assert trainer.main(["--preset", "tiny", "--steps", "2", "--eval-every", "0", "--out", str(out)]) == 0
+    # a process of its own: MLX's distributed init in this one would leave an MPI singleton that breaks mpirun
+    r = subprocess.run([sys.executable, "-m", "clusterctl.train", "--preset", "tiny", "--steps", "2", "--eval-every",
+                        "0", "--out", str(out)], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("CLUSTERCTL_")})
+    assert r.returncode == 0, r.stderr
     path = export(str(out), str(out / "model"))
     model, tokenizer = load(str(path))
     ours, our_tok, _ = load_ours(str(out))
