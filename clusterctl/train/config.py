@@ -33,6 +33,10 @@ class TrainConfig:
                                    "needs mlx-lm) instead of training the bundled model from scratch; --data names "
                                    "a directory of train.jsonl / valid.jsonl records (docs/finetune.md). The model "
                                    "flags below are then the model's own.", metavar="DIR")
+    precision: str = _opt("float32", "float32: weights, gradients and AdamW state in float32; bfloat16: weights and "
+                                     "gradients in bfloat16 (half the memory, and bfloat16 compute where the device has "
+                                     "it), AdamW's moments in float32 and each update computed in float32, then rounded "
+                                     "to the weight (docs/finetune.md#precision).", choices=("float32", "bfloat16"))
     mask_prompt: str = _opt("on", "With --model: on trains only on the answers of chat and prompt/completion records "
                                   "(as mlx-lm's --mask-prompt), off on every token.", choices=("on", "off"))
     n_layers: int = _opt(4, "Transformer blocks.")

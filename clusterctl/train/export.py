@@ -178,7 +178,9 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> P
             write_weights(params, tmp, getattr(mx, weights_dtype(src)))
         else:
             eos = _write_scratch_tokenizer(state, tmp)
-            write_text(str(tmp / "config.json"), json.dumps(llama_config(state["model"], eos), indent=1))
+            config = llama_config(state["model"], eos)
+            config["torch_dtype"] = str(next(iter(params.values())).dtype).removeprefix("mlx.core.")
+            write_text(str(tmp / "config.json"), json.dumps(config, indent=1))
             write_weights({llama_name(k): v for k, v in params.items()}, tmp)
         if final.exists():
             old = final.parent / f".{final.name}.old-{os.getpid()}"

@@ -84,12 +84,13 @@ def architecture(config: dict, path: str) -> str:
 
 
 def load(path: str, dtype=None):
-    """(model, tokenizer, config): mlx-lm's loader, the weights cast to `dtype` (float32 by default), lazily
+    """(model, tokenizer, config): mlx-lm's loader, the weights cast to `dtype` (float32 by default; --precision), lazily
     (zero3 slices a group at a time; dp evaluates them when it starts)."""
     import mlx.core as mx
-    from mlx.utils import tree_map
     from mlx_lm.utils import load_model, load_tokenizer
     from pathlib import Path
+
+    from .step import cast_model
 
     check_model_dir(path)
     try:
@@ -99,9 +100,7 @@ def load(path: str, dtype=None):
     if config.get("quantization") or config.get("quantization_config"):
         raise ConfigError(f"--model {path}: the weights are quantized; full fine-tuning needs the unquantized model "
                           "(train from the original, quantize the result with mlx_lm.convert -q)")
-    dtype = dtype or mx.float32
-    model.update(tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
-                          model.parameters()))
+    cast_model(model, str(dtype or mx.float32).removeprefix("mlx.core."))
     tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
     return model, tokenizer, config
 

@@ -34,9 +34,31 @@ def lr_schedule(config):
     return schedule
 
 
+class MixedAdamW(optim.AdamW):
+    """AdamW for low-precision weights (--precision bfloat16): the moments are float32 whatever the weight's dtype,
+    the update is computed in float32 from the float32 weight, and only the result is rounded to the weight's
+    dtype. (mlx's own AdamW keeps the moments in the weight's dtype, where bfloat16's 8 bits lose them.)"""
+
+    def init_single(self, parameter: mx.array, state: dict):
+        state["m"] = mx.zeros(parameter.shape, dtype=mx.float32)
+        state["v"] = mx.zeros(parameter.shape, dtype=mx.float32)
+
+    def apply_single(self, gradient: mx.array, parameter: mx.array, state: dict):
+        updated = super().apply_single(gradient.astype(mx.float32), parameter.astype(mx.float32), state)
+        return updated.astype(parameter.dtype)
+
+
 def make_optimizer(config) -> optim.AdamW:
-    return optim.AdamW(learning_rate=lr_schedule(config), betas=[config.beta1, config.beta2],
-                       weight_decay=config.weight_decay, bias_correction=True)
+    kind = MixedAdamW if getattr(config, "precision", "float32") != "float32" else optim.AdamW
+    return kind(learning_rate=lr_schedule(config), betas=[config.beta1, config.beta2],
+                weight_decay=config.weight_decay, bias_correction=True)
+
+
+def cast_model(model, precision: str) -> None:
+    """The model's floating-point parameters in `precision` (float32 or bfloat16)."""
+    dtype = getattr(mx, precision)
+    model.update(tree_map(lambda p: p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p,
+                          model.parameters()))
 
 
 def global_norm(grads) -> mx.array:

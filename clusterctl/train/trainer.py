@@ -39,7 +39,7 @@ from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting,
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
-from .step import make_optimizer, make_step
+from .step import cast_model, make_optimizer, make_step
 from .zero3 import ShardedModel, make_zero3_step
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
         raise ConfigError(f"--data {config.data}: with --model, a directory holding train.jsonl (mlx-lm's layout) "
                           "is needed" + (" (this one holds shards from `data prepare` for the bundled model)"
                                          if os.path.isfile(os.path.join(config.data, "manifest.json")) else ""))
-    model, tokenizer, model_config = lm.load(config.model)
+    model, tokenizer, model_config = lm.load(config.model, getattr(mx, config.precision))
     train_records, val_records, given = records.read_dir(config.data)
     mask = config.mask_prompt == "on"
     packed = records.rows_of(train_records, tokenizer, config.block_size, mask)
@@ -386,6 +386,8 @@ def train(argv: list[str] | None = None) -> None:
 
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
     model = Transformer(ModelArgs.from_config(config, vocab_size))
+    if config.precision != "float32":
+        cast_model(model, config.precision)
     if config.strategy == "zero3":                             # each rank keeps 1/N of every parameter
         model = ShardedModel(model, group, config.zero3_gather)
     optimizer = make_optimizer(config)
@@ -427,7 +429,7 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     data = TrainData(train=ft.train, val=ft.val, group=group, start=start)
     spec = {"type": "mlx-lm", "path": os.path.abspath(config.model)}
     described = (f"model {config.model} ({ft.config['model_type']}, {parameters(model) / 1e6:.2f}M parameters, "
-                 f"trained in float32), {config.steps} steps at lr {config.lr:g}")
+                 f"trained in {config.precision}), {config.steps} steps at lr {config.lr:g}")
     run_fit(model, optimizer, data, config, out_dir, (spec, lm.vocab_size(ft.config)), described, ft.summary, ckpt)
     if rank == 0:
         path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()])

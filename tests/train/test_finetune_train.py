@@ -148,3 +148,18 @@ def test_export_writes_a_fine_tuned_run_again_and_generate_points_to_mlx_lm(inpu
     again = {p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()}
     first = {p.name: p.read_bytes() for p in (one_rank_accum_2 / "model").iterdir()}
     assert again == first          # the same bytes as the export at the end of the run
+
+
+def test_bfloat16_weights_keep_float32_moments_and_resume_exactly(inputs, tmp_path):
+    whole, part, f32 = tmp_path / "whole", tmp_path / "part", tmp_path / "f32"
+    args = ["--precision", "bfloat16", "--ckpt-every", "3"]
+    run(finetune(inputs, "qwen3", "chat", "--steps", "6", *args, "--out", str(whole)))
+    run(finetune(inputs, "qwen3", "chat", "--steps", "3", *args, "--out", str(part)))
+    run(finetune(inputs, "qwen3", "chat", "--steps", "6", *args, "--resume", "latest", "--out", str(part)))
+    run(finetune(inputs, "qwen3", "chat", "--steps", "6", "--out", str(f32)))
+    assert losses(part) == losses(whole)
+    step = whole / "checkpoints" / "step-000006"
+    assert {v.dtype for v in mx.load(str(step / "model.safetensors")).values()} == {mx.bfloat16}
+    moments = mx.load(str(step / "optimizer.safetensors"))
+    assert {v.dtype for k, v in moments.items() if k.endswith((".m", ".v"))} == {mx.float32}
+    assert losses(whole)[6][0] == pytest.approx(losses(f32)[6][0], rel=0.02)    # bf16 rounding, not a new run
