@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 
@@ -58,7 +59,7 @@ def export_cmd(run_ref, out_dir, runs_dir):
         os.path.abspath(source)))
     dest = out_dir or os.path.join(run_dir, "model")
     path = export(source, dest, search=[os.getcwd(), os.path.dirname(os.path.abspath(runs_dir))])
-    click.echo(f"wrote {path}: mlx_lm.generate --model {path} --prompt \"...\"")
+    click.echo(f"wrote {path}: mlx_lm.generate --model {shlex.quote(str(path))} --prompt \"...\"")
 
 
 @app.command("clusterctl data prepare corpus.jsonl --world 4 --out data/", cls=click.Group)

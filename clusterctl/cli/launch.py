@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -108,7 +109,8 @@ class PrintedRun:
                    f"into {launch.run_dir}", err=True)
         model = os.path.join(launch.run_dir, "model")
         if os.path.isfile(os.path.join(model, "config.json")):       # the bundled trainer's --model export
-            click.echo(f"run {launch.run_id}: the trained model is {model} (mlx_lm.generate --model {model})", err=True)
+            click.echo(f"run {launch.run_id}: the trained model is {model} (mlx_lm.generate --model "
+                       f"{shlex.quote(model)})", err=True)
 
     def fetch_failed(self, launch, host, remote_dir, error):
         click.secho(f"run {launch.run_id}: could not copy {remote_dir} from {host} ({one_line(error)}); it is "

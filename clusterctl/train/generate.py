@@ -6,6 +6,7 @@ last half block, so any number of tokens can be produced without going past the 
 """
 from __future__ import annotations
 
+import shlex
 from typing import Iterator
 
 import mlx.core as mx
@@ -24,7 +25,8 @@ def load(checkpoint_dir: str):
     if "mlx_lm" in state["model"]:
         run = ckpt.parent.parent
         raise CheckpointError(f"{ckpt} fine-tuned the mlx-lm model {state['model']['mlx_lm']}: generate with mlx-lm, "
-                              f"mlx_lm.generate --model {run / 'model'} (`clusterctl export {run}` writes it if absent)")
+                              f"mlx_lm.generate --model {shlex.quote(str(run / 'model'))} "
+                              f"(`clusterctl export {shlex.quote(str(run))}` writes it if absent)")
     model = Transformer(ModelArgs(**state["model"]))
     checkpoint.load_model(ckpt, model)
     model.eval()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -433,7 +434,7 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     run_fit(model, optimizer, data, config, out_dir, (spec, lm.vocab_size(ft.config)), described, ft.summary, ckpt)
     if rank == 0:
         path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()])
-        print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {path})", flush=True)
+        print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {shlex.quote(str(path))})", flush=True)
 
 
 def parameters(model) -> int:
