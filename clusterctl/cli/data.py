@@ -79,15 +79,34 @@ PHASES = {"tokenize": "tokenizing", "write": "writing shards"}
               help="byte (no downloads) or a local Hugging Face tokenizer.json (needs `tokenizers`).")
 @click.option("--val-fraction", default=0.01, show_default=True, type=float,
               help="Share of documents held out in val.bin (every 1/F-th document).")
+@click.option("--block-size", type=int, default=256, show_default=True, metavar="N",
+              help="Records (a train.jsonl directory): the trainer's --block-size the rows are cut for.")
+@click.option("--mask-prompt", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Records: train on the answers only, as the trainer's --mask-prompt.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Records: the seed that deals rows to shards.")
 @click.option("--json", "as_json", is_flag=True, help="Print manifest.json instead of a summary.")
-def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, as_json):
+def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, block_size, mask_prompt, seed, as_json):
     """Tokenize SOURCE once into N equal shards plus manifest.json.
 
     SOURCE: `embedded` (the built-in stories; `embedded:COUNT[:SEED]`), a .txt file (documents separated
     by blank lines), a .jsonl file ("text" field), a directory of those, or hf:NAME[:SPLIT] (a dataset
-    already in the local Hugging Face cache; needs `datasets`).
+    already in the local Hugging Face cache; needs `datasets`). A directory with train.jsonl (mlx-lm's layout:
+    text, prompt/completion and messages records) becomes rows for fine-tuning a model with the trainer's
+    --model: give that model's directory as --tokenizer (its chat template renders the records).
     """
+    from ..data import records
     from ..data.shards import prepare
+
+    if records.is_records_dir(source):
+        start = time.monotonic()
+        m = records.prepare_records(source, world, out_dir, tokenizer, block_size, mask_prompt == "on", seed)
+        if as_json:
+            click.echo(json.dumps(m, indent=1))
+            return
+        click.echo(f"{out_dir}: {m['records']:,} records, {m['tokens']:,} tokens ({m['trained']:,} trained on) in "
+                   f"{world} shards of {', '.join(str(s['rows']) for s in m['shards'])} rows of {block_size + 1}; "
+                   f"val.bin {m['val']['rows']} rows; {time.monotonic() - start:.1f} s")
+        return
 
     bars = None if as_json else Bars.on_terminal(err=True, unit="items")
     progress = (lambda phase, done, total: bars.update(PHASES.get(phase, phase), done, total)) if bars else None

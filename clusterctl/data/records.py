@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from dataclasses import dataclass
 
 from ..errors import SourceError
@@ -212,3 +213,154 @@ class RowLoader:
 
         idx = mx.array(self.indices(m), dtype=mx.int32)
         return self.rows[idx][:, :-1], self.labels[idx][:, 1:]
+
+
+# ---- prepared once: `clusterctl data prepare RECORDS_DIR --tokenizer MODEL_DIR --world N` --------------------
+# The same rows, tokenized once here rather than by every rank, dealt to N shards: row k of a seeded shuffle of
+# every row goes to shard k % N, so rank r reads only its own file. Each shard (and val.bin) holds its rows as
+# little-endian int32, row by row: the block_size + 1 token ids, then their block_size + 1 labels. A rank then
+# draws its own rows (RowLoader with world 1): the run no longer equals one on another world size, as with any
+# prepared shards; manifest.json says what they were made with, checked by the trainer.
+
+KIND = "records"
+PREPARED_FORMAT = 1
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "vocab.json", "merges.txt", "tiktoken.model")
+
+
+def tokenizer_digest(model_dir: str) -> str:
+    """sha256 over the model directory's tokenizer files (names and contents): what the rows were made with."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            h.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def shard_file(rank: int, world: int) -> str:
+    return f"rows-{rank:05d}-of-{world:05d}.bin"
+
+
+def _write_rows(path: str, packed: Packed, rows: list[int]) -> int:
+    from array import array
+
+    out = array("i")
+    for k in rows:
+        out.extend(packed.rows[k])
+        out.extend(packed.labels[k])
+    if out.itemsize != 4:
+        raise SourceError("this platform's C int is not 32 bits")
+    if sys.byteorder != "little":
+        out.byteswap()
+    with open(path, "wb") as f:
+        out.tofile(f)
+    return len(rows)
+
+
+def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block_size: int, mask_prompt: bool = True,
+                    seed: int = 0) -> dict:
+    """Tokenize `source` (a train.jsonl directory) with the model's tokenizer into `world` shards of rows in
+    `out_dir` (replaced whole if it holds a dataset); returns the manifest."""
+    from pathlib import Path
+
+    from ..atomic import fsync_tree, write_text
+    from ..digest import file_sha256
+
+    if world < 1 or block_size < 1:
+        raise SourceError(f"--world and --block-size must be at least 1 (got {world}, {block_size})")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise SourceError(f"--tokenizer {model_dir}: records are tokenized with the model's own tokenizer and chat "
+                          "template: give the mlx-lm model directory you will fine-tune (--model)")
+    try:
+        from mlx_lm.utils import load_tokenizer
+    except ImportError:
+        raise SourceError("tokenizing records for a model needs mlx-lm: pip install 'clusterctl[lm]'") from None
+    train, held, given = read_dir(source)
+    tokenizer = load_tokenizer(Path(model_dir))
+    packed = rows_of(train, tokenizer, block_size, mask_prompt)
+    val = rows_of(held, tokenizer, block_size, mask_prompt)
+    if len(packed.rows) < world:
+        raise SourceError(f"{source}: {len(packed.rows)} rows of {block_size + 1} tokens cannot give {world} ranks "
+                          "one each: use a smaller --block-size or --world")
+    order = list(range(len(packed.rows)))
+    random.Random(f"clusterctl-prepare-rows:{seed}").shuffle(order)
+    out = os.path.abspath(out_dir)
+    staging = f"{out}.tmp-{os.getpid()}"
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    shards = []
+    for r in range(world):
+        name = shard_file(r, world)
+        n = _write_rows(os.path.join(staging, name), packed, order[r::world])
+        shards.append({"file": name, "rows": n, "sha256": file_sha256(os.path.join(staging, name))})
+    _write_rows(os.path.join(staging, "val.bin"), val, list(range(len(val.rows))))
+    manifest = {"kind": KIND, "format": PREPARED_FORMAT, "world_size": world, "block_size": block_size,
+                "mask_prompt": mask_prompt, "seed": seed, "model": os.path.abspath(model_dir),
+                "tokenizer_sha256": tokenizer_digest(model_dir), "source": os.path.abspath(source),
+                "records": len(train), "tokens": packed.tokens, "trained": packed.trained,
+                "held_out": {"records": len(held), "from": VALID if given else f"every {VAL_EVERY}th record"},
+                "shards": shards, "val": {"file": "val.bin", "rows": len(val.rows),
+                                          "sha256": file_sha256(os.path.join(staging, "val.bin"))}}
+    write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
+    fsync_tree(staging)
+    if os.path.isdir(out):
+        if os.listdir(out) and not os.path.isfile(os.path.join(out, "manifest.json")):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise SourceError(f"{out_dir} exists and holds no dataset: give a new --out (it is replaced whole)")
+        old = f"{out}.old-{os.getpid()}"
+        os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out)
+    return manifest
+
+
+def read_prepared(data_dir: str) -> dict | None:
+    """A prepared records directory's manifest (None when `data_dir` is not one)."""
+    path = os.path.join(data_dir, "manifest.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        return None
+    if manifest.get("format") != PREPARED_FORMAT:
+        raise SourceError(f"{path}: records format {manifest.get('format')!r}, this clusterctl reads "
+                          f"{PREPARED_FORMAT} (prepare it again)")
+    return manifest
+
+
+def load_rows(data_dir: str, entry: dict, block_size: int) -> Packed:
+    """One prepared file's rows (checked against the manifest's row count)."""
+    from array import array
+
+    path = os.path.join(data_dir, entry["file"])
+    width = block_size + 1
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        raise SourceError(f"{path}: missing (the manifest lists it)") from None
+    if size != entry["rows"] * 2 * width * 4:
+        raise SourceError(f"{path}: {size} bytes, the manifest says {entry['rows']} rows of {width} tokens: "
+                          "truncated or corrupted")
+    data = array("i")
+    with open(path, "rb") as f:
+        data.fromfile(f, size // 4)
+    if sys.byteorder != "little":
+        data.byteswap()
+    rows, labels = [], []
+    for k in range(entry["rows"]):
+        at = 2 * width * k
+        rows.append(data[at:at + width].tolist())
+        labels.append(data[at + width:at + 2 * width].tolist())
+    trained = sum(t >= 0 for row in labels for t in row[1:])
+    return Packed(rows, labels, entry["rows"] * block_size, trained)

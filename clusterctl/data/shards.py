@@ -82,6 +82,10 @@ class Manifest:
             return ShardError(f"{where}: {what} (re-run clusterctl data prepare)")
         if not isinstance(d, dict) or "format" not in d:
             raise bad("not a clusterctl manifest (no format field)")
+        if d.get("kind") == "records":
+            raise ShardError(f"{where}: rows prepared from jsonl records for fine-tuning a model: the trainer reads "
+                             "them with --model (they travel with the project; data push and run --data send shards "
+                             "for the bundled model)")
         if d.get("format") != FORMAT:
             raise bad(f"format {d.get('format')!r}, this clusterctl reads format {FORMAT}")
         ints = ("vocab_size", "world_size", "tokens_per_shard", "dropped_tokens")

@@ -18,7 +18,8 @@ def check_before_launch(args: list[str], world: int, sizes: dict[str, int], over
     (the strategy that fits, or None when it cannot tell)."""
     model = flag_value(args, "--model")
     if model and not flag_value(args, "--resume"):
-        check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None)
+        check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None,
+                       world)
     return memory.check_before_launch(args, world, sizes, overrides, first_os, project, data_dir)
 
 
@@ -26,7 +27,7 @@ def _in(project: str, path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(project, path)
 
 
-def check_finetune(model_dir: str, data_dir: str | None) -> None:
+def check_finetune(model_dir: str, data_dir: str | None, world: int) -> None:
     from ..data import records
     from .config import ConfigError
     from .lm import check_model_dir
@@ -34,6 +35,15 @@ def check_finetune(model_dir: str, data_dir: str | None) -> None:
     check_model_dir(model_dir)
     if not data_dir:
         raise ConfigError(f"--model {model_dir} needs --data DIR: a directory of train.jsonl (and valid.jsonl) records")
+    prepared = records.read_prepared(data_dir)
+    if prepared is not None:          # rows from `data prepare`: made for this world and this model's tokenizer?
+        if prepared["world_size"] != world:
+            raise ConfigError(f"--data {data_dir}: rows prepared for world size {prepared['world_size']}, this run has "
+                              f"{world} (prepare again with --world {world})")
+        if prepared["tokenizer_sha256"] != records.tokenizer_digest(model_dir):
+            raise ConfigError(f"--data {data_dir}: tokenized with another model's tokenizer ({prepared['model']}): "
+                              f"prepare again with --tokenizer {model_dir}")
+        return
     if not records.is_records_dir(data_dir):
         raise ConfigError(f"--data {data_dir}: with --model, a directory holding train.jsonl (mlx-lm's layout) is needed")
     for name in (records.TRAIN, records.VALID):

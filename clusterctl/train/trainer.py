@@ -200,11 +200,14 @@ def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
     if not config.data:
         raise ConfigError(f"--model {config.model} needs --data DIR: a directory of train.jsonl (and valid.jsonl) "
                           "records (docs/finetune.md#data)")
-    if not records.is_records_dir(config.data):
+    prepared = records.read_prepared(config.data)
+    if prepared is None and not records.is_records_dir(config.data):
         raise ConfigError(f"--data {config.data}: with --model, a directory holding train.jsonl (mlx-lm's layout) "
                           "is needed" + (" (this one holds shards from `data prepare` for the bundled model)"
                                          if os.path.isfile(os.path.join(config.data, "manifest.json")) else ""))
     model, tokenizer, model_config = lm.load(config.model, getattr(mx, config.precision))
+    if prepared is not None:
+        return FineTune(model, tokenizer, model_config, *prepared_rows(config, prepared, rank, world))
     train_records, val_records, given = records.read_dir(config.data)
     mask = config.mask_prompt == "on"
     packed = records.rows_of(train_records, tokenizer, config.block_size, mask)
@@ -216,6 +219,34 @@ def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
                f"{config.block_size + 1} ({packed.trained:,} trained on); held out: {len(val_records):,} records "
                f"({where})")
     return FineTune(model, tokenizer, model_config, train, val, summary)
+
+
+def prepared_rows(config: TrainConfig, manifest: dict, rank: int, world: int):
+    """(train loader, held-out loader, summary) from `clusterctl data prepare`'s rows: this rank's shard only,
+    checked against what they were made with (world, block size, the model's tokenizer, prompt masking)."""
+    from ..data import records
+
+    where = config.data
+    if manifest["world_size"] != world:
+        raise ConfigError(f"--data {where}: rows prepared for world size {manifest['world_size']}, this run has {world} "
+                          f"(prepare again with --world {world})")
+    if manifest["block_size"] != config.block_size:
+        raise ConfigError(f"--data {where}: rows of --block-size {manifest['block_size']}, this run asks for "
+                          f"{config.block_size}: pass --block-size {manifest['block_size']} (or prepare again)")
+    if manifest["tokenizer_sha256"] != records.tokenizer_digest(config.model):
+        raise ConfigError(f"--data {where}: tokenized with {manifest['model']}'s tokenizer, which is not "
+                          f"{config.model}'s: prepare again with --tokenizer {config.model}")
+    if manifest["mask_prompt"] != (config.mask_prompt == "on"):
+        raise ConfigError(f"--data {where}: prepared with --mask-prompt {'on' if manifest['mask_prompt'] else 'off'}; "
+                          f"pass the same, or prepare again")
+    mine = records.load_rows(where, manifest["shards"][rank], config.block_size)
+    held = records.load_rows(where, manifest["val"], config.block_size)
+    train = records.RowLoader(mine, config.batch_size, config.accum, 1, 0, config.seed + rank)
+    val = records.RowLoader(held, config.batch_size, 1, world, rank, config.seed + 1, shuffle=False)
+    summary = (f"prepared rows: {len(mine.rows):,} of {config.block_size + 1} on rank {rank} (its shard), "
+               f"{manifest['records']:,} records, {manifest['tokens']:,} tokens in all; held out: "
+               f"{manifest['held_out']['records']:,} records ({manifest['held_out']['from']})")
+    return train, val, summary
 
 
 def portable_spec(tokenizer) -> dict:

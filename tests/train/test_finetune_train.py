@@ -163,3 +163,25 @@ def test_bfloat16_weights_keep_float32_moments_and_resume_exactly(inputs, tmp_pa
     moments = mx.load(str(step / "optimizer.safetensors"))
     assert {v.dtype for k, v in moments.items() if k.endswith((".m", ".v"))} == {mx.float32}
     assert losses(whole)[6][0] == pytest.approx(losses(f32)[6][0], rel=0.02)    # bf16 rounding, not a new run
+
+
+def test_rows_prepared_once_train_each_rank_on_its_own_shard(inputs, tmp_path):
+    import subprocess
+
+    from test_train_multiprocess import ENV
+
+    prep = tmp_path / "prep"
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", str(inputs["chat"]), "--world", "2",
+                        "--out", str(prep), "--tokenizer", str(inputs["qwen3"]), "--block-size", "64"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0 and "120 records" in r.stdout and "in 2 shards of 30, 30 rows of 65" in r.stdout, r.stderr
+    out = tmp_path / "run"
+    program = [sys.executable, "-m", "clusterctl.train", "--model", str(inputs["qwen3"]), "--data", str(prep), *STEPS,
+               "--steps", "30", "--strategy", "zero3", "--out", str(out)]
+    r = run(mpirun(2) + program, world=2)
+    assert "prepared rows: 30 of 65 on rank 0 (its shard)" in r.stdout
+    curve = losses(out)
+    assert curve[30][0] < 0.6 * curve[1][0]
+    r = subprocess.run(program[:-2] + ["--out", str(tmp_path / "one")], capture_output=True, text=True, env=ENV,
+                       timeout=120)
+    assert r.returncode == 2 and "rows prepared for world size 2, this run has 1 (prepare again with --world 1)" in r.stderr

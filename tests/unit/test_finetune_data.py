@@ -119,3 +119,33 @@ def test_a_chat_record_without_a_chat_template_names_the_record(tmp_path):
     rec = records.Record("chat", {"messages": [{"role": "user", "content": "hi"}]}, "d/train.jsonl:7")
     with pytest.raises(SourceError, match=r"^d/train.jsonl:7: a chat record is rendered with the model's chat template"):
         records.tokenize(rec, tok, True)
+
+
+def test_prepared_rows_deal_every_row_to_one_shard_and_read_back_as_written(tmp_path):
+    pytest.importorskip("mlx_lm")
+    import lmfixture
+    from mlx_lm.utils import load_tokenizer
+
+    model = lmfixture.make_model(tmp_path / "m")
+    data = lmfixture.make_data(tmp_path / "chat", "chat", records=40)
+    m = records.prepare_records(str(data), 3, str(tmp_path / "prep"), str(model), block_size=32)
+    whole = records.rows_of(records.read_dir(str(data))[0], load_tokenizer(model), 32, True)
+    assert m["kind"] == "records" and m["world_size"] == 3 and m["block_size"] == 32
+    assert [s["rows"] for s in m["shards"]] == [len(whole.rows[r::3]) for r in range(3)]
+    shards = [records.load_rows(str(tmp_path / "prep"), s, 32) for s in m["shards"]]
+    got = sorted(tuple(r + l) for p in shards for r, l in zip(p.rows, p.labels))
+    assert got == sorted(tuple(r + l) for r, l in zip(whole.rows, whole.labels))     # every row once, labels too
+    assert m["tokenizer_sha256"] == records.tokenizer_digest(str(model))
+    (tmp_path / "prep" / m["shards"][1]["file"]).write_bytes(b"\0" * 8)
+    with pytest.raises(SourceError, match="truncated or corrupted"):
+        records.load_rows(str(tmp_path / "prep"), m["shards"][1], 32)
+    with pytest.raises(SourceError, match="give the mlx-lm model directory you will fine-tune"):
+        records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(data), block_size=32)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(SourceError, match="exists and holds no dataset"):
+        records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), block_size=32)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    from clusterctl.data.shards import read_manifest
+    with pytest.raises(Exception, match="rows prepared from jsonl records for fine-tuning a model"):
+        read_manifest(str(tmp_path / "prep"))
