@@ -116,3 +116,27 @@ def test_a_model_trained_from_scratch_exports_as_a_llama_with_the_same_logits(tm
     with pytest.raises(Exception, match="exists and is not a model directory"):
         export(str(out), str(elsewhere))
     assert (elsewhere / "todo.txt").read_text() == "mine"
+
+
+def test_a_large_model_is_written_in_files_of_at_most_the_limit_with_an_index_mlx_lm_reads(monkeypatch, tmp_path):
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from clusterctl.train import export
+
+    src = lmfixture.make_model(tmp_path / "src")
+    weights = mx.load(str(src / "model.safetensors"))
+    monkeypatch.setattr(export, "MAX_FILE_BYTES", 100_000)          # the fixture's 0.46 MB in several files
+    dest = tmp_path / "out"
+    dest.mkdir()
+    names = export.write_weights(weights, dest)
+    assert len(names) > 2 and names[0] == f"model-00001-of-{len(names):05d}.safetensors"
+    assert all((dest / n).stat().st_size <= 100_000 + 4096 for n in names)      # + the file's header
+    index = json.loads((dest / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(weights) and set(index["weight_map"].values()) == set(names)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dest / name)
+    model, _ = load(str(dest))
+    x = mx.array([[1, 2, 3, 4]])
+    reference, _ = load(str(src))
+    assert mx.allclose(model(x), reference(x)).item()
