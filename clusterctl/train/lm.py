@@ -65,6 +65,9 @@ def check_model_dir(path: str) -> dict:
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ConfigError(f"--model {path}: no tokenizer (tokenizer.json or tokenizer.model); copy the model's "
                           "tokenizer files into the directory")
+    if config.get("quantization") or config.get("quantization_config"):
+        raise ConfigError(f"--model {path}: the weights are quantized; full fine-tuning needs the unquantized model "
+                          "(train from the original, quantize the result with mlx_lm.convert -q)")
     require_mlx_lm()
     architecture(config, path)
     return config
@@ -97,9 +100,6 @@ def load(path: str, dtype=None):
         model, config = load_model(Path(path), lazy=True)
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--model {path}: mlx-lm cannot build this model: {str(e).splitlines()[0]}") from None
-    if config.get("quantization") or config.get("quantization_config"):
-        raise ConfigError(f"--model {path}: the weights are quantized; full fine-tuning needs the unquantized model "
-                          "(train from the original, quantize the result with mlx_lm.convert -q)")
     cast_model(model, str(dtype or mx.float32).removeprefix("mlx.core."))
     tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
     return model, tokenizer, config
