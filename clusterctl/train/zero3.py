@@ -65,29 +65,13 @@ def transformer_units(model) -> list[Unit]:
         model.embedding.weight = params["embedding.weight"]
         return model.embedding(tokens)
 
-    def block(i):
-        layer = model.layers[i]
-        prefix = f"layers.{i}."
-
-        def call(params, x):
-            layer.update(tree_unflatten([(k[len(prefix):], v) for k, v in params.items()]))
-            return layer(x)
-        return call
-
     def head(params, x, targets):
         model.norm.weight = params["norm.weight"]
         model.embedding.weight = params["embedding.weight"]
         return masked_cross_entropy(model.embedding.as_linear(model.norm(x)), targets)
 
-    keys = [k for k, _ in tree_flatten(model.trainable_parameters())]
-    units = [Unit("embedding", ("embedding.weight",), embed)]
-    for i in range(len(model.layers)):
-        units.append(Unit(f"layers.{i}", tuple(k for k in keys if k.startswith(f"layers.{i}.")), block(i)))
-    units.append(Unit("head", ("norm.weight", "embedding.weight"), head))
-    covered = {k for u in units for k in u.keys}
-    if covered != set(keys):
-        raise ValueError(f"zero3: parameters in no unit: {sorted(set(keys) - covered)[:5]}")
-    return units
+    return _units(model, Unit("embedding", ("embedding.weight",), embed), "layers.", model.layers,
+                  lambda layer, x: layer(x), Unit("head", ("norm.weight", "embedding.weight"), head))
 
 
 def lm_units(model) -> list[Unit]:
@@ -105,15 +89,6 @@ def lm_units(model) -> list[Unit]:
         inner.embed_tokens.weight = params[embed_key]
         return inner.embed_tokens(tokens)
 
-    def block(i):
-        layer = inner.layers[i]
-        prefix = f"model.layers.{i}."
-
-        def call(params, x):
-            layer.update(tree_unflatten([(k[len(prefix):], v) for k, v in params.items()]))
-            return layer(x, "causal" if x.shape[1] > 1 else None)
-        return call
-
     def head(params, x, targets):
         inner.norm.weight = params["model.norm.weight"]
         if tied:
@@ -124,11 +99,26 @@ def lm_units(model) -> list[Unit]:
             logits = model.lm_head(inner.norm(x))
         return masked_cross_entropy(logits, targets)
 
+    return _units(model, Unit("embedding", (embed_key,), embed), "model.layers.", inner.layers,
+                  lambda layer, x: layer(x, "causal" if x.shape[1] > 1 else None),
+                  Unit("head", ("model.norm.weight", embed_key if tied else "lm_head.weight"), head))
+
+
+def _units(model, embed: Unit, prefix: str, layers, call_layer: Callable, head: Unit) -> list[Unit]:
+    """embed, a unit per block (layer i's parameters are those named `prefix` i `.`, loaded into the layer before
+    `call_layer(layer, x)`), head; every trainable parameter must be in some unit."""
+    def block(layer, mine: str):
+        def call(params, x):
+            layer.update(tree_unflatten([(k[len(mine):], v) for k, v in params.items()]))
+            return call_layer(layer, x)
+        return call
+
     keys = [k for k, _ in tree_flatten(model.trainable_parameters())]
-    units = [Unit("embedding", (embed_key,), embed)]
-    for i in range(len(inner.layers)):
-        units.append(Unit(f"layers.{i}", tuple(k for k in keys if k.startswith(f"model.layers.{i}.")), block(i)))
-    units.append(Unit("head", ("model.norm.weight", embed_key if tied else "lm_head.weight"), head))
+    units = [embed]
+    for i, layer in enumerate(layers):
+        mine = f"{prefix}{i}."
+        units.append(Unit(f"layers.{i}", tuple(k for k in keys if k.startswith(mine)), block(layer, mine)))
+    units.append(head)
     covered = {k for u in units for k in u.keys}
     if covered != set(keys):
         raise ValueError(f"zero3: parameters in no unit: {sorted(set(keys) - covered)[:5]}")
