@@ -90,3 +90,13 @@ def make_data(dest, kind: str = "chat", records: int = 120, valid: bool = True, 
     if valid:
         (dest / "valid.jsonl").write_text("\n".join(lines(max(records // 10, 4), seed + 1000)) + "\n")
     return dest
+
+
+def make_inputs(root) -> dict:
+    """What the fine-tuning tests train on, under `root`: a bfloat16 llama, a tied float32 qwen3, chat records with
+    valid.jsonl and text records without (every 20th held out)."""
+    root = Path(root)
+    return {"llama": make_model(root / "llama", "llama", dtype="bfloat16"),
+            "qwen3": make_model(root / "qwen3", "qwen3", tied=True),
+            "chat": make_data(root / "chat", "chat"),
+            "text": make_data(root / "text", "text", valid=False)}

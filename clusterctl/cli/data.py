@@ -48,6 +48,7 @@ def export_cmd(run_ref, out_dir, runs_dir):
     import os
 
     from ..observe.runs import resolve
+    from ..train.checkpoint import resolve as checkpoint_of
     from ..train.export import export   # imports mlx: only this command pays for it
 
     if os.path.isdir(run_ref) and (os.path.isfile(os.path.join(run_ref, "state.json"))
@@ -55,10 +56,9 @@ def export_cmd(run_ref, out_dir, runs_dir):
         source = run_ref
     else:
         source = resolve(runs_dir, run_ref).dir
-    run_dir = source if os.path.isdir(os.path.join(source, "checkpoints")) else os.path.dirname(os.path.dirname(
-        os.path.abspath(source)))
-    dest = out_dir or os.path.join(run_dir, "model")
-    path = export(source, dest, search=[os.getcwd(), os.path.dirname(os.path.abspath(runs_dir))])
+    ckpt = checkpoint_of(source, None)                     # <run>/checkpoints/step-N: the run is two up
+    dest = out_dir or os.path.join(ckpt.parent.parent, "model")
+    path = export(str(ckpt), dest, search=[os.getcwd(), os.path.dirname(os.path.abspath(runs_dir))])
     click.echo(f"wrote {path}: mlx_lm.generate --model {shlex.quote(str(path))} --prompt \"...\"")
 
 

@@ -339,6 +339,24 @@ def read_prepared(data_dir: str) -> dict | None:
     return manifest
 
 
+def check_prepared(manifest: dict, where: str, world: int, model_dir: str, block_size: int | None = None,
+                   mask_prompt: bool | None = None) -> None:
+    """One line for prepared rows a run cannot use: made for another world size or another tokenizer (what the
+    controller can tell), another block size or prompt masking (the ranks, which know the run's settings)."""
+    if manifest["world_size"] != world:
+        raise SourceError(f"--data {where}: rows prepared for world size {manifest['world_size']}, this run has {world} "
+                          f"(prepare again with --world {world})")
+    if manifest["tokenizer_sha256"] != tokenizer_digest(model_dir):
+        raise SourceError(f"--data {where}: tokenized with {manifest['model']}'s tokenizer, which is not "
+                          f"{model_dir}'s: prepare again with --tokenizer {model_dir}")
+    if block_size is not None and manifest["block_size"] != block_size:
+        raise SourceError(f"--data {where}: rows of --block-size {manifest['block_size']}, this run asks for "
+                          f"{block_size}: pass --block-size {manifest['block_size']} (or prepare again)")
+    if mask_prompt is not None and manifest["mask_prompt"] != mask_prompt:
+        raise SourceError(f"--data {where}: prepared with --mask-prompt {'on' if manifest['mask_prompt'] else 'off'}; "
+                          "pass the same, or prepare again")
+
+
 def load_rows(data_dir: str, entry: dict, block_size: int) -> Packed:
     """One prepared file's rows (checked against the manifest's row count)."""
     from array import array

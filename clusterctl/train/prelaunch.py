@@ -37,12 +37,7 @@ def check_finetune(model_dir: str, data_dir: str | None, world: int) -> None:
         raise ConfigError(f"--model {model_dir} needs --data DIR: a directory of train.jsonl (and valid.jsonl) records")
     prepared = records.read_prepared(data_dir)
     if prepared is not None:          # rows from `data prepare`: made for this world and this model's tokenizer?
-        if prepared["world_size"] != world:
-            raise ConfigError(f"--data {data_dir}: rows prepared for world size {prepared['world_size']}, this run has "
-                              f"{world} (prepare again with --world {world})")
-        if prepared["tokenizer_sha256"] != records.tokenizer_digest(model_dir):
-            raise ConfigError(f"--data {data_dir}: tokenized with another model's tokenizer ({prepared['model']}): "
-                              f"prepare again with --tokenizer {model_dir}")
+        records.check_prepared(prepared, data_dir, world, model_dir)
         return
     if not records.is_records_dir(data_dir):
         raise ConfigError(f"--data {data_dir}: with --model, a directory holding train.jsonl (mlx-lm's layout) is needed")

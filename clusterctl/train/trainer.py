@@ -227,18 +227,7 @@ def prepared_rows(config: TrainConfig, manifest: dict, rank: int, world: int):
     from ..data import records
 
     where = config.data
-    if manifest["world_size"] != world:
-        raise ConfigError(f"--data {where}: rows prepared for world size {manifest['world_size']}, this run has {world} "
-                          f"(prepare again with --world {world})")
-    if manifest["block_size"] != config.block_size:
-        raise ConfigError(f"--data {where}: rows of --block-size {manifest['block_size']}, this run asks for "
-                          f"{config.block_size}: pass --block-size {manifest['block_size']} (or prepare again)")
-    if manifest["tokenizer_sha256"] != records.tokenizer_digest(config.model):
-        raise ConfigError(f"--data {where}: tokenized with {manifest['model']}'s tokenizer, which is not "
-                          f"{config.model}'s: prepare again with --tokenizer {config.model}")
-    if manifest["mask_prompt"] != (config.mask_prompt == "on"):
-        raise ConfigError(f"--data {where}: prepared with --mask-prompt {'on' if manifest['mask_prompt'] else 'off'}; "
-                          f"pass the same, or prepare again")
+    records.check_prepared(manifest, where, world, config.model, config.block_size, config.mask_prompt == "on")
     mine = records.load_rows(where, manifest["shards"][rank], config.block_size)
     held = records.load_rows(where, manifest["val"], config.block_size)
     train = records.RowLoader(mine, config.batch_size, config.accum, 1, 0, config.seed + rank)

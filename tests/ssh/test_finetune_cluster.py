@@ -22,11 +22,7 @@ STEPS = ["--steps", "30", "--batch-size", "4", "--block-size", "64", "--lr", "3e
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    root = tmp_path_factory.mktemp("made")
-    return {"llama": lmfixture.make_model(root / "llama", "llama", dtype="bfloat16"),
-            "qwen3": lmfixture.make_model(root / "qwen3", "qwen3", tied=True),
-            "chat": lmfixture.make_data(root / "chat", "chat"),
-            "text": lmfixture.make_data(root / "text", "text", valid=False)}
+    return lmfixture.make_inputs(tmp_path_factory.mktemp("made"))
 
 
 def project(tmp_path, made, model, data):

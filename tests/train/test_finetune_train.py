@@ -4,7 +4,6 @@ llama and qwen3 models made with mlx-lm's own classes (tests/lmfixture.py), the 
 Tolerances: as tests/train/test_train_multiprocess.py's DP equivalence (the same mean gradient summed in
 another order: measured <= 2e-7 here after 10 AdamW steps); 5e-5 catches a rank training on its own rows."""
 import json
-import os
 import sys
 
 import mlx.core as mx
@@ -21,11 +20,7 @@ STEPS = ["--batch-size", "4", "--block-size", "64", "--lr", "3e-3", "--warmup", 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ft")
-    return {"llama": lmfixture.make_model(root / "llama", "llama", dtype="bfloat16"),
-            "qwen3": lmfixture.make_model(root / "qwen3", "qwen3", tied=True),
-            "chat": lmfixture.make_data(root / "chat", "chat"),
-            "text": lmfixture.make_data(root / "text", "text", valid=False)}
+    return lmfixture.make_inputs(tmp_path_factory.mktemp("ft"))
 
 
 def finetune(inputs, model, data, *args):
