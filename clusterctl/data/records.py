@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ..errors import SourceError
 
 IGNORE = -1
+MAX_BLOCK_SIZE = 1 << 20  # tokens a row: beyond any model's context (a 400-digit --block-size overflowed the packing)
 TRAIN, VALID = "train.jsonl", "valid.jsonl"
 KINDS = ("text", "completions", "chat")
 VAL_EVERY = 20            # without valid.jsonl: every 20th training record is held out instead
@@ -271,8 +272,9 @@ def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block
     from ..atomic import fsync_tree, write_text
     from ..digest import file_sha256
 
-    if world < 1 or block_size < 1:
-        raise SourceError(f"--world and --block-size must be at least 1 (got {world}, {block_size})")
+    if world < 1 or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise SourceError(f"--world must be at least 1 and --block-size from 1 to {MAX_BLOCK_SIZE} (got {world}, "
+                          f"{block_size})")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise SourceError(f"--tokenizer {model_dir}: records are tokenized with the model's own tokenizer and chat "
                           "template: give the mlx-lm model directory you will fine-tune (--model)")

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 
+from ..data.records import MAX_BLOCK_SIZE
 from ..errors import ConfigError
 from . import presets
 
@@ -101,6 +102,8 @@ class TrainConfig:
                      "eval_batches", "report_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, not {getattr(self, name)}")
+        if self.block_size > MAX_BLOCK_SIZE:
+            raise ConfigError(f"--block-size must be at most {MAX_BLOCK_SIZE}, not {self.block_size}")
         for name in ("warmup", "eval_every", "ckpt_every", "keep", "check_sync"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative")

@@ -433,10 +433,11 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     from .export import export
 
     rank, world = group.rank(), group.size()
-    ft = open_finetune(config, rank, world)
     if config.balance == "auto":        # the rows of a step are split evenly: the global order (data/records.py)
         config = dataclasses.replace(config, balance="off")
-    config = plan_memory(config, lm.vocab_size(ft.config), group, ft.config)
+    model_config = lm.read_config(config.model)        # the plan needs only config.json: before any tokenizing
+    config = plan_memory(config, lm.vocab_size(model_config), group, model_config)
+    ft = open_finetune(config, rank, world)
     model = ft.model
     if config.strategy == "zero3":
         if not lm.zero3_units_known(ft.config["model_type"]):

@@ -198,6 +198,8 @@ def test_inconsistent_sizes_are_refused():
         parse_args(["--dim", "30", "--n-heads", "4"])
     with pytest.raises(ConfigError, match="--steps must be at least 1"):
         parse_args(["--steps", "0"])
+    with pytest.raises(ConfigError, match="--block-size must be at most 1048576"):   # 400 digits overflowed packing
+        parse_args(["--block-size", "9" * 400])
 
 
 # ---- schedule and step ------------------------------------------------------------------------

@@ -139,6 +139,8 @@ def test_prepared_rows_deal_every_row_to_one_shard_and_read_back_as_written(tmp_
     (tmp_path / "prep" / m["shards"][1]["file"]).write_bytes(b"\0" * 8)
     with pytest.raises(SourceError, match="truncated or corrupted"):
         records.load_rows(str(tmp_path / "prep"), m["shards"][1], 32)
+    with pytest.raises(SourceError, match="--block-size from 1 to 1048576"):
+        records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(model), block_size=int("9" * 400))
     with pytest.raises(SourceError, match="give the mlx-lm model directory you will fine-tune"):
         records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(data), block_size=32)
     (tmp_path / "mine").mkdir()
