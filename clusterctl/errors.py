@@ -167,6 +167,18 @@ class LaunchError(ClusterctlError):
     """The launch cannot be built here (no launcher installed, no ssh client on the launching host)."""
 
 
+class PortTaken(BadInput):
+    """A port `serve` would listen on is in use (on this machine, or on the host given to --listen)."""
+
+
+class ServeError(ClusterctlError):
+    """`serve` cannot go on: a host cannot give rank 0 a port, the server could not start (exit 1)."""
+
+
+class NotAModel(BadInput):
+    """`serve`, `models push`: MODEL is not an mlx-lm model directory mlx-lm can load and shard as asked."""
+
+
 class PreflightError(ClusterctlError):
     """A host is not ready for the launch: python, the script or the module is missing there (exit 1)."""
 

@@ -87,6 +87,11 @@ class RunOptions:
     # know the trainer): (its args, world, host -> bytes, host -> CLUSTERCTL_HOST_MEMORY, rank 0's OS, project,
     # data dir), raising a BadInput for a run that cannot fit or whose fine-tuning inputs the ranks would refuse
     trainer_check: Callable[..., object] | None = None
+    # a service (`clusterctl serve`): when its endpoint last answered a health request (time.monotonic()), the
+    # stall watchdog's only progress (launch/stall.py); and what the run's record says of it (its URL, model)
+    health: Callable[[], float | None] | None = None
+    service: dict | None = None
+    project: bool = True              # with sync: the project too (a service needs only clusterctl itself)
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,7 @@ def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
                            dry_run=options.dry_run,
                            preflight=options.preflight, rank0_only=options.rank0_only,
                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
-                           stall=StallPolicy.parse(options.stall_timeout),
+                           stall=StallPolicy.parse(options.stall_timeout, options.health),
                            script=program.script, module=program.module)
 
 
@@ -254,7 +259,7 @@ class _RunHooks(AttemptHooks):
         if self.record is None:
             self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
                                           backend=launch.backend, hosts=[h.name for h in cluster.hosts],
-                                          program=self.program.label)
+                                          program=self.program.label, service=self.options.service)
 
     def watching(self, launch: Launch):
         live = LiveRun(launch.rank_hosts, time.monotonic())
@@ -378,8 +383,9 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
                          f"`clusterctl data prepare`, because it came before the program; if it was meant for "
                          f"{program.label}, write it after {program.label}")
     jobs = {}
-    if options.sync:
+    if options.sync and options.project:
         jobs["project"] = in_background(stage_project, connector, project, _inputs(program, options))
+    if options.sync:
         if program.module is not None and program.module.startswith("clusterctl."):
             jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:

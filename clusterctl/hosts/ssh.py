@@ -154,6 +154,19 @@ class SSHTransport(Transport):
                                "other") from None
         return SFTPFiles(sftp, self.host, dropped=(paramiko.SSHException, EOFError))
 
+    def connect_tcp(self, address, port, timeout):
+        import paramiko
+
+        if self._client is not None and not self._alive():
+            self.close()          # the host came back (a restart): a new connection
+        try:
+            return self._connect().get_transport().open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                                                timeout=timeout)
+        except paramiko.ChannelException as e:     # the host's sshd could not connect there (refused, forbidden)
+            raise ConnectionRefusedError(f"{self.host}: {address}:{port}: {e.text or e}") from None
+        except (paramiko.SSHException, EOFError) as e:
+            raise ConnectionError(f"{self.host}: {e}") from None
+
     def stream(self, command, lines, env=None) -> Process:
         text = command if isinstance(command, str) else shlex.join(command)
         return RemoteProcess(self._session(), text, lines, env)

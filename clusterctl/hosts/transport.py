@@ -6,6 +6,7 @@ over SSH. Code above it never knows which one it holds.
     get(remote_path, local_path)                 # atomic on this machine too
     files() -> FileSession                       # many file operations over one session (hosts/files.py)
     stream(command, lines, env=None) -> Process  # a long-running command whose output arrives line by line
+    connect_tcp(address, port, timeout)          # a byte stream to address:port as the host sees it
     open()                                       # connect now (SSH); nothing to do locally
     is_local                                     # True for this machine
 
@@ -176,6 +177,12 @@ class Transport(Closeable):
                env: Mapping[str, str] | None = None) -> Process:
         raise NotImplementedError
 
+    def connect_tcp(self, address: str, port: int, timeout: float):
+        """A byte stream (send, recv, close, fileno: a socket or an SSH channel) to address:port as the host
+        sees it, e.g. its own loopback: for SSH a direct-tcpip channel on this connection, as `ssh -L` opens
+        (hosts/forward.py)."""
+        raise NotImplementedError
+
     def open(self) -> None:
         """Connect now rather than at the first command (doctor times the connection)."""
 
@@ -226,6 +233,10 @@ class LocalTransport(Transport):
 
     def files(self) -> FileSession:
         return LocalFiles()
+
+    def connect_tcp(self, address, port, timeout):
+        import socket
+        return socket.create_connection((address, port), timeout=timeout)
 
     def stream(self, command, lines, env=None) -> Process:
         """`command` (an argv, or a script of ours) under /bin/sh and the watchdog, `env` exported by the

@@ -4,6 +4,7 @@ over times the supervisor passes in.
     watch = StallWatch(StallPolicy.parse(None))     # the default: adaptive; parse(20): fixed; parse(0): off
     watch.started(now)                              # every rank has started
     watch.progress(rank, now, structured)           # a line or bar (False), a metrics line (True)
+    watch.answered(now)                             # the endpoint answered a health request (serve)
     watch.quiet(rank, now, seconds)                 # the rank announced a quiet phase (report(quiet_s=...))
     watch.ended(rank)                               # the rank exited
     watch.check(now) -> Stall | None                # no rank has progressed for the timeout
@@ -19,10 +20,16 @@ max(ADAPTIVE_FLOOR_S, ADAPTIVE_MULTIPLE x the longest gap between progress event
 from the start to the first one included). A fixed timeout arms when every rank has started. Either way a
 rank's announced quiet phase holds the verdict off until it ends (the rank's next progress) or runs out, and
 a gap that ended a quiet phase does not count towards the adaptive timeout.
+
+A service (`clusterctl serve`, policy.health set) makes progress by answering: its progress is the endpoint
+answering a health request, and output lines are not progress at all, so an idle server is never stalled, and
+one whose endpoint stopped answering for the timeout while its ranks are alive is. The watch then arms at the
+first answer, and the wait until then (the model loading) is not a gap.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 # The default's floor. A Mac's SSD writes 2-3 GB/s, so 120 s covers an unannounced checkpoint of 100+ GB;
 # it is twice the 60 s after which Horovod warns of a stalled collective and a fifth of PyTorch's 10-minute
@@ -40,23 +47,27 @@ STRAGGLER_MIN_S = 5.0
 class StallPolicy:
     fixed: float | None = None       # seconds; None: adaptive
     enabled: bool = True
+    # a service's progress: when the endpoint last answered a health request (time.monotonic(), None before
+    # the first answer); output lines are then no progress at all
+    health: Callable[[], float | None] | None = field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, seconds: float | None) -> StallPolicy:
+    def parse(cls, seconds: float | None, health: Callable[[], float | None] | None = None) -> StallPolicy:
         """`--stall-timeout`: None (not given) is adaptive, 0 is off, S > 0 is fixed."""
         if seconds is None:
-            return cls()
+            return cls(health=health)
         if seconds < 0:
             from ..errors import UsageError
             raise UsageError(f"--stall-timeout {seconds:g}: give seconds > 0, or 0 to turn the watchdog off")
-        return cls(fixed=float(seconds)) if seconds > 0 else cls(enabled=False)
+        return cls(fixed=float(seconds), health=health) if seconds > 0 else cls(enabled=False)
 
     def describe(self) -> str:
         if not self.enabled:
             return "off"
+        since = "the endpoint's first health answer" if self.health else "the first metrics line"
         if self.fixed is not None:
-            return f"{self.fixed:g}s"
-        return f"adaptive (from the first metrics line: max({ADAPTIVE_FLOOR_S:g}s, {ADAPTIVE_MULTIPLE:g} x the longest gap))"
+            return f"{self.fixed:g}s" + (f" from {since}" if self.health else "")
+        return f"adaptive (from {since}: max({ADAPTIVE_FLOOR_S:g}s, {ADAPTIVE_MULTIPLE:g} x the longest gap))"
 
 
 @dataclass(frozen=True)
@@ -84,11 +95,21 @@ class StallWatch:
     def started(self, now: float) -> None:
         if self.start is None:
             self.start = now
-            if self.policy.enabled and self.policy.fixed is not None:
+            if self.policy.enabled and self.policy.fixed is not None and self.policy.health is None:
                 self.last = now
 
-    def progress(self, rank: int, now: float, structured: bool = False) -> None:
+    def answered(self, now: float) -> None:
+        """The endpoint answered a health request: the service's progress (the first answer arms the watch)."""
         if not self.policy.enabled:
+            return
+        if self.armed:
+            self.longest_gap = max(self.longest_gap, now - self.last)
+            self.last = max(self.last, now)
+        else:
+            self.last = now
+
+    def progress(self, rank: int, now: float, structured: bool = False) -> None:
+        if not self.policy.enabled or self.policy.health is not None:
             return
         if structured or rank in self.rank_last:     # a rank that reports structured progress is followed
             self.rank_last[rank] = now

@@ -156,6 +156,7 @@ class _Lines:
         self.emit, self.rank0_only, self._status = emit, rank0_only, status
         self.watch = StallWatch(stall or StallPolicy())
         self.unreadable: set[int] = set()      # ranks warned of an unreadable metrics line
+        self.answered: float | None = None     # a service's last health answer already given to the watch
 
     @classmethod
     def open(cls, launch: Launch, emit: Emit, settings: Settings, status: Status) -> _Lines:
@@ -274,6 +275,14 @@ class _Lines:
             self.launcher_log.flush()
             self.status(rank, "straggler", behind, now)
 
+    def heard(self) -> None:
+        """A service's progress: its endpoint's health answers (stall.py), read from the prober."""
+        health = self.watch.policy.health
+        answered = health() if health is not None else None
+        if answered is not None and (self.answered is None or answered > self.answered):
+            self.answered = answered
+            self.watch.answered(answered)
+
     def stall(self, now: float):
         return self.watch.check(now, live=sum(1 for r in self.ranks if r.started and r.exit_code is None))
 
@@ -359,6 +368,7 @@ class Supervisor:
             if failed is not None:
                 continue
             checked = time.monotonic()
+            lines.heard()
             lines.lagging(checked)
             if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
                 outcome = lines.world_verdict(force=True) or lines.launcher_ended(proc.returncode)
@@ -377,7 +387,8 @@ class Supervisor:
         stall = lines.stall(time.monotonic())
         if stall is None:
             return None
-        reason = f"stalled: no progress from any rank for {stall.silent_s:.0f}s"
+        reason = (f"stalled: the endpoint has not answered a health request for {stall.silent_s:.0f}s while its ranks "
+                  "run" if lines.watch.policy.health else f"stalled: no progress from any rank for {stall.silent_s:.0f}s")
         failed, folder = None, None
         if self.connector is not None:
             try:

@@ -13,7 +13,8 @@ In runs/<id>/:
   summary.json      written once, atomically, when the run has ended (after fetching its outputs):
                     {"format": 1, "run_id", "started", "ended" (ISO 8601, local time with offset),
                      "duration_s", "exit_code", "reason", "failed_rank", "world", "backend", "hosts",
-                     "program"}, and for `run --max-restarts`: "restarts" and "attempts", one entry per
+                     "program"}; for `clusterctl serve`, "service": {"url", "model", ...}; for
+                    `run --max-restarts`: "restarts" and "attempts", one entry per
                     attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
                     lines, resumed_from, steps_lost, and "stacks" when it stalled); for a run that ended
                     stalled, "stacks": the folder (relative to runs/<id>/) of every rank's stacks; for the
@@ -21,7 +22,8 @@ In runs/<id>/:
                     appearing means the run is over. Readers ignore
                     keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
-({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program"}) and
+({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program", and
+"service" for `serve`}) and
 one when it ends ({"event": "end", "run_id", "ended", "duration_s", "exit_code", "reason"}). Each line is one
 write(2) to a file opened O_APPEND, so concurrent runs never interleave inside a line.
 """
@@ -136,9 +138,10 @@ class RunRecord:
 
     @classmethod
     def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],
-              program: str) -> "RunRecord":
+              program: str, service: dict | None = None) -> "RunRecord":
         now = time.time()
-        facts = {"world": world, "backend": backend, "hosts": hosts, "program": program}
+        facts = {"world": world, "backend": backend, "hosts": hosts, "program": program,
+                 **({"service": service} if service else {})}
         write_text(os.path.join(run_dir, PID_FILE), f"{os.getpid()} {socket.gethostname()}\n")
         record = cls(run_id, run_dir, now, facts, LogClock(run_dir, world).start())
         _index({"event": "start", "run_id": run_id, "dir": os.path.abspath(run_dir), "started": iso(now),

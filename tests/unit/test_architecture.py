@@ -19,7 +19,8 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
-    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup"},
+    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve"},
+    "serve": {"run", "launch", "transfer", "hosts", "observe"},
     "setup": {"doctor", "launch", "transfer", "hosts"},
     "run": {"launch", "transfer", "hosts", "observe"},
     "observe": {"launch", "hosts"},
@@ -172,3 +173,11 @@ def test_the_rule_checker_catches_a_violation(tmp_path):
         test_imports_follow_the_dependency_rule("clusterctl.launch.bad", str(bad))
     with pytest.raises(AssertionError, match="run_all|a loop over hosts"):
         test_the_cli_holds_no_orchestration("clusterctl.cli.bad", str(bad))
+
+
+def test_the_serving_rank_needs_only_the_standard_library_and_mlx_lm():
+    # it runs on the hosts, from the copy of clusterctl `serve` ships there (clusterctl/serve/rank.py)
+    path = os.path.join(PACKAGE, "serve", "rank.py")
+    found = {t for t, _ in imports("clusterctl.serve.rank", path)}
+    assert {t for t in found if not t.startswith("!")} == set()
+    assert {t[1:] for t in found} - STDLIB <= {"mlx_lm", "huggingface_hub"}

@@ -190,3 +190,49 @@ def test_a_rank_file_shows_the_main_thread_first_with_each_frames_code(tmp_path)
 def test_a_rank_without_a_python_stack_says_why():
     r = RankStacks(3, "h4", 7, "", error="did not answer within 5s (its dump, if any, is incomplete)")
     assert r.where().startswith("did not answer")
+
+
+# ---- a service: health answers are its progress (serve) ----------------------------------------------------
+def _health():
+    return None
+
+
+def test_a_service_is_never_stalled_before_its_endpoint_first_answers_however_long_it_loads():
+    watch = StallWatch(StallPolicy.parse(None, health=_health))
+    watch.started(0.0)
+    for t in range(0, 3600, 7):
+        watch.progress(0, float(t), structured=True)        # lines and even metrics lines are not progress
+    assert not watch.armed and watch.check(3600.0) is None
+    fixed = StallWatch(StallPolicy.parse(20, health=_health))
+    fixed.started(0.0)
+    assert not fixed.armed and fixed.check(1000.0) is None
+
+
+def test_an_idle_service_that_answers_is_never_stalled_and_one_that_stops_answering_is():
+    watch = StallWatch(StallPolicy.parse(None, health=_health))
+    watch.started(0.0)
+    watch.answered(300.0)                  # the model took 300 s to load: that wait is no gap
+    for t in range(305, 4 * 3600, 5):      # hours of silence on every rank's output, health every 5 s
+        watch.answered(float(t))
+        assert watch.check(t + 1.0) is None
+    last = float(t)
+    assert watch.timeout() == ADAPTIVE_FLOOR_S
+    assert watch.check(last + ADAPTIVE_FLOOR_S - 1) is None
+    stall = watch.check(last + ADAPTIVE_FLOOR_S + 1)
+    assert stall is not None and stall.silent_s == pytest.approx(ADAPTIVE_FLOOR_S + 1)
+
+
+def test_a_fixed_timeout_for_a_service_counts_from_its_last_answer():
+    watch = StallWatch(StallPolicy.parse(30, health=_health))
+    watch.started(0.0)
+    watch.answered(50.0)
+    assert watch.check(79.0) is None and watch.check(81.0) is not None
+    off = StallWatch(StallPolicy.parse(0, health=_health))
+    off.started(0.0)
+    off.answered(1.0)
+    assert off.check(10_000.0) is None
+
+
+def test_the_policy_says_where_a_services_progress_comes_from():
+    assert "first health answer" in StallPolicy.parse(None, health=_health).describe()
+    assert StallPolicy.parse(None, health=_health) == StallPolicy.parse(None)     # the probe is not the policy

@@ -1,0 +1,97 @@
+"""clusterctl serve: one model served by mlx-lm across the hosts (docs/serve.md)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import app
+from .console import size
+from .launch import PrintedRun
+
+
+class PrintedServe(PrintedRun):
+    """serve's events (serve.service.ServeEvents) as lines on stderr, the ranks' output as `run` shows it."""
+
+    def checked(self, model, kind, nbytes):
+        click.echo(f"serve: {os.path.basename(model)}, a {kind} model with {size(nbytes)} of weights", err=True)
+
+    def pushed(self, host, entry):
+        if entry.reused:
+            click.echo(f"store: {host} has it already ({entry.path}): no model bytes moved", err=True)
+        else:
+            click.echo(f"store: {host}: {size(entry.sent_bytes)} sent, verified, in {entry.path}", err=True)
+
+    def listening(self, url, exposed):
+        if exposed:
+            click.secho(f"warning: the server listens on {url} with no authentication: anyone who can reach that "
+                        "address can use it", fg="yellow", err=True)
+
+    def ready(self, url, model_id, seconds, since_start):
+        click.secho(f"serve: ready at {url} (model {model_id!s}): answered a one-token completion {seconds:.1f}s after "
+                    f"the ranks started, {since_start:.1f}s after serve did", fg="green", err=True)
+
+
+@app.command("clusterctl serve models/Qwen3-8B --hosts inventory.yaml --port 8080")
+@click.argument("model", type=click.Path(file_okay=False))
+@click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
+              help="The inventory YAML file (default: this machine alone).")
+@app.backend_option()
+@click.option("--pipeline", is_flag=True,
+              help="mlx-lm's pipeline parallelism (each host holds some layers) instead of tensor parallelism (each "
+                   "host holds a slice of every layer); for models mlx-lm pipelines.")
+@click.option("--port", type=int, default=8080, show_default=True,
+              help="The URL's port: on this machine (carried to rank 0 over SSH), or on the --listen address.")
+@click.option("--listen", metavar="ADDR",
+              help="Rank 0 listens on this address of its host (e.g. its LAN address, or 0.0.0.0) instead of its "
+                   "loopback, and nothing is carried over SSH. The server has no authentication.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="When a rank dies or the endpoint stops answering: stop every rank and start the server again "
+                   "on the same port, up to N times.")
+@click.option("--restart-delay", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
+              help="Seconds between an attempt's end and the next one's start.")
+@click.option("--stall-timeout", type=float, metavar="S",
+              help="The endpoint not answering /health for S seconds while the ranks run is a stall (restarted under "
+                   "--max-restarts). Default: adaptive, from the first answer; 0: off.")
+@click.option("--method", type=click.Choice(["auto", "rsync", "sftp"]), default="auto", show_default=True,
+              help="How the model travels to a host's store.")
+@click.option("--verify", is_flag=True,
+              help="Hash every file of the model in every host's store again (not only the files whose size or "
+                   "time changed).")
+@click.option("--launch-from", type=click.Choice(["auto", "here", "first-host"]), default="auto", show_default=True,
+              help="Where the launcher runs.")
+@click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Where the run's logs go.")
+@app.connect_timeout_option()
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def serve_cmd(model, inventory_path, backend, pipeline, port, listen, max_restarts, restart_delay, stall_timeout,
+              method, verify, launch_from, runs_dir, connect_timeout, server_args):
+    """Serve MODEL (an mlx-lm model directory) from every host, until Ctrl-C.
+
+    \b
+    clusterctl serve MODEL --hosts inventory.yaml [OPTIONS] [-- MLX_LM_SERVER_OPTIONS]
+
+    The model goes to each host's model store once (`clusterctl models`), one rank per host loads its share,
+    and the OpenAI-compatible endpoint is printed once it answers, by default at http://127.0.0.1:PORT on this
+    machine, carried over SSH to rank 0's host, where the server listens only on the loopback.
+    """
+    from ..launch.restart import RestartPolicy
+    from ..serve.service import ServeOptions, describe_failure, serve
+
+    options = ServeOptions(model=model, port=port, listen=listen, backend=backend, pipeline=pipeline,
+                           server_args=tuple(server_args), restart=RestartPolicy(max_restarts, restart_delay),
+                           stall_timeout=stall_timeout, method=method, verify=verify, runs_dir=runs_dir,
+                           connect_timeout=connect_timeout, launch_from=launch_from)
+    result = serve(app.load(inventory_path) if inventory_path else None, options, PrintedServe())
+    launch, outcome = result.run.launch, result.run.outcome
+    if outcome.state.value == "stopped":
+        click.echo(f"serve {launch.run_id}: {outcome.reason}; {result.url} is closed", err=True)
+        sys.exit(result.exit_code)
+    cause = describe_failure(result.run)
+    click.secho(f"serve {launch.run_id} ended: {cause or outcome.reason}", fg="red", err=True)
+    if cause is None and outcome.failed_rank is not None and outcome.tail:
+        click.echo(f"last lines of {os.path.join(launch.log_dir, f'rank-{outcome.failed_rank}.log')}:", err=True)
+        for line in outcome.tail:
+            click.echo(f"  {line}", err=True)
+    sys.exit(result.exit_code or 1)

@@ -1,0 +1,87 @@
+"""Is MODEL something the hosts can serve? Told on this machine, before anything is copied or started.
+
+    summary = check_model("models/tiny", world=2, pipeline=False)    # ServeError, one line, when not
+
+Without mlx-lm here, the files alone are checked (config.json with a model_type, safetensors weights, a
+tokenizer); with it (`pip install 'clusterctl[lm]'`), mlx-lm builds the model lazily (no weights are read)
+and loads the weights' names and shapes, so an architecture it lacks, weights that do not fit the config, and
+a model it cannot shard across `world` hosts the way asked are refused here rather than by every rank.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import NotAModel
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str                # the directory's name
+    kind: str                # config.json's model_type
+    size: int                # bytes of weights
+    deep: bool               # mlx-lm built it here (not only the files were checked)
+
+
+def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
+    shown = path
+    if not os.path.isdir(path):
+        raise NotAModel(f"{shown}: no such directory (give a local mlx-lm model directory)")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise NotAModel(f"{shown}: not an mlx-lm model directory (no config.json)")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise NotAModel(f"{config_path}: not JSON ({e})") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(kind, str) or not kind:
+        raise NotAModel(f"{config_path}: no model_type (not an mlx-lm model's config)")
+    weights = glob.glob(os.path.join(glob.escape(path), "*.safetensors"))
+    if not weights:
+        raise NotAModel(f"{shown}: no *.safetensors weights (mlx-lm reads only safetensors; convert the model with "
+                        "mlx_lm.convert)")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise NotAModel(f"{shown}: no tokenizer (tokenizer.json, tokenizer.model or tokenizer_config.json)")
+    summary = ModelSummary(os.path.basename(os.path.normpath(path)), kind, sum(os.path.getsize(w) for w in weights),
+                           deep=importlib.util.find_spec("mlx_lm") is not None)
+    if summary.deep:
+        _build(path, kind, world, pipeline)
+    return summary
+
+
+def _build(path: str, kind: str, world: int, pipeline: bool) -> None:
+    """mlx-lm builds the model lazily and checks the weights' names and shapes against it; then, for several
+    hosts, whether it has the parallelism asked for (the rank's sharded_load asks the same)."""
+    from pathlib import Path
+
+    from mlx_lm.utils import load_model
+
+    try:
+        model, _ = load_model(Path(path), lazy=True, strict=True)
+    except (ValueError, KeyError, TypeError, ImportError, OSError) as e:
+        raise NotAModel(f"{path}: mlx-lm cannot load this {kind} model: {_first_line(e)}") from None
+    if world <= 1:
+        return
+    has_pipeline = hasattr(model, "model") and hasattr(model.model, "pipeline")
+    if pipeline and not has_pipeline:
+        raise NotAModel(f"{path}: mlx-lm has no pipeline parallelism for {kind}: leave out --pipeline"
+                        + (" (it has tensor parallelism)" if hasattr(model, "shard") else ""))
+    if not pipeline and not hasattr(model, "shard"):
+        hint = "; try --pipeline" if has_pipeline else "; serve it on one host"
+        raise NotAModel(f"{path}: mlx-lm cannot split {kind} across {world} hosts by tensor parallelism{hint}")
+    if pipeline and not os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
+        raise NotAModel(f"{path}: --pipeline needs model.safetensors.index.json (mlx-lm reads which weights each "
+                        "stage needs from it; mlx_lm.convert writes it)")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return re.sub(r"\s+", " ", text.splitlines()[0])[:300]

@@ -1,0 +1,220 @@
+"""`clusterctl serve`, the use case, callable without click:
+
+    model -> store -> ports -> run (with the endpoint watched) -> stop
+
+    result = serve(cluster_or_None, ServeOptions(model="models/tiny", port=8080), events)
+
+1. The model: a local mlx-lm model directory, checked here before anything moves (check.py).
+2. The store: pushed to every host's model store (transfer/models.py): content-addressed, verified on the host,
+   resumable; a model already there moves no bytes.
+3. Ports: by default nothing listens on the network. Rank 0 binds a free port of its host's loopback, and a
+   port of this machine's loopback is carried to it over the SSH connection to that host (hosts/forward.py):
+   the URL is http://127.0.0.1:PORT here. With `listen`, rank 0 binds that address of its host instead.
+   A port in use is refused before anything starts.
+4. Run: one rank per host runs mlx-lm's server (clusterctl.serve.rank) through `run` (run.py): the ranks'
+   stdin is /dev/null, only clusterctl itself is copied (not the current directory), restarts follow
+   --max-restarts, and the stall watchdog's progress is the endpoint answering /health (launch/stall.py).
+5. The endpoint (endpoint.py): each attempt is watched by a thread that says the URL once a one-token
+   completion is answered, then asks /health every few seconds.
+It runs until Ctrl-C (or SIGTERM), a failure with no restart left, or a stall with none left.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from ..errors import PortTaken, ServeError, UsageError
+from ..hosts.connector import Connector
+from ..hosts.forward import Forward
+from ..inventory import Cluster
+from ..launch.restart import RestartPolicy
+from ..run import RunEvents, RunOptions, RunResult, run
+from ..transfer import models as store
+from .check import check_model
+from .endpoint import Endpoint, model_ids
+
+RANK_MODULE = "clusterctl.serve.rank"
+DEFAULT_PORT = 8080
+LOOPBACK = "127.0.0.1"
+# the server's own options serve sets; given after `--` they would contradict it
+OWNED = ("--model", "--host", "--port", "--pipeline")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str                                  # a local mlx-lm model directory
+    port: int = DEFAULT_PORT                    # the URL's port (this machine's, or the host's with listen)
+    listen: str | None = None                   # rank 0 binds this address of its host (no forward)
+    backend: str | None = None                  # default: the inventory's
+    pipeline: bool = False                      # mlx-lm's pipeline parallelism instead of tensor parallelism
+    server_args: tuple[str, ...] = ()           # mlx-lm server options, after `--`
+    restart: RestartPolicy = RestartPolicy()
+    stall_timeout: float | None = None          # None: adaptive from the first health answer; 0: off
+    method: str = "auto"                        # how the model travels: rsync, else SFTP
+    verify: bool = False                        # re-hash every stored file, not only changed ones
+    runs_dir: str = "runs"
+    connect_timeout: float | None = None
+    launch_from: str = "auto"
+
+
+class ServeEvents(RunEvents):
+    """What `serve` tells its user: run's events and these."""
+
+    def checked(self, model: str, kind: str, size: int) -> None: ...
+    def pushed(self, host: str, entry: store.StoreEntry) -> None: ...
+    def ready(self, url: str, model_id: str, seconds: float, since_start: float) -> None: ...
+    def listening(self, url: str, exposed: bool) -> None: ...
+
+
+@dataclass
+class ServeResult:
+    run: RunResult
+    url: str
+    entries: dict[str, store.StoreEntry] = field(default_factory=dict)
+    ready: list[float] = field(default_factory=list)      # seconds from each attempt's start to its readiness
+
+    @property
+    def exit_code(self) -> int:
+        return self.run.exit_code
+
+
+def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | None = None) -> ServeResult:
+    began = time.monotonic()
+    events = events or ServeEvents()
+    _check_args(options)
+    model_dir = os.path.abspath(options.model)
+    summary = check_model(model_dir, world=len(cluster.hosts) if cluster else 1, pipeline=options.pipeline)
+    events.checked(model_dir, summary.kind, summary.size)
+    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1))
+    connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
+    first = cluster.hosts[0]
+    forward = None
+    if options.listen is None and not first.local:
+        forward = Forward.bind(options.port)             # refused now, before anything moves, when in use
+    try:
+        if options.listen is not None or first.local:
+            _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
+        local = store.describe(model_dir)
+        entries = store.push(connector, cluster.hosts, local, method=options.method, verify=options.verify)
+        for host in cluster.hosts:
+            events.pushed(host.name, entries[host.name])
+        paths = [entries[h.name].path for h in cluster.hosts]
+        if forward is not None:
+            bind, port = LOOPBACK, _free_loopback_port(connector, first)
+            forward.point(connector.transport(first), LOOPBACK, port)
+            forward.start()
+            url = forward.url
+        else:
+            bind, port = options.listen or LOOPBACK, options.port
+            url = f"http://{_reachable(first, bind)}:{port}"
+        events.listening(url, exposed=options.listen is not None)
+        result = ServeResult(None, url, entries)
+
+        def ready(seconds: float) -> None:
+            result.ready.append(seconds)
+            try:
+                listed = model_ids(url)
+            except OSError:
+                listed = []
+            events.ready(url, listed[-1] if listed else summary.name, seconds, time.monotonic() - began)
+
+        endpoint = Endpoint(url, ready)
+        args = [json.dumps(paths), "--host", bind, "--port", str(port),
+                *(["--pipeline"] if options.pipeline else []), *options.server_args]
+        run_options = RunOptions(module=RANK_MODULE, args=tuple(args), backend=options.backend,
+                                 stall_timeout=options.stall_timeout, runs_dir=options.runs_dir,
+                                 launch_from=options.launch_from, fetch=False, project=False,
+                                 restart=options.restart, health=lambda: endpoint.answered,
+                                 service={"url": url, "model": summary.name, "model_dir": model_dir,
+                                          "listen": options.listen},
+                                 **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
+        try:
+            result.run = run(cluster, run_options, _Watched(events, endpoint))
+        finally:
+            endpoint.stop()
+        return result
+    finally:
+        if forward is not None:
+            forward.close()
+
+
+class _Watched:
+    """run's events passed on to serve's, each attempt's start also starting the endpoint's watch."""
+
+    def __init__(self, events: ServeEvents, endpoint: Endpoint):
+        self._events, self._endpoint = events, endpoint
+
+    def __getattr__(self, name):         # every event but `started`
+        return getattr(self._events, name)
+
+    def started(self, launch, program, world, backend):
+        self._events.started(launch, program, world, backend)
+        self._endpoint.attempt_started()
+
+
+def one_rank_per_host(cluster: Cluster) -> Cluster:
+    """The cluster with one slot per host (a served model is sharded across hosts, one rank each)."""
+    hosts = tuple(dataclasses.replace(h, slots=1, rank=i) for i, h in enumerate(cluster.hosts))
+    if any(h.rdma for h in cluster.hosts) and any(h.slots > 1 for h in cluster.hosts):
+        raise UsageError("serve runs one rank per host, but the inventory's jaccl rdma lists name a rank per slot: "
+                         "give each host slots: 1")
+    return dataclasses.replace(cluster, hosts=hosts)
+
+
+def _check_args(options: ServeOptions) -> None:
+    if not 0 < options.port < 65536:
+        raise UsageError(f"--port {options.port}: give a port between 1 and 65535")
+    given = [a.split("=", 1)[0] for a in options.server_args if a.startswith("--")]
+    owned = [a for a in given if a in OWNED]
+    if owned:
+        raise UsageError(f"{owned[0]} after `--`: serve sets it (use serve's own MODEL, --listen, --port, --pipeline)")
+
+
+def _free_loopback_port(connector: Connector, host) -> int:
+    """A port nothing listens on in `host`'s loopback, asked of the host's python (rank 0 binds it)."""
+    code = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
+    with connector.transport(host) as t:
+        r = t.run([host.python, "-c", code], timeout=30)
+    if not r.ok or not r.stdout.strip().isdigit():
+        raise ServeError(f"{host.name}: could not find a free port on its loopback with {host.python}: "
+                         f"{(r.stderr or r.stdout).strip()[-200:]}")
+    return int(r.stdout.strip())
+
+
+def _check_port_free(connector: Connector, host, address: str, port: int) -> None:
+    """PortTaken when `address:port` cannot be bound on `host` (rank 0 would fail to listen there)."""
+    code = (f"import socket, sys\ns = socket.socket(socket.AF_INET6 if ':' in {address!r} else socket.AF_INET)\n"
+            f"try:\n    s.bind(({address!r}, {port}))\nexcept OSError as e:\n    print(e.strerror); sys.exit(3)\n")
+    with connector.transport(host) as t:
+        r = t.run([host.python, "-c", code], timeout=30)
+    if r.exit_code == 3:
+        where = "this machine" if host.local else host.name
+        raise PortTaken(f"port {port} on {address} is in use on {where} ({r.stdout.strip()}): give another with "
+                        "--port, or stop what listens there")
+    if not r.ok:
+        raise ServeError(f"{host.name}: could not check port {port} with {host.python}: "
+                         f"{(r.stderr or r.stdout).strip()[-200:]}")
+
+
+def _reachable(host, bind: str) -> str:
+    """The address this machine uses for a server bound to `bind` on `host` (0.0.0.0: the host's own)."""
+    if bind in ("0.0.0.0", "::"):
+        return host.hostname or host.address or host.name
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def describe_failure(result: RunResult) -> str | None:
+    """One line for a failure whose cause the server's last lines name (a port in use, a model it cannot load)."""
+    outcome = result.outcome
+    if outcome is None or not outcome.tail:
+        return None
+    for line in reversed(outcome.tail):
+        if "Address already in use" in line:
+            return "the server could not listen: its port is in use on rank 0's host (give another with --port)"
+        if line.startswith(("ValueError:", "KeyError:", "FileNotFoundError:", "RuntimeError:")):
+            return f"the server could not load the model: {line}"
+    return None
+

@@ -1,0 +1,245 @@
+"""serve's pieces on this machine: the port carried to a host (hosts/forward.py, through the local transport, the
+same code an SSH channel goes through), the endpoint's readiness and health (serve/endpoint.py) against a small
+HTTP server that answers as mlx-lm's does, and what every serving rank does before mlx-lm's main (serve/rank.py)."""
+import json
+import socket
+import threading
+import time
+import types
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from clusterctl.errors import PortTaken
+from clusterctl.hosts.forward import Forward
+from clusterctl.hosts.transport import LocalTransport
+from clusterctl.serve import endpoint, rank
+from clusterctl.serve.endpoint import Endpoint
+
+
+class FakeServer:
+    """Answers like mlx-lm's server: /health at once, completions only once `loaded`, /v1/models."""
+
+    def __init__(self):
+        self.loaded = threading.Event()
+        self.seen: list[tuple[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                outer.seen.append((self.path, self.headers.get("User-Agent", "")))
+                if self.path == "/health":
+                    self._send(200, {"status": "ok"})
+                else:
+                    self._send(200, {"object": "list", "data": [{"id": "/store/tiny", "object": "model"}]})
+
+            def do_POST(self):
+                outer.seen.append((self.path, self.headers.get("User-Agent", "")))
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.loaded.wait(10)
+                self._send(200, {"choices": [{"text": "a"}]})
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+def get(url, timeout=5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, json.loads(r.read())
+
+
+# ---- the forward ---------------------------------------------------------------------------------------------
+def test_a_forwarded_port_answers_from_the_target_and_is_free_again_once_closed(server):
+    server.loaded.set()
+    forward = Forward.bind(0)
+    forward.point(LocalTransport(), "127.0.0.1", server.port)
+    forward.start()
+    assert get(forward.url + "/health") == (200, {"status": "ok"})
+    assert endpoint.model_ids(forward.url) == ["/store/tiny"]
+    port = forward.port
+    forward.close()
+    with pytest.raises(OSError):
+        get(f"http://127.0.0.1:{port}/health", timeout=2)
+    Forward.bind(port).close()               # nothing holds the port any more
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_anything_starts():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(PortTaken) as e:
+            Forward.bind(port)
+        assert str(e.value).startswith(f"port {port} on 127.0.0.1 is in use on this machine")
+        assert "\n" not in str(e.value) and "--port" in str(e.value)
+    finally:
+        taken.close()
+
+
+def test_a_connection_while_nothing_listens_there_is_closed_and_the_next_one_is_carried(server):
+    server.loaded.set()
+    idle = socket.socket()
+    idle.bind(("127.0.0.1", 0))
+    nothing = idle.getsockname()[1]
+    idle.close()
+    with Forward.bind(0) as forward:
+        forward.start()
+        forward.point(LocalTransport(), "127.0.0.1", nothing)
+        with pytest.raises(OSError):
+            get(forward.url + "/health", timeout=2)
+        forward.point(LocalTransport(), "127.0.0.1", server.port)        # the server (re)started elsewhere
+        assert get(forward.url + "/health")[0] == 200
+
+
+def test_a_large_body_crosses_the_forward_whole_in_both_directions():
+    received = []
+
+    def echo(listener):
+        conn, _ = listener.accept()
+        data = b""
+        while len(data) < 3_000_000:
+            data += conn.recv(65536)
+        received.append(len(data))
+        conn.sendall(data[::-1])
+        conn.close()
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    threading.Thread(target=echo, args=(listener,), daemon=True).start()
+    payload = bytes(range(256)) * (3_000_000 // 256 + 1)
+    payload = payload[:3_000_000]
+    with Forward.bind(0) as forward:
+        forward.point(LocalTransport(), "127.0.0.1", listener.getsockname()[1])
+        forward.start()
+        client = socket.create_connection(("127.0.0.1", forward.port), timeout=10)
+        client.sendall(payload)
+        back = b""
+        while len(back) < len(payload):
+            chunk = client.recv(65536)
+            if not chunk:
+                break
+            back += chunk
+        client.close()
+    listener.close()
+    assert received == [3_000_000] and back == payload[::-1]
+
+
+# ---- the endpoint ----------------------------------------------------------------------------------------------
+def test_ready_means_a_completion_was_answered_not_that_health_answers(server):
+    url = f"http://127.0.0.1:{server.port}"
+    readies = []
+    watched = Endpoint(url, readies.append, health_s=0.2)
+    watched.attempt_started()
+    time.sleep(1.0)
+    assert endpoint.healthy(url) and readies == [] and watched.answered is None     # /health, no model yet
+    server.loaded.set()
+    deadline = time.monotonic() + 10
+    while not readies and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(readies) == 1 and 0.9 < readies[0] < 10
+    first = watched.answered
+    time.sleep(0.7)
+    assert watched.answered > first                       # health answers keep coming: the stall watch's progress
+    assert {agent for _, agent in server.seen} == {endpoint.PROBE_AGENT}
+    watched.attempt_started()                             # a restart: the last attempt's answers are forgotten
+    assert watched.answered is None
+    watched.stop()
+
+
+def test_an_endpoint_that_stops_answering_is_not_healthy(server):
+    url = f"http://127.0.0.1:{server.port}"
+    assert endpoint.healthy(url)
+    server.close()
+    assert not endpoint.healthy(url, timeout=2) and not endpoint.one_token(url, timeout=2)
+
+
+# ---- what every serving rank does first ------------------------------------------------------------------------
+def test_each_rank_takes_its_own_hosts_copy_of_the_model(tmp_path, monkeypatch):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    models = json.dumps([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert rank.model_for(models, 0) == str((tmp_path / "a").resolve())
+    assert rank.model_for(models, 1) == str((tmp_path / "b").resolve())
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert rank.model_for(json.dumps(["~/a"]), 3) == str((tmp_path / "a").resolve())
+    for bad in ('"a"', "[]", "[1]"):
+        with pytest.raises(SystemExit, match="MODELS_JSON must be a non-empty JSON list"):
+            rank.model_for(bad, 0)
+    with pytest.raises(SystemExit, match="no model there"):
+        rank.model_for(json.dumps([str(tmp_path)]), 0)
+
+
+def test_the_rank_number_comes_from_whichever_launcher_started_it(monkeypatch):
+    for name in ("OMPI_COMM_WORLD_RANK", "MLX_RANK", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert rank.rank() == 0
+    monkeypatch.setenv("MLX_RANK", "3")
+    assert rank.rank() == 3
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    assert rank.rank() == 1
+
+
+def test_models_are_listed_on_a_host_without_a_hugging_face_cache(tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants, scan_cache_dir
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "no-such-cache"))
+    server = types.SimpleNamespace(scan_cache_dir=scan_cache_dir)
+    with pytest.raises(Exception) as e:          # what mlx-lm's handler meets there (the 200, then no body)
+        server.scan_cache_dir()
+    assert type(e.value).__name__ == "CacheNotFound"
+    rank.tolerate_missing_hub_cache(server)
+    assert list(server.scan_cache_dir().repos) == []
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert list(server.scan_cache_dir().repos) == []        # an existing cache is scanned as before
+
+
+def test_clusterctls_own_requests_stay_out_of_the_request_log():
+    logged = []
+
+    class APIHandler:
+        def log_message(self, fmt, *args):
+            logged.append(fmt % args)
+
+    rank.quiet_probes(types.SimpleNamespace(APIHandler=APIHandler))
+    probe, user = APIHandler(), APIHandler()
+    probe.headers = {"User-Agent": endpoint.PROBE_AGENT}
+    user.headers = {"User-Agent": "curl/8.0"}
+    probe.log_message('"%s" %s', "GET /health", 200)
+    user.log_message('"%s" %s', "GET /health", 200)
+    assert logged == ['"GET /health" 200'] and rank.PROBE_AGENT == endpoint.PROBE_AGENT
+
+
+def test_http_errors_are_answers_not_failures(server):
+    url = f"http://127.0.0.1:{server.port}"
+    assert endpoint.request(url, "/nothing")[0] == 200     # the fake lists models for any other GET
+    with pytest.raises(urllib.error.URLError):
+        endpoint.request("http://127.0.0.1:1", "/health", timeout=1)
