@@ -181,16 +181,23 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
     """List the processes of clusterctl runs on every host."""
     from ..observe.procs import list_processes
 
+    from ..observe.runs import service_urls
+
     found = list_processes(app.connector(_cluster(inventory_path), connect_timeout))
+    urls = service_urls()          # serve jobs: run id -> the URL they answer at (from the runs index)
     if as_json:
-        click.echo(json.dumps([{"host": h.host, "error": h.error, "processes": [p.as_json() for p in h.processes]}
+        click.echo(json.dumps([{"host": h.host, "error": h.error,
+                                "processes": [{**p.as_json(), **({"url": urls[p.run_id]} if p.run_id in urls else {})}
+                                              for p in h.processes]}
                                for h in found], indent=2))
     else:
         rows = [{"host": p.host, "run": p.run_id, "rank": "-" if p.rank is None else p.rank, "kind": p.kind,
-                 "pid": p.pid, "age": _age(p.age_s), "cpu%": f"{p.cpu:.1f}", "mem": f"{p.rss_kb / 1024:.1f} MiB"}
+                 "pid": p.pid, "age": _age(p.age_s), "cpu%": f"{p.cpu:.1f}", "mem": f"{p.rss_kb / 1024:.1f} MiB",
+                 "url": urls.get(p.run_id, "") if p.rank == 0 else ""}
                 for h in found for p in h.processes if verbose or p.kind in ("rank", "launcher")]
         if rows:
-            table(rows, ["host", "run", "rank", "kind", "pid", "age", "cpu%", "mem"])
+            columns = ["host", "run", "rank", "kind", "pid", "age", "cpu%", "mem"]
+            table(rows, columns + (["url"] if any(r["url"] for r in rows) else []))
         else:
             click.echo(f"no clusterctl runs on {len(found)} host(s)", err=True)
     if _print_failures(found):

@@ -208,6 +208,16 @@ def read_index(path: str | None = None) -> dict[str, dict]:
     return runs
 
 
+def service_urls(path: str | None = None) -> dict[str, str]:
+    """run id -> URL of every `clusterctl serve` job the runs index knows (its start line's "service")."""
+    urls = {}
+    for run_id, entry in read_index(path).items():
+        service = entry.get("service")
+        if isinstance(service, dict) and isinstance(service.get("url"), str):
+            urls[run_id] = service["url"]
+    return urls
+
+
 def list_all(runs_dir: str) -> list[RunInfo]:
     """Every run the index knows (every project on this machine), plus those of `runs_dir` it does not
     (made before the index existed); read from their directories when they still exist."""

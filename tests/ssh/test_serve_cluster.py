@@ -1,0 +1,219 @@
+"""`clusterctl serve` on two test hosts as a user runs it: a small mlx-lm model made here (tests/lmfixture.py, nothing
+downloaded), hosts with empty HOMEs (the inventory-only cluster: no Hugging Face cache, an empty model store), the
+URL on this machine's loopback carried over SSH to rank 0's. Over ring and over mpi: the URL is printed once a
+completion is answered, /v1/models lists the model and a chat completion is answered; with --max-restarts 1,
+killing rank 1's process brings the endpoint back; Ctrl-C leaves no process on any host and frees the port. A
+second serve of the same model moves no model bytes and leaves the store's files untouched. What cannot be served
+is refused in one line with nothing started."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from functools import partial
+
+import clirun
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import lmfixture  # noqa: E402
+from sshcluster import free_port  # noqa: E402
+
+pytestmark = pytest.mark.ssh
+READY = re.compile(r"serve: ready at (http://\S+) \(model (\S+)\)")
+
+
+class Served:
+    """A `clusterctl serve` running in the background, its output collected line by line."""
+
+    def __init__(self, *args, cwd, env):
+        self.proc = clirun.start("serve", *args, cwd=cwd, env=env, own_cache=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def ready(self, count: int = 1, timeout: float = 240) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [m for m in map(READY.search, list(self.lines)) if m]
+            if len(found) >= count:
+                return found[count - 1]
+            assert self.proc.poll() is None, self.text[-4000:]
+            time.sleep(0.2)
+        raise AssertionError(f"not ready {count} time(s) in {timeout}s:\n{self.text[-4000:]}")
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(60)
+        self.reader.join(10)
+        return code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def http(url: str, body: dict | None = None, timeout: float = 120):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return answer.status, json.loads(answer.read())
+
+
+def chat(url: str, model: str) -> str:
+    status, answer = http(url + "/v1/chat/completions", {"model": model, "max_tokens": 4,
+                                                         "messages": [{"role": "user", "content": "Tom found"}]})
+    assert status == 200
+    return answer["choices"][0]["message"]["content"]
+
+
+def port_is_free(port: int) -> bool:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def run_processes(run_id: str) -> str:
+    found = subprocess.run(["pgrep", "-af", f"clusterctl-ru[n]-{run_id}"], capture_output=True, text=True)
+    return found.stdout
+
+
+def rank_pid(cluster, index: int, run_id: str) -> int:
+    """The pid of the rank's python on host `index` (the bootstrap: `python -c "#clusterctl-run-<id>...`)."""
+    for pid in cluster.session_pids(index):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1] == b"-c" and argv[2].startswith(f"#clusterctl-run-{run_id}".encode()):
+            return pid
+    raise AssertionError(f"no rank of {run_id} on h{index}")
+
+
+def store_files(cluster) -> dict[str, tuple[int, int]]:
+    """Every file of every host's model store: path -> (inode, mtime_ns)."""
+    found = {}
+    for host in cluster.hosts:
+        root = host.dir / "home" / ".cache" / "clusterctl" / "models"
+        for path in root.rglob("*"):
+            if path.is_file():
+                st = path.stat()
+                found[str(path)] = (st.st_ino, st.st_mtime_ns)
+    return found
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return lmfixture.make_model(tmp_path_factory.mktemp("served") / "tiny")
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_served_on_two_hosts_answers_comes_back_after_a_rank_dies_and_stops_cleanly(make_cluster, model, tmp_path,
+                                                                                   backend):
+    cluster = make_cluster(2, inventory_only=True)
+    port = free_port("127.0.0.1")
+    serve = partial(Served, str(model), "--hosts", str(cluster.inventory), "--backend", backend, "--port", str(port),
+                    cwd=tmp_path, env=cluster.client_env())
+    served = serve("--max-restarts", "1", "--restart-delay", "1")
+    try:
+        url, model_id = served.ready().groups()
+        assert url == f"http://127.0.0.1:{port}"
+        for host in cluster.hosts:          # fresh hosts: mlx-lm would answer /v1/models with an empty body
+            assert not (host.dir / "home" / ".cache" / "huggingface").exists()
+        status, listed = http(url + "/v1/models")
+        assert status == 200 and model_id in [m["id"] for m in listed["data"]] and "/tiny-" in model_id, listed
+        assert chat(url, model_id)
+        run_id = clirun.TOKEN.search(served.text).group(1)
+        os.kill(rank_pid(cluster, 2, run_id), signal.SIGKILL)
+        killed = time.monotonic()
+        served.ready(count=2, timeout=60)
+        assert time.monotonic() - killed < 60
+        assert chat(url, model_id)
+        assert served.interrupt() == 130, served.text[-3000:]
+    finally:
+        served.kill()
+    assert f"{url} is closed" in served.text
+    assert port_is_free(port) and run_processes(run_id) == ""
+    summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    assert summary["service"]["url"] == url and summary["restarts"] == 1
+    assert [a["outcome"] for a in summary["attempts"]] == ["failed", "stopped"]
+    if backend != "ring":
+        return
+    # the same model again: nothing moves, the store's files are untouched, and it is ready sooner
+    before = store_files(cluster)
+    again = serve()
+    try:
+        again.ready()
+        assert again.interrupt() == 130
+    finally:
+        again.kill()
+    assert again.text.count("has it already") == 2 and "sent, verified" not in again.text, again.text[-3000:]
+    assert store_files(cluster) == before and before
+
+
+def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_cluster, model, tmp_path):
+    cluster = make_cluster(2, inventory_only=True)
+    (tmp_path / "odd").mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "odd" / name).write_bytes((model / name).read_bytes())
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()),
+                                                              "model_type": "no_such_arch"}))
+    (tmp_path / "data").mkdir()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    busy = taken.getsockname()[1]
+    h1 = cluster.hosts[0].address
+    on_h1 = socket.socket()
+    on_h1.bind((h1, 0))
+    on_h1.listen(1)
+    try:
+        for args, says in [(["data"], "data: not an mlx-lm model directory (no config.json)"),
+                           (["odd"], "odd: mlx-lm cannot load this no_such_arch model"),
+                           ([str(model), "--port", str(busy)], f"port {busy} on 127.0.0.1 is in use on this machine"),
+                           ([str(model), "--listen", h1, "--port", str(on_h1.getsockname()[1])],
+                            f"port {on_h1.getsockname()[1]} on {h1} is in use on {h1}"),
+                           ([str(model), "--", "--port", "9"], "--port after `--`: serve sets it")]:
+            r = clirun.clusterctl("serve", *args, "--hosts", str(cluster.inventory), cwd=tmp_path,
+                                  env=cluster.client_env(), own_cache=True, timeout=120)
+            errors = [line for line in r.stderr.splitlines() if line.strip()]
+            assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
+            assert not (tmp_path / "runs").exists() and run_processes("[0-9]") == ""
+    finally:
+        taken.close()
+        on_h1.close()
+
+
+def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster, model, tmp_path):
+    cluster = make_cluster(2, inventory_only=True)
+    h1 = cluster.hosts[0].address
+    port = free_port(h1)
+    served = Served(str(model), "--hosts", str(cluster.inventory), "--backend", "ring", "--listen", h1, "--port",
+                    str(port), cwd=tmp_path, env=cluster.client_env())
+    try:
+        url, model_id = served.ready().groups()
+        assert url == f"http://{h1}:{port}" and "no authentication" in served.text
+        assert chat(url, model_id) and port_is_free(port)       # nothing of this machine listens on the port
+        assert served.interrupt() == 130
+    finally:
+        served.kill()

@@ -1,0 +1,76 @@
+"""What `serve` refuses on this machine before anything moves (serve/check.py): each in one line naming the
+directory and the fix, with mlx-lm building the model lazily where it is installed (tests/lmfixture.py models)."""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lmfixture  # noqa: E402
+
+from clusterctl.errors import NotAModel  # noqa: E402
+from clusterctl.serve.check import check_model  # noqa: E402
+
+pytest.importorskip("mlx_lm")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return lmfixture.make_model(tmp_path_factory.mktemp("m") / "tiny")
+
+
+def copy(tiny, tmp_path, name="m"):
+    return Path(shutil.copytree(tiny, tmp_path / name))
+
+
+def refused(path, says, **kwargs):
+    with pytest.raises(NotAModel) as e:
+        check_model(str(path), **{"world": 2, **kwargs})
+    text = str(e.value)
+    assert says in text and "\n" not in text, text
+    assert e.value.exit_code == 2
+
+
+def test_a_model_mlx_lm_can_build_and_shard_passes(tiny):
+    summary = check_model(str(tiny), world=2)
+    assert (summary.name, summary.kind, summary.deep) == ("tiny", "llama", True)
+    assert summary.size == (tiny / "model.safetensors").stat().st_size
+
+
+def test_what_is_not_a_model_directory_is_refused(tiny, tmp_path):
+    refused(tmp_path / "none", "none: no such directory")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+    refused(tmp_path / "data", "data: not an mlx-lm model directory (no config.json)")
+    m = copy(tiny, tmp_path, "badjson")
+    (m / "config.json").write_text("{model_type: llama")
+    refused(m, "config.json: not JSON")
+    m = copy(tiny, tmp_path, "notype")
+    (m / "config.json").write_text('{"hidden_size": 64}')
+    refused(m, "config.json: no model_type")
+    m = copy(tiny, tmp_path, "noweights")
+    (m / "model.safetensors").unlink()
+    refused(m, "noweights: no *.safetensors weights")
+    m = copy(tiny, tmp_path, "notok")
+    for f in m.glob("tokenizer*"):
+        f.unlink()
+    refused(m, "notok: no tokenizer")
+
+
+def test_a_model_mlx_lm_cannot_load_is_refused(tiny, tmp_path):
+    m = copy(tiny, tmp_path, "arch")
+    config = json.loads((m / "config.json").read_text())
+    (m / "config.json").write_text(json.dumps({**config, "model_type": "no_such_arch"}))
+    refused(m, "mlx-lm cannot load this no_such_arch model")
+    m = copy(tiny, tmp_path, "shapes")
+    (m / "config.json").write_text(json.dumps({**config, "hidden_size": 96}))       # weights of another size
+    refused(m, "mlx-lm cannot load this llama model")
+
+
+def test_pipeline_is_refused_for_a_model_mlx_lm_does_not_pipeline(tiny):
+    # mlx-lm 0.32 pipelines deepseek, qwen3_next, ministral3 and a few more; llama only by tensor parallelism
+    refused(tiny, "mlx-lm has no pipeline parallelism for llama: leave out --pipeline (it has tensor parallelism)",
+            pipeline=True)
+    assert check_model(str(tiny), world=1, pipeline=True).deep       # one host: nothing to split
