@@ -161,6 +161,15 @@ class ShardVerifyError(ClusterctlError):
     """A file's sha256 on the host is not the manifest's after the transfer (exit 1)."""
 
 
+class ModelError(DataError):
+    """A directory that is not an mlx-lm model, or a NAME / digest prefix that names no model or several."""
+
+
+class ModelStoreError(ClusterctlError):
+    """A model file that still does not match its sha256 on the host after being sent again, or a host that
+    did not get its entry (exit 1)."""
+
+
 # ---- launching and running jobs ---------------------------------------------------------------
 
 class LaunchError(ClusterctlError):
