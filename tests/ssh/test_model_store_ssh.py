@@ -212,3 +212,16 @@ def test_a_host_given_some_weights_gets_only_those_then_the_rest(make_cluster, t
     assert whole["h1"].reused and whole["h2"].sent_files == ["model-00001-of-00002.safetensors"]
     assert whole["h2"].path == entries["h2"].path
     assert len(cluster.ssh(2, f"ls {sq(whole['h2'].path)}").stdout.split()) == 4
+
+
+def test_fake_macs_store_verify_and_find_it_again(make_cluster, tmp_path):
+    """zsh logins, BSD tools, no sha256sum (tests/sshcluster.py's fake Darwin): the store needs only the host's
+    python and POSIX sh."""
+    cluster = make_cluster(2, darwin={1, 2})
+    cluster.write_inventory(model_store=store_of(cluster))
+    model = make_model(tmp_path)
+    first = push(cluster, tmp_path, model)
+    assert all(h["ok"] and len(h["sent_files"]) == 4 for h in first.values()), first
+    again = push(cluster, tmp_path, model, "--verify")
+    assert all(h["reused"] and h["rehashed"] == 4 for h in again.values()), again
+    assert [cluster.refused(i) for i in (1, 2)] == [[], []]
