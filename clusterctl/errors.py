@@ -161,6 +161,16 @@ class ShardVerifyError(ClusterctlError):
     """A file's sha256 on the host is not the manifest's after the transfer (exit 1)."""
 
 
+class ModelError(DataError):
+    """A directory that is not an mlx-lm model (for `serve`: one mlx-lm cannot load or shard as asked), or a NAME /
+    digest prefix that names no model or several."""
+
+
+class ModelStoreError(ClusterctlError):
+    """A model file that still does not match its sha256 on the host after being sent again, or a host that
+    did not get its entry (exit 1)."""
+
+
 # ---- launching and running jobs ---------------------------------------------------------------
 
 class LaunchError(ClusterctlError):
@@ -173,10 +183,6 @@ class PortTaken(BadInput):
 
 class ServeError(ClusterctlError):
     """`serve` cannot go on: a host cannot give rank 0 a port, the server could not start (exit 1)."""
-
-
-class NotAModel(BadInput):
-    """`serve`, `models push`: MODEL is not an mlx-lm model directory mlx-lm can load and shard as asked."""
 
 
 class PreflightError(ClusterctlError):

@@ -26,6 +26,7 @@ from .errors import InventoryError
 HOST_KEY_POLICIES = ("accept-new", "strict")   # never "no" (docs/facts/ssh.md#accept-new-host-keys)
 DEFAULT_PYTHON = "python3"
 DEFAULT_WORKDIR = "~/clusterctl"
+DEFAULT_MODEL_STORE = "~/.cache/clusterctl/models"   # transfer/models.py: pushed models, one entry per content
 DEFAULT_BTL_TCP_LINKS = 4         # MLX's advice for bandwidth (docs/facts/launchers.md#btl-tcp-links)
 DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default (docs/facts/launchers.md#mlx-launch-hostfile-format)
 
@@ -38,7 +39,7 @@ ALIASES = {
     "ansible_python_interpreter": "python",
 }
 HOST_KEYS = ("name", "hostname", "address", "user", "port", "identity_file", "mesh_identity_file", "python", "workdir",
-             "mpi_lib_dir", "env", "slots", "local", "rdma")
+             "model_store", "mpi_lib_dir", "env", "slots", "local", "rdma")
 # Keys that describe one machine only make no sense as defaults for all of them.
 DEFAULTS_KEYS = tuple(k for k in HOST_KEYS if k not in ("name", "hostname", "address", "rdma"))
 TOP_KEYS = ("defaults", "hosts", "mpi", "launch", "ssh_config", "host_key_checking")
@@ -102,6 +103,7 @@ class Host:
     mesh_identity_file: str | None = None   # a path on the hosts: the key a host uses to log in to its peers
     python: str = DEFAULT_PYTHON      # a path or command on the host
     workdir: str = DEFAULT_WORKDIR    # a path on the host; ~ means the host user's home
+    model_store: str = DEFAULT_MODEL_STORE   # a path on the host (~ as in workdir): `clusterctl models` entries
     mpi_lib_dir: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     secret_env: tuple[str, ...] = ()  # env names marked `!secret` in the inventory
@@ -469,7 +471,7 @@ class _Parser:
                 out[key] = self.boolean(value, label)
             elif key == "identity_file":
                 out[key] = self.local_path(value, label)
-            elif key in ("python", "workdir", "mpi_lib_dir", "mesh_identity_file"):
+            elif key in ("python", "workdir", "model_store", "mpi_lib_dir", "mesh_identity_file"):
                 out[key] = self.string(value, label)
             elif key == "env":
                 out[key] = self.env(value)

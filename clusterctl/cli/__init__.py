@@ -7,7 +7,7 @@ core's work (run.py, doctor/, bench/, transfer/, hosts/).
     hosts.py    hosts, exec, init          doctor.py  doctor
     launch.py   hostfile, run              sync.py    sync
     data.py     data prepare, data push, generate
-    bench.py    bench
+    bench.py    bench                      models.py  models, models push, models rm
     observe.py  runs, logs, plot, ps, kill, stacks, completion
 
 Each command module registers its commands on `cli` when it is imported: app.MODULES says which module

@@ -81,6 +81,28 @@ class FileSession(Closeable):
         start with "." (files being written, temporary files); nothing when `remote` does not exist."""
         raise NotImplementedError
 
+    def resume(self, local: str, remote: str, on_bytes: OnBytes | None = None) -> int:
+        """Continue `remote`, an unfinished copy of `local` (or nothing), with `local`'s bytes from its size on,
+        and return that size; one as large as `local` or larger is written again from the start. NOT atomic:
+        `remote` is a partial file by design (the model store's), renamed into place by the caller once it
+        is verified."""
+        raise NotImplementedError
+
+    def rename(self, remote: str, to: str) -> None:
+        """Rename `remote` onto `to` (POSIX rename: atomic, replacing `to`)."""
+        raise NotImplementedError
+
+
+def _resume(src_path: str, size: int | None, open_dst: Callable[[str], object], on_bytes: OnBytes | None) -> int:
+    """The copy behind resume(): `size` is the partial copy's (None: there is none)."""
+    total = os.path.getsize(src_path)
+    offset = size if size is not None and size < total else 0
+    with open(src_path, "rb") as src, open_dst("r+b" if offset else "wb") as dst:
+        src.seek(offset)
+        dst.seek(offset)
+        _copy(src, dst, on_bytes)
+    return offset
+
 
 def _copy(src, dst, on_bytes: OnBytes | None) -> None:
     while block := src.read(CHUNK):
@@ -126,6 +148,14 @@ class LocalFiles(FileSession):
                 full = os.path.join(directory, name)
                 if not name.startswith(".") and os.path.isfile(full) and not os.path.islink(full):
                     yield os.path.relpath(full, root), os.path.getsize(full)
+
+    def resume(self, local, remote, on_bytes=None):
+        dest = os.path.expanduser(remote)
+        size = os.path.getsize(dest) if os.path.isfile(dest) else None
+        return _resume(local, size, lambda mode: open(dest, mode), on_bytes)
+
+    def rename(self, remote, to):
+        os.replace(os.path.expanduser(remote), os.path.expanduser(to))
 
 
 class SFTPFiles(FileSession):
@@ -212,6 +242,24 @@ class SFTPFiles(FileSession):
                     stack.append((f"{directory}/{entry.filename}", f"{rel}{entry.filename}/"))
                 elif stat.S_ISREG(mode):
                     yield f"{rel}{entry.filename}", entry.st_size or 0
+
+    def resume(self, local, remote, on_bytes=None):
+        dest = sftp_path(remote)
+
+        def open_dst(mode: str):
+            f = self.sftp.open(dest, mode)
+            f.set_pipelined(True)
+            return f
+        with self._guard():
+            try:
+                size = self.sftp.stat(dest).st_size
+            except FileNotFoundError:
+                size = None
+            return _resume(local, size, open_dst, on_bytes)
+
+    def rename(self, remote, to):
+        with self._guard():
+            self.sftp.posix_rename(sftp_path(remote), sftp_path(to))
 
     def close(self):
         self.sftp.close()

@@ -16,7 +16,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..errors import NotAModel
+from ..errors import ModelError
+from ..transfer.localmodel import check_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
@@ -31,25 +32,19 @@ class ModelSummary:
 
 def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
     shown = path
-    if not os.path.isdir(path):
-        raise NotAModel(f"{shown}: no such directory (give a local mlx-lm model directory)")
+    check_model_dir(path)      # a directory with config.json and safetensors weights (what the store takes)
     config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
-        raise NotAModel(f"{shown}: not an mlx-lm model directory (no config.json)")
     try:
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
     except ValueError as e:
-        raise NotAModel(f"{config_path}: not JSON ({e})") from None
+        raise ModelError(f"{config_path}: not JSON ({e})") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(kind, str) or not kind:
-        raise NotAModel(f"{config_path}: no model_type (not an mlx-lm model's config)")
+        raise ModelError(f"{config_path}: no model_type (not an mlx-lm model's config)")
     weights = glob.glob(os.path.join(glob.escape(path), "*.safetensors"))
-    if not weights:
-        raise NotAModel(f"{shown}: no *.safetensors weights (mlx-lm reads only safetensors; convert the model with "
-                        "mlx_lm.convert)")
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        raise NotAModel(f"{shown}: no tokenizer (tokenizer.json, tokenizer.model or tokenizer_config.json)")
+        raise ModelError(f"{shown}: no tokenizer (tokenizer.json, tokenizer.model or tokenizer_config.json)")
     summary = ModelSummary(os.path.basename(os.path.normpath(path)), kind, sum(os.path.getsize(w) for w in weights),
                            deep=importlib.util.find_spec("mlx_lm") is not None)
     if summary.deep:
@@ -67,18 +62,18 @@ def _build(path: str, kind: str, world: int, pipeline: bool) -> None:
     try:
         model, _ = load_model(Path(path), lazy=True, strict=True)
     except (ValueError, KeyError, TypeError, ImportError, OSError) as e:
-        raise NotAModel(f"{path}: mlx-lm cannot load this {kind} model: {_first_line(e)}") from None
+        raise ModelError(f"{path}: mlx-lm cannot load this {kind} model: {_first_line(e)}") from None
     if world <= 1:
         return
     has_pipeline = hasattr(model, "model") and hasattr(model.model, "pipeline")
     if pipeline and not has_pipeline:
-        raise NotAModel(f"{path}: mlx-lm has no pipeline parallelism for {kind}: leave out --pipeline"
+        raise ModelError(f"{path}: mlx-lm has no pipeline parallelism for {kind}: leave out --pipeline"
                         + (" (it has tensor parallelism)" if hasattr(model, "shard") else ""))
     if not pipeline and not hasattr(model, "shard"):
         hint = "; try --pipeline" if has_pipeline else "; serve it on one host"
-        raise NotAModel(f"{path}: mlx-lm cannot split {kind} across {world} hosts by tensor parallelism{hint}")
+        raise ModelError(f"{path}: mlx-lm cannot split {kind} across {world} hosts by tensor parallelism{hint}")
     if pipeline and not os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
-        raise NotAModel(f"{path}: --pipeline needs model.safetensors.index.json (mlx-lm reads which weights each "
+        raise ModelError(f"{path}: --pipeline needs model.safetensors.index.json (mlx-lm reads which weights each "
                         "stage needs from it; mlx_lm.convert writes it)")
 
 

@@ -98,7 +98,8 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         if options.listen is not None or first.local:
             _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
         local = store.describe(model_dir)
-        entries = store.push(connector, cluster.hosts, local, method=options.method, verify=options.verify)
+        entries = store.require_all(store.push(connector, cluster.hosts, local, method=options.method,
+                                               verify=options.verify))
         for host in cluster.hosts:
             events.pushed(host.name, entries[host.name])
         paths = [entries[h.name].path for h in cluster.hosts]

@@ -72,16 +72,16 @@ def rsync_target(connector: Connector, host: Host, dest: str) -> RsyncTarget:
 
 def rsync_push(rsync: str, src_root: str, items: Sequence[str], to: RsyncTarget, *, excludes: bool = False,
                checksum: bool = False, dry_run: bool = False, bwlimit_kbps: int | None = None,
-               on_bytes: Callable[[int], None] | None = None) -> RsyncSummary:
+               on_bytes: Callable[[int], None] | None = None, extra: Sequence[str] = ()) -> RsyncSummary:
     """rsync `items` (paths relative to src_root, or with `excludes` exclusion rules for a recursive walk)
-    into to.dest. Raises RsyncMissing when the host has no rsync."""
+    into to.dest, with `extra` options. Raises RsyncMissing when the host has no rsync."""
     if to.target is None and not dry_run:
         os.makedirs(to.dest, exist_ok=True)
 
     def argv(list_file: str) -> list[str]:
         return rsync_argv(rsync, src_root, list_file, to.dest, target=to.target, rsh=to.rsh, checksum=checksum,
                           dry_run=dry_run, bwlimit_kbps=bwlimit_kbps, progress=supports_progress2(rsync),
-                          excludes=excludes)
+                          excludes=excludes, extra=extra)
 
     return run_rsync(to.host, argv, items, on_bytes)
 
@@ -122,6 +122,11 @@ class Uploader:
     def __exit__(self, *exc):
         self.files.close()
 
+    @property
+    def sent(self) -> int:
+        """Bytes uploaded so far."""
+        return self._sent
+
     def _count(self, n: int) -> None:
         self._sent += n
         self.on_bytes(n)
@@ -133,6 +138,11 @@ class Uploader:
     def put(self, local: str, remote: str, mode: int) -> None:
         """Copy `local` to `remote` (its parent exists) via a temporary name and a rename."""
         self.files.put(local, remote, mode, on_bytes=self._count)
+
+    def resume(self, local: str, remote: str) -> int:
+        """Continue the unfinished copy `remote` of `local` from its size (FileSession.resume: not atomic; the
+        caller renames it into place once verified); returns the offset it continued from."""
+        return self.files.resume(local, remote, on_bytes=self._count)
 
     def symlink(self, target: str, remote: str) -> None:
         self.files.symlink(target, remote)

@@ -17,14 +17,17 @@ import tempfile
 import uuid
 
 from ..errors import CommandFailed
-from ..hosts.scripts import script_text
+from ..hosts.scripts import program
 from ..hosts.transport import Transport
 
 ARG_LIMIT = 60_000         # larger requests travel as an uploaded file, not an argument
 HELPER_TIMEOUT_S = 600.0
+HELPERS = {"filehelper.py": "file helper", "modelstore.py": "model store helper"}     # as messages name them
 
-def call(transport: Transport, python: str, op: str, request: dict, timeout: float = HELPER_TIMEOUT_S) -> dict:
-    """Run the file helper's `op` on the host and return its JSON answer."""
+def call(transport: Transport, python: str, op: str, request: dict, timeout: float = HELPER_TIMEOUT_S,
+         script: str = "filehelper.py") -> dict:
+    """Run the file helper's `op` (or another helper script's: the model store's modelstore.py) on the host and
+    return its JSON answer."""
     text = json.dumps(request)
     if len(text) > ARG_LIMIT:
         fd, local = tempfile.mkstemp(prefix="clusterctl-req-", suffix=".json")     # 0600 from the start
@@ -36,12 +39,12 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
         finally:
             os.unlink(local)
         text = "@" + remote
-    argv = [python, "-c", script_text("filehelper.py"), op, text]
+    argv = [python, "-c", program(script), op, text]
     result = transport.run(argv, timeout)
+    what = f"{python} (clusterctl {HELPERS.get(script, script)}: {op})"
     if not result.ok:
-        raise CommandFailed(transport.host, f"{python} (clusterctl file helper: {op})", result)
+        raise CommandFailed(transport.host, what, result)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise CommandFailed(transport.host, f"{python} (clusterctl file helper: {op}): no JSON answer",
-                            result) from None
+        raise CommandFailed(transport.host, f"{what}: no JSON answer", result) from None

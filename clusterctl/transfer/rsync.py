@@ -49,12 +49,13 @@ def ssh_command(ssh_options: Sequence[str], ssh: str = "ssh") -> str:
 def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str | None = None,
                rsh: str | None = None, checksum: bool = False, dry_run: bool = False,
                bwlimit_kbps: int | None = None, progress: bool = False, excludes: bool = False,
-               pull: bool = False) -> list[str]:
+               pull: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """Push the files named (NUL-separated, relative to src) in list_file to dest on target (or to the
     local directory dest when target is None); with `excludes`, list_file holds exclude rules instead and
     the tree is walked recursively (filelist.exclusion_rules). With `pull`, the other way round: src is
     the directory on target, dest the one here. -l -p -t: symlinks, permissions, times; never owners (the
-    user on the host may not exist here)."""
+    user on the host may not exist here). `extra`: more options of the caller's (the model store's
+    --partial-dir)."""
     selection = ["-r", "--exclude-from", list_file] if excludes else ["--files-from", list_file]
     # --from0 first: rsync reads --exclude-from when it meets it on the command line
     argv = [rsync, "-lpt", "--from0", *selection, f"--out-format={OUT_FORMAT}", "--stats",
@@ -67,6 +68,7 @@ def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str |
         argv.append(f"--bwlimit={bwlimit_kbps}")
     if progress:
         argv.append("--info=progress2")
+    argv += extra
     if target is None:
         return argv + ["--", src.rstrip("/") + "/", dest.rstrip("/") + "/"]
     if pull:

@@ -188,7 +188,7 @@ def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_
     on_h1.bind((h1, 0))
     on_h1.listen(1)
     try:
-        for args, says in [(["data"], "data: not an mlx-lm model directory (no config.json)"),
+        for args, says in [(["data"], "data is not an mlx-lm model directory: it has no config.json"),
                            (["odd"], "odd: mlx-lm cannot load this no_such_arch model"),
                            ([str(model), "--port", str(busy)], f"port {busy} on 127.0.0.1 is in use on this machine"),
                            ([str(model), "--listen", h1, "--port", str(on_h1.getsockname()[1])],

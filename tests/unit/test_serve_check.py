@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lmfixture  # noqa: E402
 
-from clusterctl.errors import NotAModel  # noqa: E402
+from clusterctl.errors import ModelError  # noqa: E402
 from clusterctl.serve.check import check_model  # noqa: E402
 
 pytest.importorskip("mlx_lm")
@@ -26,7 +26,7 @@ def copy(tiny, tmp_path, name="m"):
 
 
 def refused(path, says, **kwargs):
-    with pytest.raises(NotAModel) as e:
+    with pytest.raises(ModelError) as e:
         check_model(str(path), **{"world": 2, **kwargs})
     text = str(e.value)
     assert says in text and "\n" not in text, text
@@ -40,10 +40,10 @@ def test_a_model_mlx_lm_can_build_and_shard_passes(tiny):
 
 
 def test_what_is_not_a_model_directory_is_refused(tiny, tmp_path):
-    refused(tmp_path / "none", "none: no such directory")
+    refused(tmp_path / "none", "none: not a directory")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text("{}\n")
-    refused(tmp_path / "data", "data: not an mlx-lm model directory (no config.json)")
+    refused(tmp_path / "data", "data is not an mlx-lm model directory: it has no config.json")
     m = copy(tiny, tmp_path, "badjson")
     (m / "config.json").write_text("{model_type: llama")
     refused(m, "config.json: not JSON")
@@ -52,7 +52,7 @@ def test_what_is_not_a_model_directory_is_refused(tiny, tmp_path):
     refused(m, "config.json: no model_type")
     m = copy(tiny, tmp_path, "noweights")
     (m / "model.safetensors").unlink()
-    refused(m, "noweights: no *.safetensors weights")
+    refused(m, "noweights is not an mlx-lm model directory: it has no *.safetensors weights")
     m = copy(tiny, tmp_path, "notok")
     for f in m.glob("tokenizer*"):
         f.unlink()

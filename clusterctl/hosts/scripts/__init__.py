@@ -5,6 +5,8 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     python_info.py  python, mlx and mpi4py versions, for the probe
     dataplane.py    the TCP data-plane check (listen on this host's ring port, connect to every peer's)
     filehelper.py   hashing, listing, deleting and verifying files for sync, data push and run
+    modelstore.py   the model store on a host: check, stage, verify, complete, list and remove entries
+    helperbase.py   what those two share (a file's sha256, the request), inlined into each by program()
     ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, run by path)
     bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
                     pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py,

@@ -9,7 +9,6 @@ reading). It prints one JSON answer. Ops:
   verify  dataset shards: check staged files against their sha256, rename the good ones into place,
           remove any other shard file matching `stale`, report the sha256 of `check`
 """
-import hashlib
 import json
 import os
 import re
@@ -17,15 +16,11 @@ import shutil
 import stat
 import sys
 
+from .helperbase import read_request, sha
+
 TMP = ".clusterctl-tmp-"          # hosts.files.TMP_MARK: the temporary names of atomic uploads
 
 
-def sha(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def state(p, hashed):
@@ -136,12 +131,7 @@ def verify(root, req):
 
 
 def main(op, arg):
-    if arg.startswith("@"):
-        with open(os.path.expanduser(arg[1:])) as f:
-            req = json.load(f)
-        os.unlink(os.path.expanduser(arg[1:]))
-    else:
-        req = json.loads(arg)
+    req = read_request(arg)
     root = os.path.expanduser(req["root"])
     print(json.dumps({"scan": scan, "delete": delete, "verify": verify}[op](root, req)))
 

@@ -1,0 +1,271 @@
+"""clusterctl's model store helper, run on a host as `python -c <this file> OP REQUEST` (standard library only,
+any Python 3 a Mac or Linux box has). REQUEST is JSON, or @PATH of an uploaded JSON file (removed after
+reading). It prints one JSON answer. The store (transfer/models.py, docs/models.md#layout-on-a-host):
+
+    STORE/KEY/                 a complete entry: the model's files and ENTRY, written last inside the directory
+                               while it was still under .partial/, then the directory renamed here
+    STORE/.partial/KEY/        a push in progress: the files verified so far (recorded in PUSH with their size
+                               and mtime), PARTS/ directories (rsync's --partial-dir; SFTP appends there)
+
+KEY is NAME-DIGEST12. Ops (request: store, key, name, digest, files {path: [size, sha256]}, want [path], verify):
+  prepare  check a complete entry (size and mtime against what was recorded at verification, re-hashing a file
+           that differs, every file with `verify`); if a file is missing or damaged the entry goes back to
+           .partial (ENTRY removed first). Then check the partial files, move a damaged one aside as the
+           basis a resumed transfer continues, and say which files to send and from which offset
+  finish   hash what arrived, delete a file that does not match (and its partial copy), and when every wanted
+           file is verified write ENTRY and rename the directory into the store
+  list     every entry, complete or not, with its size and the bytes there so far
+  remove   delete entries by KEY (ENTRY first, so none is ever seen complete and half deleted)
+"""
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+import time
+
+from .helperbase import read_request, sha
+
+ENTRY = ".clusterctl-entry.json"
+PUSH = ".clusterctl-push.json"
+PARTS = ".clusterctl-partial"
+PARTIAL = ".partial"
+TMP = ".clusterctl-tmp-"          # hosts.files.TMP_MARK
+RSYNC_TMP = re.compile(r"\.(.+)\.[A-Za-z0-9]{6}\Z")     # rsync's temporary .NAME.XXXXXX
+
+
+
+
+def plain(name):
+    if not isinstance(name, str) or name in ("", ".", "..") or name.startswith(".") or \
+            any(c in name for c in "/\\\x00"):
+        raise ValueError("refused: %r is not a plain entry name" % (name,))
+    return name
+
+
+def relative(rel):
+    """A model file's path: relative, no '.', '..' or hidden component, no backslash or NUL."""
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    if any(p in ("", ".", "..") or p.startswith(".") or "\\" in p or "\x00" in p for p in parts):
+        raise ValueError("refused: %r is not a model file path" % (rel,))
+    return rel
+
+
+def read_json(p):
+    try:
+        with open(p, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(p, obj):
+    tmp = "%s%s%d" % (p, TMP, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+
+
+def stamp(p):
+    """[size, mtime_ns] of a regular file, None for anything else or nothing."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns] if stat.S_ISREG(st.st_mode) else None
+
+
+def check(root, rel, want, record, full):
+    """None: absent; True: root/rel is the file (its size and mtime as recorded when it was verified, unless
+    `full`, else by its sha256); False: something else is there."""
+    p = os.path.join(root, rel)
+    now = stamp(p)
+    if now is None:
+        return None if not os.path.lexists(p) else False
+    if now[0] != want[0]:
+        return False
+    if not full and record == now:
+        return True
+    return sha(p) == want[1]
+
+
+def part_of(root, rel):
+    """Where the unfinished copy of root/rel waits: rsync's --partial-dir beside it."""
+    d, base = os.path.split(os.path.join(root, rel))
+    return os.path.join(d, PARTS, base)
+
+
+def paths(req):
+    store = os.path.expanduser(req["store"])
+    key = plain(req["key"])
+    for rel in list(req["files"]) + list(req.get("want", [])):
+        relative(rel)
+    return store, os.path.join(store, key), os.path.join(store, PARTIAL, key)
+
+
+def records_of(doc, digest):
+    return dict(doc.get("stamps", {})) if doc and doc.get("digest") == digest else {}
+
+
+def prepare(req):
+    store, entry, part = paths(req)
+    files, want, full = req["files"], req["want"], bool(req.get("verify"))
+    os.makedirs(os.path.join(store, PARTIAL), exist_ok=True)
+    manifest = read_json(os.path.join(entry, ENTRY))
+    bad, hashed = set(), 0
+    if manifest is not None:
+        if manifest.get("digest") != req["digest"]:
+            raise ValueError("refused: %s holds another model (digest %s)" % (entry, manifest.get("digest")))
+        records, good = records_of(manifest, req["digest"]), {}
+        for rel in sorted(set(want) | set(manifest.get("present", []))):
+            ok = check(entry, rel, files[rel], records.get(rel), full)
+            hashed += ok is not None and (full or records.get(rel) != stamp(os.path.join(entry, rel)))
+            if ok:
+                good[rel] = stamp(os.path.join(entry, rel))
+            elif ok is False:
+                bad.add(rel)
+        if not bad and set(want) <= set(good):
+            return {"state": "complete", "path": entry, "hashed": hashed}
+        # back to partial: without ENTRY first, so it is never seen complete while it changes
+        os.unlink(os.path.join(entry, ENTRY))
+        write_json(os.path.join(entry, PUSH), {"name": req["name"], "digest": req["digest"], "files": files,
+                                               "want": want, "stamps": good})
+        if os.path.lexists(part):
+            shutil.rmtree(part)
+        os.rename(entry, part)
+    os.makedirs(part, exist_ok=True)
+    records = records_of(read_json(os.path.join(part, PUSH)), req["digest"])
+    send, resume, damaged = [], {}, sorted(bad)
+    for rel in want:
+        p = os.path.join(part, rel)
+        ok = False if rel in bad else check(part, rel, files[rel], records.get(rel), full)
+        if ok:
+            records[rel] = stamp(p)
+            continue
+        records.pop(rel, None)
+        os.makedirs(os.path.dirname(part_of(part, rel)), exist_ok=True)
+        if ok is False:
+            if rel not in bad:
+                damaged.append(rel)
+            os.replace(p, part_of(part, rel))     # the basis rsync's delta (or an SFTP append) continues
+        send.append(rel)
+        partial = stamp(part_of(part, rel))
+        resume[rel] = partial[0] if partial else 0
+        clear_temporary(os.path.dirname(p), os.path.basename(p))
+    write_json(os.path.join(part, PUSH), {"name": req["name"], "digest": req["digest"], "files": files,
+                                          "want": want, "stamps": records})
+    return {"state": "partial", "path": part, "entry": entry, "send": send, "resume": resume,
+            "damaged": damaged, "hashed": hashed}
+
+
+def clear_temporary(directory, base):
+    """Remove the temporary files an interrupted upload of `base` left in `directory`."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        m = RSYNC_TMP.match(n)
+        if n.startswith(base + TMP) or (m and m.group(1) == base):
+            os.unlink(os.path.join(directory, n))
+
+
+def finish(req):
+    store, entry, part = paths(req)
+    files, want = req["files"], req["want"]
+    doc = read_json(os.path.join(part, PUSH))
+    records = records_of(doc, req["digest"])
+    bad, missing = [], []
+    for rel in sorted(set(want) | set(records)):
+        ok = check(part, rel, files[rel], records.get(rel), False)
+        if ok:
+            records[rel] = stamp(os.path.join(part, rel))
+            continue
+        records.pop(rel, None)
+        if rel not in want:
+            continue
+        if ok is None:
+            missing.append(rel)
+            continue
+        bad.append(rel)
+        for p in (os.path.join(part, rel), part_of(part, rel)):
+            if os.path.lexists(p):
+                os.unlink(p)
+    if bad or missing:
+        write_json(os.path.join(part, PUSH), dict(doc or {}, name=req["name"], digest=req["digest"], files=files,
+                                                  want=want, stamps=records))
+        return {"bad": bad, "missing": missing, "path": part}
+    for d, dirs, names in os.walk(part, topdown=True):     # a complete entry holds verified files only
+        for n in [n for n in dirs if n == PARTS]:
+            shutil.rmtree(os.path.join(d, n))
+            dirs.remove(n)
+        for n in names:
+            rel = os.path.relpath(os.path.join(d, n), part).replace(os.sep, "/")
+            if rel not in records and rel != PUSH:
+                os.unlink(os.path.join(d, n))
+    write_json(os.path.join(part, ENTRY), {"format": 1, "name": req["name"], "digest": req["digest"],
+                                           "files": files, "present": sorted(records), "stamps": records,
+                                           "verified_at": time.time()})
+    os.unlink(os.path.join(part, PUSH))
+    if os.path.lexists(entry):
+        shutil.rmtree(entry)       # an incomplete leftover (no ENTRY: prepare demotes a complete one)
+    os.rename(part, entry)
+    return {"bad": [], "missing": [], "path": entry, "present": sorted(records)}
+
+
+def used(d):
+    """Bytes of model data under d, unfinished copies included (not our own JSON files)."""
+    total = 0
+    for root, _, names in os.walk(d):
+        for n in names:
+            st = stamp(os.path.join(root, n)) if n not in (ENTRY, PUSH) else None
+            total += st[0] if st else 0
+    return total
+
+
+def listing(req):
+    store = os.path.expanduser(req["store"])
+    out = []
+    for where, state in ((store, "complete"), (os.path.join(store, PARTIAL), "partial")):
+        try:
+            names = sorted(os.listdir(where))
+        except OSError:
+            continue
+        for key in names:
+            d = os.path.join(where, key)
+            if key.startswith(".") or os.path.islink(d) or not os.path.isdir(d):
+                continue
+            doc = read_json(os.path.join(d, ENTRY if state == "complete" else PUSH)) or {}
+            files = doc.get("files", {})
+            wanted = doc.get("present" if state == "complete" else "want", [])
+            out.append({"key": key, "name": doc.get("name"), "digest": doc.get("digest"),
+                        "state": state if doc else "incomplete", "path": d,
+                        "size": sum(files[r][0] for r in wanted if r in files), "bytes": used(d),
+                        "files": len(wanted), "model_files": len(files)})
+    return {"entries": out}
+
+
+def remove(req):
+    store = os.path.expanduser(req["store"])
+    gone = []
+    for key in req["keys"]:
+        plain(key)
+        for d in (os.path.join(store, key), os.path.join(store, PARTIAL, key)):
+            if os.path.isdir(d) and not os.path.islink(d):
+                if os.path.lexists(os.path.join(d, ENTRY)):
+                    os.unlink(os.path.join(d, ENTRY))
+                shutil.rmtree(d)
+                gone.append(d)
+    return {"removed": gone}
+
+
+def main(op, arg):
+    ops = {"prepare": prepare, "finish": finish, "list": listing, "remove": remove}
+    print(json.dumps(ops[op](read_request(arg))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,223 @@
+"""The model store: an mlx-lm model directory pushed once to every host, kept there by its content, verified by
+sha256 on the host, resumed when cut off (docs/models.md).
+
+    model = describe("~/models/Qwen3-8B-4bit")                   # transfer/localmodel.py (sha256s cached)
+    group = push(connector, None, model)                         # GroupResult: host -> HostOutcome(StoreEntry)
+    entries = require_all(group)                                 # {host: StoreEntry}, or one line naming failures
+    entries["m1"].path                                           # mlx-lm's --model on m1
+
+Layout on a host (its inventory `model_store`, default ~/.cache/clusterctl/models; hosts/scripts/modelstore.py
+does every step there, one round trip each):
+
+    <store>/<name>-<digest12>/      a complete entry: the files and .clusterctl-entry.json (the manifest)
+    <store>/.partial/<name>-<digest12>/   a push in progress, or an entry taken back to repair it
+
+Per host, in parallel (run_all, one deadline per host):
+  1. prepare: a complete entry is checked (each file's size and mtime against those recorded when it was
+     verified; a file that differs is re-hashed; `verify`: every file re-hashed). All good: nothing moves.
+     Otherwise the entry goes back to .partial (its manifest removed first), and each file there that is
+     not verified is named to send, a damaged one moved aside as the basis to continue from;
+  2. the files go to .partial with rsync --partial-dir (an interrupted file continues by rsync's delta) or,
+     without rsync, SFTP appending from the partial copy's size;
+  3. finish: each arrived file is hashed on the host; one that does not match is deleted and sent once more,
+     whole; when every file is verified the manifest is written and the directory renamed into the store:
+     an entry appears complete in one rename, never before.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..errors import ModelStoreError
+from ..hosts.connector import Connector
+from ..hosts.fanout import GroupResult, run_all
+from ..hosts.transport import Transport
+from ..inventory import Host
+from . import remotefiles
+from .localmodel import LocalModel, describe, host_files, match
+from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
+
+__all__ = ["LocalModel", "StoreEntry", "StoredModel", "describe", "list_models", "push", "remove", "require_all"]
+
+HELPER = "modelstore.py"
+PARTS = ".clusterctl-partial"           # the helper's PARTS: rsync's --partial-dir, where SFTP appends too
+HASH_BYTES_PER_S = 100e6                # a slow disk's sha256 rate, for the helper's timeout
+Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total)
+
+
+@dataclass
+class StoreEntry:
+    """One host's entry after a push."""
+
+    host: str
+    name: str
+    digest: str
+    path: str                     # absolute path of the complete entry on the host: mlx-lm's --model
+    files: list[str]              # the model files this host was to get (all of them unless push(files=...))
+    sent_files: list[str] = field(default_factory=list)
+    sent_bytes: int = 0           # bytes that went over the wire (rsync's count; SFTP's payload)
+    resumed_bytes: int = 0        # bytes of unfinished files already on the host when this push began
+    damaged: list[str] = field(default_factory=list)    # files found damaged on the host and sent again
+    rehashed: int = 0             # files hashed on the host to check the entry
+    method: str = ""              # rsync or sftp; "" when nothing was sent
+    note: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def reused(self) -> bool:
+        """True when nothing had to move: the host already held every file, verified."""
+        return not self.sent_files
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """One entry of a host's store as list_models reports it."""
+
+    key: str                      # the directory name: NAME-DIGEST12
+    name: str | None
+    digest: str | None            # None for a directory whose manifest is gone
+    state: str                    # complete, partial (a push in progress or cut off) or incomplete
+    path: str
+    size: int                     # bytes of the files the entry holds (complete) or is to hold (partial)
+    bytes: int                    # bytes on disk there now
+    files: int                    # files it holds or is to hold
+    model_files: int              # files of the whole model (more than `files`: a host given some weights)
+
+
+def _store(host: Host) -> str:
+    return host.model_store.rstrip("/") or "/"
+
+
+def _request(host: Host, model: LocalModel, want: list[str], verify: bool) -> dict:
+    return {"root": _store(host), "store": _store(host), "key": model.key, "name": model.name,
+            "digest": model.digest, "files": {f.path: [f.size, f.sha256] for f in model.files}, "want": want,
+            "verify": verify}
+
+
+def _hash_timeout(model: LocalModel) -> float:
+    return remotefiles.HELPER_TIMEOUT_S + model.size / HASH_BYTES_PER_S
+
+
+def push(connector: Connector, hosts: Sequence[Host] | None, model: LocalModel | str, *, method: str = "auto",
+         files: Mapping[str, Sequence[str]] | None = None, verify: bool = False, progress: Progress | None = None,
+         bwlimit_kbps: int | None = None, timeout: float = 7200.0) -> GroupResult:
+    """Put `model` (a LocalModel, or a model directory to describe) into the store of every host of `hosts`
+    (None: the connector's cluster). `files`: host name -> the weight files that host gets (it gets every
+    other file too); a host not named gets the whole model. `verify`: re-hash every stored file on the hosts.
+    Every host's outcome is kept: its StoreEntry, or the error that stopped it."""
+    if isinstance(model, str):
+        model = describe(model)
+    targets = list(connector.cluster.hosts if hosts is None else hosts)
+    wanted = {h.name: host_files(model, (files or {}).get(h.name)) for h in targets}
+    rsync = local_rsync(method)
+
+    def one(host: Host) -> StoreEntry:
+        return _push_host(connector, host, model, wanted[host.name], method, rsync, verify, progress, bwlimit_kbps)
+
+    return run_all(targets, one, connector.deadline(timeout + 2 * _hash_timeout(model), slack=0))
+
+
+def require_all(group: GroupResult) -> dict[str, StoreEntry]:
+    """host -> StoreEntry when every host got its entry; else one line naming each host that did not and why."""
+    if group.failed:
+        raise ModelStoreError("; ".join(f"{name}: {' '.join(str(o.error).split())}" for name, o in group.failed.items()))
+    return {name: o.value for name, o in group.items()}
+
+
+def _push_host(connector: Connector, host: Host, model: LocalModel, want: list[str], method: str,
+               rsync: str | None, verify: bool, progress: Progress | None, bwlimit_kbps: int | None) -> StoreEntry:
+    start = time.monotonic()
+    request = _request(host, model, want, verify)
+    with connector.transport(host) as transport:
+        plan = remotefiles.call(transport, host.python, "prepare", request, _hash_timeout(model), HELPER)
+        entry = StoreEntry(host.name, model.name, model.digest, plan.get("entry", plan["path"]), want,
+                           damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0))
+        if plan["state"] == "complete":
+            entry.elapsed_s = time.monotonic() - start
+            return entry
+        send, resume = plan["send"], {k: int(v) for k, v in plan["resume"].items()}
+        entry.resumed_bytes = sum(resume.values())
+        for _ in range(2):          # the second time: what finish deleted, sent whole
+            if send:
+                entry.method, entry.note, sent = _transfer(connector, transport, host, model, plan["path"], send,
+                                                           resume, method, rsync, progress, bwlimit_kbps)
+                entry.sent_bytes += sent
+                entry.sent_files += [f for f in send if f not in entry.sent_files]
+            done = remotefiles.call(transport, host.python, "finish", request, _hash_timeout(model), HELPER)
+            if not done["bad"] and not done["missing"]:
+                entry.path = done["path"]
+                entry.elapsed_s = time.monotonic() - start
+                return entry
+            send, resume = done["bad"] + done["missing"], {}      # deleted by finish: sent again, whole
+        raise ModelStoreError(f"{host.name}: {', '.join(send)} still does not match its sha256 on the host after "
+                              f"being sent again: the file in {model.root} changed during the push, or the host's "
+                              "disk corrupts it (push again; if it recurs, check that disk)")
+
+
+def _transfer(connector: Connector, transport: Transport, host: Host, model: LocalModel, dest: str, send: list[str],
+              resume: dict[str, int], method: str, rsync: str | None, progress: Progress | None,
+              bwlimit_kbps: int | None) -> tuple[str, str, int]:
+    """Send `send` into the partial directory `dest`; (method, note, bytes sent)."""
+    total = sum(model.file(f).size - resume.get(f, 0) for f in send)
+    on_bytes = (lambda done: progress(host.name, min(done, total), total)) if progress else None
+
+    def with_rsync() -> int:
+        summary = rsync_push(rsync, model.root, send, rsync_target(connector, host, dest), on_bytes=on_bytes,
+                             bwlimit_kbps=bwlimit_kbps, extra=[f"--partial-dir={PARTS}"])
+        return summary.wire_bytes if summary.wire_bytes is not None else total
+
+    def with_sftp() -> int:
+        up = Uploader(transport, (lambda n: on_bytes(up.sent)) if on_bytes else None, bwlimit_kbps)
+        with up:
+            for rel in send:
+                final = posixpath.join(dest, rel)
+                part = posixpath.join(posixpath.dirname(final), PARTS, posixpath.basename(final))
+                local = os.path.join(model.root, rel)
+                up.files.makedirs(posixpath.dirname(part))
+                up.resume(local, part)
+                up.chmod(part, os.stat(local).st_mode & 0o777)
+                up.files.rename(part, final)
+        return up.sent
+
+    sent, used, note = rsync_else_sftp(method, None if host.local else rsync, with_rsync, with_sftp)
+    if progress:
+        progress(host.name, total, total)
+    return used, note, sent
+
+
+def list_models(connector: Connector, hosts: Sequence[Host] | None = None, timeout: float = 120.0) -> GroupResult:
+    """Every host's store: host -> HostOutcome whose value is a list of StoredModel."""
+    def one(host: Host) -> list[StoredModel]:
+        with connector.transport(host) as transport:
+            answer = remotefiles.call(transport, host.python, "list", {"root": _store(host), "store": _store(host)},
+                                      timeout, HELPER)
+        return [StoredModel(**e) for e in answer["entries"]]
+
+    return run_all(list(connector.cluster.hosts if hosts is None else hosts), one, connector.deadline(timeout))
+
+
+def remove(connector: Connector, hosts: Sequence[Host] | None, which: str, timeout: float = 600.0) -> GroupResult:
+    """Delete the model `which` names (an entry name, a model name or a digest prefix: one model, else one line
+    saying it is ambiguous) from every host's store, complete or partial: host -> the paths removed. Every host
+    is listed first, so an ambiguous name is refused before anything is deleted anywhere; a host that cannot
+    be listed is reported as failed and left alone."""
+    listed = list_models(connector, hosts, timeout)
+    rows = [{"key": m.key, "name": m.name, "digest": m.digest, "host": name}
+            for name, o in listed.ok.items() for m in o.value]
+    chosen = match(rows, which)
+
+    def one(host: Host) -> list[str]:
+        failed = listed[host.name]
+        if failed.error is not None:
+            raise failed.error
+        keys = sorted({r["key"] for r in chosen if r["host"] == host.name})
+        if not keys:
+            return []
+        with connector.transport(host) as transport:
+            return remotefiles.call(transport, host.python, "remove", {"root": _store(host), "store": _store(host),
+                                                                        "keys": keys}, timeout, HELPER)["removed"]
+
+    return run_all(list(connector.cluster.hosts if hosts is None else hosts), one, connector.deadline(timeout))

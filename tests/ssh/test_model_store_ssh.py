@@ -1,0 +1,227 @@
+"""`clusterctl models` against the real loopback sshd cluster: a model pushed once, found again, resumed after a
+kill, repaired when damaged, refused when it is not a model (transfer/models.py, docs/models.md)."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from clirun import clusterctl
+
+pytestmark = pytest.mark.ssh
+
+MB = 1024 * 1024
+
+
+def make_model(root, name="tiny model", seed=b"", big=2 * MB):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text('{"model_type": "llama"}' + seed.decode())
+    (d / "tokenizer.json").write_text('{"version": "1.0"}')
+    (d / "model-00001-of-00002.safetensors").write_bytes(os.urandom(big))
+    (d / "model-00002-of-00002.safetensors").write_bytes(os.urandom(MB))
+    return d
+
+
+def store_of(cluster):
+    """A store path with a space and a quote in it, inside each host's private root."""
+    return f"{cluster.host_root}/my store/it's"
+
+
+def start(make_cluster):
+    cluster = make_cluster(2)
+    cluster.write_inventory(model_store=store_of(cluster))
+    return cluster
+
+
+def models(cluster, tmp_path, *args, ok=True):
+    r = clusterctl("models", *args, "--hosts", str(cluster.inventory), cwd=tmp_path, own_cache=True, timeout=180)
+    if ok:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def push(cluster, tmp_path, model, *args):
+    r = models(cluster, tmp_path, "push", str(model), "--json", *args)
+    return {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+
+
+def sha_on(cluster, i, path):
+    r = cluster.ssh(i, f"sha256sum {sq(path)}")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[0]
+
+
+def sq(text):
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def local_sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stamps(cluster, i, entry):
+    return cluster.ssh(i, f"cd {sq(entry)} && stat -c '%n %i %.9Y' *").stdout
+
+
+def test_push_once_then_nothing_moves_and_same_name_models_get_two_entries(make_cluster, tmp_path):
+    cluster = start(make_cluster)
+    model = make_model(tmp_path)
+    first = push(cluster, tmp_path, model)
+    total = sum(p.stat().st_size for p in model.iterdir())
+    for i in (1, 2):
+        h = first[f"h{i}"]
+        assert h["ok"] and not h["reused"] and h["method"] == "rsync" and len(h["sent_files"]) == 4
+        assert h["sent_bytes"] >= total - 4096
+        entry = h["path"]
+        assert entry.startswith(store_of(cluster) + "/tiny-model-") and entry.endswith(h["digest"][:12])
+        for f in model.iterdir():
+            assert sha_on(cluster, i, f"{entry}/{f.name}") == local_sha(f)
+        assert cluster.ssh(i, f"test -f {sq(entry)}/.clusterctl-entry.json").returncode == 0
+        assert cluster.ssh(i, f"ls -A {sq(store_of(cluster))}/.partial").stdout == ""      # nothing left staged
+    before = {i: stamps(cluster, i, first[f"h{i}"]["path"]) for i in (1, 2)}
+    r = models(cluster, tmp_path, "push", str(model))
+    assert r.stdout.count("already there") == 2, r.stdout
+    again = push(cluster, tmp_path, model)
+    for i in (1, 2):
+        h = again[f"h{i}"]
+        assert h["reused"] and h["sent_bytes"] == 0 and h["sent_files"] == [] and h["method"] == ""
+        assert stamps(cluster, i, h["path"]) == before[i]               # same inodes, same mtimes: untouched
+
+    other = make_model(tmp_path / "elsewhere", seed=b" ")               # same name, other content
+    second = push(cluster, tmp_path, other)
+    assert second["h1"]["digest"] != first["h1"]["digest"] and second["h1"]["path"] != first["h1"]["path"]
+    listed = json.loads(models(cluster, tmp_path, "--json").stdout)["hosts"]
+    for h in listed:
+        assert sorted((e["name"], e["state"]) for e in h["entries"]) == [("tiny-model", "complete")] * 2
+        assert all(e["size"] == total + (e["digest"] == second["h1"]["digest"]) for e in h["entries"])
+    table = models(cluster, tmp_path).stdout
+    assert table.count("complete") == 4 and first["h1"]["digest"][:12] in table
+
+    r = models(cluster, tmp_path, "rm", "tiny-model", ok=False)
+    assert r.returncode == 2 and "matches 2 models" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = models(cluster, tmp_path, "rm", first["h1"]["digest"][:8])
+    assert r.stdout.count("removed") == 2
+    for i in (1, 2):
+        assert cluster.ssh(i, f"test -e {sq(first['h1']['path'])}").returncode == 1
+        assert cluster.ssh(i, f"test -f {sq(second['h1']['path'])}/config.json").returncode == 0
+
+
+def test_a_directory_that_is_not_a_model_is_refused_before_anything_moves(make_cluster, tmp_path):
+    cluster = start(make_cluster)
+    model = make_model(tmp_path)
+    os.unlink(model / "config.json")
+    r = models(cluster, tmp_path, "push", str(model), ok=False)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {model} is not an mlx-lm model directory: it has no config.json (give the directory that holds "
+        "config.json and the *.safetensors weights)"]
+    assert cluster.ssh(1, f"test -e {sq(store_of(cluster))}").returncode == 1
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(make_cluster, tmp_path, method):
+    cluster = start(make_cluster)
+    model = make_model(tmp_path, big=6 * MB)
+    big = "model-00001-of-00002.safetensors"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "models", "push", str(model), "--hosts",
+                             str(cluster.inventory), "--method", method, "--bwlimit", "1024"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = sq(store_of(cluster))
+    deadline, started = time.monotonic() + 60, False
+    while time.monotonic() < deadline and not started:
+        r = cluster.ssh(1, f"find {store}/.partial -name '*{big}*' -size +1000k 2>/dev/null")
+        started = bool(r.stdout.strip())
+        time.sleep(0.2)
+    assert started, "the transfer never started"
+    # atomic: while the push runs, the store holds no entry, only .partial
+    assert cluster.ssh(1, f"ls -A {store}").stdout.split() == [".partial"]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    time.sleep(3)           # each host's watchdog ends the receiving side (KILL_GRACE_S)
+    for i in (1, 2):
+        assert cluster.ssh(i, f"ls -A {store}").stdout.split() == [".partial"], "an entry before every file was in"
+    part = cluster.ssh(1, f"find {store}/.partial -path '*.clusterctl-partial/{big}' -size +1000k").stdout.splitlines()
+    assert len(part) == 1, cluster.ssh(1, f"find {store}").stdout
+    assert cluster.ssh(1, f"pgrep -f {sq(store_of(cluster))}").stdout == ""      # nothing left running there
+
+    again = push(cluster, tmp_path, model, "--method", method)
+    h1 = again["h1"]
+    whole = sum((model / f).stat().st_size for f in h1["sent_files"])
+    assert h1["ok"] and h1["resumed_bytes"] > 1000 * 1024 and big in h1["sent_files"]
+    # the partial file was continued: what was already there did not travel again (64 KiB: rsync's checksums)
+    assert h1["sent_bytes"] < whole - h1["resumed_bytes"] + 64 * 1024, (h1["sent_bytes"], whole, h1["resumed_bytes"])
+    for i in (1, 2):
+        entry = again[f"h{i}"]["path"]
+        for f in model.iterdir():
+            assert sha_on(cluster, i, f"{entry}/{f.name}") == local_sha(f)
+        assert cluster.ssh(i, f"find {sq(entry)} -name '.clusterctl-partial*'").stdout == ""
+        assert cluster.ssh(i, f"ls -A {store}/.partial").stdout == ""
+
+
+def overwrite(cluster, i, path, keep_mtime=False):
+    """Some bytes in the middle of a stored file replaced, size kept (and with keep_mtime its mtime too)."""
+    code = ("import os,sys; p=sys.argv[1]; st=os.stat(p); f=open(p,'r+b'); f.seek(st.st_size//2); "
+            "f.write(b'X'*4096); f.close()" + ("; os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))" if keep_mtime else ""))
+    r = cluster.ssh(i, f"{sys.executable} -c {sq(code)} {sq(path)}")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_damaged_file_is_found_resent_and_never_served(make_cluster, tmp_path):
+    cluster = start(make_cluster)
+    model = make_model(tmp_path)
+    weight = "model-00001-of-00002.safetensors"
+    entry = push(cluster, tmp_path, model)["h1"]["path"]
+    overwrite(cluster, 1, f"{entry}/{weight}")
+    fixed = push(cluster, tmp_path, model)
+    h1, h2 = fixed["h1"], fixed["h2"]
+    assert h1["damaged"] == [weight] and h1["sent_files"] == [weight] and h1["path"] == entry
+    assert 0 < h1["sent_bytes"] < (model / weight).stat().st_size // 2        # rsync's delta: the damaged blocks
+    assert h2["reused"] and h2["damaged"] == []
+    assert sha_on(cluster, 1, f"{entry}/{weight}") == local_sha(model / weight)
+
+    # damage that keeps size and mtime: the cheap check cannot see it; --verify re-hashes and repairs
+    overwrite(cluster, 2, f"{entry}/{weight}", keep_mtime=True)
+    assert push(cluster, tmp_path, model)["h2"]["reused"]
+    verified = push(cluster, tmp_path, model, "--verify")
+    assert verified["h2"]["damaged"] == [weight] and verified["h1"]["reused"]
+    assert verified["h1"]["rehashed"] == 4
+    assert sha_on(cluster, 2, f"{entry}/{weight}") == local_sha(model / weight)
+
+
+def test_a_host_given_some_weights_gets_only_those_then_the_rest(make_cluster, tmp_path, monkeypatch):
+    from clusterctl.hosts.connector import Connector
+    from clusterctl.inventory import load
+    from clusterctl.transfer.models import describe, list_models, push as push_model, require_all
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    cluster = start(make_cluster)
+    model = describe(str(make_model(tmp_path)))
+    connector = Connector(load(cluster.inventory))
+    second = "model-00002-of-00002.safetensors"
+    entries = require_all(push_model(connector, None, model, files={"h2": [second]}))
+    assert len(entries["h1"].files) == 4
+    assert entries["h2"].files == ["config.json", second, "tokenizer.json"]
+    assert cluster.ssh(2, f"ls {sq(entries['h2'].path)}").stdout.split() == ["config.json", second, "tokenizer.json"]
+    listed = list_models(connector)["h2"].value
+    assert [(m.state, m.files, m.model_files) for m in listed] == [("complete", 3, 4)]
+    whole = require_all(push_model(connector, None, model))
+    assert whole["h1"].reused and whole["h2"].sent_files == ["model-00001-of-00002.safetensors"]
+    assert whole["h2"].path == entries["h2"].path
+    assert len(cluster.ssh(2, f"ls {sq(whole['h2'].path)}").stdout.split()) == 4
+
+
+def test_fake_macs_store_verify_and_find_it_again(make_cluster, tmp_path):
+    """zsh logins, BSD tools, no sha256sum (tests/sshcluster.py's fake Darwin): the store needs only the host's
+    python and POSIX sh."""
+    cluster = make_cluster(2, darwin={1, 2})
+    cluster.write_inventory(model_store=store_of(cluster))
+    model = make_model(tmp_path)
+    first = push(cluster, tmp_path, model)
+    assert all(h["ok"] and len(h["sent_files"]) == 4 for h in first.values()), first
+    again = push(cluster, tmp_path, model, "--verify")
+    assert all(h["reused"] and h["rehashed"] == 4 for h in again.values()), again
+    assert [cluster.refused(i) for i in (1, 2)] == [[], []]

@@ -1,0 +1,175 @@
+"""The model store's pure pieces (transfer/localmodel.py) and its host helper (hosts/scripts/modelstore.py) run
+on this machine's file system; the real-sshd tests are tests/ssh/test_model_store_ssh.py."""
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from clusterctl.errors import ModelError
+from clusterctl.hosts.scripts import program
+from clusterctl.inventory import DEFAULT_MODEL_STORE, load as load_inventory
+from clusterctl.transfer.localmodel import (HashCache, ModelFile, describe, host_files, manifest_text, match,
+                                            model_digest, sanitise)
+
+
+def make_model(root, weights=b"w" * 1000, name="m"):
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    (d / "tokenizer.json").write_text("{}")
+    (d / "model-00001-of-00002.safetensors").write_bytes(weights)
+    (d / "model-00002-of-00002.safetensors").write_bytes(weights[::-1] + b"x")
+    (d / ".DS_Store").write_bytes(b"never part of the model")
+    return d
+
+
+@pytest.mark.parametrize("raw, clean", [
+    ("Qwen3-8B-4bit", "Qwen3-8B-4bit"), ("my model (v2)", "my-model-v2"), ("$(touch x); y", "touch-x-y"),
+    ("..hidden", "hidden"), ("-rf", "rf"), ("", "model"), ("::", "model"), ("a" * 100, "a" * 64),
+    ("Llama 3.1 8B Instruct", "Llama-3.1-8B-Instruct"), ("modèle", "mod-le"),
+])
+def test_sanitise(raw, clean):
+    assert sanitise(raw) == clean
+
+
+def test_manifest_is_canonical_and_the_digest_changes_with_any_field():
+    a = [ModelFile("b.safetensors", 3, "0" * 64), ModelFile("a.json", 1, "1" * 64)]
+    assert manifest_text(a) == manifest_text(list(reversed(a)))
+    assert json.loads(manifest_text(a))["files"][0] == ["a.json", 1, "1" * 64]
+    d = model_digest(a)
+    assert len(d) == 64 and d == hashlib.sha256(manifest_text(a).encode()).hexdigest()
+    for changed in ([ModelFile("b.safetensors", 4, "0" * 64), a[1]], [ModelFile("c.safetensors", 3, "0" * 64), a[1]],
+                    [ModelFile("b.safetensors", 3, "2" * 64), a[1]], a[:1]):
+        assert model_digest(changed) != d
+
+
+def test_describe_hashes_once_then_reads_the_cache(tmp_path):
+    d = make_model(tmp_path)
+    cache = HashCache(str(tmp_path / "cache.json"))
+    m = describe(str(d), cache)
+    assert [f.path for f in m.files] == ["config.json", "model-00001-of-00002.safetensors",
+                                         "model-00002-of-00002.safetensors", "tokenizer.json"]
+    assert m.name == "m" and m.key == f"m-{m.digest[:12]}" and cache.hashed == 4
+    assert m.file("config.json").sha256 == hashlib.sha256(b'{"model_type": "llama"}').hexdigest()
+    again = HashCache(str(tmp_path / "cache.json"))
+    assert describe(str(d), again) == m and again.hashed == 0          # nothing read the second time
+    (d / "tokenizer.json").write_text('{"changed": 1}')
+    third = HashCache(str(tmp_path / "cache.json"))
+    assert describe(str(d), third).digest != m.digest and third.hashed == 1
+    assert oct(os.stat(tmp_path / "cache.json").st_mode & 0o777) == "0o600"
+
+
+def test_a_linked_snapshot_is_the_same_model(tmp_path):
+    d = make_model(tmp_path)
+    snap = tmp_path / "snapshot"
+    snap.mkdir()
+    for n in os.listdir(d):
+        os.symlink(d / n, snap / n)
+    cache = HashCache(str(tmp_path / "c.json"))
+    assert describe(str(snap), cache).digest == describe(str(d), cache).digest
+
+
+@pytest.mark.parametrize("remove, says", [("config.json", "has no config.json"),
+                                          ("weights", "has no *.safetensors weights")])
+def test_not_a_model_is_refused_in_one_line(tmp_path, remove, says):
+    d = make_model(tmp_path)
+    if remove == "weights":
+        for n in os.listdir(d):
+            if n.endswith(".safetensors"):
+                os.unlink(d / n)
+    else:
+        os.unlink(d / remove)
+    with pytest.raises(ModelError, match=re.escape(says)) as e:
+        describe(str(d), HashCache(str(tmp_path / "c.json")))
+    assert "\n" not in str(e.value)
+
+
+def test_host_files_keeps_every_non_weight_file(tmp_path):
+    m = describe(str(make_model(tmp_path)), HashCache(str(tmp_path / "c.json")))
+    assert host_files(m, None) == [f.path for f in m.files]
+    assert host_files(m, ["model-00002-of-00002.safetensors"]) == [
+        "config.json", "model-00002-of-00002.safetensors", "tokenizer.json"]
+    with pytest.raises(ModelError, match="not a file of the model"):
+        host_files(m, ["nope.safetensors"])
+
+
+ENTRIES = [
+    {"key": "qwen-aaaa11112222", "name": "qwen", "digest": "aaaa1111" + "0" * 56, "host": "h1"},
+    {"key": "qwen-aaaa11112222", "name": "qwen", "digest": "aaaa1111" + "0" * 56, "host": "h2"},
+    {"key": "qwen-aaaa33334444", "name": "qwen", "digest": "aaaa3333" + "0" * 56, "host": "h1"},
+    {"key": "llama-bbbb00000000", "name": "llama", "digest": "bbbb" + "0" * 60, "host": "h1"},
+]
+
+
+def test_match_by_name_key_and_prefix():
+    assert [e["host"] for e in match(ENTRIES, "llama")] == ["h1"]
+    assert len(match(ENTRIES, "aaaa1111")) == 2                                 # one model on two hosts
+    assert [e["key"] for e in match(ENTRIES, "qwen-aaaa33334444")] == ["qwen-aaaa33334444"]
+    assert len(match(ENTRIES, "AAAA3")) == 1
+
+
+@pytest.mark.parametrize("which, says", [("qwen", "'qwen' matches 2 models (qwen-aaaa11112222, qwen-aaaa33334444)"),
+                                         ("aaaa", "matches 2 models"), ("mistral", "no model in the store"),
+                                         ("bbb", "no model in the store")])       # 3 hex digits: too short
+def test_match_refuses_ambiguity_and_absence_in_one_line(which, says):
+    with pytest.raises(ModelError, match=re.escape(says)) as e:
+        match(ENTRIES, which)
+    assert "\n" not in str(e.value)
+
+
+def test_inventory_model_store_default_defaults_and_per_host(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("defaults:\n  model_store: /srv/models\nhosts:\n  - a\n  - name: b\n    model_store: ~/m\n")
+    a, b = load_inventory(str(inv)).hosts
+    assert (a.model_store, b.model_store) == ("/srv/models", "~/m")
+    inv.write_text("hosts: [a]\n")
+    assert load_inventory(str(inv)).hosts[0].model_store == DEFAULT_MODEL_STORE == "~/.cache/clusterctl/models"
+    inv.write_text("hosts:\n  - name: a\n    model_store: ''\n")
+    with pytest.raises(Exception, match="inv.yaml:3: model_store must not be empty"):
+        load_inventory(str(inv))
+
+
+# ---- the host helper, run as a host runs it (python -c TEXT OP REQUEST), on listings it prints -------------
+
+def helper(op, request):
+    r = subprocess.run([sys.executable, "-c", program("modelstore.py"), op, json.dumps(request)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_helper_refuses_paths_that_leave_the_store(tmp_path):
+    base = {"store": str(tmp_path / "s"), "name": "m", "digest": "d" * 64, "want": [], "verify": False}
+    for key, files in (("../x", {}), (".hidden", {}), ("m", {"../../etc/passwd": [1, "0" * 64]}),
+                       ("m", {"/etc/passwd": [1, "0" * 64]}), ("m", {"a/.git/x": [1, "0" * 64]})):
+        r = subprocess.run([sys.executable, "-c", program("modelstore.py"), "prepare",
+                            json.dumps(dict(base, key=key, files=files))], capture_output=True, text=True)
+        assert r.returncode != 0 and "refused" in r.stderr.splitlines()[-1]
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_helper_list_reads_complete_partial_and_incomplete_entries(tmp_path):
+    store = tmp_path / "s"
+    (store / "m-aaaa").mkdir(parents=True)
+    (store / "m-aaaa" / "w.safetensors").write_bytes(b"12345")
+    (store / "m-aaaa" / ".clusterctl-entry.json").write_text(json.dumps(
+        {"name": "m", "digest": "aaaa" + "0" * 60, "files": {"w.safetensors": [5, "x"], "config.json": [2, "y"]},
+         "present": ["w.safetensors"]}))
+    (store / ".partial" / "n-bbbb" / ".clusterctl-partial").mkdir(parents=True)
+    (store / ".partial" / "n-bbbb" / ".clusterctl-partial" / "w.safetensors").write_bytes(b"123")
+    (store / ".partial" / "n-bbbb" / ".clusterctl-push.json").write_text(json.dumps(
+        {"name": "n", "digest": "bbbb", "files": {"w.safetensors": [10, "z"]}, "want": ["w.safetensors"]}))
+    (store / "leftover").mkdir()
+    rows = {e["key"]: e for e in helper("list", {"store": str(store)})["entries"]}
+    assert rows["m-aaaa"]["state"] == "complete" and rows["m-aaaa"]["size"] == 5
+    assert (rows["m-aaaa"]["files"], rows["m-aaaa"]["model_files"]) == (1, 2)
+    assert rows["n-bbbb"]["state"] == "partial" and rows["n-bbbb"]["size"] == 10
+    assert 3 <= rows["n-bbbb"]["bytes"] < 10
+    assert rows["leftover"]["state"] == "incomplete" and rows["leftover"]["digest"] is None
+    assert helper("remove", {"store": str(store), "keys": ["m-aaaa", "n-bbbb"]})["removed"] == [
+        str(store / "m-aaaa"), str(store / ".partial" / "n-bbbb")]
+    assert [e["key"] for e in helper("list", {"store": str(store)})["entries"]] == ["leftover"]
