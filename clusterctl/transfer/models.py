@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -94,7 +95,12 @@ def _store(host: Host) -> str:
 def _request(host: Host, model: LocalModel, want: list[str], verify: bool) -> dict:
     return {"root": _store(host), "store": _store(host), "key": model.key, "name": model.name,
             "digest": model.digest, "files": {f.path: [f.size, f.sha256] for f in model.files}, "want": want,
-            "verify": verify}
+            "verify": verify, "slot": slot_name(host.name)}
+
+
+def slot_name(host: str) -> str:
+    """The host's own partial directory in a store (KEY@SLOT: hosts sharing one store never share a push)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", host).lstrip(".") or "host"
 
 
 def _hash_timeout(model: LocalModel) -> float:

@@ -225,3 +225,20 @@ def test_fake_macs_store_verify_and_find_it_again(make_cluster, tmp_path):
     again = push(cluster, tmp_path, model, "--verify")
     assert all(h["reused"] and h["rehashed"] == 4 for h in again.values()), again
     assert [cluster.refused(i) for i in (1, 2)] == [[], []]
+
+
+def test_hosts_sharing_one_store_push_side_by_side_and_one_entry_results(make_cluster, tmp_path):
+    # a home on NFS, or a shared disk: every host's store is the same directory, pushed to at once
+    cluster = make_cluster(3)
+    shared = tmp_path / "shared store"          # outside the hosts' private roots: one directory for all
+    cluster.write_inventory(model_store=str(shared))
+    model = make_model(tmp_path, big=8 * MB)
+    first = push(cluster, tmp_path, model)
+    assert all(h["ok"] for h in first.values()) and len({h["path"] for h in first.values()}) == 1, first
+    entry = next(iter(first.values()))["path"]
+    for f in model.iterdir():
+        assert local_sha(shared / os.path.basename(entry) / f.name) == local_sha(f)
+    assert sorted(os.listdir(shared)) == [".partial", os.path.basename(entry)]
+    assert os.listdir(shared / ".partial") == []          # every host's own push directory is gone
+    again = push(cluster, tmp_path, model)
+    assert all(h["reused"] and h["sent_bytes"] == 0 for h in again.values()), again

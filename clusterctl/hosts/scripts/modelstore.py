@@ -4,10 +4,13 @@ reading). It prints one JSON answer. The store (transfer/models.py, docs/models.
 
     STORE/KEY/                 a complete entry: the model's files and ENTRY, written last inside the directory
                                while it was still under .partial/, then the directory renamed here
-    STORE/.partial/KEY/        a push in progress: the files verified so far (recorded in PUSH with their size
+    STORE/.partial/KEY@SLOT/   a push in progress: the files verified so far (recorded in PUSH with their size
                                and mtime), PARTS/ directories (rsync's --partial-dir; SFTP appends there)
 
-KEY is NAME-DIGEST12. Ops (request: store, key, name, digest, files {path: [size, sha256]}, want [path], verify):
+KEY is NAME-DIGEST12, SLOT the host's name in the inventory: hosts whose stores are one directory (a home on
+NFS, a shared disk) push side by side without touching each other's files, and the first to finish completes
+the entry; the others find it complete and drop their copies.
+Ops (request: store, key, name, digest, files {path: [size, sha256]}, want [path], verify, slot):
   prepare  check a complete entry (size and mtime against what was recorded at verification, re-hashing a file
            that differs, every file with `verify`); if a file is missing or damaged the entry goes back to
            .partial (ENTRY removed first). Then check the partial files, move a damaged one aside as the
@@ -61,7 +64,7 @@ def read_json(p):
 
 
 def write_json(p, obj):
-    tmp = "%s%s%d" % (p, TMP, os.getpid())
+    tmp = "%s%s%d-%s" % (p, TMP, os.getpid(), os.urandom(4).hex())     # pids repeat across hosts sharing a store
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f)
         f.flush()
@@ -103,7 +106,8 @@ def paths(req):
     key = plain(req["key"])
     for rel in list(req["files"]) + list(req.get("want", [])):
         relative(rel)
-    return store, os.path.join(store, key), os.path.join(store, PARTIAL, key)
+    slot = req.get("slot")
+    return store, os.path.join(store, key), os.path.join(store, PARTIAL, key + ("@" + plain(slot) if slot else ""))
 
 
 def records_of(doc, digest):
@@ -210,10 +214,19 @@ def finish(req):
                                            "files": files, "present": sorted(records), "stamps": records,
                                            "verified_at": time.time()})
     os.unlink(os.path.join(part, PUSH))
-    if os.path.lexists(entry):
-        shutil.rmtree(entry)       # an incomplete leftover (no ENTRY: prepare demotes a complete one)
-    os.rename(part, entry)
-    return {"bad": [], "missing": [], "path": entry, "present": sorted(records)}
+    for _ in range(2):
+        done = read_json(os.path.join(entry, ENTRY))
+        if done is not None and done.get("digest") == req["digest"] and set(want) <= set(done.get("present", [])):
+            shutil.rmtree(part)    # another host sharing this store completed the entry meanwhile
+            return {"bad": [], "missing": [], "path": entry, "present": sorted(done.get("present", []))}
+        if os.path.lexists(entry):
+            shutil.rmtree(entry, ignore_errors=True)   # an incomplete leftover, or an entry with fewer files
+        try:
+            os.rename(part, entry)
+        except OSError:            # another host's rename came first: look again
+            continue
+        return {"bad": [], "missing": [], "path": entry, "present": sorted(records)}
+    raise OSError("could not complete %s: another push to the same store keeps replacing it" % entry)
 
 
 def used(d):
@@ -234,10 +247,11 @@ def listing(req):
             names = sorted(os.listdir(where))
         except OSError:
             continue
-        for key in names:
-            d = os.path.join(where, key)
-            if key.startswith(".") or os.path.islink(d) or not os.path.isdir(d):
+        for name in names:
+            d = os.path.join(where, name)
+            if name.startswith(".") or os.path.islink(d) or not os.path.isdir(d):
                 continue
+            key = name.split("@", 1)[0]          # a partial entry's directory is KEY@SLOT
             doc = read_json(os.path.join(d, ENTRY if state == "complete" else PUSH)) or {}
             files = doc.get("files", {})
             wanted = doc.get("present" if state == "complete" else "want", [])
@@ -253,7 +267,9 @@ def remove(req):
     gone = []
     for key in req["keys"]:
         plain(key)
-        for d in (os.path.join(store, key), os.path.join(store, PARTIAL, key)):
+        partial = os.path.join(store, PARTIAL)
+        slots = [n for n in (os.listdir(partial) if os.path.isdir(partial) else []) if n.split("@", 1)[0] == key]
+        for d in [os.path.join(store, key)] + [os.path.join(partial, n) for n in slots]:
             if os.path.isdir(d) and not os.path.islink(d):
                 if os.path.lexists(os.path.join(d, ENTRY)):
                     os.unlink(os.path.join(d, ENTRY))
