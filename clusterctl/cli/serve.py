@@ -41,6 +41,9 @@ class PrintedServe(PrintedRun):
 @click.option("--pipeline", is_flag=True,
               help="mlx-lm's pipeline parallelism (each host holds some layers) instead of tensor parallelism (each "
                    "host holds a slice of every layer); for models mlx-lm pipelines.")
+@click.option("--name", metavar="NAME",
+              help="The model's id in /v1/models, and what requests name it by (default: MODEL's directory name; "
+                   "any id works, and none).")
 @click.option("--port", type=int, default=8080, show_default=True,
               help="The URL's port: on this machine (carried to rank 0 over SSH), or on the --listen address.")
 @click.option("--listen", metavar="ADDR",
@@ -65,7 +68,7 @@ class PrintedServe(PrintedRun):
               help="Where the run's logs go.")
 @app.connect_timeout_option()
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
-def serve_cmd(model, inventory_path, backend, pipeline, port, listen, max_restarts, restart_delay, stall_timeout,
+def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_restarts, restart_delay, stall_timeout,
               method, verify, launch_from, runs_dir, connect_timeout, server_args):
     """Serve MODEL (an mlx-lm model directory) from every host, until Ctrl-C.
 
@@ -79,7 +82,7 @@ def serve_cmd(model, inventory_path, backend, pipeline, port, listen, max_restar
     from ..launch.restart import RestartPolicy
     from ..serve.service import ServeOptions, describe_failure, serve
 
-    options = ServeOptions(model=model, port=port, listen=listen, backend=backend, pipeline=pipeline,
+    options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,
                            server_args=tuple(server_args), restart=RestartPolicy(max_restarts, restart_delay),
                            stall_timeout=stall_timeout, method=method, verify=verify, runs_dir=runs_dir,
                            connect_timeout=connect_timeout, launch_from=launch_from)

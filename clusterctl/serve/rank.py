@@ -1,23 +1,26 @@
 """What every rank of `clusterctl serve` runs on its host: mlx-lm's server on that host's copy of the model.
 
-    python -m clusterctl.serve.rank MODELS_JSON [SERVER ARGUMENTS...]
+    python -m clusterctl.serve.rank SPEC_JSON [SERVER ARGUMENTS...]
 
-MODELS_JSON lists, rank by rank, the model's directory in that rank's host's model store (`serve` pushed it
-there; the store's path differs per host). Standard library and mlx-lm only: it runs on the hosts, from the
-copy of clusterctl `serve` ships to each (<workdir>/.clusterctl/lib). Before mlx-lm's own main() it:
-  - gives the server `--model` with this rank's directory, fully resolved: mlx-lm lists the model under that
-    name in /v1/models, and a request naming it is answered by the loaded model (not a second load);
-  - makes `GET /v1/models` answer on a host with no Hugging Face cache directory. mlx-lm scans that cache for
-    the models it lists; where the directory does not exist the scan raises after the 200 status line was sent,
-    so the client gets an empty body (mlx-lm issue 1636, open; docs/facts/mlx-lm.md#v1-models-without-a-hub-cache).
-    The scan then finds no cached models instead, and the served model is listed as always;
+SPEC_JSON is {"name": the model's name, "models": [rank by rank, the model's directory in that rank's host's
+store]} (`serve` pushed it there; each host's store may be elsewhere, e.g. under another home directory).
+Standard library and mlx-lm only: it runs on the hosts, from the copy of clusterctl `serve` ships to each
+(<workdir>/.clusterctl/lib). Before mlx-lm's own main() it:
+  - gives the server `--model` with this rank's directory;
+  - makes every rank answer a request for the model by any of its names the same way: its name, and every
+    rank's directory. mlx-lm passes the request's `model` to every rank, and a rank that does not know the name
+    as the model it holds loads that name as another model: with per-host paths, rank 1 would try to load rank
+    0's directory, and the request would never end;
+  - answers `GET /v1/models` with the served model under its name. mlx-lm's own answer lists the models of the
+    host's Hugging Face cache, and is an empty body where the host has no cache directory (its scan raises
+    after the 200 status line: mlx-lm issue 1636, docs/facts/mlx-lm.md#v1-models-without-a-hub-cache); a model
+    from that cache could not be served across the hosts anyway;
   - leaves clusterctl's own health and readiness requests (User-Agent PROBE_AGENT) out of the server's request
     log: `serve` asks /health every few seconds, which would otherwise be most of what the ranks print.
 """
 import json
 import os
 import sys
-import types
 
 PROBE_AGENT = "clusterctl-probe"      # serve/endpoint.py sends it
 
@@ -30,32 +33,56 @@ def rank() -> int:
     return 0
 
 
-def model_for(models_json: str, my_rank: int) -> str:
+def read_spec(spec_json: str) -> tuple[str, list[str]]:
+    """(the model's name, every rank's model directory), checked."""
+    try:
+        spec = json.loads(spec_json)
+    except ValueError:
+        spec = None
+    name = spec.get("name") if isinstance(spec, dict) else None
+    models = spec.get("models") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or not name or not isinstance(models, list) or not models \
+            or not all(isinstance(m, str) and m for m in models):
+        raise SystemExit('clusterctl.serve.rank: SPEC_JSON must be {"name": NAME, "models": [PATH, ...]}, '
+                         f"not {spec_json!r}")
+    return name, models
+
+
+def model_for(models: list[str], my_rank: int) -> str:
     """This rank's model directory (the last entry for a rank past the list), ~ expanded, resolved."""
-    models = json.loads(models_json)
-    if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
-        raise SystemExit(f"clusterctl.serve.rank: MODELS_JSON must be a non-empty JSON list of paths, not {models_json!r}")
     path = os.path.realpath(os.path.expanduser(models[min(my_rank, len(models) - 1)]))
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise SystemExit(f"clusterctl.serve.rank: {path}: no model there (no config.json)")
     return path
 
 
-def tolerate_missing_hub_cache(server) -> None:
-    """mlx-lm's /v1/models handler scans the Hugging Face cache; a missing cache becomes an empty scan."""
-    try:
-        from huggingface_hub.errors import CacheNotFound
-    except ImportError:      # older huggingface_hub
-        from huggingface_hub.utils import CacheNotFound
-    scan = server.scan_cache_dir
+def known_as(server, names: list[str]) -> None:
+    """Every rank serves a request naming the model by any of `names` with the model it loaded (mlx-lm's
+    ModelProvider maps a request's model through _model_map before deciding whether to load another)."""
+    provider = server.ModelProvider
+    init = provider.__init__
 
-    def scan_or_nothing(*args, **kwargs):
-        try:
-            return scan(*args, **kwargs)
-        except CacheNotFound:
-            return types.SimpleNamespace(repos=frozenset(), size_on_disk=0, warnings=[])
+    def __init__(self, cli_args, *args, **kwargs):
+        init(self, cli_args, *args, **kwargs)
+        for name in names:
+            self._model_map.setdefault(name, self._model_map["default_model"])
+            self._adapter_map.setdefault(name, self._adapter_map.get("default_model"))
 
-    server.scan_cache_dir = scan_or_nothing
+    provider.__init__ = __init__
+
+
+def list_served(server, name: str) -> None:
+    """GET /v1/models[/ID]: the served model, under its name (what a client then sends back as `model`)."""
+    def handle_models_request(self):
+        wanted = "/".join(self.path.split("/")[3:]) or None
+        models = [{"id": name, "object": "model", "created": self.created, "owned_by": "clusterctl"}]
+        self._set_completion_headers(200)
+        self.end_headers()
+        self.wfile.write(json.dumps({"object": "list",
+                                     "data": [m for m in models if wanted in (None, m["id"])]}).encode())
+        self.wfile.flush()
+
+    server.APIHandler.handle_models_request = handle_models_request
 
 
 def quiet_probes(server) -> None:
@@ -74,11 +101,13 @@ def quiet_probes(server) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
-        raise SystemExit("usage: python -m clusterctl.serve.rank MODELS_JSON [SERVER ARGUMENTS...]")
-    model = model_for(argv[1], rank())
+        raise SystemExit("usage: python -m clusterctl.serve.rank SPEC_JSON [SERVER ARGUMENTS...]")
+    name, models = read_spec(argv[1])
+    model = model_for(models, rank())
     from mlx_lm import server
 
-    tolerate_missing_hub_cache(server)
+    known_as(server, [name, *models, *(os.path.realpath(os.path.expanduser(m)) for m in models)])
+    list_served(server, name)
     quiet_probes(server)
     sys.argv = ["mlx_lm.server", "--model", model, *argv[2:]]
     server.main()

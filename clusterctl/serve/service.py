@@ -46,6 +46,7 @@ OWNED = ("--model", "--host", "--port", "--pipeline")
 @dataclass(frozen=True)
 class ServeOptions:
     model: str                                  # a local mlx-lm model directory
+    name: str | None = None                     # what /v1/models calls it (default: the directory's name)
     port: int = DEFAULT_PORT                    # the URL's port (this machine's, or the host's with listen)
     listen: str | None = None                   # rank 0 binds this address of its host (no forward)
     backend: str | None = None                  # default: the inventory's
@@ -87,7 +88,6 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     _check_args(options)
     model_dir = os.path.abspath(options.model)
     summary = check_model(model_dir, world=len(cluster.hosts) if cluster else 1, pipeline=options.pipeline)
-    events.checked(model_dir, summary.kind, summary.size)
     cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1))
     connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
     first = cluster.hosts[0]
@@ -97,12 +97,14 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     try:
         if options.listen is not None or first.local:
             _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
+        events.checked(model_dir, summary.kind, summary.size)
         local = store.describe(model_dir)
         entries = store.require_all(store.push(connector, cluster.hosts, local, method=options.method,
                                                verify=options.verify))
         for host in cluster.hosts:
             events.pushed(host.name, entries[host.name])
         paths = [entries[h.name].path for h in cluster.hosts]
+        name = options.name or summary.name
         if forward is not None:
             bind, port = LOOPBACK, _free_loopback_port(connector, first)
             forward.point(connector.transport(first), LOOPBACK, port)
@@ -120,16 +122,16 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
                 listed = model_ids(url)
             except OSError:
                 listed = []
-            events.ready(url, listed[-1] if listed else summary.name, seconds, time.monotonic() - began)
+            events.ready(url, listed[0] if listed else name, seconds, time.monotonic() - began)
 
         endpoint = Endpoint(url, ready)
-        args = [json.dumps(paths), "--host", bind, "--port", str(port),
+        args = [json.dumps({"name": name, "models": paths}), "--host", bind, "--port", str(port),
                 *(["--pipeline"] if options.pipeline else []), *options.server_args]
         run_options = RunOptions(module=RANK_MODULE, args=tuple(args), backend=options.backend,
                                  stall_timeout=options.stall_timeout, runs_dir=options.runs_dir,
                                  launch_from=options.launch_from, fetch=False, project=False,
                                  restart=options.restart, health=lambda: endpoint.answered,
-                                 service={"url": url, "model": summary.name, "model_dir": model_dir,
+                                 service={"url": url, "model": name, "model_dir": model_dir,
                                           "listen": options.listen},
                                  **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
         try:

@@ -1,8 +1,12 @@
 """serve's pieces on this machine: the port carried to a host (hosts/forward.py, through the local transport, the
 same code an SSH channel goes through), the endpoint's readiness and health (serve/endpoint.py) against a small
 HTTP server that answers as mlx-lm's does, and what every serving rank does before mlx-lm's main (serve/rank.py)."""
+import io
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -17,6 +21,8 @@ from clusterctl.hosts.forward import Forward
 from clusterctl.hosts.transport import LocalTransport
 from clusterctl.serve import endpoint, rank
 from clusterctl.serve.endpoint import Endpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class FakeServer:
@@ -184,16 +190,17 @@ def test_each_rank_takes_its_own_hosts_copy_of_the_model(tmp_path, monkeypatch):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text("{}")
-    models = json.dumps([str(tmp_path / "a"), str(tmp_path / "b")])
+    name, models = rank.read_spec(json.dumps({"name": "tiny", "models": [str(tmp_path / "a"), str(tmp_path / "b")]}))
+    assert name == "tiny"
     assert rank.model_for(models, 0) == str((tmp_path / "a").resolve())
     assert rank.model_for(models, 1) == str((tmp_path / "b").resolve())
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert rank.model_for(json.dumps(["~/a"]), 3) == str((tmp_path / "a").resolve())
-    for bad in ('"a"', "[]", "[1]"):
-        with pytest.raises(SystemExit, match="MODELS_JSON must be a non-empty JSON list"):
-            rank.model_for(bad, 0)
+    assert rank.model_for(["~/a"], 3) == str((tmp_path / "a").resolve())
+    for bad in ('"a"', "[]", '{"name": "x", "models": []}', '{"models": ["/m"]}', '{"name": "x", "models": [1]}'):
+        with pytest.raises(SystemExit, match="SPEC_JSON must be"):
+            rank.read_spec(bad)
     with pytest.raises(SystemExit, match="no model there"):
-        rank.model_for(json.dumps([str(tmp_path)]), 0)
+        rank.model_for([str(tmp_path)], 0)
 
 
 def test_the_rank_number_comes_from_whichever_launcher_started_it(monkeypatch):
@@ -206,20 +213,54 @@ def test_the_rank_number_comes_from_whichever_launcher_started_it(monkeypatch):
     assert rank.rank() == 1
 
 
-def test_models_are_listed_on_a_host_without_a_hugging_face_cache(tmp_path, monkeypatch):
-    pytest.importorskip("huggingface_hub")
-    from huggingface_hub import constants, scan_cache_dir
+KNOWN_AS = """
+import argparse, json
+from mlx_lm import server
+from clusterctl.serve import rank
+rank.known_as(server, ["tiny", "/h0/store/tiny-ab", "/h1/store/tiny-ab"])
+args = argparse.Namespace(model="/h1/store/tiny-ab", adapter_path=None, draft_model=None, pipeline=False,
+                          trust_remote_code=False, chat_template="")
+provider = server.ModelProvider(args)
+loads = []
+provider._load = lambda *key: loads.append(key) or setattr(provider, "model_key", key)
+for asked in ("default_model", "tiny", "/h0/store/tiny-ab", "/h1/store/tiny-ab", "default_model", "some/other"):
+    provider.load(asked, None, None)
+print(json.dumps(loads))
+"""
 
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "no-such-cache"))
-    server = types.SimpleNamespace(scan_cache_dir=scan_cache_dir)
-    with pytest.raises(Exception) as e:          # what mlx-lm's handler meets there (the 200, then no body)
-        server.scan_cache_dir()
-    assert type(e.value).__name__ == "CacheNotFound"
-    rank.tolerate_missing_hub_cache(server)
-    assert list(server.scan_cache_dir().repos) == []
-    (tmp_path / "cache").mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-    assert list(server.scan_cache_dir().repos) == []        # an existing cache is scanned as before
+
+def test_every_rank_serves_the_model_by_any_of_its_names_without_loading_another():
+    # in a child process: mlx-lm's ModelProvider initialises MLX's distributed group, which must never happen in
+    # the test process (an MPI world of one left there breaks later mpirun tests)
+    pytest.importorskip("mlx_lm")
+    done = subprocess.run([sys.executable, "-c", KNOWN_AS], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-2000:]
+    loads = json.loads(done.stdout.strip().splitlines()[-1])
+    # one load for every name of the loaded model; a name it does not hold is still another model
+    assert loads == [["/h1/store/tiny-ab", None, None], ["some/other", None, None]]
+
+
+def test_v1_models_lists_the_served_model_whatever_the_hosts_cache_holds():
+    class Handler:
+        created = 1
+
+        def __init__(self, path):
+            self.path, self.sent, self.wfile = path, [], io.BytesIO()
+
+        def _set_completion_headers(self, code):
+            self.sent.append(code)
+
+        def end_headers(self):
+            self.sent.append("end")
+
+    fake = types.SimpleNamespace(APIHandler=Handler)
+    rank.list_served(fake, "tiny")
+    for path, ids in (("/v1/models", ["tiny"]), ("/v1/models/tiny", ["tiny"]), ("/v1/models/other", [])):
+        h = Handler(path)
+        h.handle_models_request()
+        body = json.loads(h.wfile.getvalue())
+        assert h.sent == [200, "end"] and [m["id"] for m in body["data"]] == ids and body["object"] == "list"
 
 
 def test_clusterctls_own_requests_stay_out_of_the_request_log():
