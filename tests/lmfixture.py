@@ -44,8 +44,9 @@ def make_tokenizer(dest: Path, vocab: int = 320) -> None:
 
 
 def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: int = 128, tied: bool = False,
-               dtype: str = "float32", seed: int = 0) -> Path:
-    """An mlx-lm model directory at `dest`: config.json, model.safetensors, tokenizer (llama or qwen3)."""
+               dtype: str = "float32", seed: int = 0, files: int = 1) -> Path:
+    """An mlx-lm model directory at `dest`: config.json, model.safetensors (or `files` weight files, layers in
+    order, with their index, as mlx-lm writes a big model), tokenizer (llama, qwen3 or qwen2)."""
     import mlx.core as mx
     from mlx.utils import tree_map
     from mlx_lm.utils import save_model
@@ -61,6 +62,9 @@ def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: i
     if kind == "qwen3":
         config.update(head_dim=dim // 4, architectures=["Qwen3ForCausalLM"])
         from mlx_lm.models import qwen3 as arch
+    elif kind == "qwen2":         # mlx-lm pipelines it (and shards it)
+        config.update(architectures=["Qwen2ForCausalLM"])
+        from mlx_lm.models import qwen2 as arch
     else:
         config.update(architectures=["LlamaForCausalLM"])
         from mlx_lm.models import llama as arch
@@ -70,7 +74,31 @@ def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: i
     mx.eval(model.parameters())
     save_model(dest, model)
     (dest / "config.json").write_text(json.dumps(config, indent=1))
+    if files > 1:
+        split_weights(dest, files, layers)
     return dest
+
+
+def split_weights(dest: Path, files: int, layers: int) -> None:
+    """model.safetensors as `files` files, the layers in order (the embedding with the first, the rest with the
+    last), and model.safetensors.index.json mapping each weight to its file."""
+    import re
+
+    import mlx.core as mx
+
+    weights = mx.load(str(dest / "model.safetensors"))
+    names = [f"model-{i + 1:05d}-of-{files:05d}.safetensors" for i in range(files)]
+    where = {}
+    for key in weights:
+        layer = re.search(r"\.layers\.(\d+)\.", key)
+        where[key] = names[int(layer.group(1)) * files // layers] if layer else names[0 if "embed" in key else -1]
+    for name in names:
+        mx.save_safetensors(str(dest / name), {k: v for k, v in weights.items() if where[k] == name},
+                            metadata={"format": "mlx"})
+    (dest / "model.safetensors").unlink()
+    total = sum(v.nbytes for v in weights.values())
+    (dest / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                    "weight_map": dict(sorted(where.items()))}))
 
 
 def make_data(dest, kind: str = "chat", records: int = 120, valid: bool = True, seed: int = 0) -> Path:

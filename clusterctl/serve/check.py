@@ -28,6 +28,7 @@ class ModelSummary:
     kind: str                # config.json's model_type
     size: int                # bytes of weights
     deep: bool               # mlx-lm built it here (not only the files were checked)
+    layers: int | None       # the transformer blocks mlx-lm's pipeline splits (None: not known)
 
 
 def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
@@ -45,16 +46,16 @@ def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
     weights = glob.glob(os.path.join(glob.escape(path), "*.safetensors"))
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ModelError(f"{shown}: no tokenizer (tokenizer.json, tokenizer.model or tokenizer_config.json)")
-    summary = ModelSummary(os.path.basename(os.path.normpath(path)), kind, sum(os.path.getsize(w) for w in weights),
-                           deep=importlib.util.find_spec("mlx_lm") is not None)
-    if summary.deep:
-        _build(path, kind, world, pipeline)
-    return summary
+    deep = importlib.util.find_spec("mlx_lm") is not None
+    layers = _build(path, kind, world, pipeline) if deep else config.get("num_hidden_layers")
+    return ModelSummary(os.path.basename(os.path.normpath(path)), kind, sum(os.path.getsize(w) for w in weights),
+                        deep, layers if isinstance(layers, int) and layers > 0 else None)
 
 
-def _build(path: str, kind: str, world: int, pipeline: bool) -> None:
+def _build(path: str, kind: str, world: int, pipeline: bool) -> int | None:
     """mlx-lm builds the model lazily and checks the weights' names and shapes against it; then, for several
-    hosts, whether it has the parallelism asked for (the rank's sharded_load asks the same)."""
+    hosts, whether it has the parallelism asked for (the rank's sharded_load asks the same). The number of
+    transformer blocks (what a pipeline splits), when it has them."""
     from pathlib import Path
 
     from mlx_lm.utils import load_model
@@ -63,8 +64,10 @@ def _build(path: str, kind: str, world: int, pipeline: bool) -> None:
         model, _ = load_model(Path(path), lazy=True, strict=True)
     except (ValueError, KeyError, TypeError, ImportError, OSError) as e:
         raise ModelError(f"{path}: mlx-lm cannot load this {kind} model: {_first_line(e)}") from None
+    blocks = getattr(getattr(model, "model", None), "layers", None)
+    layers = len(blocks) if isinstance(blocks, list) else None
     if world <= 1:
-        return
+        return layers
     has_pipeline = hasattr(model, "model") and hasattr(model.model, "pipeline")
     if pipeline and not has_pipeline:
         raise ModelError(f"{path}: mlx-lm has no pipeline parallelism for {kind}: leave out --pipeline"
@@ -75,6 +78,33 @@ def _build(path: str, kind: str, world: int, pipeline: bool) -> None:
     if pipeline and not os.path.isfile(os.path.join(path, "model.safetensors.index.json")):
         raise ModelError(f"{path}: --pipeline needs model.safetensors.index.json (mlx-lm reads which weights each "
                         "stage needs from it; mlx_lm.convert writes it)")
+    if pipeline and layers is not None and layers < world:
+        raise ModelError(f"{path}: {layers} blocks cannot be split into {world} pipeline stages: serve it on at most "
+                         f"{layers} hosts")
+    return layers
+
+
+def stage_files(path: str, world: int, layers: int) -> list[list[str]]:
+    """Rank by rank, the weight files of `path` that rank reads under mlx-lm's pipeline parallelism (pure but for
+    reading the index): the files holding a block of its stage, and those holding weights of no block (the
+    embedding, the final norm, the head), as mlx-lm's sharded_load picks them. The stages split the blocks
+    evenly, the low ranks taking one more when they do not divide, rank 0 the last blocks
+    (docs/facts/mlx-lm.md#distributed-serving)."""
+    with open(os.path.join(path, "model.safetensors.index.json"), encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    base, extra = divmod(layers, world)
+    split = [base + (1 if r < extra else 0) for r in range(world)]
+    out = []
+    for rank in range(world):
+        start = sum(split[rank + 1:])
+        end = start + split[rank]
+        files = set()
+        for key, name in weight_map.items():
+            block = re.search(r"(?:^|\.)layers\.(\d+)\.", key)
+            if block is None or start <= int(block.group(1)) < end:
+                files.add(name)
+        out.append(sorted(files))
+    return out
 
 
 def _first_line(e: BaseException) -> str:

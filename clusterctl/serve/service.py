@@ -33,7 +33,7 @@ from ..inventory import Cluster
 from ..launch.restart import RestartPolicy
 from ..run import RunEvents, RunOptions, RunResult, run
 from ..transfer import models as store
-from .check import check_model
+from .check import check_model, stage_files
 from .endpoint import Endpoint, model_ids
 
 RANK_MODULE = "clusterctl.serve.rank"
@@ -100,7 +100,8 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         events.checked(model_dir, summary.kind, summary.size)
         local = store.describe(model_dir)
         entries = store.require_all(store.push(connector, cluster.hosts, local, method=options.method,
-                                               verify=options.verify))
+                                               verify=options.verify, files=_shares(model_dir, cluster, summary,
+                                                                                    options.pipeline)))
         for host in cluster.hosts:
             events.pushed(host.name, entries[host.name])
         paths = [entries[h.name].path for h in cluster.hosts]
@@ -156,6 +157,16 @@ class _Watched:
     def started(self, launch, program, world, backend):
         self._events.started(launch, program, world, backend)
         self._endpoint.attempt_started()
+
+
+def _shares(model_dir: str, cluster: Cluster, summary, pipeline: bool) -> dict[str, list[str]] | None:
+    """host -> the weight files its rank reads, under pipeline parallelism on several hosts (each host then gets
+    only those: a stage's blocks and the shared weights); None (every host gets every file) otherwise: tensor
+    parallelism reads a slice of every block, so of every file."""
+    if not pipeline or len(cluster.hosts) < 2 or summary.layers is None:
+        return None
+    stages = stage_files(model_dir, len(cluster.hosts), summary.layers)
+    return {host.name: stages[i] for i, host in enumerate(cluster.hosts)}
 
 
 def one_rank_per_host(cluster: Cluster) -> Cluster:

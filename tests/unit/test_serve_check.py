@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lmfixture  # noqa: E402
 
 from clusterctl.errors import ModelError  # noqa: E402
-from clusterctl.serve.check import check_model  # noqa: E402
+from clusterctl.serve.check import check_model, stage_files  # noqa: E402
 
 pytest.importorskip("mlx_lm")
 
@@ -74,3 +74,16 @@ def test_pipeline_is_refused_for_a_model_mlx_lm_does_not_pipeline(tiny):
     refused(tiny, "mlx-lm has no pipeline parallelism for llama: leave out --pipeline (it has tensor parallelism)",
             pipeline=True)
     assert check_model(str(tiny), world=1, pipeline=True).deep       # one host: nothing to split
+
+
+def test_a_pipeline_stage_gets_only_the_weight_files_its_blocks_and_the_shared_weights_are_in(tmp_path):
+    model = lmfixture.make_model(tmp_path / "q", "qwen2", layers=4, files=4)
+    summary = check_model(str(model), world=2, pipeline=True)
+    assert summary.layers == 4
+    f = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    # rank 0 runs the last blocks (2, 3), rank 1 the first (0, 1); the embedding is in file 1, the norm and
+    # the head in file 4: every stage reads those
+    assert stage_files(str(model), 2, 4) == [[f[0], f[2], f[3]], [f[0], f[1], f[3]]]
+    # 4 blocks on 3 stages: rank 0 takes two (the low ranks take the extra one), ranks 1 and 2 one each
+    assert stage_files(str(model), 3, 4) == [[f[0], f[2], f[3]], [f[0], f[1], f[3]], [f[0], f[3]]]
+    refused(model, "4 blocks cannot be split into 5 pipeline stages", world=5, pipeline=True)

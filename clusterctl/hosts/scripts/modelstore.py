@@ -216,9 +216,10 @@ def finish(req):
     os.unlink(os.path.join(part, PUSH))
     for _ in range(2):
         done = read_json(os.path.join(entry, ENTRY))
-        if done is not None and done.get("digest") == req["digest"] and set(want) <= set(done.get("present", [])):
-            shutil.rmtree(part)    # another host sharing this store completed the entry meanwhile
-            return {"bad": [], "missing": [], "path": entry, "present": sorted(done.get("present", []))}
+        if done is not None and done.get("digest") == req["digest"]:
+            # another host sharing this store completed the entry meanwhile: ours adds what it lacks (a pipeline
+            # stage's files), each file by one rename of a verified file
+            return join(entry, part, done, records)
         if os.path.lexists(entry):
             shutil.rmtree(entry, ignore_errors=True)   # an incomplete leftover, or an entry with fewer files
         try:
@@ -227,6 +228,22 @@ def finish(req):
             continue
         return {"bad": [], "missing": [], "path": entry, "present": sorted(records)}
     raise OSError("could not complete %s: another push to the same store keeps replacing it" % entry)
+
+
+def join(entry, part, done, records):
+    """Add the verified files of `part` that the complete `entry` lacks to it, then drop `part`. Two hosts doing
+    this at once may each rewrite ENTRY without the other's files: the next prepare re-hashes those, no more."""
+    present = set(done.get("present", []))
+    stamps = dict(done.get("stamps", {}))
+    added = sorted(set(records) - present)
+    for rel in added:
+        os.makedirs(os.path.dirname(os.path.join(entry, rel)), exist_ok=True)
+        os.replace(os.path.join(part, rel), os.path.join(entry, rel))
+        stamps[rel] = stamp(os.path.join(entry, rel))
+    if added:
+        write_json(os.path.join(entry, ENTRY), dict(done, present=sorted(present | set(added)), stamps=stamps))
+    shutil.rmtree(part)
+    return {"bad": [], "missing": [], "path": entry, "present": sorted(present | set(added))}
 
 
 def used(d):
