@@ -242,3 +242,28 @@ def test_hosts_sharing_one_store_push_side_by_side_and_one_entry_results(make_cl
     assert os.listdir(shared / ".partial") == []          # every host's own push directory is gone
     again = push(cluster, tmp_path, model)
     assert all(h["reused"] and h["sent_bytes"] == 0 for h in again.values()), again
+
+
+def test_hosts_sharing_one_store_each_with_some_weights_leave_one_entry_holding_all_of_them(make_cluster, tmp_path,
+                                                                                            monkeypatch):
+    # pipeline stages on hosts whose stores are one directory: each host's files join the one entry
+    from clusterctl.hosts.connector import Connector
+    from clusterctl.inventory import load
+    from clusterctl.transfer.models import describe, push as push_model, require_all
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    cluster = make_cluster(2)
+    shared = tmp_path / "shared"
+    cluster.write_inventory(model_store=str(shared))
+    model = describe(str(make_model(tmp_path, big=4 * MB)))
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    entries = require_all(push_model(Connector(load(cluster.inventory)), None, model,
+                                     files={"h1": [first], "h2": [second]}))
+    entry = shared / os.path.basename(entries["h1"].path)
+    assert entries["h1"].path == entries["h2"].path
+    assert sorted(os.listdir(entry)) == sorted([".clusterctl-entry.json", "config.json", first, second,
+                                                "tokenizer.json"])
+    for f in (first, second):
+        assert local_sha(entry / f) == next(m.sha256 for m in model.files if m.path == f)
+    again = require_all(push_model(Connector(load(cluster.inventory)), None, model))      # the whole model, anywhere
+    assert all(e.reused for e in again.values()), again
