@@ -14,6 +14,9 @@ model store in its private root (a tmpfs).
      (temperature 0; the count is the usage's completion_tokens, the model may stop early), the median of 3, at 1 host
      and at 2 hosts (tensor parallelism over ring). Both hosts share this machine's 2 cores: the 2-host figure
      says what the sharding costs here, not what a second Mac adds.
+  4. Pipeline stages: a qwen2 of the same size in 8 weight files (mlx-lm pipelines qwen2), pushed to 2 hosts'
+     empty stores whole (what tensor parallelism needs) and as `serve --pipeline` pushes it, each host only the
+     files its stage reads (serve/check.py stage_files): bytes sent and wall time.
 Writes benchmarks/results/serve.json.
 """
 from __future__ import annotations
@@ -71,7 +74,9 @@ class Served:
         raise SystemExit("serve did not get ready:\n" + "\n".join(self.lines[-40:]))
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+        # SIGTERM stops serve as Ctrl-C does; SIGINT would not reach it when this benchmark was started in the
+        # background by a non-interactive shell (which starts it with SIGINT ignored)
+        self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(120)
 
 
@@ -99,6 +104,35 @@ def free_port() -> int:
 
 def with_store(inventory_text: str, store: str) -> str:
     return inventory_text.replace("defaults:\n", f"defaults:\n  model_store: {json.dumps(store)}\n", 1)
+
+
+def stage_push(cluster, inventory: str, tmp: str, args) -> dict:
+    """Part 4: a pipelined model pushed whole, then by stage, each into empty stores."""
+    import lmfixture
+    from clusterctl.hosts.connector import Connector
+    from clusterctl.inventory import load
+    from clusterctl.serve.check import check_model, stage_files
+    from clusterctl.transfer.models import describe, push, require_all
+
+    model = str(lmfixture.make_model(os.path.join(tmp, "q"), "qwen2", layers=args.layers, dim=args.dim,
+                                     mlp=int(args.dim * 2.75), files=8))
+    local = describe(model)
+    stages = stage_files(model, 2, check_model(model, world=2, pipeline=True).layers)
+    out = {}
+    for how, store, files in (("whole", "store-whole", None),
+                              ("stages", "store-stages", {h.name: stages[i] for i, h in enumerate(cluster.hosts)})):
+        path = os.path.join(os.path.dirname(inventory), f"inventory-{store}.yaml")
+        with open(path, "w") as f:
+            f.write(with_store(cluster.inventory.read_text(), f"{cluster.host_root}/{store}"))
+        began = time.monotonic()
+        entries = require_all(push(Connector(load(path)), None, local, files=files))
+        out[how] = {"wall_s": time.monotonic() - began, "sent_bytes": sum(e.sent_bytes for e in entries.values()),
+                    "files": {h: len(e.files) for h, e in entries.items()}}
+        print(f"pipeline model ({local.size / 1e6:.1f} MB) pushed {how}: {out[how]['sent_bytes'] / 1e6:.1f} MB sent to "
+              f"2 hosts in {out[how]['wall_s']:.2f}s", flush=True)
+    out["stages_over_whole_bytes"] = out["stages"]["sent_bytes"] / out["whole"]["sent_bytes"]
+    out["stages_over_whole_wall"] = out["stages"]["wall_s"] / out["whole"]["wall_s"]
+    return out
 
 
 def main() -> int:
@@ -156,16 +190,19 @@ def main() -> int:
             print(f"push of {nbytes / 1e6:.1f} MB to 2 hosts: models push {push_s:.2f}s "
                   f"({2 * nbytes / push_s / 1e6:.0f} MB/s), rsync -a {rsync_s:.2f}s ({2 * nbytes / rsync_s / 1e6:.0f} MB/s)",
                   flush=True)
+            staged = stage_push(cluster, inv["two", "push"], tmp, args)
         finally:
             cluster.stop_all()
             shutil.rmtree(os.path.join(tmp, "runs"), ignore_errors=True)
 
     write_record("serve", model_bytes=nbytes, layers=args.layers, dim=args.dim, tokens=args.tokens,
-                 ready={"cold": got_cold, "warm": got_warm, "warm_over_cold": got_warm["after_serve_s"] / got_cold["after_serve_s"]},
+                 ready={"cold": got_cold, "warm": got_warm,
+                        "warm_over_cold": got_warm["after_serve_s"] / got_cold["after_serve_s"]},
                  push={"models_push_s": push_s, "rsync_s": rsync_s, "models_push_over_rsync": push_s / rsync_s,
                        "hosts": {h["host"]: {"sent_bytes": h["sent_bytes"], "method": h["method"]} for h in pushed}},
                  generation={"one_host_tokens_per_s": one_host, "two_hosts_tokens_per_s": two_hosts,
-                             "two_over_one": two_hosts / one_host})
+                             "two_over_one": two_hosts / one_host},
+                 pipeline_push=staged)
     return 0
 
 

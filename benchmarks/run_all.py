@@ -149,7 +149,15 @@ def _finetune(r: dict) -> str:
                                f"loss {w4['zero3_loss_vs_dp'] * 100:+.2f}%")
 
 
-SUMMARIES = {"finetune": _finetune, "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
+def _serve(r: dict) -> str:
+    ready, push, gen = r["ready"], r["push"], r["generation"]
+    return (f"ready cold {ready['cold']['after_serve_s']:.1f}s, warm {ready['warm']['after_serve_s']:.1f}s "
+            f"({ready['warm_over_cold']:.2f}x); models push / rsync -a {push['models_push_over_rsync']:.2f}x wall; "
+            f"generation {gen['one_host_tokens_per_s']:.0f} tok/s on 1 host, {gen['two_hosts_tokens_per_s']:.0f} on 2 "
+            f"({gen['two_over_one']:.2f}x)")
+
+
+SUMMARIES = {"serve": _serve, "finetune": _finetune, "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3}
 

@@ -191,10 +191,12 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
                                               for p in h.processes]}
                                for h in found], indent=2))
     else:
-        rows = [{"host": p.host, "run": p.run_id, "rank": "-" if p.rank is None else p.rank, "kind": p.kind,
-                 "pid": p.pid, "age": _age(p.age_s), "cpu%": f"{p.cpu:.1f}", "mem": f"{p.rss_kb / 1024:.1f} MiB",
-                 "url": urls.get(p.run_id, "") if p.rank == 0 else ""}
-                for h in found for p in h.processes if verbose or p.kind in ("rank", "launcher")]
+        rows, shown = [], set()
+        for p in (p for h in found for p in h.processes if verbose or p.kind in ("rank", "launcher")):
+            rows.append({"host": p.host, "run": p.run_id, "rank": "-" if p.rank is None else p.rank, "kind": p.kind,
+                         "pid": p.pid, "age": _age(p.age_s), "cpu%": f"{p.cpu:.1f}", "mem": f"{p.rss_kb / 1024:.1f} MiB",
+                         "url": urls.get(p.run_id, "") if p.run_id not in shown else ""})   # on a run's first row
+            shown.add(p.run_id)
         if rows:
             columns = ["host", "run", "rank", "kind", "pid", "age", "cpu%", "mem"]
             table(rows, columns + (["url"] if any(r["url"] for r in rows) else []))

@@ -148,6 +148,10 @@ def test_served_on_two_hosts_answers_comes_back_after_a_rank_dies_and_stops_clea
         assert status == 200 and [m["id"] for m in listed["data"]] == [model_id] == ["tiny"], listed
         assert chat(url, model_id)
         run_id = clirun.TOKEN.search(served.text).group(1)
+        listed = clirun.clusterctl("ps", "--hosts", str(cluster.inventory), cwd=tmp_path, env=cluster.client_env(),
+                                   own_cache=True)
+        rows = [line for line in listed.stdout.splitlines() if run_id in line]
+        assert rows and rows[0].endswith(url) and not any(url in row for row in rows[1:]), listed.stdout
         os.kill(rank_pid(cluster, 2, run_id), signal.SIGKILL)
         killed = time.monotonic()
         served.ready(count=2, timeout=60)
