@@ -18,7 +18,9 @@ class PrintedServe(PrintedRun):
         click.echo(f"serve: {os.path.basename(model)}, a {kind} model with {size(nbytes)} of weights", err=True)
 
     def pushed(self, host, entry):
-        if entry.reused:
+        if entry is None:
+            click.echo(f"store: {host} is this machine: it reads the model where it is", err=True)
+        elif entry.reused:
             click.echo(f"store: {host} has it already ({entry.path}): no model bytes moved", err=True)
         else:
             click.echo(f"store: {host}: {size(entry.sent_bytes)} sent, verified, in {entry.path}", err=True)

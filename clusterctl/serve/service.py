@@ -5,8 +5,8 @@
     result = serve(cluster_or_None, ServeOptions(model="models/tiny", port=8080), events)
 
 1. The model: a local mlx-lm model directory, checked here before anything moves (check.py).
-2. The store: pushed to every host's model store (transfer/models.py): content-addressed, verified on the host,
-   resumable; a model already there moves no bytes.
+2. The store: pushed to every other host's model store (transfer/models.py): content-addressed, verified on the
+   host, resumable; a model already there moves no bytes. This machine, when it is a host, serves MODEL in place.
 3. Ports: by default nothing listens on the network. Rank 0 binds a free port of its host's loopback, and a
    port of this machine's loopback is carried to it over the SSH connection to that host (hosts/forward.py):
    the URL is http://127.0.0.1:PORT here. With `listen`, rank 0 binds that address of its host instead.
@@ -31,7 +31,7 @@ from ..hosts.connector import Connector
 from ..hosts.forward import Forward
 from ..inventory import Cluster
 from ..launch.restart import RestartPolicy
-from ..run import RunEvents, RunOptions, RunResult, run
+from ..run import DEFAULT_BACKEND, RunEvents, RunOptions, RunResult, run
 from ..transfer import models as store
 from .check import check_model, stage_files
 from .endpoint import Endpoint, model_ids
@@ -65,7 +65,7 @@ class ServeEvents(RunEvents):
     """What `serve` tells its user: run's events and these."""
 
     def checked(self, model: str, kind: str, size: int) -> None: ...
-    def pushed(self, host: str, entry: store.StoreEntry) -> None: ...
+    def pushed(self, host: str, entry: store.StoreEntry | None) -> None: ...     # None: this machine, in place
     def ready(self, url: str, model_id: str, seconds: float, since_start: float) -> None: ...
     def listening(self, url: str, exposed: bool) -> None: ...
 
@@ -88,7 +88,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     _check_args(options)
     model_dir = os.path.abspath(options.model)
     summary = check_model(model_dir, world=len(cluster.hosts) if cluster else 1, pipeline=options.pipeline)
-    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1))
+    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=DEFAULT_BACKEND))
     connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
     first = cluster.hosts[0]
     forward = None
@@ -98,13 +98,15 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         if options.listen is not None or first.local:
             _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
         events.checked(model_dir, summary.kind, summary.size)
-        local = store.describe(model_dir)
-        entries = store.require_all(store.push(connector, cluster.hosts, local, method=options.method,
-                                               verify=options.verify, files=_shares(model_dir, cluster, summary,
-                                                                                    options.pipeline)))
+        # this machine serves MODEL where it is; every other host from its store
+        remote = [h for h in cluster.hosts if not h.local]
+        entries = store.require_all(store.push(connector, remote, store.describe(model_dir), method=options.method,
+                                               verify=options.verify,
+                                               files=_shares(model_dir, cluster, summary, options.pipeline))
+                                    ) if remote else {}
         for host in cluster.hosts:
-            events.pushed(host.name, entries[host.name])
-        paths = [entries[h.name].path for h in cluster.hosts]
+            events.pushed(host.name, entries.get(host.name))
+        paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
         name = options.name or summary.name
         if forward is not None:
             bind, port = LOOPBACK, _free_loopback_port(connector, first)
