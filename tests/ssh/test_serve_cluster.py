@@ -245,3 +245,26 @@ def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tm
     f = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
     # rank 0 (the first host) runs blocks 2 and 3, rank 1 blocks 0 and 1; both need the embedding and the head
     assert held == {cluster.hosts[0].name: [f[0], f[2], f[3]], cluster.hosts[1].name: [f[0], f[1], f[3]]}, held
+
+
+def test_an_endpoint_that_stops_answering_while_its_ranks_live_is_a_stall_and_is_restarted(make_cluster, model,
+                                                                                            tmp_path):
+    cluster = make_cluster(2, inventory_only=True)
+    port = free_port("127.0.0.1")
+    served = Served(str(model), "--hosts", str(cluster.inventory), "--backend", "ring", "--port", str(port),
+                    "--stall-timeout", "8", "--max-restarts", "1", "--restart-delay", "1", cwd=tmp_path,
+                    env=cluster.client_env())
+    try:
+        url, model_id = served.ready().groups()
+        run_id = clirun.TOKEN.search(served.text).group(1)
+        frozen = rank_pid(cluster, 1, run_id)        # rank 0: its HTTP server stops answering, its process lives
+        os.kill(frozen, signal.SIGSTOP)
+        served.ready(count=2, timeout=120)
+        assert "stalled: the endpoint has not answered a health request for" in served.text, served.text[-3000:]
+        assert chat(url, model_id)
+        assert served.interrupt() == 130
+    finally:
+        served.kill()
+    summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    assert [a["outcome"] for a in summary["attempts"]] == ["stalled", "stopped"], summary["attempts"]
+    assert run_processes(run_id) == "" and port_is_free(port)
