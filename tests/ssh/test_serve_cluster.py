@@ -217,11 +217,14 @@ def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster
     h1 = cluster.hosts[0].address
     port = free_port(h1)
     served = Served(str(model), "--hosts", str(cluster.inventory), "--backend", "ring", "--listen", h1, "--port",
-                    str(port), cwd=tmp_path, env=cluster.client_env())
+                    str(port), "--", "--max-tokens", "2", cwd=tmp_path, env=cluster.client_env())
     try:
         url, model_id = served.ready().groups()
         assert url == f"http://{h1}:{port}" and "no authentication" in served.text
         assert chat(url, model_id) and port_is_free(port)       # nothing of this machine listens on the port
+        # the server's own options pass through after `--`: its default --max-tokens, for a request with none
+        status, answer = http(url + "/v1/completions", {"prompt": "Tom found", "temperature": 0.0})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
         assert served.interrupt() == 130
     finally:
         served.kill()
