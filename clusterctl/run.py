@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Callable
+from typing import BinaryIO, Callable
 from concurrent.futures import wait
 from dataclasses import dataclass
 
@@ -87,6 +87,9 @@ class RunOptions:
     # know the trainer): (its args, world, host -> bytes, host -> CLUSTERCTL_HOST_MEMORY, rank 0's OS, project,
     # data dir), raising a BadInput for a run that cannot fit or whose fine-tuning inputs the ranks would refuse
     trainer_check: Callable[..., object] | None = None
+    # what every rank reads on its stdin, the same bytes to each, then EOF (docs/run.md#standard-input): the
+    # CLI gives its own stdin unless --no-stdin; None, the default here: EOF at once (/dev/null)
+    stdin: BinaryIO | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,8 @@ def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
                            preflight=options.preflight, rank0_only=options.rank0_only,
                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
                            stall=StallPolicy.parse(options.stall_timeout),
-                           script=program.script, module=program.module)
+                           script=program.script, module=program.module,
+                           stdin=None if program.module == BUNDLED_TRAINER else options.stdin)
 
 
 class _RunHooks(AttemptHooks):

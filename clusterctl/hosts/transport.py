@@ -369,6 +369,7 @@ def _chunks(source: BinaryIO) -> Iterator[bytes]:
     tty = os.isatty(fd)
     while True:
         if tty and not _in_foreground(fd):
+            os.fstat(fd)    # OSError (the end) once the terminal is closed under us
             time.sleep(0.2)
             continue
         if tty and not select.select([fd], [], [], 0.2)[0]:

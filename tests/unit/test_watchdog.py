@@ -129,3 +129,24 @@ def test_a_rank_that_never_reads_stdin_is_still_killed_when_the_channel_closes(t
     while _alive(command) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(command), "a watcher blocked on a full pipe no longer sees the channel close"
+
+
+def test_a_terminal_is_read_only_in_the_foreground():
+    """A terminal whose foreground process group is not ours (here: a pty that is nobody's controlling
+    terminal) is left alone: no SIGTTIN, and a line typed there stays for whoever owns it."""
+    import pty
+
+    from clusterctl.hosts.transport import forward_stdin
+
+    master, slave = pty.openpty()
+    sent = []
+    try:
+        with open(slave, "rb", buffering=0, closefd=False) as source:
+            forward_stdin(source, sent.append)
+            os.write(master, b"meant for the shell\n")
+            time.sleep(1.0)
+            assert sent == []
+            assert os.read(slave, 100) == b"meant for the shell\n"      # still there, unread
+    finally:
+        os.close(master)
+        os.close(slave)

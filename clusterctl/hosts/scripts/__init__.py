@@ -5,10 +5,12 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     python_info.py  python, mlx and mpi4py versions, for the probe
     dataplane.py    the TCP data-plane check (listen on this host's ring port, connect to every peer's)
     filehelper.py   hashing, listing, deleting and verifying files for sync, data push and run
-    ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, run by path)
+    ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, program("ranks.py"),
+                    run by path), with its piece frames.py (standard input in frames, also transport.py's)
     bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
                     pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py,
-                    stackdump.py
+                    stackdump.py, stdinpump.py
+    stdinrelay.py   an mpi job's stdin on one host: a FIFO per rank, the same bytes to each (launch/stdinrelay.py)
     stacks.py       asks a run's ranks on one host for their stacks (stackdump.py's files) and reads them
 """
 from __future__ import annotations
