@@ -2,12 +2,14 @@
 real test hosts: over ring (the rank starter) and mpi (the stdin relay), launched here and from the first host;
 `--no-stdin` gives EOF at once; `mlx_lm chat` answers a piped prompt as under mlx.launch."""
 import shutil
+import signal
 import subprocess
+import time
 from functools import partial
 
 import clirun
 import pytest
-from test_run import assert_nothing_left
+from test_run import assert_nothing_left, job_processes
 
 pytestmark = pytest.mark.ssh
 run = partial(clirun.clusterctl, "run", timeout=240, own_cache=True)
@@ -63,3 +65,30 @@ def test_mlx_lm_chat_answers_a_piped_prompt_on_two_hosts(make_cluster, tmp_path,
     rank0 = [line for line in r.stdout.splitlines() if line.startswith("[rank 0 h1]")]
     assert any("5 tokens" in line for line in rank0) and rank0[-1].endswith(" bye"), r.stdout[-3000:]
     assert_nothing_left(cluster, clirun.TOKEN.search(r.stderr).group(1))
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_sigkill_of_clusterctl_after_the_data_ended_still_stops_every_rank(make_cluster, tmp_path, backend):
+    """The data's end is a frame, not the channel's: the watchdogs still see clusterctl go, even by SIGKILL."""
+    cluster = make_cluster(2)
+    (tmp_path / "wait.py").write_text("import sys, time\nprint('read', repr(sys.stdin.read()), flush=True)\n"
+                                      "time.sleep(300)\n")
+    job = subprocess.Popen([*clirun.COMMAND, "run", "--hosts", str(cluster.inventory), "--backend", backend,
+                            "--plain", "wait.py"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=clirun.cache_env(tmp_path))
+    job.stdin.write("x\n")
+    job.stdin.close()
+    seen, deadline = [], time.monotonic() + 120
+    while sum("read 'x\\n'" in line for line in seen) < 2 and time.monotonic() < deadline:
+        line = job.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+    assert sum("read 'x\\n'" in line for line in seen) == 2, "".join(seen)
+    run_id = clirun.TOKEN.search("".join(seen)).group(1)
+    job.send_signal(signal.SIGKILL)
+    job.wait(timeout=30)
+    deadline = time.monotonic() + 30         # the watchdogs' TERM, then their KILL after the grace period
+    while job_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert_nothing_left(cluster, run_id)
