@@ -150,3 +150,39 @@ def test_a_terminal_is_read_only_in_the_foreground():
     finally:
         os.close(master)
         os.close(slave)
+
+
+LISTING_1 = """\
+  101 MAIN Thu Nov 26 01:00:00 2026
+  102  101 Thu Nov 26 01:00:01 2026
+  103  102 Thu Nov  6 01:00:02 2026
+  104    1 Thu Nov 26 01:00:03 2026
+"""
+LISTING_2 = """\
+  102  777 Thu Nov 26 02:00:00 2026
+  103    1 Thu Nov  6 01:00:02 2026
+  105  103 Thu Nov 26 02:00:01 2026
+"""
+
+
+@pytest.mark.parametrize("listing, c, t, expected", [
+    # the first round: the command's tree, while its pid is still the main shell's child
+    (LISTING_1, "101", "", {"101", "102", "103"}),
+    # its pid no longer the main shell's child (it exited, the pid went to another): nothing
+    (LISTING_1.replace("101 MAIN", "101    1"), "101", "", set()),
+    # the KILL round: 102 is another process now (another start time): spared; 103, orphaned when its
+    # parent died, is the same one (pid and start time): killed, with the child it made since
+    (LISTING_2, "101", "101 Thu Nov 26 01:00:00 2026\n102 Thu Nov 26 01:00:01 2026\n103 Thu Nov 6 01:00:02 2026",
+     {"103", "105"}),
+])
+def test_the_watchdog_signals_only_processes_it_has_just_confirmed(tmp_path, listing, c, t, expected):
+    """The ps listing the watchdog's rounds read, canned (a `ps` first on PATH), through its real awk."""
+    from clusterctl.hosts.transport import _TREE
+
+    (tmp_path / "listing").write_text(listing)
+    ps = tmp_path / "ps"
+    ps.write_text(f'#!/bin/sh\nsed "s/MAIN/$MAINPID/" {shlex.quote(str(tmp_path / "listing"))}\n')
+    ps.chmod(0o755)
+    script = f'MAINPID=$$; export MAINPID; PATH={shlex.quote(str(tmp_path))}:$PATH; c={c}; t={shlex.quote(t)}\n{_TREE}'
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert {line.split()[0] for line in out.splitlines()} == expected, out
