@@ -114,7 +114,7 @@ _WATCHDOG = r"""exec 3<&0
 c=$!
 { while IFS= read -r l <&3; do :; done
   @ROUND@
-} >/dev/null 2>&1 3<&3 &
+} >/dev/null 2>&1 &
 exec 3<&-
 @END@""".replace("@ROUND@", _KILL_ROUND).replace("@END@", _END)
 
