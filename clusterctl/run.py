@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Callable
+from typing import BinaryIO, Callable
 from concurrent.futures import wait
 from dataclasses import dataclass
 
@@ -92,6 +92,9 @@ class RunOptions:
     health: Callable[[], float | None] | None = None
     service: dict | None = None
     project: bool = True              # with sync: the project too (a service needs only clusterctl itself)
+    # what every rank reads on its stdin, the same bytes to each, then EOF (docs/run.md#standard-input): the
+    # CLI gives its own stdin unless --no-stdin; None, the default here: EOF at once (/dev/null)
+    stdin: BinaryIO | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +234,8 @@ def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
                            preflight=options.preflight, rank0_only=options.rank0_only,
                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
                            stall=StallPolicy.parse(options.stall_timeout, options.health),
-                           script=program.script, module=program.module)
+                           script=program.script, module=program.module,
+                           stdin=None if program.module == BUNDLED_TRAINER else options.stdin)
 
 
 class _RunHooks(AttemptHooks):

@@ -22,9 +22,12 @@ def cache_env(cwd, env: dict | None = None) -> dict:
 
 def clusterctl(*args: str, cwd=None, timeout: float = 120, env: dict | None = None, own_cache: bool = False,
                **kwargs) -> subprocess.CompletedProcess:
-    """Run `clusterctl ARGS` to the end; own_cache: with cache_env(cwd)."""
+    """Run `clusterctl ARGS` to the end; own_cache: with cache_env(cwd). Its stdin is empty unless `input` (or
+    `stdin`) says otherwise: `run` gives every rank its stdin, never the test runner's."""
     if own_cache:
         env = cache_env(cwd, env)
+    if "input" not in kwargs:
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
                           **kwargs)
 
@@ -33,5 +36,5 @@ def start(*args: str, cwd=None, env: dict | None = None, own_cache: bool = False
     """Start `clusterctl ARGS` in the background, its stderr merged into its stdout (a pipe, read as text)."""
     if own_cache:
         env = cache_env(cwd, env)
-    return subprocess.Popen([*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=cwd, env=env)
+    return subprocess.Popen([*COMMAND, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)

@@ -150,7 +150,7 @@ def _shown(path):
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
                "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--stall-timeout",
-               "--runs-dir",
+               "--runs-dir", "--no-stdin",
                "--max-restarts", "--restart-delay", "--elastic", "--elastic-batch")
 
 
@@ -248,6 +248,10 @@ class RunCommand(click.Command):
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; launch nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip checking SSH, python and the script on every host first.")
 @click.option("--rank0-only", is_flag=True, help="Show only rank 0's output (every rank is still logged).")
+@click.option("--no-stdin", is_flag=True,
+              help="Give every rank an empty stdin (EOF at once) instead of this command's own stdin, which every "
+                   "rank otherwise reads, the same bytes each (a terminal only while run is in the foreground; "
+                   "docs/run.md#standard-input). The bundled trainer always gets an empty one.")
 @click.option("--plain", is_flag=True,
               help="No live panel of the ranks under the output (it is drawn only on a terminal anyway).")
 @click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
@@ -295,7 +299,7 @@ class RunCommand(click.Command):
               help="After the world changes, keep each rank's batch (the global batch changes with the world), or "
                    "keep the global batch by changing the bundled trainer's --accum (exported to every program "
                    "as CLUSTERCTL_ELASTIC_BATCH).")
-def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, plain, start_timeout,
+def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
             fetch_all_ranks, data_dir, all_shards, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
@@ -333,7 +337,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
                          all_shards=all_shards,
                          restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch),
-                         trainer_check=check_before_launch)
+                         trainer_check=check_before_launch,
+                         stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer)
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:

@@ -16,13 +16,13 @@ import shlex
 import socket
 import threading
 import time
-from typing import Mapping
+from typing import BinaryIO, Mapping
 
 from ..errors import CommandTimeout, ConnectError
 from .files import SFTPFiles
 from .sshconfig import SSHTarget
-from .transport import (DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, env_input, remote_command,
-                        shell_command, short)
+from .transport import (DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, env_input, forward_stdin,
+                        remote_command, shell_command, short)
 
 # paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
 # handler): the ConnectError this module raises already says it in one line (docs/facts/ssh.md#paramiko-key-exchange).
@@ -167,9 +167,9 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, EOFError) as e:
             raise ConnectionError(f"{self.host}: {e}") from None
 
-    def stream(self, command, lines, env=None) -> Process:
+    def stream(self, command, lines, env=None, stdin=None) -> Process:
         text = command if isinstance(command, str) else shlex.join(command)
-        return RemoteProcess(self._session(), text, lines, env)
+        return RemoteProcess(self._session(), text, lines, env, stdin)
 
 
 class RemoteProcess(Process):
@@ -177,10 +177,13 @@ class RemoteProcess(Process):
     stop() closes the channel, and the host's watchdog (transport.remote_command) kills the command's
     whole process tree."""
 
-    def __init__(self, channel, script: str, lines: queue.Queue, env: Mapping[str, str] | None = None):
+    def __init__(self, channel, script: str, lines: queue.Queue, env: Mapping[str, str] | None = None,
+                 stdin: BinaryIO | bool | None = None):
         self.chan = channel
-        self.chan.exec_command(remote_command(script, env=True))
+        self.chan.exec_command(remote_command(script, env=True, stdin=stdin not in (None, False)))
         self.chan.sendall(env_input(env))    # the environment goes on stdin, never on sshd's command line
+        if stdin not in (None, False, True):  # then the data, in frames: the channel stays open after its end
+            forward_stdin(stdin, self.feed)
         self._code: int | None = None
         self.readers = [threading.Thread(target=self._pump, args=(is_err, lines), daemon=True) for is_err in (False, True)]
         for t in self.readers:
@@ -211,6 +214,9 @@ class RemoteProcess(Process):
 
     def stop(self) -> None:
         self.chan.close()
+
+    def feed(self, data: bytes) -> None:
+        self.chan.sendall(data)
 
 
 def load_known_hosts(keys, path: str, host: str) -> dict[tuple[str, str], str]:

@@ -5,7 +5,7 @@ over SSH. Code above it never knows which one it holds.
     put(local_path, remote_path, mode=None)      # atomic: a temporary name, then rename
     get(remote_path, local_path)                 # atomic on this machine too
     files() -> FileSession                       # many file operations over one session (hosts/files.py)
-    stream(command, lines, env=None) -> Process  # a long-running command whose output arrives line by line
+    stream(command, lines, env=None, stdin=None) -> Process  # a long-running command, its output line by line
     connect_tcp(address, port, timeout)          # a byte stream to address:port as the host sees it
     open()                                       # connect now (SSH); nothing to do locally
     is_local                                     # True for this machine
@@ -21,21 +21,27 @@ kills the command's whole process tree, so nothing is left running on the host.
 The `env` given to run() and stream() never appears on a command line (any local user sees a process's argv
 in `ps`, and inventories hold tokens): it is written to the command's stdin before anything else, and the
 shell that starts the command reads it from there (env_input, remote_command; docs/security.md#where-secrets-go).
+A streamed command may be given a `stdin` (a binary file: `run` gives the controller's own): its bytes follow
+the environment in frames the watchdog decodes into the command's stdin, then an end frame, so the command
+sees EOF while the channel, and with it the watchdog, stays open (forward_stdin; docs/run.md#standard-input).
 """
 from __future__ import annotations
 
 import atexit
 import os
 import queue
+import select
 import shlex
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 
 from ..errors import CommandTimeout
 from .files import Closeable, FileSession, LocalFiles
+from .scripts.frames import STDIN_END, stdin_frames
 
 KILL_GRACE_S = 2.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0     # the one default: every SSH connection clusterctl opens, unless told
@@ -73,21 +79,67 @@ def shell_command(command: str | Sequence[str], cwd: str | None = None) -> str:
     return "\n".join(lines)
 
 
-# The watchdog: the command runs in the background with stdin from /dev/null; the watchdog reads the
-# channel's stdin (kept on fd 3: a background job's stdin would otherwise be /dev/null), which only ends
-# when the channel closes, then kills the command's process tree (found with POSIX ps + awk: macOS and
-# Linux alike; dash has no job control, so no process groups, without a tty). `;`, not `&&`, between the
-# kills: a pid that exited after ps listed it makes `kill` return non-zero, and the KILL must still come.
+# The watchdog (docs/inventory.md#remote-commands): the command runs in the background; a watcher reads
+# the channel's stdin (kept on fd 3: a background job's stdin would otherwise be /dev/null), which ends only
+# when the channel closes. The watcher ends with its command: when the command exits, the main shell TERMs
+# it (its pid confirmed, by ps, to still be the main shell's child) and reaps it, so nothing of ours is left
+# on the host. When the channel closes first, the watcher (now ignoring TERM) signals only the command's
+# tree as one ps listing shows it while the command's pid still has the main shell `$$` as its parent;
+# after the grace period it SIGKILLs only those of them that are still the same processes (pid and start
+# time, `lstart`, from a new listing: a pid reused in the meantime is spared, a descendant orphaned when
+# the command died is not), and their new children. POSIX ps + awk only (macOS and Linux alike; dash has
+# no job control, so no process groups, without a tty); `;`, not `&&`, between steps: a pid that exited
+# after ps listed it makes `kill` return non-zero. The process lists go through ENVIRON: an awk -v value
+# may not hold a newline (BSD awk).
+_TREE = r"""ps -A -o pid= -o ppid= -o lstart= | T=$t C=$c M=$$ awk '{p[$1]=$2; s[$1]=$3" "$4" "$5" "$6" "$7}
+    END{n=split(ENVIRON["T"], l, "\n"); for (i=1; i<=n; i++) {split(l[i], f, " "); w[f[1]]=substr(l[i], length(f[1])+2)}
+      if (n == 0) {if (!(ENVIRON["C"] in p) || p[ENVIRON["C"]] != ENVIRON["M"]) exit; d[ENVIRON["C"]]=1}
+      else for (x in w) if ((x in s) && s[x] == w[x]) d[x]=1
+      m=1; while (m) {m=0; for (x in p) if (!(x in d) && (p[x] in d)) {d[x]=1; m=1}}
+      for (x in d) print x " " s[x]}'"""
+_KILL_ROUND = r"""trap '' TERM
+  t=; t=$(@TREE@)
+  [ -n "$t" ] || exit 0
+  kill -TERM $(printf '%s\n' "$t" | awk '{print $1}')
+  sleep @GRACE@
+  t=$(@TREE@)
+  [ -n "$t" ] && kill -KILL $(printf '%s\n' "$t" | awk '{print $1}')""".replace("@TREE@", _TREE)
+_END = r"""w=$!
+wait $c; s=$?
+x=$(ps -A -o pid= -o ppid= | awk -v w="$w" -v m="$$" '$1 == w && $2 == m {print w}')
+[ -n "$x" ] && kill -TERM "$x" 2>/dev/null
+wait "$w" 2>/dev/null
+exit $s"""
 _WATCHDOG = r"""exec 3<&0
-/bin/sh -c {script} </dev/null 3<&- &
+/bin/sh -c @SCRIPT@ </dev/null 3<&- &
 c=$!
-{{ cat <&3 >/dev/null
-  t=$(ps -A -o pid= -o ppid= | awk -v r="$c" '{{p[$1]=$2}} END{{d[r]=1; n=1; while (n) {{n=0;
-    for (x in p) if (!(x in d) && (p[x] in d)) {{d[x]=1; n=1}}}} for (x in d) print x}}')
-  [ -n "$t" ] && {{ kill -TERM $t; sleep {grace}; kill -KILL $t; }}
-}} >/dev/null 2>&1 &
+{ while IFS= read -r l <&3; do :; done
+  @ROUND@
+} >/dev/null 2>&1 &
 exec 3<&-
-wait $c"""
+@END@""".replace("@ROUND@", _KILL_ROUND).replace("@END@", _END)
+
+# The same with the channel's data after the environment passed to the command's stdin
+# (docs/run.md#standard-input): frames of one line each, `d<text>` (the text and a newline), `p<text>` (the
+# text alone: a last line without one), and `e` (the end: the command's stdin closes, the channel stays
+# open). The watcher decodes them into a FIFO the command reads (the one pipe both the command, started
+# first so that its pid is known, and the watcher can be given); it ignores SIGPIPE, so a command that
+# stops reading only ends the data (scripts/frames.py encodes them; NUL bytes cannot pass: they are dropped).
+_WATCHDOG_STDIN = r"""exec 3<&0
+f=${TMPDIR:-/tmp}/.clusterctl-stdin.$$
+rm -f "$f"; mkfifo -m 600 "$f" || exit 125
+/bin/sh -c @SCRIPT@ <"$f" 3<&- &
+c=$!
+exec 4>"$f"; rm -f "$f"
+{ trap '' PIPE
+  while IFS= read -r l <&3; do case $l in d*) printf '%s\n' "${l#d}" || break;; p*) printf '%s' "${l#p}" || break;;
+    *) break;; esac; done
+  exec >/dev/null
+  while IFS= read -r l <&3; do :; done
+  @ROUND@
+} >&4 4>&- 2>/dev/null &
+exec 3<&- 4>&-
+@END@""".replace("@ROUND@", _KILL_ROUND).replace("@END@", _END)
 
 
 # The environment on stdin: a line with a count of lines, then that many lines of `NAME='value'; export
@@ -128,10 +180,14 @@ def reading_env(script: str) -> str:
     return _READ_ENV + _EVAL_ENV + script
 
 
-def remote_command(script: str, grace: float = KILL_GRACE_S, env: bool = False) -> str:
+def remote_command(script: str, grace: float = KILL_GRACE_S, env: bool = False, stdin: bool = False) -> str:
     """What is sent to sshd: our script under /bin/sh behind the watchdog, whatever the login shell; with
-    `env`, the script's environment is read from stdin first (send env_input() before anything else)."""
-    wrapped = _WATCHDOG.format(script=shlex.quote(_EVAL_ENV + script if env else script), grace=f"{grace:g}")
+    `env`, the script's environment is read from stdin first (send env_input() before anything else); with
+    `stdin`, the script reads the data that follows, sent as stdin_frames() and ended by STDIN_END (without
+    it, /dev/null)."""
+    text = _EVAL_ENV + script if env else script
+    wrapped = (_WATCHDOG_STDIN if stdin else _WATCHDOG).replace("@GRACE@", f"{grace:g}").replace(
+        "@SCRIPT@", shlex.quote(text))
     return "exec /bin/sh -c " + shlex.quote(_READ_ENV + wrapped if env else wrapped)
 
 
@@ -159,6 +215,10 @@ class Process:
         """End it and everything it started."""
         raise NotImplementedError
 
+    def feed(self, data: bytes) -> None:
+        """Write `data` (stdin_frames, then STDIN_END) to a command started with stdin=True; OSError once it is gone."""
+        raise NotImplementedError
+
 
 class Transport(Closeable):
     """Base of LocalTransport and SSHTransport (hosts/ssh.py)."""
@@ -174,7 +234,9 @@ class Transport(Closeable):
         raise NotImplementedError
 
     def stream(self, command: str | Sequence[str], lines: queue.Queue,
-               env: Mapping[str, str] | None = None) -> Process:
+               env: Mapping[str, str] | None = None, stdin: BinaryIO | bool | None = None) -> Process:
+        """Start `command`; with `stdin`, its bytes become the command's stdin (forward_stdin), else /dev/null;
+        `stdin=True`: the caller feeds it, Process.feed() (one source for many commands)."""
         raise NotImplementedError
 
     def connect_tcp(self, address: str, port: int, timeout: float):
@@ -238,11 +300,11 @@ class LocalTransport(Transport):
         import socket
         return socket.create_connection((address, port), timeout=timeout)
 
-    def stream(self, command, lines, env=None) -> Process:
+    def stream(self, command, lines, env=None, stdin=None) -> Process:
         """`command` (an argv, or a script of ours) under /bin/sh and the watchdog, `env` exported by the
         shell that starts it (read from its stdin: never on a command line)."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        return LocalProcess(argv, dict(env or {}), lines)
+        return LocalProcess(argv, dict(env or {}), lines, stdin)
 
 
 class LocalProcess(Process):
@@ -250,12 +312,16 @@ class LocalProcess(Process):
     behind the same watchdog as a remote command, reading a pipe from us: if clusterctl dies, even by
     SIGKILL, the pipe closes and the watchdog kills the whole tree, so no launcher or rank outlives us."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue):
-        self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv), env=True)],
+    def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue,
+                 stdin: BinaryIO | bool | None = None):
+        self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv), env=True,
+                                                                      stdin=stdin not in (None, False))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
         self.proc.stdin.write(env_input(env))
         self.proc.stdin.flush()
+        if stdin not in (None, False, True):
+            forward_stdin(stdin, self.feed)
         self.readers = [threading.Thread(target=_read_lines, args=(stream, is_err, lines), daemon=True)
                         for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
         for t in self.readers:
@@ -274,9 +340,62 @@ class LocalProcess(Process):
             raise TimeoutError(f"still running after {timeout:g}s")
         return self.proc.returncode
 
+    def feed(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
     def stop(self) -> None:
         stop_process_group(self.proc)
         self.proc.stdin.close()
+
+
+def forward_stdin(source: BinaryIO, send: Callable[[bytes], None]) -> threading.Thread:
+    """Copy `source` to a command started with remote_command(stdin=True), through `send` (which writes to its
+    channel), in a daemon thread: every chunk as stdin_frames the moment it is read, then STDIN_END. It stops
+    quietly when the command is gone (`send` raises). A terminal is read only while this process is in its
+    foreground process group: in the background it would be stopped by SIGTTIN, or take lines meant for the
+    shell (docs/run.md#standard-input)."""
+    def copy() -> None:
+        try:
+            for chunk in _chunks(source):
+                send(stdin_frames(chunk))
+            send(STDIN_END)
+        except (OSError, ValueError, EOFError):
+            pass      # the command ended (its channel or pipe is closed), or the source was closed under us
+    thread = threading.Thread(target=copy, name="clusterctl-stdin", daemon=True)
+    thread.start()
+    return thread
+
+
+def _chunks(source: BinaryIO) -> Iterator[bytes]:
+    """What `source` gives, as it comes (a line typed is sent when typed, not when a buffer fills)."""
+    try:
+        fd = source.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd is None:           # an in-memory file (click's test runner)
+        read = getattr(source, "read1", source.read)
+        yield from iter(lambda: read(65536), b"")
+        return
+    tty = os.isatty(fd)
+    while True:
+        if tty and not _in_foreground(fd):
+            os.fstat(fd)    # OSError (the end) once the terminal is closed under us
+            time.sleep(0.2)
+            continue
+        if tty and not select.select([fd], [], [], 0.2)[0]:
+            continue        # look again whether we are still in the foreground before reading
+        data = os.read(fd, 65536)
+        if not data:
+            return
+        yield data
+
+
+def _in_foreground(fd: int) -> bool:
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def read_until(proc: Process, lines: queue.Queue, timeout: float, progress_s: float = 0.0,
@@ -285,7 +404,6 @@ def read_until(proc: Process, lines: queue.Queue, timeout: float, progress_s: fl
     seconds pass, whichever comes first; a command still running then is stopped, and what it had printed
     so far is kept. With `progress_s`, a command still printing is given more time: every line moves the
     end to at least `progress_s` seconds after it, never beyond `cap` seconds from the start."""
-    import time
 
     start = time.monotonic()
     deadline = start + timeout

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from ..errors import ClusterctlError, RestartError, SignalReceived
 from ..hosts.connector import Connector
@@ -48,6 +49,7 @@ class AttemptSettings:
     stall: StallPolicy = StallPolicy()   # --stall-timeout
     script: str | None = None         # what the re-check looks for on every host: the user's script ...
     module: str | None = None         # ... or module
+    stdin: BinaryIO | None = None     # what every rank reads (run's own stdin), None: EOF at once
 
 
 class AttemptHooks:
@@ -119,7 +121,7 @@ class Attempts:
             script, args, extra_env = hooks.ranks()
             launch = prepare(cluster, plan, script=script, args=args, backend=backend, runs_root=settings.runs_dir,
                              site=site, connector=self.connector, extra_env=extra_env,
-                             run_id=self.run_id, restart=attempt)
+                             run_id=self.run_id, restart=attempt, stdin=settings.stdin)
             if settings.dry_run:
                 return launch, None
             hooks.started(launch, cluster)

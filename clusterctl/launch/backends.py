@@ -31,7 +31,7 @@ from ..atomic import write_text
 from ..errors import InventoryError, LaunchError, UsageError
 from ..hosts.facts import RING_STARTING_PORT
 from ..hosts.openssh import rsh_agent
-from ..hosts.scripts import script_text
+from ..hosts.scripts import program as script_program
 from ..hosts.transport import env_input, quote_path, remote_command, shell_command
 from ..inventory import Cluster, load
 from . import mlxenv
@@ -86,6 +86,7 @@ class Backend:
     peers_variable: str | None = None  # the variable naming a rank's peers to MLX (the world check's hint)
     smoke_needs: tuple[str, ...] | None = None   # doctor checks its smoke test needs passed; None: it has none
     env_on_command_line = False       # its launcher takes the ranks' env values as arguments (`ps` shows them)
+    stdin_to_rank0_only = False       # its launcher gives its stdin to rank 0 alone: run relays it (launch/stdinrelay.py)
 
     @property
     def launcher_label(self) -> str:
@@ -168,6 +169,7 @@ class MPIBackend(Backend):
     name, launcher_name, hostfile_format, hostfile_name = "mpi", "mpirun", "openmpi", "hostfile"
     benchmarked, tune_count, tune_subnets, mpi4py_reference, needs_mpi = True, "btl_tcp_links", True, True, True
     smoke_needs = ("mpirun",)         # no peers variable: mpirun tells the ranks their peers
+    stdin_to_rank0_only = True        # docs/facts/launchers.md#mpirun-stdin-all
     install_hint = ("install Open MPI here too (macOS: brew install open-mpi; Debian: apt install openmpi-bin), or "
                     "run clusterctl from one of the hosts")
 
@@ -311,8 +313,9 @@ class RankStarterBackend(Backend):
             # the environment goes on the rank's stdin (the starter writes it first), never its command line
             # the host's own python, a leading ~ its home (quote_path), as the pre-flight found it; MLX_RANK
             # (no secret) also on the command line, where `clusterctl ps` reads a rank's number
+            # then the starter's own stdin, the same bytes to every rank (docs/run.md#standard-input)
             wrapped = remote_command(shell_command(
-                f"MLX_RANK={rank} {quote_path(host.python)} {shlex.join(program[1:])}"), env=True)
+                f"MLX_RANK={rank} {quote_path(host.python)} {shlex.join(program[1:])}"), env=True, stdin=True)
             argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
                 [where.ssh, *where.ssh_options, "--", host.name, wrapped]
             # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text
@@ -320,7 +323,7 @@ class RankStarterBackend(Backend):
                           "stdin": env_input(env).decode()})
         spec = os.path.join(where.dir, self.hostfile_name)
         starter = os.path.join(where.dir, "ranks.py")
-        files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_text("ranks.py"), None)]
+        files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_program("ranks.py"), None)]
         return LauncherCommand([*(where.launcher or [sys.executable]), starter, spec], files)
 
     def hostfile(self, cluster: Cluster) -> str:

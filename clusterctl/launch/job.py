@@ -17,7 +17,7 @@ import secrets
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from ..atomic import write_text
 from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
@@ -28,6 +28,7 @@ from .backends import Backend, LauncherCommand, write_files
 from .bootstrap import BOOTSTRAP
 from .plan import LaunchPlan
 from .site import LaunchSite
+from .stdinrelay import RELAY_ENV, relayed_start
 
 # what a launch from the first host asks it first: its home, whether we are root there, its ssh and its mpirun
 # (by absolute path, also where Homebrew puts it: sshd's PATH on a Mac does not have it)
@@ -130,12 +131,14 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
             site: LaunchSite, connector: Connector, extra_env: dict[str, str] | None = None,
-            run_id: str | None = None, restart: int | None = None) -> Launch:
+            run_id: str | None = None, restart: int | None = None, stdin: BinaryIO | None = None) -> Launch:
     """Make the local run directory and build the launch. On the first host (site.host, reached by
     site.transport) the launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the
     launch starts. The launcher's ssh is given the connector's settings.
     A restart (run --max-restarts) keeps the run's id and directory, where the ranks' checkpoints are, and
-    gives each attempt its own logs in runs/<id>/attempt-K/, K = `restart` (0 for the first)."""
+    gives each attempt its own logs in runs/<id>/attempt-K/, K = `restart` (0 for the first).
+    `stdin`: what the launcher, and through it every rank, reads (docs/run.md#standard-input); None: EOF at once.
+    A later attempt reads on where the one before stopped."""
     run_id = run_id or new_run_id()
     run_dir = os.path.abspath(os.path.join(runs_root, run_id))
     log_dir = run_dir if restart is None else os.path.join(run_dir, f"attempt-{restart}")
@@ -143,15 +146,19 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     for folder in dict.fromkeys([run_dir, log_dir]):
         os.makedirs(folder, mode=0o700, exist_ok=True)
     # the backend the ranks were started for: the bundled trainer initialises exactly that one
-    rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {})},
+    relay = stdin is not None and backend.stdin_to_rank0_only     # every rank's stdin from its host's relay
+    rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {}),
+                                                                 **({RELAY_ENV: "1"} if relay else {})},
                                 restart=restart)
     program = rank_program(cluster, run_id, script, args)
     if site.host is None:
         launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
-                               log_dir)
+                               log_dir, None if relay else stdin)
     else:
         launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
-                                  log_dir)
+                                  log_dir, None if relay else stdin)
+    if relay:
+        launch.start = relayed_start(cluster, connector, run_id, launch.rank_hosts, stdin, launch.start)
     launch.log_dir = log_dir
     launch.inventory = os.path.abspath(cluster.path) if os.path.isfile(cluster.path) else None
     launch.rank_files = {h.name: connector.rank_files_dir(h, run_id) for h in cluster.hosts}
@@ -163,17 +170,17 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
 
 
 def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
-                  files_dir) -> Launch:
+                  files_dir, stdin) -> Launch:
     site = LaunchSite.here(connector, site.launcher, files_dir)
     command = backend.command(cluster, plan, program=program, rank_env=rank_env, where=site)
     write_files(command)
     env = command.env()
     return Launch(run_id, run_dir, backend.name, command.argv, env, rank_env, rank_hosts(cluster),
-                  start=lambda lines: LocalTransport().stream(command.argv, lines, env), site=site)
+                  start=lambda lines: LocalTransport().stream(command.argv, lines, env, stdin=stdin), site=site)
 
 
 def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
-                     files_dir) -> Launch:
+                     files_dir, stdin) -> Launch:
     host, remote = cluster.host(site.host), site.transport
     facts = remote.run(LAUNCH_HOST_FACTS, timeout=30).stdout.split("\n")
     home, uid, ssh, mpirun = (facts + ["", "", "", ""])[:4]
@@ -196,7 +203,7 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
         for path, _, mode in command.files:
             remote.put(os.path.join(files_dir, os.path.relpath(path, there)), path, mode=mode)
         # closing its channel kills the launcher's tree there; env_values go on the channel's stdin
-        return remote.stream(text, lines, env=command.env_values)
+        return remote.stream(text, lines, env=command.env_values, stdin=stdin)
 
     return Launch(run_id, run_dir, backend.name, command.argv, {}, rank_env, rank_hosts(cluster), start=start,
                   site=site, remote_command=text)

@@ -267,3 +267,30 @@ def test_ctrl_c_during_exec_leaves_nothing_running_on_any_host(make_cluster):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     assert not leftover(a, b), "left running on a host"
+
+
+def _ours(token):
+    """The processes on this machine (every test host lives here) whose command line holds `token`."""
+    out = subprocess.run(["ps", "-ww", "-A", "-o", "pid=", "-o", "args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if token in line]
+
+
+def test_nothing_of_the_watchdog_is_left_on_the_host_when_a_command_ends(make_cluster):
+    """The watcher ends with its command: no `sh` (and no `cat`) of ours lingers on the host after run()
+    returns, nor after a streamed command ends while its channel is still open."""
+    import queue
+
+    from clusterctl.hosts.transport import read_until
+    cluster = make_cluster(2)
+    conn = connector(cluster)
+    token = f"wd{os.getpid()}x{time.monotonic_ns()}"
+    group = conn.run_everywhere(f": {token}; echo ok", timeout=20)
+    assert group.all_ok and [o.value.stdout for o in group.values()] == ["ok\n", "ok\n"]
+    assert _ours(token) == []          # at once, not after a grace period
+    with conn.transport(conn.cluster.hosts[1]) as t:
+        lines = queue.Queue()
+        proc = t.stream(f": {token}; echo streamed", lines)
+        out, err, finished = read_until(proc, lines, timeout=20)
+        assert finished and out == ["streamed"] and err == []
+        assert _ours(token) == [], "the watcher must not wait for the channel to close"
+        assert proc.poll() == 0

@@ -64,7 +64,7 @@ def test_ring_ranks_are_started_by_clusterctl_with_the_environment_mlx_reads(clu
     for r in spec:
         assert r["argv"][:5] == ["/usr/bin/ssh", "-F", "/cache/clusterctl/ssh/abc.config", "--", r["host"]]
         script = r["argv"][5]
-        assert script.startswith("exec /bin/sh -c ") and "cat <&3" in script          # the watchdog
+        assert script.startswith("exec /bin/sh -c ") and "mkfifo" in script   # the watchdog, with stdin
         assert "A=1" not in script               # no env value on the command line (MLX_RANK too, for `ps`) ...
         assert f"MLX_RANK={r['rank']} /opt/py/bin/python3 " in script
         count, *lines = r["stdin"].splitlines()                          # ... its stdin: a count, the lines

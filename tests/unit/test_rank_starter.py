@@ -1,6 +1,6 @@
 """The rank starter (hosts/scripts/ranks.py) run as a file on this machine, its ranks plain `sh -c` programs:
 output relayed line by line, the first failure stopping the others and named, a rank that never reported its
-own exit told as `lost`, a signal stopping every rank."""
+own exit told as `lost`, a signal stopping every rank; its stdin copied to every rank behind the watchdog."""
 import json
 import os
 import signal
@@ -8,17 +8,40 @@ import subprocess
 import sys
 import time
 
-from clusterctl.hosts import scripts
+from clusterctl.hosts.scripts import program
+from clusterctl.hosts.transport import env_input, remote_command, shell_command
 
-RANKS_PY = os.path.join(os.path.dirname(scripts.__file__), "ranks.py")
 WAIT = "cat >/dev/null; echo stopped"       # a rank that runs until the starter closes its stdin
 
 
-def _start(tmp_path, *programs) -> subprocess.Popen:
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"ranks": [{"rank": i, "host": f"h{i}", "argv": ["sh", "-c", p]}
-                                          for i, p in enumerate(programs)]}))
-    return subprocess.Popen([sys.executable, RANKS_PY, str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _start(tmp_path, *programs, stdin=subprocess.DEVNULL, watchdog=False) -> subprocess.Popen:
+    """ranks.py as the backends ship it (program(): its pieces inlined), each program a rank; with `watchdog`,
+    behind the watchdog with its environment and standard input in frames, as ranks start in `run`."""
+    spec, starter = tmp_path / "spec.json", tmp_path / "ranks.py"
+    starter.write_text(program("ranks.py"))
+    ranks = [{"rank": i, "host": f"h{i}", "argv": ["sh", "-c", p]} for i, p in enumerate(programs)]
+    if watchdog:
+        for r in ranks:
+            r["argv"][2] = remote_command(shell_command(r["argv"][2]), env=True, stdin=True)
+            r["stdin"] = env_input({"RANK": str(r["rank"])}).decode()
+    spec.write_text(json.dumps({"ranks": ranks}))
+    return subprocess.Popen([sys.executable, str(starter), str(spec)], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def test_its_stdin_reaches_every_rank_whole_then_eof(tmp_path):
+    data = b"a\nb  \\ $(x)\n\xff tail"
+    read = 'echo "$RANK:$(od -An -tx1 | tr -d " \\n")"'
+    p = _start(tmp_path, read, read, read, stdin=subprocess.PIPE, watchdog=True)
+    out, err = p.communicate(data, timeout=30)
+    assert p.returncode == 0 and err == b""
+    assert sorted(out.decode().split()) == [f"{rank}:{data.hex()}" for rank in range(3)]
+
+
+def test_without_stdin_every_rank_sees_eof_at_once(tmp_path):
+    p = _start(tmp_path, "cat; echo eof", "cat; echo eof", watchdog=True)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and out == b"eof\neof\n" and err == b""
 
 
 def test_every_rank_s_lines_are_relayed_and_a_clean_job_exits_0(tmp_path):

@@ -7,10 +7,12 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     filehelper.py   hashing, listing, deleting and verifying files for sync, data push and run
     modelstore.py   the model store on a host: check, stage, verify, complete, list and remove entries
     helperbase.py   what those two share (a file's sha256, the request), inlined into each by program()
-    ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, run by path)
+    ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, program("ranks.py"),
+                    run by path), with its piece frames.py (standard input in frames, also transport.py's)
     bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
                     pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py,
-                    stackdump.py
+                    stackdump.py, stdinpump.py
+    stdinrelay.py   an mpi job's stdin on one host: a FIFO per rank, the same bytes to each (launch/stdinrelay.py)
     stacks.py       asks a run's ranks on one host for their stacks (stackdump.py's files) and reads them
 """
 from __future__ import annotations

@@ -19,6 +19,9 @@ docs/facts/macos.md#sip-strips-dyld). It:
   - writes the files MLX reads by path (envfiles.py, docs/facts/launchers.md#our-rank-starter), and removes them;
   - dumps every thread's Python stack into a file when asked with a signal (stackdump.py, for `clusterctl
     stacks` and the stall watchdog);
+  - under mpi, reads its stdin from its host's stdin relay (stdinrelay.py): mpirun gives its own to rank 0
+    alone (docs/facts/launchers.md#mpirun-stdin-all); and drains its stdin as it comes, so a program that
+    never reads it cannot block the watchdog writing to it (stdinpump.py, docs/run.md#standard-input);
   - raises the open-file soft limit (nofile.py), keeps a Mac awake while the rank lives (awake.py), reports
     the world MLX formed (worldwatch.py, docs/facts/mlx-distributed.md#world-check), finalises an MPI world of one
     (mpiworld.py).
@@ -37,7 +40,8 @@ from .awake import keep_awake, let_sleep
 from .envfiles import env_files
 from .mpiworld import finalize_world_of_one
 from .nofile import raise_nofile
-from .stackdump import arm_stacks, disarm_stacks
+from .stackdump import arm_stacks, disarm_stacks, rank_paths
+from .stdinpump import drain_stdin
 from .tagged import Tagged
 from .worldwatch import watch_world
 
@@ -96,6 +100,21 @@ def host_env(rank):
             os.environ[name] = value
 
 
+def relayed_stdin(workdir, rank):
+    """Under mpi, which gives its stdin to rank 0 alone, this rank's stdin is its FIFO from the host's stdin
+    relay (stdinrelay.py, started by `run` when CLUSTERCTL_STDIN_RELAY is set): opened in place of fd 0."""
+    if os.environ.pop("CLUSTERCTL_STDIN_RELAY", "") != "1":
+        return
+    folder = rank_paths(workdir, os.environ.get("CLUSTERCTL_RUN_ID", ""), rank)[0]
+    try:
+        fd = os.open(os.path.join(folder, "rank-%s.stdin" % rank), os.O_RDONLY)
+    except OSError as e:
+        print("clusterctl: no stdin for rank %s (%s): it reads /dev/null" % (rank, e), file=sys.stderr)
+        return
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
 def main(argv):
     workdir, beat, script, *args = argv[1:]     # the run id is the comment on our first line
     raise_nofile()
@@ -103,6 +122,8 @@ def main(argv):
     host_env(rank)
     if workdir.startswith("["):
         workdir = json.loads(workdir)[int(rank)]
+    relayed_stdin(workdir, rank)
+    drain_stdin()
     stacks = arm_stacks(workdir, os.environ.get("CLUSTERCTL_RUN_ID"), rank)
     out = Tagged(rank)
     out.emit("start", socket.gethostname().encode())

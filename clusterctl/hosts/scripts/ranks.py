@@ -6,10 +6,13 @@ it: `/bin/sh -c` of a watchdog-wrapped script for a rank on this machine, `ssh -
 <the same script>` for a rank elsewhere (docs/facts/launchers.md#our-rank-starter).
 
 What it does, and why it is not mlx.launch (docs/facts/launchers.md#mlx-launch-spins-a-core):
-  - starts every rank at once, each with a stdin pipe it writes only the rank's environment to (the
+  - starts every rank at once, each with a stdin pipe it writes the rank's environment to first (the
     spec's "stdin": never on a command line, where `ps` shows it) and never closes until the rank should
     stop: the rank's watchdog (hosts/transport.py) reads that pipe and kills the rank's process
     tree when it ends, so a rank never outlives this process, even after SIGKILL;
+  - copies its own stdin to every rank, the same bytes to each, in frames (frames.py) on that pipe, then
+    the end frame when its stdin ends: the rank's stdin ends, its pipe stays open (docs/run.md#standard-input).
+    A rank that does not read holds its bytes here, never the other ranks or the output relay;
   - relays every complete line of every rank's stdout and stderr to its own, in one thread, blocked in
     select() until a pipe has data or a child exits (SIGCHLD through a wake-up pipe): an idle job costs
     nothing but the ranks' one heartbeat a second;
@@ -28,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from .frames import STDIN_END, stdin_frames
+
 GRACE_S = 2.0           # after closing a rank's pipe, how long before its starter process is killed
 DRAIN_S = 2.0           # after every rank exited, how long a pipe a grandchild still holds is read
 
@@ -43,6 +48,8 @@ class Rank:
             self.proc.stdin.flush()
         except OSError:
             pass      # ssh already gone: its exit status says why
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        self.pending = b""             # frames of our stdin not yet taken by the rank's pipe
         self.code = None
         self.open = 2                  # stdout and stderr not yet at EOF
         self.rest = {}                 # fd -> a partial line
@@ -51,12 +58,42 @@ class Rank:
         self.first = False             # it failed before any rank was stopped: a cause, not a casualty
         self.told = False              # its `lost` line was written
 
+    def give(self, data, sel):
+        """Queue `data` for the rank's stdin and write what its pipe takes now (the rest when it is writable)."""
+        if self.proc.stdin.closed:
+            return
+        was = bool(self.pending)
+        self.pending += data
+        self.flush()
+        if self.pending and not was:
+            sel.register(self.proc.stdin.fileno(), selectors.EVENT_WRITE, self)
+
+    def flush(self):
+        try:
+            while self.pending:
+                self.pending = self.pending[os.write(self.proc.stdin.fileno(), self.pending):]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.pending = b""        # the rank (or its ssh) is gone: its exit says why
+
     def stop(self):
+        self.pending = b""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
             except OSError:
                 pass
+
+
+def read_all(fd):
+    chunks = []
+    try:
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            chunks.append(chunk)
+    except OSError:
+        pass
+    return b"".join(chunks)
 
 
 def describe(rank, code):
@@ -89,6 +126,12 @@ class Starter:
             self.ranks.append(r)
             for stream, out in ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer)):
                 self.sel.register(stream.fileno(), selectors.EVENT_READ, (r, out))
+        try:
+            self.sel.register(0, selectors.EVENT_READ, "stdin")
+        except (OSError, ValueError):       # a file, /dev/null (epoll takes neither) or none at all: read it now
+            data = read_all(0)
+            for r in self.ranks:
+                r.give(stdin_frames(data) + STDIN_END, self.sel)
         self.status = 0
         self.stopping_since = None
         self.drain_since = None
@@ -96,6 +139,8 @@ class Starter:
     def stop_all(self):
         self.stopping_since = time.monotonic()
         for r in self.ranks:
+            if r.pending and not r.proc.stdin.closed:
+                self.sel.unregister(r.proc.stdin.fileno())
             r.stop()
 
     def run(self):
@@ -114,7 +159,23 @@ class Starter:
                 return self.status
 
     def relay(self, key):
-        """Drain the wake-up pipe, or pass on a rank's complete lines (its partial line at EOF)."""
+        """Drain the wake-up pipe, copy our stdin to every rank, write a rank's pending stdin, or pass on a
+        rank's complete lines (its partial line at EOF)."""
+        if isinstance(key.data, Rank):
+            key.data.flush()
+            if not key.data.pending or key.data.proc.stdin.closed:
+                self.sel.unregister(key.fd)
+            return
+        if key.data == "stdin":
+            try:
+                data = os.read(0, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.sel.unregister(0)
+            for r in self.ranks:
+                r.give(stdin_frames(data) if data else STDIN_END, self.sel)
+            return
         if key.data is None:
             try:
                 while os.read(self.wake_r, 512):

@@ -1,0 +1,65 @@
+"""The stdin relay for an mpi job's ranks on one host: `python -c PROGRAM FOLDER RANK...`.
+
+mpirun gives its stdin to rank 0 alone (docs/facts/launchers.md#mpirun-stdin-all), so `run` starts this on
+every host of an mpi job, behind the watchdog with the controller's stdin (hosts/transport.py): it makes a
+FIFO FOLDER/rank-R.stdin for each rank R of this host, says `ready`, and copies its own stdin to every FIFO,
+the same bytes to each, holding in memory what a rank has not taken yet; each rank's bootstrap opens its
+FIFO as its stdin (bootstrap.py) and gets EOF when the data ends. A FIFO is removed once its rank opened it,
+and the rest when the relay is stopped (the watchdog's SIGTERM). Standard library only.
+"""
+import os
+import signal
+import sys
+import threading
+
+from .stdinpump import Buffered
+
+
+class Fifo(Buffered):
+    """One rank's FIFO: opened for writing in a thread (that blocks until the rank opens it), fed in order."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+        self.thread = threading.Thread(target=self.feed, daemon=True)
+        self.thread.start()
+
+    def feed(self):
+        fd = os.open(self.path, os.O_WRONLY)
+        remove(self.path)
+        self.write_to(fd)
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def main(argv):
+    folder = os.path.expanduser(argv[1])
+    os.makedirs(folder, exist_ok=True)
+    paths = [os.path.join(folder, "rank-%s.stdin" % rank) for rank in argv[2:]]
+    signal.signal(signal.SIGTERM, lambda *_: [remove(p) for p in paths] + [os._exit(128 + signal.SIGTERM)])
+    for path in paths:
+        remove(path)                      # a FIFO left by an earlier attempt of the same run
+        os.mkfifo(path, 0o600)
+    fifos = [Fifo(path) for path in paths]
+    print("ready", flush=True)
+    while True:
+        try:
+            data = os.read(0, 65536)
+        except OSError:
+            data = b""
+        for fifo in fifos:
+            fifo.put(data)
+        if not data:
+            break
+    for fifo in fifos:
+        fifo.thread.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,122 @@
+"""Standard input for every rank of a launcher that gives its own to rank 0 alone (mpirun:
+docs/facts/launchers.md#mpirun-stdin-all): a relay on every host (hosts/scripts/stdinrelay.py), behind the
+watchdog, fed the same frames of `run`'s stdin, makes a FIFO per rank of that host, which the rank's
+bootstrap opens as its stdin (CLUSTERCTL_STDIN_RELAY). The launcher's Process, wrapped: the relays end with
+it (docs/facts/launchers.md#our-stdin-relay).
+"""
+from __future__ import annotations
+
+import queue
+import shlex
+import time
+from typing import BinaryIO, Callable
+
+from ..errors import LaunchError
+from ..hosts.connector import Connector
+from ..hosts.scripts import program
+from ..hosts.transport import Process, Transport, forward_stdin, quote_path
+from ..inventory import Cluster
+
+READY_TIMEOUT_S = 30.0
+RELAY_ENV = "CLUSTERCTL_STDIN_RELAY"       # "1": the bootstrap reads its rank's FIFO (hosts/scripts/bootstrap.py)
+
+
+class Relayed(Process):
+    """The launcher's process, with the stdin relays it needs: they stop when it ends or is stopped."""
+
+    def __init__(self, launcher: Process, relays: list[tuple[Transport, Process]]):
+        self.launcher, self.relays = launcher, relays
+        self.readers = launcher.readers
+
+    def poll(self) -> int | None:
+        code = self.launcher.poll()
+        if code is not None:
+            self._stop_relays()
+        return code
+
+    def wait(self, timeout: float) -> int:
+        code = self.launcher.wait(timeout)
+        self._stop_relays()
+        return code
+
+    def stop(self) -> None:
+        self.launcher.stop()
+        self._stop_relays()
+
+    def _stop_relays(self) -> None:
+        relays, self.relays = self.relays, []
+        for transport, relay in relays:
+            relay.stop()        # its watchdog kills it; it removes the FIFOs no rank opened
+            transport.close()
+
+
+def relayed_start(cluster: Cluster, connector: Connector, run_id: str, rank_hosts: list[str], source: BinaryIO,
+                  start: Callable[[queue.Queue], Process]) -> Callable[[queue.Queue], Process]:
+    """`start` (the launcher's), preceded by a relay on every host, each ready, and the copying of `source`."""
+    def with_relays(lines: queue.Queue) -> Process:
+        relays = start_relays(cluster, connector, run_id, rank_hosts)
+        try:
+            launcher = start(lines)
+        except BaseException:
+            Relayed(_Ended(), relays).stop()
+            raise
+
+        def send(data: bytes) -> None:
+            for _, relay in relays:
+                try:
+                    relay.feed(data)
+                except (OSError, ValueError, EOFError):
+                    pass          # that host's relay is gone: the others still get theirs
+        forward_stdin(source, send)
+        return Relayed(launcher, relays)
+    return with_relays
+
+
+def start_relays(cluster: Cluster, connector: Connector, run_id: str, rank_hosts: list[str]) -> list[tuple[Transport, Process]]:
+    """A relay on every host that runs ranks, each having made its FIFOs (its `ready` line)."""
+    started = []
+    try:
+        for host in cluster.hosts:
+            ranks = [str(rank) for rank, name in enumerate(rank_hosts) if name == host.name]
+            if not ranks:
+                continue
+            command = " ".join([quote_path(host.python), "-c", shlex.quote(program("stdinrelay.py")),
+                                shlex.quote(connector.rank_files_dir(host, run_id)), *ranks])
+            transport = connector.transport(host)
+            lines: queue.Queue = queue.Queue()
+            started.append((transport, transport.stream(command, lines, stdin=True), lines, host.name))
+        for _, relay, lines, name in started:
+            _wait_ready(relay, lines, name)
+    except BaseException:
+        Relayed(_Ended(), [(t, p) for t, p, _, _ in started]).stop()
+        raise
+    return [(t, p) for t, p, _, _ in started]
+
+
+def _wait_ready(relay: Process, lines: queue.Queue, host: str) -> None:
+    deadline, said = time.monotonic() + READY_TIMEOUT_S, []
+    while time.monotonic() < deadline:
+        try:
+            is_err, line = lines.get(timeout=0.2)
+        except queue.Empty:
+            if relay.poll() is not None and not any(t.is_alive() for t in relay.readers) and lines.empty():
+                break
+            continue
+        if not is_err and line == "ready":
+            return
+        said.append(line)
+    last = said[-1] if said else f"no answer in {READY_TIMEOUT_S:g}s"
+    raise LaunchError(f"the ranks' stdin relay did not start on {host}: {last} (or use run --no-stdin)")
+
+
+class _Ended(Process):
+    readers: list = []
+
+    def poll(self) -> int | None:
+        return 0
+
+    def wait(self, timeout: float) -> int:
+        return 0
+
+    def stop(self) -> None:
+        pass
