@@ -19,8 +19,8 @@ import socket
 import threading
 
 from ..errors import ClusterctlError, PortTaken
+from .transport import DEFAULT_CONNECT_TIMEOUT_S
 
-CONNECT_TIMEOUT_S = 10.0
 CHUNK = 65536
 
 
@@ -102,7 +102,7 @@ class Forward:
             return
         transport, address, port = target
         try:
-            far = transport.connect_tcp(address, port, CONNECT_TIMEOUT_S)
+            far = transport.connect_tcp(address, port, DEFAULT_CONNECT_TIMEOUT_S)
         except (OSError, ClusterctlError):
             client.close()
             return
