@@ -87,3 +87,19 @@ def test_a_pipeline_stage_gets_only_the_weight_files_its_blocks_and_the_shared_w
     # 4 blocks on 3 stages: rank 0 takes two (the low ranks take the extra one), ranks 1 and 2 one each
     assert stage_files(str(model), 3, 4) == [[f[0], f[2], f[3]], [f[0], f[1], f[3]], [f[0], f[3]]]
     refused(model, "4 blocks cannot be split into 5 pipeline stages", world=5, pipeline=True)
+
+
+def test_a_servers_failure_is_told_by_its_last_lines():
+    from clusterctl.launch.supervise import Outcome
+    from clusterctl.run import RunResult
+    from clusterctl.serve.service import describe_failure
+
+    def told(*tail):
+        return describe_failure(RunResult(None, Outcome(1, "rank 0 on h1 exited 1", failed_rank=0, tail=list(tail))))
+
+    assert told("Traceback (most recent call last):", "OSError: [Errno 98] Address already in use") == (
+        "the server could not listen: its port is in use on rank 0's host (give another with --port)")
+    assert told("  File \"mlx_lm/utils.py\", line 300, in load_model",
+                "ValueError: Model type bogus not supported.") == (
+        "the server could not load the model: ValueError: Model type bogus not supported.")
+    assert told("something else went wrong") is None and told() is None
