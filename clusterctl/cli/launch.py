@@ -69,7 +69,7 @@ class PrintedRun:
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
 
     def started(self, launch, program, world, backend):
-        click.echo(f"run {launch.run_id}: {program} on {world} ranks over {backend}; logs in {launch.log_dir}",
+        click.echo(f"run {launch.run_id}: {program} on {world} rank{'s' * (world != 1)} over {backend}; logs in {launch.log_dir}",
                    err=True)
 
     def relaunching(self, launch, reason):
