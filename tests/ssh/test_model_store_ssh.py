@@ -267,3 +267,20 @@ def test_hosts_sharing_one_store_each_with_some_weights_leave_one_entry_holding_
         assert local_sha(entry / f) == next(m.sha256 for m in model.files if m.path == f)
     again = require_all(push_model(Connector(load(cluster.inventory)), None, model))      # the whole model, anywhere
     assert all(e.reused for e in again.values()), again
+
+
+def test_the_same_model_from_a_directory_of_another_name_moves_no_bytes(make_cluster, tmp_path):
+    import shutil
+
+    cluster = start(make_cluster)
+    model = make_model(tmp_path)
+    first = push(cluster, tmp_path, model)
+    renamed = shutil.copytree(model, tmp_path / "renamed copy")
+    second = push(cluster, tmp_path, renamed)
+    for i in (1, 2):
+        h, old = second[f"h{i}"], first[f"h{i}"]
+        assert h["ok"] and h["sent_bytes"] == 0 and h["digest"] == old["digest"] and h["path"] != old["path"], h
+        for f in model.iterdir():          # the same files, hard-linked from the first entry and hashed again
+            assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
+            inodes = cluster.ssh(i, f"stat -c %i {sq(h['path'] + '/' + f.name)} {sq(old['path'] + '/' + f.name)}")
+            assert len(set(inodes.stdout.split())) == 1, inodes.stdout

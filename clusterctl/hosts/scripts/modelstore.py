@@ -143,8 +143,11 @@ def prepare(req):
     os.makedirs(part, exist_ok=True)
     records = records_of(read_json(os.path.join(part, PUSH)), req["digest"])
     send, resume, damaged = [], {}, sorted(bad)
+    twin = twin_of(store, req["digest"], entry)
     for rel in want:
         p = os.path.join(part, rel)
+        if twin is not None and rel not in bad and not os.path.lexists(p):
+            link_from(twin, rel, p)
         ok = False if rel in bad else check(part, rel, files[rel], records.get(rel), full)
         if ok:
             records[rel] = stamp(p)
@@ -163,6 +166,37 @@ def prepare(req):
                                           "want": want, "stamps": records})
     return {"state": "partial", "path": part, "entry": entry, "send": send, "resume": resume,
             "damaged": damaged, "hashed": hashed}
+
+
+def twin_of(store, digest, own):
+    """(directory, manifest) of another complete entry of the same content (the same model pushed from a
+    directory of another name), or None."""
+    try:
+        names = sorted(os.listdir(store))
+    except OSError:
+        return None
+    for name in names:
+        d = os.path.join(store, name)
+        if name.startswith(".") or d == own or os.path.islink(d) or not os.path.isdir(d):
+            continue
+        doc = read_json(os.path.join(d, ENTRY))
+        if doc is not None and doc.get("digest") == digest:
+            return d, doc
+    return None
+
+
+def link_from(twin, rel, p):
+    """Hard-link the twin entry's copy of rel to p when it is as the twin verified it; it is hashed again here
+    (no record yet) before it counts, so nothing unverified enters the entry. Anything else: sent as usual."""
+    d, doc = twin
+    source = os.path.join(d, rel)
+    if rel not in doc.get("present", []) or stamp(source) != doc.get("stamps", {}).get(rel):
+        return
+    try:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        os.link(source, p)
+    except OSError:
+        pass                   # another file system, or no hard links there: the file is sent
 
 
 def clear_temporary(directory, base):
