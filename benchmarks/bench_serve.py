@@ -93,15 +93,6 @@ def tokens_per_s(url: str, model: str, tokens: int, repeat: int = 3) -> float:
     return statistics.median(rates)
 
 
-def free_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def with_store(inventory_text: str, store: str) -> str:
     return inventory_text.replace("defaults:\n", f"defaults:\n  model_store: {json.dumps(store)}\n", 1)
 
@@ -142,7 +133,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     import lmfixture
-    from sshcluster import SSHCluster
+    from sshcluster import SSHCluster, free_port
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model = str(lmfixture.make_model(os.path.join(tmp, "m"), "llama", layers=args.layers, dim=args.dim,
@@ -157,7 +148,7 @@ def main() -> int:
                     path = cluster.inventory.with_name(f"inventory-{name}-{store}.yaml")    # beside its ssh_config
                     path.write_text(with_store(text, f"{cluster.host_root}/store-{store}"))
                     inv[name, store] = str(path)
-            port = free_port()
+            port = free_port("127.0.0.1")
             cold = Served(inv["two", "serve"], model, port, tmp)
             got_cold = cold.ready()
             cold.stop()

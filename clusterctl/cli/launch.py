@@ -348,8 +348,13 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
         click.echo(f"run {launch.run_id}: {outcome.reason}", err=True)
         return
     click.secho(f"run {launch.run_id} failed: {outcome.reason}", fg="red", err=True)
+    print_tail(launch, outcome)
+    sys.exit(result.exit_code)
+
+
+def print_tail(launch, outcome) -> None:
+    """The failing rank's last lines (run's and serve's failure screens)."""
     if outcome.failed_rank is not None and outcome.tail:
         click.echo(f"last lines of {os.path.join(launch.log_dir, f'rank-{outcome.failed_rank}.log')}:", err=True)
         for line in outcome.tail:
             click.echo(f"  {line}", err=True)
-    sys.exit(result.exit_code)

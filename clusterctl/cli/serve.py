@@ -8,7 +8,7 @@ import click
 
 from . import app
 from .console import size
-from .launch import PrintedRun
+from .launch import PrintedRun, print_tail
 
 
 class PrintedServe(PrintedRun):
@@ -82,6 +82,7 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     machine, carried over SSH to rank 0's host, where the server listens only on the loopback.
     """
     from ..launch.restart import RestartPolicy
+    from ..launch.supervise import AttemptState
     from ..serve.service import ServeOptions, describe_failure, serve
 
     options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,
@@ -90,13 +91,11 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
                            connect_timeout=connect_timeout, launch_from=launch_from)
     result = serve(app.load(inventory_path) if inventory_path else None, options, PrintedServe())
     launch, outcome = result.run.launch, result.run.outcome
-    if outcome.state.value == "stopped":
+    if outcome.state is AttemptState.STOPPED:
         click.echo(f"serve {launch.run_id}: {outcome.reason}; {result.url} is closed", err=True)
         sys.exit(result.exit_code)
     cause = describe_failure(result.run)
     click.secho(f"serve {launch.run_id} ended: {cause or outcome.reason}", fg="red", err=True)
-    if cause is None and outcome.failed_rank is not None and outcome.tail:
-        click.echo(f"last lines of {os.path.join(launch.log_dir, f'rank-{outcome.failed_rank}.log')}:", err=True)
-        for line in outcome.tail:
-            click.echo(f"  {line}", err=True)
+    if cause is None:
+        print_tail(launch, outcome)
     sys.exit(result.exit_code or 1)
