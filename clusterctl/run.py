@@ -36,6 +36,7 @@ from .transfer.shards import MANIFEST
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
+from .hosts.stdinfeed import StdinFeed
 from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from .inventory import Cluster
 from .launch import backends
@@ -235,7 +236,9 @@ def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
                            start_timeout=options.start_timeout, hang_timeout=options.hang_timeout,
                            stall=StallPolicy.parse(options.stall_timeout, options.health),
                            script=program.script, module=program.module,
-                           stdin=None if program.module == BUNDLED_TRAINER else options.stdin)
+                           # one reader of the controller's stdin for every attempt (hosts/stdinfeed.py)
+                           stdin=None if program.module == BUNDLED_TRAINER or options.stdin is None
+                           else StdinFeed(options.stdin))
 
 
 class _RunHooks(AttemptHooks):

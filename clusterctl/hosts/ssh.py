@@ -16,12 +16,13 @@ import shlex
 import socket
 import threading
 import time
-from typing import BinaryIO, Mapping
+from typing import Mapping
 
 from ..errors import CommandTimeout, ConnectError
 from .files import SFTPFiles
 from .sshconfig import SSHTarget
-from .transport import (DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, env_input, forward_stdin,
+from .stdinfeed import StdinFeed
+from .transport import (DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, env_input,
                         remote_command, shell_command, short)
 
 # paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
@@ -178,12 +179,12 @@ class RemoteProcess(Process):
     whole process tree."""
 
     def __init__(self, channel, script: str, lines: queue.Queue, env: Mapping[str, str] | None = None,
-                 stdin: BinaryIO | bool | None = None):
+                 stdin: StdinFeed | bool | None = None):
         self.chan = channel
         self.chan.exec_command(remote_command(script, env=True, stdin=stdin not in (None, False)))
         self.chan.sendall(env_input(env))    # the environment goes on stdin, never on sshd's command line
-        if stdin not in (None, False, True):  # then the data, in frames: the channel stays open after its end
-            forward_stdin(stdin, self.feed)
+        if isinstance(stdin, StdinFeed):      # then the data, in frames: the channel stays open after its end
+            stdin.attach(self.feed)
         self._code: int | None = None
         self.readers = [threading.Thread(target=self._pump, args=(is_err, lines), daemon=True) for is_err in (False, True)]
         for t in self.readers:

@@ -21,27 +21,27 @@ kills the command's whole process tree, so nothing is left running on the host.
 The `env` given to run() and stream() never appears on a command line (any local user sees a process's argv
 in `ps`, and inventories hold tokens): it is written to the command's stdin before anything else, and the
 shell that starts the command reads it from there (env_input, remote_command; docs/security.md#where-secrets-go).
-A streamed command may be given a `stdin` (a binary file: `run` gives the controller's own): its bytes follow
-the environment in frames the watchdog decodes into the command's stdin, then an end frame, so the command
-sees EOF while the channel, and with it the watchdog, stays open (forward_stdin; docs/run.md#standard-input).
+A streamed command may be given a `stdin` (a StdinFeed: `run` gives the controller's own, read once for all its
+attempts, hosts/stdinfeed.py): its bytes follow the environment in frames the watchdog decodes into the
+command's stdin, then an end frame, so the command sees EOF while the channel, and with it the watchdog, stays
+open (docs/run.md#standard-input).
 """
 from __future__ import annotations
 
 import atexit
 import os
 import queue
-import select
 import shlex
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..errors import CommandTimeout
 from .files import Closeable, FileSession, LocalFiles
-from .scripts.frames import STDIN_END, stdin_frames
+from .stdinfeed import StdinFeed
 
 KILL_GRACE_S = 2.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0     # the one default: every SSH connection clusterctl opens, unless told
@@ -122,9 +122,12 @@ exec 3<&-
 # The same with the channel's data after the environment passed to the command's stdin
 # (docs/run.md#standard-input): frames of one line each, `d<text>` (the text and a newline), `p<text>` (the
 # text alone: a last line without one), and `e` (the end: the command's stdin closes, the channel stays
-# open). The watcher decodes them into a FIFO the command reads (the one pipe both the command, started
-# first so that its pid is known, and the watcher can be given); it ignores SIGPIPE, so a command that
-# stops reading only ends the data (scripts/frames.py encodes them; NUL bytes cannot pass: they are dropped).
+# open); in a text, a NUL byte and a backslash come as printf %b's octal escapes `\0000` and `\0134`
+# (scripts/frames.py encodes them), so every byte passes. The watcher decodes them into a FIFO the command
+# reads (the one pipe both the command, started first so that its pid is known, and the watcher can be
+# given), under LC_ALL=C, its own: in a UTF-8 locale bash mangles `${l#d}` on a text that is not UTF-8
+# (measured, docs/facts/macos.md#bash-locale-bytes); it ignores SIGPIPE, so a command that stops reading
+# only ends the data.
 _WATCHDOG_STDIN = r"""exec 3<&0
 f=${TMPDIR:-/tmp}/.clusterctl-stdin.$$
 rm -f "$f"; mkfifo -m 600 "$f" || exit 125
@@ -132,7 +135,8 @@ rm -f "$f"; mkfifo -m 600 "$f" || exit 125
 c=$!
 exec 4>"$f"; rm -f "$f"
 { trap '' PIPE
-  while IFS= read -r l <&3; do case $l in d*) printf '%s\n' "${l#d}" || break;; p*) printf '%s' "${l#p}" || break;;
+  LC_ALL=C
+  while IFS= read -r l <&3; do case $l in d*) printf '%b\n' "${l#d}" || break;; p*) printf '%b' "${l#p}" || break;;
     *) break;; esac; done
   exec >/dev/null
   while IFS= read -r l <&3; do :; done
@@ -234,9 +238,9 @@ class Transport(Closeable):
         raise NotImplementedError
 
     def stream(self, command: str | Sequence[str], lines: queue.Queue,
-               env: Mapping[str, str] | None = None, stdin: BinaryIO | bool | None = None) -> Process:
-        """Start `command`; with `stdin`, its bytes become the command's stdin (forward_stdin), else /dev/null;
-        `stdin=True`: the caller feeds it, Process.feed() (one source for many commands)."""
+               env: Mapping[str, str] | None = None, stdin: StdinFeed | bool | None = None) -> Process:
+        """Start `command`; with a StdinFeed, its bytes become the command's stdin (the feed's next attempt),
+        else /dev/null; `stdin=True`: the caller feeds it, Process.feed() (one source for many commands)."""
         raise NotImplementedError
 
     def connect_tcp(self, address: str, port: int, timeout: float):
@@ -313,15 +317,15 @@ class LocalProcess(Process):
     SIGKILL, the pipe closes and the watchdog kills the whole tree, so no launcher or rank outlives us."""
 
     def __init__(self, argv: list[str], env: dict[str, str], lines: queue.Queue,
-                 stdin: BinaryIO | bool | None = None):
+                 stdin: StdinFeed | bool | None = None):
         self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv), env=True,
                                                                       stdin=stdin not in (None, False))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
         self.proc.stdin.write(env_input(env))
         self.proc.stdin.flush()
-        if stdin not in (None, False, True):
-            forward_stdin(stdin, self.feed)
+        if isinstance(stdin, StdinFeed):
+            stdin.attach(self.feed)
         self.readers = [threading.Thread(target=_read_lines, args=(stream, is_err, lines), daemon=True)
                         for stream, is_err in ((self.proc.stdout, False), (self.proc.stderr, True))]
         for t in self.readers:
@@ -347,55 +351,6 @@ class LocalProcess(Process):
     def stop(self) -> None:
         stop_process_group(self.proc)
         self.proc.stdin.close()
-
-
-def forward_stdin(source: BinaryIO, send: Callable[[bytes], None]) -> threading.Thread:
-    """Copy `source` to a command started with remote_command(stdin=True), through `send` (which writes to its
-    channel), in a daemon thread: every chunk as stdin_frames the moment it is read, then STDIN_END. It stops
-    quietly when the command is gone (`send` raises). A terminal is read only while this process is in its
-    foreground process group: in the background it would be stopped by SIGTTIN, or take lines meant for the
-    shell (docs/run.md#standard-input)."""
-    def copy() -> None:
-        try:
-            for chunk in _chunks(source):
-                send(stdin_frames(chunk))
-            send(STDIN_END)
-        except (OSError, ValueError, EOFError):
-            pass      # the command ended (its channel or pipe is closed), or the source was closed under us
-    thread = threading.Thread(target=copy, name="clusterctl-stdin", daemon=True)
-    thread.start()
-    return thread
-
-
-def _chunks(source: BinaryIO) -> Iterator[bytes]:
-    """What `source` gives, as it comes (a line typed is sent when typed, not when a buffer fills)."""
-    try:
-        fd = source.fileno()
-    except (AttributeError, OSError, ValueError):
-        fd = None
-    if fd is None:           # an in-memory file (click's test runner)
-        read = getattr(source, "read1", source.read)
-        yield from iter(lambda: read(65536), b"")
-        return
-    tty = os.isatty(fd)
-    while True:
-        if tty and not _in_foreground(fd):
-            os.fstat(fd)    # OSError (the end) once the terminal is closed under us
-            time.sleep(0.2)
-            continue
-        if tty and not select.select([fd], [], [], 0.2)[0]:
-            continue        # look again whether we are still in the foreground before reading
-        data = os.read(fd, 65536)
-        if not data:
-            return
-        yield data
-
-
-def _in_foreground(fd: int) -> bool:
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
 
 
 def read_until(proc: Process, lines: queue.Queue, timeout: float, progress_s: float = 0.0,

@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from ..errors import ClusterctlError, RestartError, SignalReceived
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
+from ..hosts.stdinfeed import StdinFeed
 from ..hosts.transport import quote_path
 from ..inventory import Cluster
 from .backends import Backend
@@ -49,7 +49,7 @@ class AttemptSettings:
     stall: StallPolicy = StallPolicy()   # --stall-timeout
     script: str | None = None         # what the re-check looks for on every host: the user's script ...
     module: str | None = None         # ... or module
-    stdin: BinaryIO | None = None     # what every rank reads (run's own stdin), None: EOF at once
+    stdin: StdinFeed | None = None    # what every rank reads (run's own stdin, read once for all attempts)
 
 
 class AttemptHooks:

@@ -17,11 +17,12 @@ import secrets
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import BinaryIO, Callable
+from typing import Callable
 
 from ..atomic import write_text
 from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
+from ..hosts.stdinfeed import StdinFeed
 from ..hosts.transport import LocalTransport, Process
 from ..inventory import Cluster, scrub
 from .backends import Backend, LauncherCommand, write_files
@@ -131,7 +132,7 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
             site: LaunchSite, connector: Connector, extra_env: dict[str, str] | None = None,
-            run_id: str | None = None, restart: int | None = None, stdin: BinaryIO | None = None) -> Launch:
+            run_id: str | None = None, restart: int | None = None, stdin: StdinFeed | None = None) -> Launch:
     """Make the local run directory and build the launch. On the first host (site.host, reached by
     site.transport) the launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the
     launch starts. The launcher's ssh is given the connector's settings.

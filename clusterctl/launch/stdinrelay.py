@@ -9,12 +9,13 @@ from __future__ import annotations
 import queue
 import shlex
 import time
-from typing import BinaryIO, Callable
+from typing import Callable
 
 from ..errors import LaunchError
 from ..hosts.connector import Connector
 from ..hosts.scripts import program
-from ..hosts.transport import Process, Transport, forward_stdin, quote_path
+from ..hosts.stdinfeed import StdinFeed
+from ..hosts.transport import Process, Transport, quote_path
 from ..inventory import Cluster
 
 READY_TIMEOUT_S = 30.0
@@ -50,9 +51,11 @@ class Relayed(Process):
             transport.close()
 
 
-def relayed_start(cluster: Cluster, connector: Connector, run_id: str, rank_hosts: list[str], source: BinaryIO,
+def relayed_start(cluster: Cluster, connector: Connector, run_id: str, rank_hosts: list[str], source: StdinFeed,
                   start: Callable[[queue.Queue], Process]) -> Callable[[queue.Queue], Process]:
-    """`start` (the launcher's), preceded by a relay on every host, each ready, and the copying of `source`."""
+    """`start` (the launcher's), preceded by a relay on every host, each ready, and this attempt's share of
+    `source`: the same frames to every relay. A relay that is gone is dropped; once every one is, the
+    attempt is over and the chunk goes back to the feed for the next attempt (hosts/stdinfeed.py)."""
     def with_relays(lines: queue.Queue) -> Process:
         relays = start_relays(cluster, connector, run_id, rank_hosts)
         try:
@@ -61,13 +64,17 @@ def relayed_start(cluster: Cluster, connector: Connector, run_id: str, rank_host
             Relayed(_Ended(), relays).stop()
             raise
 
+        live = [relay for _, relay in relays]
+
         def send(data: bytes) -> None:
-            for _, relay in relays:
+            for relay in list(live):
                 try:
                     relay.feed(data)
                 except (OSError, ValueError, EOFError):
-                    pass          # that host's relay is gone: the others still get theirs
-        forward_stdin(source, send)
+                    live.remove(relay)      # that host's relay is gone: the others still get theirs
+            if not live:
+                raise EOFError("every host's stdin relay is gone")
+        source.attach(send)
         return Relayed(launcher, relays)
     return with_relays
 

@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from clusterctl.hosts.transport import STDIN_END, env_input, remote_command, shell_command, stdin_frames
+from clusterctl.hosts.scripts.frames import STDIN_END, stdin_frames
+from clusterctl.hosts.transport import env_input, remote_command, shell_command
 
 
 def _ours(token: str) -> list[str]:
@@ -96,8 +97,31 @@ def test_the_command_reads_the_same_bytes_then_eof_while_the_channel_stays_open(
     assert proc.stdout.read() == expected
 
 
-def test_nul_bytes_are_dropped_by_the_framing():
-    assert stdin_frames(b"a\0b\nc") == b"dab\npc\n"
+SHELLS = [pytest.param("/bin/sh", id="sh")] + [
+    # macOS's /bin/sh is bash in POSIX mode, and a login may bring a UTF-8 locale with it
+    pytest.param("/bin/bash --posix", id="bash-posix-utf8", marks=pytest.mark.skipif(
+        not os.path.exists("/bin/bash"), reason="no /bin/bash"))]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_every_byte_passes_as_sent(shell):
+    """Binary data with NUL bytes, backslashes and printf's own escapes (`\\c` would end %b's output, `%`
+    a format) arrive byte for byte, in chunks cut anywhere."""
+    rnd = os.urandom(300_000)
+    data = rnd + b"\0\\c %s %b \\0101 \\x41 \\\n\n\0\0\\" + rnd[:1000] + b"tail\0"
+    cuts = [0, 1, 7, 4096, 65537, 100_000, 200_001, len(data)]
+    chunks = [data[a:b] for a, b in zip(cuts, cuts[1:])]
+    script = shell_command("cat")
+    text = remote_command(script, env=True, stdin=True).replace("/bin/sh", shell)
+    proc = subprocess.run(shlex.split(shell) + ["-c", text], capture_output=True, timeout=60,
+                          input=env_input({}) + b"".join(stdin_frames(c) for c in chunks) + STDIN_END,
+                          env={**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == data
+
+
+def test_frames_escape_only_nul_and_backslash():
+    assert stdin_frames(b"a\0b\\\nc%") == b"da\\0000b\\0134\npc%\n"
 
 
 def test_a_rank_that_never_reads_stdin_is_still_killed_when_the_channel_closes(tmp_path):
@@ -136,13 +160,13 @@ def test_a_terminal_is_read_only_in_the_foreground():
     terminal) is left alone: no SIGTTIN, and a line typed there stays for whoever owns it."""
     import pty
 
-    from clusterctl.hosts.transport import forward_stdin
+    from clusterctl.hosts.stdinfeed import StdinFeed
 
     master, slave = pty.openpty()
     sent = []
     try:
         with open(slave, "rb", buffering=0, closefd=False) as source:
-            forward_stdin(source, sent.append)
+            StdinFeed(source).attach(sent.append)
             os.write(master, b"meant for the shell\n")
             time.sleep(1.0)
             assert sent == []

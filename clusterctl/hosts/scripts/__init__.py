@@ -8,7 +8,7 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     modelstore.py   the model store on a host: check, stage, verify, complete, list and remove entries
     helperbase.py   what those two share (a file's sha256, the request), inlined into each by program()
     ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, program("ranks.py"),
-                    run by path), with its piece frames.py (standard input in frames, also transport.py's)
+                    run by path), with its piece frames.py (standard input in frames, also hosts/stdinfeed.py's)
     bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
                     pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py,
                     stackdump.py, stdinpump.py
