@@ -237,8 +237,7 @@ def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:
                            stall=StallPolicy.parse(options.stall_timeout, options.health),
                            script=program.script, module=program.module,
                            # one reader of the controller's stdin for every attempt (hosts/stdinfeed.py)
-                           stdin=None if program.module == BUNDLED_TRAINER or options.stdin is None
-                           else StdinFeed(options.stdin))
+                           stdin=None if program.module == BUNDLED_TRAINER else StdinFeed.of(options.stdin))
 
 
 class _RunHooks(AttemptHooks):

@@ -1,7 +1,7 @@
 """This machine's standard input, read once for a whole run and handed to its attempts in order
 (docs/run.md#standard-input).
 
-    feed = StdinFeed(sys.stdin.buffer)     # nothing is read until the first attach
+    feed = StdinFeed.of(sys.stdin.buffer)  # None for /dev/null or an empty file: EOF at once, nothing to carry
     feed.attach(send)                      # this attempt's commands get the bytes no earlier attempt was sent
 
 One reader thread takes the source as it comes (a terminal only while this process is in the foreground) into
@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import os
 import select
+import stat
 import threading
 import time
 from typing import BinaryIO, Callable, Iterator
@@ -37,6 +38,23 @@ class StdinFeed:
         self._ended = False
         self._reader: threading.Thread | None = None
         self._pump: _Pump | None = None
+
+    @classmethod
+    def of(cls, source: BinaryIO | None) -> StdinFeed | None:
+        """A feed of `source`; None where it holds nothing to send (None, /dev/null, an empty regular file):
+        every rank then gets EOF at once, with no relay or frames started for it."""
+        if source is None:
+            return None
+        try:
+            fd = source.fileno()
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+                return None
+            if stat.S_ISREG(st.st_mode) and st.st_size <= os.lseek(fd, 0, os.SEEK_CUR):
+                return None
+        except (AttributeError, OSError, ValueError):
+            pass                 # not a file of the system's (click's test runner): read it
+        return cls(source)
 
     def attach(self, send: Callable[[bytes], None]) -> threading.Thread:
         """Retire the earlier attempt's pump, then start this attempt's: it sends what the earlier ones did

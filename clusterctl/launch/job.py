@@ -147,9 +147,10 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     for folder in dict.fromkeys([run_dir, log_dir]):
         os.makedirs(folder, mode=0o700, exist_ok=True)
     # the backend the ranks were started for: the bundled trainer initialises exactly that one
-    relay = stdin is not None and backend.stdin_to_rank0_only     # every rank's stdin from its host's relay
+    # every rank's stdin from its host's relay, through FIFOs named with this attempt's tag
+    relay = secrets.token_hex(4) if stdin is not None and backend.stdin_to_rank0_only else None
     rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {}),
-                                                                 **({RELAY_ENV: "1"} if relay else {})},
+                                                                 **({RELAY_ENV: relay} if relay else {})},
                                 restart=restart)
     program = rank_program(cluster, run_id, script, args)
     if site.host is None:
@@ -159,7 +160,7 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
         launch = _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,
                                   log_dir, None if relay else stdin)
     if relay:
-        launch.start = relayed_start(cluster, connector, run_id, launch.rank_hosts, stdin, launch.start)
+        launch.start = relayed_start(cluster, connector, run_id, relay, launch.rank_hosts, stdin, launch.start)
     launch.log_dir = log_dir
     launch.inventory = os.path.abspath(cluster.path) if os.path.isfile(cluster.path) else None
     launch.rank_files = {h.name: connector.rank_files_dir(h, run_id) for h in cluster.hosts}

@@ -1,8 +1,10 @@
 """Standard input for every rank of a launcher that gives its own to rank 0 alone (mpirun:
 docs/facts/launchers.md#mpirun-stdin-all): a relay on every host (hosts/scripts/stdinrelay.py), behind the
 watchdog, fed the same frames of `run`'s stdin, makes a FIFO per rank of that host, which the rank's
-bootstrap opens as its stdin (CLUSTERCTL_STDIN_RELAY). The launcher's Process, wrapped: the relays end with
-it (docs/facts/launchers.md#our-stdin-relay).
+bootstrap opens as its stdin (CLUSTERCTL_STDIN_RELAY holds the attempt's FIFO tag). The relays start beside
+the launcher, not before it: a rank whose FIFO is not there yet waits for it (bootstrap.py), and the launch
+fails if a relay does not say `ready` in READY_TIMEOUT seconds. The launcher's Process, wrapped: the relays
+end with it (docs/facts/launchers.md#our-stdin-relay).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ..hosts.transport import Process, Transport, quote_path
 from ..inventory import Cluster
 
 READY_TIMEOUT_S = 30.0
-RELAY_ENV = "CLUSTERCTL_STDIN_RELAY"       # "1": the bootstrap reads its rank's FIFO (hosts/scripts/bootstrap.py)
+RELAY_ENV = "CLUSTERCTL_STDIN_RELAY"       # the FIFOs' tag: the bootstrap reads its rank's (hosts/scripts/bootstrap.py)
 
 
 class Relayed(Process):
@@ -51,19 +53,26 @@ class Relayed(Process):
             transport.close()
 
 
-def relayed_start(cluster: Cluster, connector: Connector, run_id: str, rank_hosts: list[str], source: StdinFeed,
-                  start: Callable[[queue.Queue], Process]) -> Callable[[queue.Queue], Process]:
-    """`start` (the launcher's), preceded by a relay on every host, each ready, and this attempt's share of
-    `source`: the same frames to every relay. A relay that is gone is dropped; once every one is, the
-    attempt is over and the chunk goes back to the feed for the next attempt (hosts/stdinfeed.py)."""
+def relayed_start(cluster: Cluster, connector: Connector, run_id: str, tag: str, rank_hosts: list[str],
+                  source: StdinFeed, start: Callable[[queue.Queue], Process]) -> Callable[[queue.Queue], Process]:
+    """`start` (the launcher's) beside a relay on every host, then, once each relay is ready, this attempt's
+    share of `source`: the same frames to every relay. A relay that is gone is dropped; once every one is,
+    the attempt is over and the chunk goes back to the feed for the next attempt (hosts/stdinfeed.py).
+    `tag`: this attempt's, in its FIFOs' names (a FIFO an earlier attempt left is never opened)."""
     def with_relays(lines: queue.Queue) -> Process:
-        relays = start_relays(cluster, connector, run_id, rank_hosts)
+        started = start_relays(cluster, connector, run_id, tag, rank_hosts)
+        relays = [(t, p) for t, p, _, _ in started]
         try:
             launcher = start(lines)
         except BaseException:
             Relayed(_Ended(), relays).stop()
             raise
-
+        try:
+            for _, relay, said, name in started:
+                _wait_ready(relay, said, name)
+        except BaseException:
+            Relayed(launcher, relays).stop()
+            raise
         live = [relay for _, relay in relays]
 
         def send(data: bytes) -> None:
@@ -79,8 +88,9 @@ def relayed_start(cluster: Cluster, connector: Connector, run_id: str, rank_host
     return with_relays
 
 
-def start_relays(cluster: Cluster, connector: Connector, run_id: str, rank_hosts: list[str]) -> list[tuple[Transport, Process]]:
-    """A relay on every host that runs ranks, each having made its FIFOs (its `ready` line)."""
+def start_relays(cluster: Cluster, connector: Connector, run_id: str, tag: str,
+                 rank_hosts: list[str]) -> list[tuple[Transport, Process, queue.Queue, str]]:
+    """A relay started on every host that runs ranks: (transport, process, its output lines, host name)."""
     started = []
     try:
         for host in cluster.hosts:
@@ -88,16 +98,14 @@ def start_relays(cluster: Cluster, connector: Connector, run_id: str, rank_hosts
             if not ranks:
                 continue
             command = " ".join([quote_path(host.python), "-c", shlex.quote(program("stdinrelay.py")),
-                                shlex.quote(connector.rank_files_dir(host, run_id)), *ranks])
+                                shlex.quote(connector.rank_files_dir(host, run_id)), shlex.quote(tag), *ranks])
             transport = connector.transport(host)
             lines: queue.Queue = queue.Queue()
             started.append((transport, transport.stream(command, lines, stdin=True), lines, host.name))
-        for _, relay, lines, name in started:
-            _wait_ready(relay, lines, name)
     except BaseException:
         Relayed(_Ended(), [(t, p) for t, p, _, _ in started]).stop()
         raise
-    return [(t, p) for t, p, _, _ in started]
+    return started
 
 
 def _wait_ready(relay: Process, lines: queue.Queue, host: str) -> None:

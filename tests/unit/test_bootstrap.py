@@ -236,3 +236,27 @@ def test_a_line_cuts_the_same_however_its_bytes_arrive(read):
     texts = [t for kind, t in out if kind == "line"]
     assert len(texts) == 33 and texts[-1] == b"after" and sum(t.endswith(SPLIT) for t in texts) == 31
     assert texts[-2] == b"y" * MAX_LINE
+
+
+def test_a_rank_started_before_its_host_s_stdin_relay_waits_for_its_fifo(tmp_path):
+    """The relay starts beside the launcher (launch/stdinrelay.py), so a rank may come first: it waits for its
+    attempt's FIFO, never opening one an earlier attempt left behind (a relay killed before it could remove it)."""
+    from clusterctl.hosts.scripts import program
+    from clusterctl.hosts.scripts.stackdump import rank_paths
+    from clusterctl.hosts.scripts.stdinpump import fifo_path
+
+    folder = rank_paths(str(tmp_path), "run1", "0")[0]
+    os.makedirs(folder)
+    os.mkfifo(fifo_path(folder, "0", "oldtag"))          # an earlier attempt's, nobody writes it
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from clusterctl.hosts.scripts.bootstrap import relayed_stdin; "
+         f"relayed_stdin({str(tmp_path)!r}, '0'); print(sys.stdin.buffer.read().decode(), end='')"],
+        env={**os.environ, "CLUSTERCTL_STDIN_RELAY": "newtag", "CLUSTERCTL_RUN_ID": "run1"},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    relay = subprocess.run([sys.executable, "-c", program("stdinrelay.py"), folder, "newtag", "0"],
+                           input=b"for this attempt\n", capture_output=True, timeout=30)
+    assert relay.returncode == 0 and relay.stdout == b"ready\n", relay.stderr
+    out, err = rank.communicate(timeout=30)
+    assert (out, err) == ("for this attempt\n", "")
+    assert sorted(os.listdir(folder)) == ["rank-0.oldtag.stdin"]        # its own FIFO removed once opened

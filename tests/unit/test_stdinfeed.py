@@ -160,3 +160,20 @@ def test_the_reader_stays_at_most_its_limit_ahead(limit):
         second = Attempt()
         feed.attach(second.send).join(20)
     assert second.data() == (sent, True)
+
+
+def test_nothing_to_carry_is_no_feed(tmp_path):
+    """/dev/null or an empty file: every rank gets EOF at once, and no relay is started for it."""
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    full = tmp_path / "full"
+    full.write_bytes(b"x\n")
+    with open(os.devnull, "rb") as null, open(empty, "rb") as e, open(full, "rb") as f:
+        assert StdinFeed.of(None) is None and StdinFeed.of(null) is None and StdinFeed.of(e) is None
+        assert isinstance(StdinFeed.of(f), StdinFeed)
+        f.read()                          # read to its end already: nothing left
+        assert StdinFeed.of(f) is None
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as pipe:
+        assert isinstance(StdinFeed.of(pipe), StdinFeed)
+    os.close(write_end)

@@ -34,6 +34,7 @@ import os
 import runpy
 import socket
 import sys
+import time
 import traceback
 
 from .awake import keep_awake, let_sleep
@@ -41,9 +42,11 @@ from .envfiles import env_files
 from .mpiworld import finalize_world_of_one
 from .nofile import raise_nofile
 from .stackdump import arm_stacks, disarm_stacks, rank_paths
-from .stdinpump import drain_stdin
+from .stdinpump import drain_stdin, fifo_path
 from .tagged import Tagged
 from .worldwatch import watch_world
+
+RELAY_WAIT_S = 30.0      # how long a rank waits for its host's stdin relay to make its FIFO (launch/stdinrelay.py)
 
 
 def run_script(workdir, script, args, made):
@@ -100,17 +103,27 @@ def host_env(rank):
             os.environ[name] = value
 
 
-def relayed_stdin(workdir, rank):
+def relayed_stdin(workdir, rank, wait=RELAY_WAIT_S):
     """Under mpi, which gives its stdin to rank 0 alone, this rank's stdin is its FIFO from the host's stdin
-    relay (stdinrelay.py, started by `run` when CLUSTERCTL_STDIN_RELAY is set): opened in place of fd 0."""
-    if os.environ.pop("CLUSTERCTL_STDIN_RELAY", "") != "1":
+    relay (stdinrelay.py, started by `run` beside the launcher when CLUSTERCTL_STDIN_RELAY holds the
+    attempt's tag): opened in place of fd 0 once the relay has made it."""
+    tag = os.environ.pop("CLUSTERCTL_STDIN_RELAY", "")
+    if not tag:
         return
-    folder = rank_paths(workdir, os.environ.get("CLUSTERCTL_RUN_ID", ""), rank)[0]
-    try:
-        fd = os.open(os.path.join(folder, "rank-%s.stdin" % rank), os.O_RDONLY)
-    except OSError as e:
-        print("clusterctl: no stdin for rank %s (%s): it reads /dev/null" % (rank, e), file=sys.stderr)
-        return
+    path = fifo_path(rank_paths(workdir, os.environ.get("CLUSTERCTL_RUN_ID", ""), rank)[0], rank, tag)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            break
+        except FileNotFoundError as e:
+            if time.monotonic() > deadline:
+                print("clusterctl: no stdin for rank %s (%s): it reads /dev/null" % (rank, e), file=sys.stderr)
+                return
+            time.sleep(0.01)
+        except OSError as e:
+            print("clusterctl: no stdin for rank %s (%s): it reads /dev/null" % (rank, e), file=sys.stderr)
+            return
     os.dup2(fd, 0)
     os.close(fd)
 

@@ -10,6 +10,12 @@ import stat
 import threading
 
 
+def fifo_path(folder, rank, tag):
+    """Rank `rank`'s FIFO from its host's stdin relay in the attempt `tag` (stdinrelay.py makes it, the
+    bootstrap opens it)."""
+    return os.path.join(folder, "rank-%s.%s.stdin" % (rank, tag))
+
+
 class Buffered:
     """Bytes held in memory in order, and written to an fd by write_to() in its own thread as the reader
     takes them; put(b"") is the end. A reader that closes its end drops the rest, never blocks the writer."""

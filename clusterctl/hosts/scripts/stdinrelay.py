@@ -1,8 +1,9 @@
-"""The stdin relay for an mpi job's ranks on one host: `python -c PROGRAM FOLDER RANK...`.
+"""The stdin relay for an mpi job's ranks on one host: `python -c PROGRAM FOLDER TAG RANK...`.
 
 mpirun gives its stdin to rank 0 alone (docs/facts/launchers.md#mpirun-stdin-all), so `run` starts this on
 every host of an mpi job, behind the watchdog with the controller's stdin (hosts/transport.py): it makes a
-FIFO FOLDER/rank-R.stdin for each rank R of this host, says `ready`, and copies its own stdin to every FIFO,
+FIFO FOLDER/rank-R.TAG.stdin for each rank R of this host (TAG: the attempt's, so that no rank opens a FIFO
+an earlier attempt left), says `ready`, and copies its own stdin to every FIFO,
 the same bytes to each, holding in memory what a rank has not taken yet; each rank's bootstrap opens its
 FIFO as its stdin (bootstrap.py) and gets EOF when the data ends. A FIFO is removed once its rank opened it,
 and the rest when the relay is stopped (the watchdog's SIGTERM). Standard library only.
@@ -12,7 +13,7 @@ import signal
 import sys
 import threading
 
-from .stdinpump import Buffered
+from .stdinpump import Buffered, fifo_path
 
 
 class Fifo(Buffered):
@@ -38,13 +39,13 @@ def remove(path):
 
 
 def main(argv):
-    folder = os.path.expanduser(argv[1])
+    folder, tag = os.path.expanduser(argv[1]), argv[2]
     os.makedirs(folder, exist_ok=True)
-    paths = [os.path.join(folder, "rank-%s.stdin" % rank) for rank in argv[2:]]
+    paths = [fifo_path(folder, rank, tag) for rank in argv[3:]]
     signal.signal(signal.SIGTERM, lambda *_: [remove(p) for p in paths] + [os._exit(128 + signal.SIGTERM)])
     for path in paths:
-        remove(path)                      # a FIFO left by an earlier attempt of the same run
-        os.mkfifo(path, 0o600)
+        os.mkfifo(path + ".new", 0o600)   # then renamed: a rank waiting for the name opens a FIFO whole
+        os.rename(path + ".new", path)
     fifos = [Fifo(path) for path in paths]
     print("ready", flush=True)
     while True:
