@@ -4,7 +4,8 @@ URL on this machine's loopback carried over SSH to rank 0's. Over ring and over 
 completion is answered, /v1/models lists the model and a chat completion is answered; with --max-restarts 1,
 killing rank 1's process brings the endpoint back; Ctrl-C leaves no process on any host and frees the port. A
 second serve of the same model moves no model bytes and leaves the store's files untouched. What cannot be served
-is refused in one line with nothing started."""
+is refused in one line with nothing started. A request naming another model, an adapter or a draft model is a 404
+that loads nothing (no hub cache appears on any host); replies name the served model."""
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from functools import partial
 
@@ -222,9 +224,21 @@ def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster
         url, model_id = served.ready().groups()
         assert url == f"http://{h1}:{port}" and "no authentication" in served.text
         assert chat(url, model_id) and port_is_free(port)       # nothing of this machine listens on the port
-        # the server's own options pass through after `--`: its default --max-tokens, for a request with none
+        # the server's own options pass through after `--`: its default --max-tokens, for a request with none; the
+        # reply names the served model, though the request named none
         status, answer = http(url + "/v1/completions", {"prompt": "Tom found", "temperature": 0.0})
         assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+        assert answer["model"] == model_id == "tiny"
+        # a request naming another model, an adapter or a draft model loads nothing: 404, naming the served model
+        for body in ({"model": "other"}, {"model": "mlx-community/Qwen3-0.6B-4bit"}, {"model": str(model.parent)},
+                     {"adapters": "/tmp"}, {"draft_model": "mlx-community/Qwen3-0.6B-4bit"}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                http(url + "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "Tom"}]})
+            error = json.loads(refused.value.read())["error"]
+            assert refused.value.code == 404 and 'serves only "tiny"' in str(error), (body, error)
+        assert chat(url, model_id)                              # and the served model was never let go
+        for host in cluster.hosts:
+            assert not (host.dir / "home" / ".cache" / "huggingface").exists()
         assert served.interrupt() == 130
     finally:
         served.kill()
