@@ -183,10 +183,24 @@ def one_rank_per_host(cluster: Cluster) -> Cluster:
 def _check_args(options: ServeOptions) -> None:
     if not 0 < options.port < 65536:
         raise UsageError(f"--port {options.port}: give a port between 1 and 65535")
-    given = [a.split("=", 1)[0] for a in options.server_args if a.startswith("--")]
-    owned = [a for a in given if a in OWNED]
-    if owned:
-        raise UsageError(f"{owned[0]} after `--`: serve sets it (use serve's own MODEL, --listen, --port, --pipeline)")
+    for word in options.server_args:
+        owned = owned_option(word)
+        if owned is not None:
+            said = word.split("=", 1)[0]
+            means = "serve sets it" if said == owned else f"mlx-lm's server may take it for {owned}, which serve sets"
+            raise UsageError(f"{said} after `--`: {means} (use serve's own MODEL, --listen, --port, --pipeline)")
+
+
+def owned_option(word: str) -> str | None:
+    """The option of serve's own (OWNED) that mlx-lm's server could take `word` for, None for any other word.
+    Its argparse takes any unambiguous prefix of a long option (`--hos` is --host, `--po=9` is --port 9), so
+    every prefix of an owned option counts: one it would resolve to that option, or one it finds ambiguous (and
+    would refuse) among options one of which is serve's. mlx-lm has no option that is itself a prefix of an
+    owned one, so no word counted here means another option to it."""
+    if not word.startswith("--") or word == "--":
+        return None
+    said = word.split("=", 1)[0]
+    return next((option for option in OWNED if option.startswith(said)), None)
 
 
 def _free_loopback_port(connector: Connector, host) -> int:

@@ -1,0 +1,66 @@
+"""What `serve` decides on this machine before anything starts (serve/service.py): the options of mlx-lm's server it
+owns, refused after `--` however abbreviated."""
+import argparse
+
+import pytest
+
+from clusterctl.errors import UsageError
+from clusterctl.serve import service
+from clusterctl.serve.service import OWNED, ServeOptions, owned_option
+
+
+def refusal(*server_args) -> str:
+    with pytest.raises(UsageError) as e:
+        service._check_args(ServeOptions(model="m", server_args=server_args))
+    text = str(e.value)
+    assert "\n" not in text and e.value.exit_code == 2
+    return text
+
+
+# ---- serve's own options after `--` ------------------------------------------------------------------------------
+def test_every_abbreviation_of_an_option_serve_owns_is_refused_with_the_option_it_means():
+    assert refusal("--hos", "0.0.0.0").startswith("--hos after `--`: mlx-lm's server may take it for --host, which "
+                                                   "serve sets (use serve's own MODEL, --listen, --port, --pipeline)")
+    assert refusal("--max-tokens", "8", "--po=9").startswith("--po after `--`: mlx-lm's server may take it for --port")
+    assert "may take it for --model" in refusal("--mod", "/elsewhere")
+    assert "may take it for --pipeline" in refusal("--pip")
+    assert refusal("--port", "9").startswith("--port after `--`: serve sets it")
+    assert refusal("--host=0.0.0.0").startswith("--host after `--`: serve sets it")
+
+
+def test_the_servers_other_options_and_values_pass():
+    service._check_args(ServeOptions(model="m", server_args=("--max-tokens", "8", "--temp=0.7", "--prompt-cache-size",
+                                                             "4", "--chat-template", "host port", "-h")))
+    assert [owned_option(w) for w in ("--", "--max-tokens", "--pr", "0.0.0.0", "-p", "--top-k=3")] == [None] * 6
+    assert [owned_option(w) for w in ("--h", "--p", "--m", "--pipeline=1")] == ["--host", "--port", "--model",
+                                                                               "--pipeline"]
+
+
+def mlx_lm_server_parser() -> argparse.ArgumentParser:
+    """mlx-lm's own server parser, as its main() builds it (stopped at parse_args, before anything starts)."""
+    server = pytest.importorskip("mlx_lm.server")
+
+    class Built(Exception):
+        pass
+
+    def caught(self, *args, **kwargs):
+        raise Built(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", caught)
+        with pytest.raises(Built) as built:
+            server.main()
+    return built.value.args[0]
+
+
+def test_no_option_of_mlx_lms_server_but_serves_own_is_refused_and_each_of_serves_own_is_one_of_its():
+    parser = mlx_lm_server_parser()
+    options = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+    assert set(OWNED) <= options
+    # a word refused that mlx-lm took as another option would be an option it has that is a prefix of serve's own
+    assert {o for o in options - set(OWNED) if owned_option(o)} == set()
+    # what argparse resolves an abbreviation of an owned option to is that option: refused
+    for option in OWNED:
+        word = option[:5]
+        namespace, rest = parser.parse_known_args([word] + ([] if option == "--pipeline" else ["1"]))
+        assert rest == [] and getattr(namespace, option[2:]) in ("1", 1, True) and owned_option(word) == option
