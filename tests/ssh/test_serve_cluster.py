@@ -4,9 +4,9 @@ URL on this machine's loopback carried over SSH to rank 0's. Over ring and over 
 completion is answered, /v1/models lists the model and a chat completion is answered; with --max-restarts 1,
 killing rank 1's process brings the endpoint back; Ctrl-C leaves no process on any host and frees the port. A
 second serve of the same model moves no model bytes and leaves the store's files untouched. What cannot be served
-(or names serve's own options after `--`, abbreviated) is refused in one line with nothing started. A request
-naming another model, an adapter or a draft model is a 404 that loads nothing (no hub cache appears on any host);
-replies name the served model."""
+(or would be listened for where the URL cannot reach, or names serve's own options after `--`, abbreviated) is
+refused in one line with nothing started. A request naming another model, an adapter or a draft model is a 404
+that loads nothing (no hub cache appears on any host); replies name the served model."""
 import json
 import os
 import re
@@ -210,7 +210,10 @@ def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_
                            ([str(model), "--", "--port", "9"], "--port after `--`: serve sets it"),
                            # mlx-lm's argparse takes an abbreviation: rank 0 would listen on every address
                            ([str(model), "--", "--hos", "0.0.0.0"],
-                            "--hos after `--`: mlx-lm's server may take it for --host, which serve sets")]:
+                            "--hos after `--`: mlx-lm's server may take it for --host, which serve sets"),
+                           ([str(model), "--listen", "10.9.9.9"], f"--listen 10.9.9.9 is not an address of {h1} (it "
+                                                                  "has 127.0.0.1"),
+                           ([str(model), "--listen", "127.0.0.1"], f"--listen 127.0.0.1 is {h1}'s own loopback")]:
             r = clirun.clusterctl("serve", "--hosts", str(cluster.inventory), *args, cwd=tmp_path,
                                   env=cluster.client_env(), own_cache=True, timeout=120)
             errors = [line for line in r.stderr.splitlines() if line.strip()]

@@ -1,10 +1,11 @@
 """What `serve` decides on this machine before anything starts (serve/service.py): the options of mlx-lm's server it
-owns, refused after `--` however abbreviated."""
+owns, refused after `--` however abbreviated; a --listen address the URL could not reach."""
 import argparse
 
 import pytest
 
 from clusterctl.errors import UsageError
+from clusterctl.inventory import Host
 from clusterctl.serve import service
 from clusterctl.serve.service import OWNED, ServeOptions, owned_option
 
@@ -64,3 +65,25 @@ def test_no_option_of_mlx_lms_server_but_serves_own_is_refused_and_each_of_serve
         word = option[:5]
         namespace, rest = parser.parse_known_args([word] + ([] if option == "--pipeline" else ["1"]))
         assert rest == [] and getattr(namespace, option[2:]) in ("1", 1, True) and owned_option(word) == option
+
+
+# ---- --listen ------------------------------------------------------------------------------------------------------
+def host(**kwargs) -> Host:
+    return Host(**{"name": "mini1", "rank": 0, "line": 1, **kwargs})
+
+
+def test_a_loopback_listen_on_another_host_is_refused_naming_the_fix():
+    for listen in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost"):
+        with pytest.raises(UsageError) as e:
+            service._check_listen(host(hostname="10.0.0.2"), listen, 8080)
+        assert str(e.value) == (f"--listen {listen} is mini1's own loopback, which this machine cannot reach: leave out "
+                                "--listen (serve then carries http://127.0.0.1:8080 here to it over SSH), or give an "
+                                "address of the host's network")
+
+
+def test_a_listen_the_url_reaches_passes():
+    service._check_listen(host(local=True), "127.0.0.1", 8080)               # this machine's own loopback
+    service._check_listen(host(name="127.0.5.11"), "127.0.5.11", 8080)       # the address the host is reached at
+    service._check_listen(host(hostname="127.0.5.12"), "127.0.5.12", 8080)
+    for listen in (None, "0.0.0.0", "::", "192.168.1.20", "mini1.local"):
+        service._check_listen(host(), listen, 8080)
