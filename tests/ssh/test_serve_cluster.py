@@ -6,7 +6,8 @@ killing rank 1's process brings the endpoint back; Ctrl-C leaves no process on a
 second serve of the same model moves no model bytes and leaves the store's files untouched. What cannot be served
 (or would be listened for where the URL cannot reach, or names serve's own options after `--`, abbreviated) is
 refused in one line with nothing started. A request naming another model, an adapter or a draft model is a 404
-that loads nothing (no hub cache appears on any host); replies name the served model."""
+that loads nothing (no hub cache appears on any host); replies name the served model; a run's result is served
+under its source model's name and its run."""
 import json
 import os
 import re
@@ -26,6 +27,8 @@ pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
 from sshcluster import free_port  # noqa: E402
+
+from clusterctl.trainer_contract import EXPORT_MARKER  # noqa: E402
 
 pytestmark = pytest.mark.ssh
 READY = re.compile(r"serve: ready at (http://\S+) \(model (\S+)\)")
@@ -257,11 +260,14 @@ def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster
 def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tmp_path):
     cluster = make_cluster(2, inventory_only=True)
     staged = lmfixture.make_model(tmp_path / "staged", "qwen2", layers=4, files=4)
+    # a run's result: served under its source model's name and its run (the marker export and the trainer write)
+    (staged / EXPORT_MARKER).write_text(json.dumps({"run": "20261126-101500-ab12cd", "model": "models/Qwen2-base",
+                                                    "step": 40}))
     served = Served(str(staged), "--hosts", str(cluster.inventory), "--backend", "ring", "--pipeline", "--port",
                     str(free_port("127.0.0.1")), cwd=tmp_path, env=cluster.client_env())
     try:
         url, model_id = served.ready().groups()
-        assert model_id == "staged" and chat(url, model_id)
+        assert model_id == "Qwen2-base-ft-20261126-101500-ab12cd" and chat(url, model_id)
         assert served.interrupt() == 130
     finally:
         served.kill()

@@ -1,13 +1,17 @@
-"""What `serve` decides on this machine before anything starts (serve/service.py): the options of mlx-lm's server it
-owns, refused after `--` however abbreviated; a --listen address the URL could not reach."""
+"""What `serve` decides on this machine before anything starts (serve/service.py, serve/check.py): the options of
+mlx-lm's server it owns, refused after `--` however abbreviated; a --listen address the URL could not reach; and the
+id a model directory is served under (a run's result by its marker, any other directory by its name)."""
 import argparse
+import json
 
 import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.inventory import Host
 from clusterctl.serve import service
+from clusterctl.serve.check import served_name
 from clusterctl.serve.service import OWNED, ServeOptions, owned_option
+from clusterctl.trainer_contract import EXPORT_MARKER
 
 
 def refusal(*server_args) -> str:
@@ -87,3 +91,29 @@ def test_a_listen_the_url_reaches_passes():
     service._check_listen(host(hostname="127.0.5.12"), "127.0.5.12", 8080)
     for listen in (None, "0.0.0.0", "::", "192.168.1.20", "mini1.local"):
         service._check_listen(host(), listen, 8080)
+
+
+# ---- the served name -----------------------------------------------------------------------------------------------
+def marked(tmp_path, name, marker) -> str:
+    d = tmp_path / name
+    d.mkdir()
+    (d / EXPORT_MARKER).write_text(marker if isinstance(marker, str) else json.dumps(marker))
+    return str(d)
+
+
+def test_a_runs_result_is_served_under_its_source_model_and_run(tmp_path):
+    run = "20261126-101500-ab12cd"
+    assert served_name(marked(tmp_path, "model", {"run": run, "model": "models/Qwen3-8B/", "step": 120})) \
+        == f"Qwen3-8B-ft-{run}"
+    assert served_name(marked(tmp_path, "out", {"run": run, "model": "/Users/me/mymodel", "step": 3}) + "/") \
+        == f"mymodel-ft-{run}"
+    assert served_name(marked(tmp_path, "scratch", {"run": run, "model": None, "step": 400})) == f"clusterctl-{run}"
+
+
+def test_any_other_directory_and_any_marker_that_does_not_hold_is_served_under_its_own_name(tmp_path):
+    (tmp_path / "plain").mkdir()
+    assert served_name(str(tmp_path / "plain")) == "plain"
+    for i, marker in enumerate(["{not json", "[1]", {"model": "m"}, {"run": "", "model": "m"}, {"run": 7, "model": "m"},
+                                {"run": "a b/../c", "model": "m"}, {"run": "r1", "model": 5}, {"run": "r1", "model": ""},
+                                {"run": "r1", "model": "/"}]):
+        assert served_name(marked(tmp_path, f"d{i}", marker)) == f"d{i}", marker
