@@ -193,7 +193,8 @@ def _check_args(options: ServeOptions) -> None:
         owned = owned_option(word)
         if owned is not None:
             said = word.split("=", 1)[0]
-            means = "serve sets it" if said == owned else f"mlx-lm's server may take it for {owned}, which serve sets"
+            meant = " or ".join(option for option in OWNED if option.startswith(said))
+            means = "serve sets it" if said == owned else f"mlx-lm's server may take it for {meant}, which serve sets"
             raise UsageError(f"{said} after `--`: {means} (use serve's own MODEL, --listen, --port, --pipeline)")
 
 
@@ -237,25 +238,32 @@ def _check_listen(host, listen: str | None, port: int) -> None:
 
 
 def _check_port_free(connector: Connector, host, address: str, port: int) -> None:
-    """PortTaken when `address:port` cannot be bound on `host` (rank 0 would fail to listen there); UsageError when
-    `address` is none of the host's."""
-    code = (f"import errno, socket, sys\ns = socket.socket(socket.AF_INET6 if ':' in {address!r} else socket.AF_INET)\n"
-            f"try:\n    s.bind(({address!r}, {port}))\nexcept OSError as e:\n"
-            "    print(errno.errorcode.get(e.errno, ''), e.strerror); sys.exit(3)\n")
+    """Refused, in one line, when rank 0 could not listen on `address:port` of `host`: PortTaken for a port in use,
+    UsageError for an address the host does not have or cannot resolve, or any other reason the bind gives."""
+    code = (f"import errno, socket, sys\ntry:\n"
+            f"    socket.socket(socket.AF_INET6 if ':' in {address!r} else socket.AF_INET).bind(({address!r}, {port}))\n"
+            "except socket.gaierror as e:\n    print('UNRESOLVED', e.strerror); sys.exit(3)\n"
+            "except OSError as e:\n    print(errno.errorcode.get(e.errno, 'OTHER'), e.strerror); sys.exit(3)\n")
     with connector.transport(host) as t:
         r = t.run([host.python, "-c", code], timeout=30)
-    where = "this machine" if host.local else host.name
-    if r.exit_code == 3 and r.stdout.split()[:1] == ["EADDRNOTAVAIL"]:
-        has = _addresses(connector, host)
-        raise UsageError(f"--listen {address} is not an address of {where}"
-                         + (f" (it has {', '.join(has)})" if has else "")
-                         + ": give one of its own, or 0.0.0.0 for all of them")
-    if r.exit_code == 3:
-        raise PortTaken(f"port {port} on {address} is in use on {where} ({r.stdout.strip().partition(' ')[2]}): "
-                        "give another with --port, or stop what listens there")
-    if not r.ok:
+    if not r.ok and r.exit_code != 3:
         raise ServeError(f"{host.name}: could not check port {port} with {host.python}: "
                          f"{(r.stderr or r.stdout).strip()[-200:]}")
+    if r.ok:
+        return
+    why, _, said = r.stdout.strip().partition(" ")
+    where = "this machine" if host.local else host.name
+    if why == "EADDRINUSE":
+        raise PortTaken(f"port {port} on {address} is in use on {where} ({said}): give another with --port, or stop "
+                        "what listens there")
+    if why == "EADDRNOTAVAIL":
+        has = _addresses(connector, host)
+        raise UsageError(f"--listen {address} is not an address of {where}" + (f" (it has {', '.join(has)})" if has else "")
+                         + ": give one of its own, or 0.0.0.0 for all of them")
+    if why == "UNRESOLVED":
+        raise UsageError(f"--listen {address}: {where} cannot resolve it ({said}): give one of its IP addresses")
+    raise UsageError(f"{where} cannot listen on port {port} of {address} ({said})"
+                     + (": give a port above 1023" if why == "EACCES" and port < 1024 else ""))
 
 
 def _addresses(connector: Connector, host) -> list[str]:

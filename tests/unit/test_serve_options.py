@@ -3,11 +3,13 @@ mlx-lm's server it owns, refused after `--` however abbreviated; a --listen addr
 id a model directory is served under (a run's result by its marker, any other directory by its name)."""
 import argparse
 import json
+import socket
 
 import pytest
 
-from clusterctl.errors import UsageError
-from clusterctl.inventory import Host
+from clusterctl.errors import PortTaken, UsageError
+from clusterctl.hosts.connector import Connector
+from clusterctl.inventory import Cluster, Host
 from clusterctl.serve import service
 from clusterctl.serve.check import served_name
 from clusterctl.serve.service import OWNED, ServeOptions, owned_option
@@ -29,6 +31,7 @@ def test_every_abbreviation_of_an_option_serve_owns_is_refused_with_the_option_i
     assert refusal("--max-tokens", "8", "--po=9").startswith("--po after `--`: mlx-lm's server may take it for --port")
     assert "may take it for --model" in refusal("--mod", "/elsewhere")
     assert "may take it for --pipeline" in refusal("--pip")
+    assert "may take it for --port or --pipeline, which serve sets" in refusal("--p", "1")    # argparse: ambiguous
     assert refusal("--port", "9").startswith("--port after `--`: serve sets it")
     assert refusal("--host=0.0.0.0").startswith("--host after `--`: serve sets it")
 
@@ -91,6 +94,27 @@ def test_a_listen_the_url_reaches_passes():
     service._check_listen(host(hostname="127.0.5.12"), "127.0.5.12", 8080)
     for listen in (None, "0.0.0.0", "::", "192.168.1.20", "mini1.local"):
         service._check_listen(host(), listen, 8080)
+
+
+def test_a_listen_address_the_host_cannot_bind_is_named_for_what_it_is(tmp_path):
+    cluster = Cluster.this_machine(str(tmp_path), slots=1, backend="ring")
+    connector, here = Connector(cluster), cluster.hosts[0]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(PortTaken, match=f"^port {port} on 127.0.0.1 is in use on this machine [(]"):
+            service._check_port_free(connector, here, "127.0.0.1", port)
+    finally:
+        taken.close()
+    with pytest.raises(UsageError, match=r"^--listen 10[.]9[.]9[.]9 is not an address of this machine [(]it has "
+                                         r"127[.]0[.]0[.]1(, [0-9.]+)*[)]: give one of its own, or 0.0.0.0 for all"):
+        service._check_port_free(connector, here, "10.9.9.9", port)
+    with pytest.raises(UsageError, match=r"^--listen nosuch[.]invalid: this machine cannot resolve it [(].+[)]: give "
+                                         "one of its IP addresses$"):
+        service._check_port_free(connector, here, "nosuch.invalid", port)
+    service._check_port_free(connector, here, "127.0.0.1", port)                # free again
 
 
 # ---- the served name -----------------------------------------------------------------------------------------------
