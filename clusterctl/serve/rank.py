@@ -79,20 +79,26 @@ def known_as(server, names: list[str]) -> None:
     provider.__init__ = __init__
 
 
-def admit(body, name: str, names: set[str]) -> tuple[object, str | None]:
-    """(the request body as mlx-lm may see it, None), or (None, why not: one line for a 404). A JSON object passes
-    when its `model` is absent, null, or one of `names`, and it names no `adapters` and no `draft_model`; it then
-    names the model `name`. Anything else passes as it is (mlx-lm refuses what is not a JSON object)."""
+def admit(body, name: str, names: set[str]) -> tuple[object, dict | None]:
+    """(the request body as mlx-lm may see it, None), or (None, the OpenAI error of a 404: why not, in one line, and
+    the field). A JSON object passes when its `model` is absent, null, or one of `names`, and it names no `adapters`
+    and no `draft_model`; it then names the model `name`. Anything else passes as it is (mlx-lm refuses what is not
+    a JSON object)."""
     if not isinstance(body, dict):
         return body, None
     model = body.get("model")
     if model is not None and not (isinstance(model, str) and model in names):
-        return None, f"model {json.dumps(model)} is not served here: this endpoint serves only {json.dumps(name)} " \
-                     "(name it, or leave out model)"
+        return None, _not_found("model", f"model {json.dumps(model)} is not served here: this endpoint serves only "
+                                         f"{json.dumps(name)} (name it, or leave out model)")
     for key in ("adapters", "draft_model"):
         if body.get(key) is not None:
-            return None, f"this endpoint loads no {key}: it serves only {json.dumps(name)} as it is (leave out {key})"
+            return None, _not_found(key, f"this endpoint loads no {key}: it serves only {json.dumps(name)} as it is "
+                                         f"(leave out {key})")
     return {**body, "model": name}, None
+
+
+def _not_found(field: str, message: str) -> dict:
+    return {"message": message, "type": "invalid_request_error", "param": field, "code": "model_not_found"}
 
 
 def admit_requests(server, name: str, names: set[str]) -> None:
@@ -110,9 +116,8 @@ def admit_requests(server, name: str, names: set[str]) -> None:
             body = json.loads(raw.decode())
         except ValueError:                  # not JSON (UnicodeDecodeError is one): mlx-lm answers 400
             body = None
-        admitted, refusal = admit(body, name, names)
-        if refusal is not None:
-            error = {"message": refusal, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+        admitted, error = admit(body, name, names)
+        if error is not None:
             self._set_completion_headers(404)
             self.end_headers()
             self.wfile.write(json.dumps({"error": error}).encode())

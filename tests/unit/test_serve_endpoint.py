@@ -308,8 +308,9 @@ def test_a_request_for_another_model_adapter_or_draft_model_is_a_404_naming_the_
         'model "other" is not served here: this endpoint serves only "tiny" (name it, or leave out model)',
         'model "mlx-community/Qwen3-0.6B-4bit" is not served here: this endpoint serves only "tiny" (name it, or '
         'leave out model)']
-    assert json.loads(answers[4][1])["error"]["message"] == \
-        'this endpoint loads no adapters: it serves only "tiny" as it is (leave out adapters)'
+    assert json.loads(answers[4][1])["error"] == {
+        "message": 'this endpoint loads no adapters: it serves only "tiny" as it is (leave out adapters)',
+        "type": "invalid_request_error", "param": "adapters", "code": "model_not_found"}
     # the others reach mlx-lm naming the served model, which its reply then echoes; no draft, no adapter
     assert out["reached"] == [["tiny", "default_model", None]] * len(served)
     assert answers[-1][0] == 400                     # not JSON: mlx-lm's own answer
@@ -320,12 +321,14 @@ def test_what_a_request_may_name_is_the_served_model_and_nothing_else():
     names = {"tiny", "/s/tiny-ab", "default_model"}
     for body in ({}, {"model": "tiny"}, {"model": "/s/tiny-ab"}, {"model": None}, {"model": "default_model"},
                  {"adapters": None, "draft_model": None}):
-        admitted, why = rank.admit({"prompt": "p", **body}, "tiny", names)
-        assert why is None and admitted == {"prompt": "p", **body, "model": "tiny"}
-    for body in ({"model": "Tiny"}, {"model": ["tiny"]}, {"model": {}}, {"adapters": "a"}, {"draft_model": "tiny"},
-                 {"model": "tiny", "adapters": ""}):
-        admitted, why = rank.admit(body, "tiny", names)
-        assert admitted is None and '"tiny"' in why and "\n" not in why
+        admitted, error = rank.admit({"prompt": "p", **body}, "tiny", names)
+        assert error is None and admitted == {"prompt": "p", **body, "model": "tiny"}
+    for body, field in (({"model": "Tiny"}, "model"), ({"model": ["tiny"]}, "model"), ({"model": {}}, "model"),
+                        ({"adapters": "a"}, "adapters"), ({"draft_model": "tiny"}, "draft_model"),
+                        ({"model": "tiny", "adapters": ""}, "adapters")):
+        admitted, error = rank.admit(body, "tiny", names)
+        assert admitted is None and '"tiny"' in error["message"] and "\n" not in error["message"]
+        assert (error["param"], error["code"], error["type"]) == (field, "model_not_found", "invalid_request_error")
     assert rank.admit([1], "tiny", names) == ([1], None) and rank.admit(None, "tiny", names) == (None, None)
 
 
