@@ -19,6 +19,10 @@ DATA = "--data"
 MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
 STRATEGY = "--strategy"
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
+# in a model directory a run made (the trainer's <run>/model, `clusterctl export`): JSON {"run": its run id,
+# "model": the source model's path as the run recorded it, or null for a from-scratch model, "step": N};
+# `serve` names the model by it (serve/check.py served_name)
+EXPORT_MARKER = ".clusterctl-export.json"
 
 
 def step_dir_name(step: int) -> str:

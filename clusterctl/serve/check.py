@@ -17,14 +17,16 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ModelError
+from ..trainer_contract import EXPORT_MARKER
 from ..transfer.localmodel import check_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")     # what a run id may be, in a served name
 
 
 @dataclass(frozen=True)
 class ModelSummary:
-    name: str                # the directory's name
+    name: str                # the id it is served under (served_name)
     kind: str                # config.json's model_type
     size: int                # bytes of weights
     deep: bool               # mlx-lm built it here (not only the files were checked)
@@ -48,8 +50,28 @@ def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
         raise ModelError(f"{shown}: no tokenizer (tokenizer.json, tokenizer.model or tokenizer_config.json)")
     deep = importlib.util.find_spec("mlx_lm") is not None
     layers = _build(path, kind, world, pipeline) if deep else config.get("num_hidden_layers")
-    return ModelSummary(os.path.basename(os.path.normpath(path)), kind, sum(os.path.getsize(w) for w in weights),
+    return ModelSummary(served_name(path), kind, sum(os.path.getsize(w) for w in weights),
                         deep, layers if isinstance(layers, int) and layers > 0 else None)
+
+
+def served_name(path: str) -> str:
+    """The id a model directory is served under: for a run's result (its EXPORT_MARKER, when present and valid)
+    `<the source model's name>-ft-<run id>`, or `clusterctl-<run id>` for a model the run built from scratch; for any
+    other directory, its name. A marker that cannot be read, or holds anything else, is ignored."""
+    own = os.path.basename(os.path.normpath(path))
+    try:
+        with open(os.path.join(path, EXPORT_MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return own
+    run = marker.get("run") if isinstance(marker, dict) else None
+    source = marker.get("model") if isinstance(marker, dict) else None
+    if not isinstance(run, str) or not RUN_ID.fullmatch(run):
+        return own
+    if source is None:
+        return f"clusterctl-{run}"
+    base = os.path.basename(os.path.normpath(source)) if isinstance(source, str) and source.strip() else ""
+    return f"{base}-ft-{run}" if base not in ("", ".", "..", os.sep) else own
 
 
 def _build(path: str, kind: str, world: int, pipeline: bool) -> int | None:

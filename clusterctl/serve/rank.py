@@ -7,10 +7,16 @@ store]} (`serve` pushed it there; each host's store may be elsewhere, e.g. under
 Standard library and mlx-lm only: it runs on the hosts, from the copy of clusterctl `serve` ships to each
 (<workdir>/.clusterctl/lib). Before mlx-lm's own main() it:
   - gives the server `--model` with this rank's directory;
-  - makes every rank answer a request for the model by any of its names the same way: its name, and every
-    rank's directory. mlx-lm passes the request's `model` to every rank, and a rank that does not know the name
-    as the model it holds loads that name as another model: with per-host paths, rank 1 would try to load rank
-    0's directory, and the request would never end;
+  - turns the Hugging Face hub off (HF_HUB_OFFLINE=1): nothing a rank loads is ever looked up or downloaded;
+  - admits only requests for the served model (admit): mlx-lm loads whatever a request's `model`, `adapters` or
+    `draft_model` names, from a path of the host or from the hub, in place of the served model
+    (docs/facts/mlx-lm.md#a-request-loads-whatever-it-names). A request
+    naming another model, or any adapter or draft model, is answered 404 naming the served one on rank 0, before
+    mlx-lm reads it; every other request reaches mlx-lm naming the model by its served name, which is what the
+    reply echoes (mlx-lm's own default is the word "default_model");
+  - makes every rank take that name, and every rank's directory, as the model it holds
+    (docs/facts/mlx-lm.md#a-request-names-the-model-on-every-rank): mlx-lm passes the request's `model` to
+    every rank, and a rank that does not know the name as its model loads that name as another model;
   - answers `GET /v1/models` with the served model under its name. mlx-lm's own answer lists the models of the
     host's Hugging Face cache, and is an empty body where the host has no cache directory (its scan raises
     after the 200 status line: mlx-lm issue 1636, docs/facts/mlx-lm.md#v1-models-without-a-hub-cache); a model
@@ -18,11 +24,13 @@ Standard library and mlx-lm only: it runs on the hosts, from the copy of cluster
   - leaves clusterctl's own health and readiness requests (User-Agent PROBE_AGENT) out of the server's request
     log: `serve` asks /health every few seconds, which would otherwise be most of what the ranks print.
 """
+import io
 import json
 import os
 import sys
 
 PROBE_AGENT = "clusterctl-probe"      # serve/endpoint.py sends it
+MLX_DEFAULT = "default_model"         # mlx-lm's own name for the model it was started with
 
 
 def rank() -> int:
@@ -71,6 +79,61 @@ def known_as(server, names: list[str]) -> None:
     provider.__init__ = __init__
 
 
+def admit(body, name: str, names: set[str]) -> tuple[object, dict | None]:
+    """(the request body as mlx-lm may see it, None), or (None, the OpenAI error of a 404: why not, in one line, and
+    the field). A JSON object passes when its `model` is absent, null, or one of `names`, and it names no `adapters`
+    and no `draft_model`; it then names the model `name`. Anything else passes as it is (mlx-lm refuses what is not
+    a JSON object)."""
+    if not isinstance(body, dict):
+        return body, None
+    model = body.get("model")
+    if model is not None and not (isinstance(model, str) and model in names):
+        return None, _not_found("model", f"model {json.dumps(model)} is not served here: this endpoint serves only "
+                                         f"{json.dumps(name)} (name it, or leave out model)")
+    for key in ("adapters", "draft_model"):
+        if body.get(key) is not None:
+            return None, _not_found(key, f"this endpoint loads no {key}: it serves only {json.dumps(name)} as it is "
+                                         f"(leave out {key})")
+    return {**body, "model": name}, None
+
+
+def _not_found(field: str, message: str) -> dict:
+    return {"message": message, "type": "invalid_request_error", "param": field, "code": "model_not_found"}
+
+
+def admit_requests(server, name: str, names: set[str]) -> None:
+    """Every POST passes admit() before mlx-lm's handler reads it: a refused one is answered 404 with an OpenAI
+    error naming the served model, an admitted one reaches mlx-lm with the served name as its model."""
+    handler = server.APIHandler
+    post = handler.do_POST
+
+    def do_POST(self):
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():            # mlx-lm answers it (411, 400) without reading a body
+            return post(self)
+        raw = self.rfile.read(int(length))
+        try:
+            body = json.loads(raw.decode())
+        except ValueError:                  # not JSON (UnicodeDecodeError is one): mlx-lm answers 400
+            body = None
+        admitted, error = admit(body, name, names)
+        if error is not None:
+            self._set_completion_headers(404)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": error}).encode())
+            return
+        if admitted is not body:
+            raw = json.dumps(admitted).encode()
+            self.headers.replace_header("Content-Length", str(len(raw)))
+        rfile, self.rfile = self.rfile, io.BytesIO(raw)
+        try:
+            post(self)
+        finally:
+            self.rfile = rfile
+
+    handler.do_POST = do_POST
+
+
 def list_served(server, name: str) -> None:
     """GET /v1/models[/ID]: the served model, under its name (what a client then sends back as `model`)."""
     def handle_models_request(self):
@@ -104,9 +167,12 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m clusterctl.serve.rank SPEC_JSON [SERVER ARGUMENTS...]")
     name, models = read_spec(argv[1])
     model = model_for(models, rank())
+    os.environ["HF_HUB_OFFLINE"] = "1"        # before huggingface_hub is imported: it reads it once
     from mlx_lm import server
 
-    known_as(server, [name, *models, *(os.path.realpath(os.path.expanduser(m)) for m in models)])
+    names = [name, *models, *(os.path.realpath(os.path.expanduser(m)) for m in models)]
+    known_as(server, names)
+    admit_requests(server, name, {*names, MLX_DEFAULT})
     list_served(server, name)
     quiet_probes(server)
     sys.argv = ["mlx_lm.server", "--model", model, *argv[2:]]

@@ -21,13 +21,15 @@ It runs until Ctrl-C (or SIGTERM), a failure with no restart left, or a stall wi
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import time
 from dataclasses import dataclass, field
 
-from ..errors import PortTaken, ServeError, UsageError
+from ..errors import ClusterctlError, PortTaken, ServeError, UsageError
 from ..hosts.connector import Connector
+from ..hosts.facts import interfaces
 from ..hosts.forward import Forward
 from ..inventory import Cluster
 from ..launch.restart import RestartPolicy
@@ -41,6 +43,9 @@ DEFAULT_PORT = 8080
 LOOPBACK = "127.0.0.1"
 # the server's own options serve sets; given after `--` they would contradict it
 OWNED = ("--model", "--host", "--port", "--pipeline")
+# a host's interfaces as hosts/scripts/probe.sh lists them (docs/facts/macos.md#ifconfig-not-ip-on-macos)
+ADDRESSES = ('if [ "$(uname -s)" = Darwin ]; then ifconfig -a 2>/dev/null; '
+             "else ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null; fi")
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=DEFAULT_BACKEND))
     connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
     first = cluster.hosts[0]
+    _check_listen(first, options.listen, options.port)
     forward = None
     if options.listen is None and not first.local:
         forward = Forward.bind(options.port)             # refused now, before anything moves, when in use
@@ -183,10 +189,25 @@ def one_rank_per_host(cluster: Cluster) -> Cluster:
 def _check_args(options: ServeOptions) -> None:
     if not 0 < options.port < 65536:
         raise UsageError(f"--port {options.port}: give a port between 1 and 65535")
-    given = [a.split("=", 1)[0] for a in options.server_args if a.startswith("--")]
-    owned = [a for a in given if a in OWNED]
-    if owned:
-        raise UsageError(f"{owned[0]} after `--`: serve sets it (use serve's own MODEL, --listen, --port, --pipeline)")
+    for word in options.server_args:
+        owned = owned_option(word)
+        if owned is not None:
+            said = word.split("=", 1)[0]
+            meant = " or ".join(option for option in OWNED if option.startswith(said))
+            means = "serve sets it" if said == owned else f"mlx-lm's server may take it for {meant}, which serve sets"
+            raise UsageError(f"{said} after `--`: {means} (use serve's own MODEL, --listen, --port, --pipeline)")
+
+
+def owned_option(word: str) -> str | None:
+    """The option of serve's own (OWNED) that mlx-lm's server could take `word` for, None for any other word.
+    Its argparse takes any unambiguous prefix of a long option (`--hos` is --host, `--po=9` is --port 9), so
+    every prefix of an owned option counts: one it would resolve to that option, or one it finds ambiguous (and
+    would refuse) among options one of which is serve's. mlx-lm has no option that is itself a prefix of an
+    owned one, so no word counted here means another option to it."""
+    if not word.startswith("--") or word == "--":
+        return None
+    said = word.split("=", 1)[0]
+    return next((option for option in OWNED if option.startswith(said)), None)
 
 
 def _free_loopback_port(connector: Connector, host) -> int:
@@ -200,19 +221,59 @@ def _free_loopback_port(connector: Connector, host) -> int:
     return int(r.stdout.strip())
 
 
+def _check_listen(host, listen: str | None, port: int) -> None:
+    """A loopback --listen on a host that is not this machine is refused: the URL would name this machine's
+    loopback, where nothing of the server is. (A loopback address the inventory reaches the host by is that host's
+    own, as on the loopback test cluster.)"""
+    if listen is None or host.local or listen in (host.name, host.hostname, host.address):
+        return
+    try:
+        loopback = ipaddress.ip_address(listen.strip("[]")).is_loopback
+    except ValueError:
+        loopback = listen.lower() == "localhost"
+    if loopback:
+        raise UsageError(f"--listen {listen} is {host.name}'s own loopback, which this machine cannot reach: leave "
+                         f"out --listen (serve then carries http://127.0.0.1:{port} here to it over SSH), or give "
+                         "an address of the host's network")
+
+
 def _check_port_free(connector: Connector, host, address: str, port: int) -> None:
-    """PortTaken when `address:port` cannot be bound on `host` (rank 0 would fail to listen there)."""
-    code = (f"import socket, sys\ns = socket.socket(socket.AF_INET6 if ':' in {address!r} else socket.AF_INET)\n"
-            f"try:\n    s.bind(({address!r}, {port}))\nexcept OSError as e:\n    print(e.strerror); sys.exit(3)\n")
+    """Refused, in one line, when rank 0 could not listen on `address:port` of `host`: PortTaken for a port in use,
+    UsageError for an address the host does not have or cannot resolve, or any other reason the bind gives."""
+    code = (f"import errno, socket, sys\ntry:\n"
+            f"    socket.socket(socket.AF_INET6 if ':' in {address!r} else socket.AF_INET).bind(({address!r}, {port}))\n"
+            "except socket.gaierror as e:\n    print('UNRESOLVED', e.strerror); sys.exit(3)\n"
+            "except OSError as e:\n    print(errno.errorcode.get(e.errno, 'OTHER'), e.strerror); sys.exit(3)\n")
     with connector.transport(host) as t:
         r = t.run([host.python, "-c", code], timeout=30)
-    if r.exit_code == 3:
-        where = "this machine" if host.local else host.name
-        raise PortTaken(f"port {port} on {address} is in use on {where} ({r.stdout.strip()}): give another with "
-                        "--port, or stop what listens there")
-    if not r.ok:
+    if not r.ok and r.exit_code != 3:
         raise ServeError(f"{host.name}: could not check port {port} with {host.python}: "
                          f"{(r.stderr or r.stdout).strip()[-200:]}")
+    if r.ok:
+        return
+    why, _, said = r.stdout.strip().partition(" ")
+    where = "this machine" if host.local else host.name
+    if why == "EADDRINUSE":
+        raise PortTaken(f"port {port} on {address} is in use on {where} ({said}): give another with --port, or stop "
+                        "what listens there")
+    if why == "EADDRNOTAVAIL":
+        has = _addresses(connector, host)
+        raise UsageError(f"--listen {address} is not an address of {where}" + (f" (it has {', '.join(has)})" if has else "")
+                         + ": give one of its own, or 0.0.0.0 for all of them")
+    if why == "UNRESOLVED":
+        raise UsageError(f"--listen {address}: {where} cannot resolve it ({said}): give one of its IP addresses")
+    raise UsageError(f"{where} cannot listen on port {port} of {address} ({said})"
+                     + (": give a port above 1023" if why == "EACCES" and port < 1024 else ""))
+
+
+def _addresses(connector: Connector, host) -> list[str]:
+    """The host's IPv4 addresses, read as the probe reads them (ifconfig on a Mac, else `ip`); [] when unknown."""
+    try:
+        with connector.transport(host) as t:
+            r = t.run(ADDRESSES, timeout=30)
+    except ClusterctlError:
+        return []
+    return list(dict.fromkeys(str(i.ip) for _, i in interfaces(r.stdout.splitlines())))
 
 
 def _reachable(host, bind: str) -> str:

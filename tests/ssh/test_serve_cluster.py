@@ -4,7 +4,10 @@ URL on this machine's loopback carried over SSH to rank 0's. Over ring and over 
 completion is answered, /v1/models lists the model and a chat completion is answered; with --max-restarts 1,
 killing rank 1's process brings the endpoint back; Ctrl-C leaves no process on any host and frees the port. A
 second serve of the same model moves no model bytes and leaves the store's files untouched. What cannot be served
-is refused in one line with nothing started."""
+(or would be listened for where the URL cannot reach, or names serve's own options after `--`, abbreviated) is
+refused in one line with nothing started. A request naming another model, an adapter or a draft model is a 404
+that loads nothing (no hub cache appears on any host); replies name the served model; a run's result is served
+under its source model's name and its run."""
 import json
 import os
 import re
@@ -13,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from functools import partial
 
@@ -23,6 +27,8 @@ pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
 from sshcluster import free_port  # noqa: E402
+
+from clusterctl.trainer_contract import EXPORT_MARKER  # noqa: E402
 
 pytestmark = pytest.mark.ssh
 READY = re.compile(r"serve: ready at (http://\S+) \(model (\S+)\)")
@@ -98,8 +104,11 @@ def run_processes(run_id: str) -> str:
     return found.stdout
 
 
-def serving_ranks() -> str:
-    return subprocess.run(["pgrep", "-af", "clusterctl[.]serve[.]rank"], capture_output=True, text=True).stdout
+def serving_ranks(*paths) -> str:
+    """The serving ranks' processes whose command line names one of `paths` (this test's cluster, its model: other
+    developers' serve tests may run on this machine at the same time)."""
+    found = subprocess.run(["pgrep", "-af", "clusterctl[.]serve[.]rank"], capture_output=True, text=True).stdout
+    return "".join(line + "\n" for line in found.splitlines() if any(str(p) in line for p in paths))
 
 
 def rank_pid(cluster, index: int, run_id: str) -> int:
@@ -201,12 +210,18 @@ def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_
                            ([str(model), "--port", str(busy)], f"port {busy} on 127.0.0.1 is in use on this machine"),
                            ([str(model), "--listen", h1, "--port", str(on_h1.getsockname()[1])],
                             f"port {on_h1.getsockname()[1]} on {h1} is in use on {h1}"),
-                           ([str(model), "--", "--port", "9"], "--port after `--`: serve sets it")]:
-            r = clirun.clusterctl("serve", *args, "--hosts", str(cluster.inventory), cwd=tmp_path,
+                           ([str(model), "--", "--port", "9"], "--port after `--`: serve sets it"),
+                           # mlx-lm's argparse takes an abbreviation: rank 0 would listen on every address
+                           ([str(model), "--", "--hos", "0.0.0.0"],
+                            "--hos after `--`: mlx-lm's server may take it for --host, which serve sets"),
+                           ([str(model), "--listen", "10.9.9.9"], f"--listen 10.9.9.9 is not an address of {h1} (it "
+                                                                  "has 127.0.0.1"),
+                           ([str(model), "--listen", "127.0.0.1"], f"--listen 127.0.0.1 is {h1}'s own loopback")]:
+            r = clirun.clusterctl("serve", "--hosts", str(cluster.inventory), *args, cwd=tmp_path,
                                   env=cluster.client_env(), own_cache=True, timeout=120)
             errors = [line for line in r.stderr.splitlines() if line.strip()]
             assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
-            assert not (tmp_path / "runs").exists() and serving_ranks() == ""
+            assert not (tmp_path / "runs").exists() and serving_ranks(cluster.hosts[0].dir.parent, model) == ""
     finally:
         taken.close()
         on_h1.close()
@@ -222,9 +237,21 @@ def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster
         url, model_id = served.ready().groups()
         assert url == f"http://{h1}:{port}" and "no authentication" in served.text
         assert chat(url, model_id) and port_is_free(port)       # nothing of this machine listens on the port
-        # the server's own options pass through after `--`: its default --max-tokens, for a request with none
+        # the server's own options pass through after `--`: its default --max-tokens, for a request with none; the
+        # reply names the served model, though the request named none
         status, answer = http(url + "/v1/completions", {"prompt": "Tom found", "temperature": 0.0})
         assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+        assert answer["model"] == model_id == "tiny"
+        # a request naming another model, an adapter or a draft model loads nothing: 404, naming the served model
+        for body in ({"model": "other"}, {"model": "mlx-community/Qwen3-0.6B-4bit"}, {"model": str(model.parent)},
+                     {"adapters": "/tmp"}, {"draft_model": "mlx-community/Qwen3-0.6B-4bit"}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                http(url + "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "Tom"}]})
+            error = json.loads(refused.value.read())["error"]
+            assert refused.value.code == 404 and 'serves only "tiny"' in str(error), (body, error)
+        assert chat(url, model_id)                              # and the served model was never let go
+        for host in cluster.hosts:
+            assert not (host.dir / "home" / ".cache" / "huggingface").exists()
         assert served.interrupt() == 130
     finally:
         served.kill()
@@ -233,11 +260,14 @@ def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster
 def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tmp_path):
     cluster = make_cluster(2, inventory_only=True)
     staged = lmfixture.make_model(tmp_path / "staged", "qwen2", layers=4, files=4)
+    # a run's result: served under its source model's name and its run (the marker export and the trainer write)
+    (staged / EXPORT_MARKER).write_text(json.dumps({"run": "20261126-101500-ab12cd", "model": "models/Qwen2-base",
+                                                    "step": 40}))
     served = Served(str(staged), "--hosts", str(cluster.inventory), "--backend", "ring", "--pipeline", "--port",
                     str(free_port("127.0.0.1")), cwd=tmp_path, env=cluster.client_env())
     try:
         url, model_id = served.ready().groups()
-        assert model_id == "staged" and chat(url, model_id)
+        assert model_id == "Qwen2-base-ft-20261126-101500-ab12cd" and chat(url, model_id)
         assert served.interrupt() == 130
     finally:
         served.kill()

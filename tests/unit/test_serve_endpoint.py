@@ -241,6 +241,97 @@ def test_every_rank_serves_the_model_by_any_of_its_names_without_loading_another
     assert loads == [["/h1/store/tiny-ab", None, None], ["some/other", None, None]]
 
 
+ADMIT = """
+import argparse, functools, json, sys, threading, urllib.error, urllib.request
+from clusterctl.serve import rank
+store, requests = sys.argv[1], json.loads(sys.argv[2])      # rank.main gives mlx-lm's main an argv of its own
+try:
+    rank.main(["rank", json.dumps({"name": "tiny", "models": [store]}), "--help"])    # mlx-lm's main stops there
+except SystemExit:
+    pass
+import huggingface_hub.constants
+from mlx_lm import server
+reached = []
+
+class Generator:            # what a request that passed the handler hands on (the model, its draft, its adapter)
+    cli_args = argparse.Namespace(num_draft_tokens=3, max_tokens=8, temp=0.0, top_p=1.0, top_k=0, min_p=0.0,
+                                  allowed_origins=["*"])
+
+    def generate(self, request, args, progress_callback=None):
+        reached.append([args.model.model, args.model.draft, args.model.adapter])
+        raise RuntimeError("reached the generator")
+
+httpd = server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(server.APIHandler, Generator()))
+threading.Thread(target=httpd.serve_forever, daemon=True).start()
+answers = []
+for path, body in requests:
+    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{httpd.server_address[1]}{path}", data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            answers.append([r.status, r.read().decode()])
+    except urllib.error.HTTPError as e:
+        answers.append([e.code, e.read().decode()])
+print(json.dumps({"offline": huggingface_hub.constants.HF_HUB_OFFLINE, "reached": reached, "answers": answers}))
+"""
+
+
+def test_a_request_for_another_model_adapter_or_draft_model_is_a_404_naming_the_served_model_and_loads_nothing(
+        tmp_path):
+    # mlx-lm's own request handler, after what every rank does before mlx-lm's main; in a child process (mlx-lm's
+    # server module reads the hub's offline switch once, at import)
+    pytest.importorskip("mlx_lm")
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text("{}")
+    store = str(tmp_path / "tiny")
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    refused = [("/v1/chat/completions", {**chat, "model": "other"}),
+               ("/v1/completions", {"prompt": "hi", "model": "mlx-community/Qwen3-0.6B-4bit"}),
+               ("/chat/completions", {**chat, "model": "/etc"}),
+               ("/v1/completions", {"prompt": "hi", "model": 5}),
+               ("/v1/completions", {"prompt": "hi", "adapters": "/tmp/adapters"}),
+               ("/v1/chat/completions", {**chat, "model": "tiny", "draft_model": "mlx-community/small"})]
+    served = [("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {**chat, "model": "tiny"}),
+              ("/v1/completions", {"prompt": "hi", "model": store}), ("/v1/completions", {"prompt": "hi", "model": None})]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    done = subprocess.run([sys.executable, "-c", ADMIT, store, json.dumps(refused + served + [("/v1/completions", "{x")])],
+                          capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": REPO,
+                                                                            "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["offline"] is True                    # nothing a rank loads is looked up on the hub
+    answers = out["answers"]
+    for (status, body), (path, request) in zip(answers, refused):
+        error = json.loads(body)["error"]
+        assert status == 404 and error["code"] == "model_not_found" and '"tiny"' in error["message"], (request, body)
+    assert [json.loads(b)["error"]["message"] for _, b in answers[:2]] == [
+        'model "other" is not served here: this endpoint serves only "tiny" (name it, or leave out model)',
+        'model "mlx-community/Qwen3-0.6B-4bit" is not served here: this endpoint serves only "tiny" (name it, or '
+        'leave out model)']
+    assert json.loads(answers[4][1])["error"] == {
+        "message": 'this endpoint loads no adapters: it serves only "tiny" as it is (leave out adapters)',
+        "type": "invalid_request_error", "param": "adapters", "code": "model_not_found"}
+    # the others reach mlx-lm naming the served model, which its reply then echoes; no draft, no adapter
+    assert out["reached"] == [["tiny", "default_model", None]] * len(served)
+    assert answers[-1][0] == 400                     # not JSON: mlx-lm's own answer
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_what_a_request_may_name_is_the_served_model_and_nothing_else():
+    names = {"tiny", "/s/tiny-ab", "default_model"}
+    for body in ({}, {"model": "tiny"}, {"model": "/s/tiny-ab"}, {"model": None}, {"model": "default_model"},
+                 {"adapters": None, "draft_model": None}):
+        admitted, error = rank.admit({"prompt": "p", **body}, "tiny", names)
+        assert error is None and admitted == {"prompt": "p", **body, "model": "tiny"}
+    for body, field in (({"model": "Tiny"}, "model"), ({"model": ["tiny"]}, "model"), ({"model": {}}, "model"),
+                        ({"adapters": "a"}, "adapters"), ({"draft_model": "tiny"}, "draft_model"),
+                        ({"model": "tiny", "adapters": ""}, "adapters")):
+        admitted, error = rank.admit(body, "tiny", names)
+        assert admitted is None and '"tiny"' in error["message"] and "\n" not in error["message"]
+        assert (error["param"], error["code"], error["type"]) == (field, "model_not_found", "invalid_request_error")
+    assert rank.admit([1], "tiny", names) == ([1], None) and rank.admit(None, "tiny", names) == (None, None)
+
+
 def test_v1_models_lists_the_served_model_whatever_the_hosts_cache_holds():
     class Handler:
         created = 1
