@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
 
+from ..atomic import scratch_file
 from ..errors import CommandFailed
 from ..hosts.scripts import program
 from ..hosts.transport import Transport
@@ -30,7 +30,7 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
     return its JSON answer."""
     text = json.dumps(request)
     if len(text) > ARG_LIMIT:
-        fd, local = tempfile.mkstemp(prefix="clusterctl-req-", suffix=".json")     # 0600 from the start
+        fd, local = scratch_file("clusterctl-req-", ".json")     # 0600 from the start
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         try:

@@ -37,15 +37,16 @@ def start(make_cluster):
     return cluster
 
 
-def models(cluster, tmp_path, *args, ok=True):
-    r = clusterctl("models", *args, "--hosts", str(cluster.inventory), cwd=tmp_path, own_cache=True, timeout=180)
+def models(cluster, tmp_path, *args, ok=True, env=None):
+    r = clusterctl("models", *args, "--hosts", str(cluster.inventory), cwd=tmp_path, own_cache=True, timeout=180,
+                   env=env)
     if ok:
         assert r.returncode == 0, r.stdout + r.stderr
     return r
 
 
-def push(cluster, tmp_path, model, *args):
-    r = models(cluster, tmp_path, "push", str(model), "--json", *args)
+def push(cluster, tmp_path, model, *args, env=None):
+    r = models(cluster, tmp_path, "push", str(model), "--json", *args, env=env)
     return {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
 
 
@@ -126,7 +127,8 @@ def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(m
     cluster = start(make_cluster)
     model = make_model(tmp_path, big=6 * MB)
     big = "model-00001-of-00002.safetensors"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    (tmp_path / "tmp").mkdir()              # this machine's temporary files, apart from other tests'
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache"), "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "models", "push", str(model), "--hosts",
                              str(cluster.inventory), "--method", method, "--bwlimit", "1024"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -147,8 +149,11 @@ def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(m
     part = cluster.ssh(1, f"find {store}/.partial -path '*.clusterctl-partial/{big}' -size +1000k").stdout.splitlines()
     assert len(part) == 1, cluster.ssh(1, f"find {store}").stdout
     assert cluster.ssh(1, f"pgrep -f {sq(store_of(cluster))}").stdout == ""      # nothing left running there
+    # rsync's file list, here: left behind by the killed push (SIGKILL runs no cleanup) ...
+    assert bool(os.listdir(tmp_path / "tmp")) == (method == "rsync"), os.listdir(tmp_path / "tmp")
 
-    again = push(cluster, tmp_path, model, "--method", method)
+    again = push(cluster, tmp_path, model, "--method", method, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert os.listdir(tmp_path / "tmp") == []                                   # ... and removed by the next
     h1 = again["h1"]
     whole = sum((model / f).stat().st_size for f in h1["sent_files"])
     assert h1["ok"] and h1["resumed_bytes"] > 1000 * 1024 and big in h1["sent_files"]

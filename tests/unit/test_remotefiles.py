@@ -137,3 +137,32 @@ def test_delete_never_removes_a_name_that_is_the_same_file_as_a_kept_path(tmp_pa
     assert call("delete", request) == {"deleted": ["old.py"]}
     assert (root / "pkg" / "Model.py").exists() and (root / "pkg" / "model.py").read_text() == "m"
     assert not (root / "old.py").exists()
+
+
+def test_a_scratch_file_a_killed_process_left_is_removed_by_the_next(tmp_path, monkeypatch):
+    """Issue 44 item 8: a push killed with SIGKILL left its rsync list /tmp/clusterctl-files-* behind for good.
+    Files name their process now; the next one removes those whose process is gone, and only those."""
+    import subprocess
+    import tempfile
+
+    from clusterctl.atomic import scratch_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([PY, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
+    try:
+        for name in (f"clusterctl-files-{gone.pid}-abc123_x", f"clusterctl-files-{alive.pid}-def456",
+                     "clusterctl-files-k2j3h4g5", f"clusterctl-req-{gone.pid}-aaaa.json", "other-1-x"):
+            (tmp_path / name).write_text("left")
+        fd, path = scratch_file("clusterctl-files-")
+        os.close(fd)
+        assert os.path.basename(path).startswith(f"clusterctl-files-{os.getpid()}-")
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+        assert sorted(os.listdir(tmp_path)) == sorted([
+            os.path.basename(path), f"clusterctl-files-{alive.pid}-def456", "clusterctl-files-k2j3h4g5",
+            f"clusterctl-req-{gone.pid}-aaaa.json", "other-1-x"])     # another prefix: its own next call's
+    finally:
+        alive.kill()
+        alive.wait()
+
