@@ -17,14 +17,14 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ModelError
-from ..transfer.localmodel import check_model_dir
+from ..transfer.localmodel import check_model_dir, model_name
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 @dataclass(frozen=True)
 class ModelSummary:
-    name: str                # the directory's name
+    name: str                # the directory's name (ORG/NAME for a Hugging Face snapshot)
     kind: str                # config.json's model_type
     size: int                # bytes of weights
     deep: bool               # mlx-lm built it here (not only the files were checked)
@@ -48,7 +48,7 @@ def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
         raise ModelError(f"{shown}: no tokenizer (tokenizer.json, tokenizer.model or tokenizer_config.json)")
     deep = importlib.util.find_spec("mlx_lm") is not None
     layers = _build(path, kind, world, pipeline) if deep else config.get("num_hidden_layers")
-    return ModelSummary(os.path.basename(os.path.normpath(path)), kind, sum(os.path.getsize(w) for w in weights),
+    return ModelSummary(model_name(path), kind, sum(os.path.getsize(w) for w in weights),
                         deep, layers if isinstance(layers, int) and layers > 0 else None)
 
 

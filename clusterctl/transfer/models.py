@@ -18,7 +18,8 @@ Per host, in parallel (run_all, one deadline per host):
      Otherwise the entry goes back to .partial (its manifest removed first), and each file there that is
      not verified is named to send, a damaged one moved aside as the basis to continue from;
   2. the files go to .partial with rsync --partial-dir (an interrupted file continues by rsync's delta) or,
-     without rsync, SFTP appending from the partial copy's size;
+     without rsync, SFTP appending from the partial copy's size; a link in the model (a Hugging Face snapshot's,
+     into its blobs, checked by localmodel.model_paths) arrives as the file it points to, both ways;
   3. finish: each arrived file is hashed on the host; one that does not match is deleted and sent once more,
      whole; when every file is verified the manifest is written and the directory renamed into the store:
      an entry appears complete in one rename, never before.
@@ -172,7 +173,7 @@ def _transfer(connector: Connector, transport: Transport, host: Host, model: Loc
 
     def with_rsync() -> int:
         summary = rsync_push(rsync, model.root, send, rsync_target(connector, host, dest), on_bytes=on_bytes,
-                             bwlimit_kbps=bwlimit_kbps, extra=[f"--partial-dir={PARTS}"])
+                             bwlimit_kbps=bwlimit_kbps, extra=[f"--partial-dir={PARTS}", "--copy-links"])
         return summary.wire_bytes if summary.wire_bytes is not None else total
 
     def with_sftp() -> int:

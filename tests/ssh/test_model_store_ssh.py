@@ -289,3 +289,40 @@ def test_the_same_model_from_a_directory_of_another_name_moves_no_bytes(make_clu
             assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
             inodes = cluster.ssh(i, f"stat -c %i {sq(h['path'] + '/' + f.name)} {sq(old['path'] + '/' + f.name)}")
             assert len(set(inodes.stdout.split())) == 1, inodes.stdout
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_a_hugging_face_snapshot_pushes_its_files_and_a_link_out_of_it_is_refused(make_cluster, tmp_path, method):
+    """Issue 44 item 6: a snapshot is links into the hub cache's blobs. rsync copied the links (then failed with
+    a wrong cause), SFTP followed any link, also one to a file outside the model (copied into every host's store)."""
+    from lmfixture import hub_snapshot
+
+    cluster = start(make_cluster)
+    model = make_model(tmp_path)
+    snap = hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny model")
+    pushed = push(cluster, tmp_path, snap, "--method", method)
+    for i in (1, 2):
+        h = pushed[f"h{i}"]
+        assert h["ok"] and h["method"] == method and os.path.basename(h["path"]).startswith("tiny-org-tiny-model-"), h
+        for f in model.iterdir():
+            assert cluster.ssh(i, f"test -f {sq(h['path'] + '/' + f.name)} && ! test -L {sq(h['path'] + '/' + f.name)}"
+                               ).returncode == 0
+            assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
+    assert push(cluster, tmp_path, model)["h1"]["reused"]       # the same content: the same entry's files
+
+    (tmp_path / "secret").write_text("a private key")
+    os.symlink(tmp_path / "secret", snap / "notes.txt")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text("{}")
+    (tmp_path / "odd" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "odd" / "a\\b.txt").write_text("x")           # issue 44 item 8: refused here, not on the hosts
+    before = [cluster.ssh(i, f"find {sq(store_of(cluster))} | sort").stdout for i in (1, 2)]
+    for model_dir, says in ((snap, f"notes.txt is a link to {tmp_path / 'secret'}, outside the model directory and "
+                                   "its Hugging Face cache entry"),
+                            (tmp_path / "odd", "the file a\\b.txt has a backslash in its name")):
+        r = models(cluster, tmp_path, "push", str(model_dir), "--method", method, ok=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {model_dir}: {says}"), r.stderr
+    assert [cluster.ssh(i, f"find {sq(store_of(cluster))} | sort").stdout for i in (1, 2)] == before
+    assert cluster.ssh(1, f"grep -r 'a private key' {sq(store_of(cluster))}").returncode == 1
+

@@ -232,18 +232,20 @@ def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster
 
 def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tmp_path):
     cluster = make_cluster(2, inventory_only=True)
-    staged = lmfixture.make_model(tmp_path / "staged", "qwen2", layers=4, files=4)
+    # a Hugging Face snapshot (issue 44 item 6: its links went over rsync as links, and the push failed)
+    staged = lmfixture.hub_snapshot(lmfixture.make_model(tmp_path / "staged", "qwen2", layers=4, files=4),
+                                    tmp_path / "hf", "tiny-org/staged")
     served = Served(str(staged), "--hosts", str(cluster.inventory), "--backend", "ring", "--pipeline", "--port",
                     str(free_port("127.0.0.1")), cwd=tmp_path, env=cluster.client_env())
     try:
         url, model_id = served.ready().groups()
-        assert model_id == "staged" and chat(url, model_id)
+        assert model_id == "tiny-org/staged" and chat(url, model_id)
         assert served.interrupt() == 130
     finally:
         served.kill()
     held = {}
     for host in cluster.hosts:
-        [entry] = (host.dir / "home" / ".cache" / "clusterctl" / "models").glob("staged-*")
+        [entry] = (host.dir / "home" / ".cache" / "clusterctl" / "models").glob("tiny-org-staged-*")
         held[host.name] = sorted(p.name for p in entry.glob("*.safetensors"))
     f = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
     # rank 0 (the first host) runs blocks 2 and 3, rank 1 blocks 0 and 1; both need the embedding and the head

@@ -13,7 +13,7 @@ from clusterctl.errors import ModelError
 from clusterctl.hosts.scripts import program
 from clusterctl.inventory import DEFAULT_MODEL_STORE, load as load_inventory
 from clusterctl.transfer.localmodel import (HashCache, ModelFile, describe, host_files, manifest_text, match,
-                                            model_digest, sanitise)
+                                            model_digest, model_name, sanitise)
 
 
 def make_model(root, weights=b"w" * 1000, name="m"):
@@ -63,14 +63,60 @@ def test_describe_hashes_once_then_reads_the_cache(tmp_path):
     assert oct(os.stat(tmp_path / "cache.json").st_mode & 0o777) == "0o600"
 
 
-def test_a_linked_snapshot_is_the_same_model(tmp_path):
+def test_a_hugging_face_snapshot_is_the_same_model_under_its_repo_name(tmp_path):
+    from lmfixture import hub_snapshot
+
     d = make_model(tmp_path)
-    snap = tmp_path / "snapshot"
-    snap.mkdir()
-    for n in os.listdir(d):
-        os.symlink(d / n, snap / n)
+    (d / "sub").mkdir()
+    (d / "sub" / "extra.json").write_text("{}")
+    snap = hub_snapshot(d, tmp_path / "hf", "mlx-community/Tiny-4bit")
+    assert os.path.islink(snap / "sub" / "extra.json")
     cache = HashCache(str(tmp_path / "c.json"))
-    assert describe(str(snap), cache).digest == describe(str(d), cache).digest
+    linked, plain = describe(str(snap), cache), describe(str(d), cache)
+    assert linked.digest == plain.digest and linked.files == plain.files
+    assert model_name(str(snap)) == "mlx-community/Tiny-4bit" and linked.name == "mlx-community-Tiny-4bit"
+    os.symlink("config.json", d / "alias.json")              # a link that stays inside the model directory
+    assert "alias.json" in [f.path for f in describe(str(d), cache).files]
+
+
+def links_out(tmp_path):
+    """A model whose directory links to a file outside it (and outside any hub cache entry)."""
+    d = make_model(tmp_path)
+    (tmp_path / "secret").write_text("a key")
+    os.symlink(tmp_path / "secret", d / "notes.txt")
+    return d
+
+
+@pytest.mark.parametrize("case, says", [
+    ("outside", "notes.txt is a link to {secret}, outside the model directory: copy the file into the model"),
+    ("hub-outside", "notes.txt is a link to {secret}, outside the model directory and its Hugging Face cache entry"),
+    ("nothing", "notes.txt is a link to nothing (gone.txt): finish the download, or remove the link"),
+    ("loop", "sub/up is a link to {model}, a directory that holds it (a loop)"),
+    ("backslash", "the file a\\b.txt has a backslash in its name, which the hosts' store refuses: rename it"),
+    ("not-utf8", "the file 'bad\\udcff.txt' has a name that is not UTF-8"),
+])
+def test_what_the_hosts_must_not_get_is_refused_before_anything_is_hashed(tmp_path, case, says):
+    from lmfixture import hub_snapshot
+
+    d = links_out(tmp_path) if case in ("outside", "hub-outside") else make_model(tmp_path)
+    if case == "hub-outside":
+        os.unlink(d / "notes.txt")
+        d = hub_snapshot(d, tmp_path / "hf")
+        os.symlink(tmp_path / "secret", d / "notes.txt")
+    elif case == "nothing":
+        os.symlink("gone.txt", d / "notes.txt")
+    elif case == "loop":
+        (d / "sub").mkdir()
+        os.symlink("..", d / "sub" / "up")
+    elif case == "backslash":
+        (d / "a\\b.txt").write_text("x")
+    elif case == "not-utf8":
+        open(os.path.join(os.fsencode(d), b"bad\xff.txt"), "w").close()
+    cache = HashCache(str(tmp_path / "c.json"))
+    with pytest.raises(ModelError) as e:
+        describe(str(d), cache)
+    assert says.format(secret=tmp_path / "secret", model=os.path.realpath(d)) in str(e.value)
+    assert str(e.value).startswith(str(d)) and "\n" not in str(e.value) and cache.hashed == 0
 
 
 @pytest.mark.parametrize("remove, says", [("config.json", "has no config.json"),
@@ -110,6 +156,8 @@ def test_match_by_name_key_and_prefix():
     assert len(match(ENTRIES, "aaaa1111")) == 2                                 # one model on two hosts
     assert [e["key"] for e in match(ENTRIES, "qwen-aaaa33334444")] == ["qwen-aaaa33334444"]
     assert len(match(ENTRIES, "AAAA3")) == 1
+    assert [e["key"] for e in match(ENTRIES + [{"key": "org-m-cccc00000000", "name": "org-m", "digest": "cccc",
+                                                "host": "h1"}], "org/m")] == ["org-m-cccc00000000"]
 
 
 @pytest.mark.parametrize("which, says", [("qwen", "'qwen' matches 2 models (qwen-aaaa11112222, qwen-aaaa33334444)"),
