@@ -104,6 +104,13 @@ def test_push_once_then_nothing_moves_and_same_name_models_get_two_entries(make_
 
     r = models(cluster, tmp_path, "rm", "tiny-model", ok=False)
     assert r.returncode == 2 and "matches 2 models" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a folder of the user's in the store's: never listed, never removed (model_store may point at an old folder)
+    mine = f"{store_of(cluster)}/my-own-checkpoints"
+    assert cluster.ssh(1, f"mkdir {sq(mine)} && echo mine > {sq(mine)}/step-100.safetensors").returncode == 0
+    r = models(cluster, tmp_path, "rm", "my-own-checkpoints", ok=False)
+    assert r.returncode == 2 and "no model in the store is named 'my-own-checkpoints'" in r.stderr, r.stderr
+    assert cluster.ssh(1, f"cat {sq(mine)}/step-100.safetensors").stdout == "mine\n"
+    assert "my-own" not in models(cluster, tmp_path).stdout
     r = models(cluster, tmp_path, "rm", first["h1"]["digest"][:8])
     assert r.stdout.count("removed") == 2
     for i in (1, 2):
@@ -326,3 +333,25 @@ def test_a_hugging_face_snapshot_pushes_its_files_and_a_link_out_of_it_is_refuse
     assert [cluster.ssh(i, f"find {sq(store_of(cluster))} | sort").stdout for i in (1, 2)] == before
     assert cluster.ssh(1, f"grep -r 'a private key' {sq(store_of(cluster))}").returncode == 1
 
+
+def test_three_pushes_of_one_model_at_once_all_succeed_with_one_verified_entry(make_cluster, tmp_path):
+    """Issue 44 item 7: each push writes a directory of its own (they shared one per host: rsync exited 23,
+    FileNotFoundError); the first to finish completes the entry, the others find it complete."""
+    cluster = start(make_cluster)
+    model = make_model(tmp_path, big=4 * MB)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    procs = [subprocess.Popen([sys.executable, "-m", "clusterctl", "models", "push", str(model), "--json", "--hosts",
+                               str(cluster.inventory)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    answers = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in answers]
+    paths = {h["path"] for out, _ in answers for h in json.loads(out)["hosts"]}
+    assert len(paths) == 1, paths
+    entry = paths.pop()
+    for i in (1, 2):
+        for f in model.iterdir():
+            assert sha_on(cluster, i, f"{entry}/{f.name}") == local_sha(f)
+        assert cluster.ssh(i, f"ls -A {sq(store_of(cluster))}").stdout.split() == [".partial", os.path.basename(entry)]
+        assert cluster.ssh(i, f"ls -A {sq(store_of(cluster))}/.partial").stdout == ""
+    again = push(cluster, tmp_path, model, "--verify")
+    assert all(h["reused"] and h["damaged"] == [] for h in again.values()), again

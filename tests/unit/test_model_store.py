@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,6 +135,25 @@ def test_not_a_model_is_refused_in_one_line(tmp_path, remove, says):
     assert "\n" not in str(e.value)
 
 
+HELD = {"path": "/s/tiny-aaaa11112222", "pid": 41, "run": "20261126-101010-abcdef", "command": "python -c ..."}
+
+
+@pytest.mark.parametrize("held, forced, says", [
+    ([("h1", HELD), ("h2", dict(HELD, pid=52)), ("h1", dict(HELD, pid=43))], False,
+     "tiny-aaaa11112222 is in use: run 20261126-101010-abcdef on h1, h2: stop it first (clusterctl kill "
+     "20261126-101010-abcdef), or give --force to stop it and remove the model"),
+    ([("h1", dict(HELD, run=None, command="mlx_lm.server --model /s/tiny-aaaa11112222"))], True,
+     "tiny-aaaa11112222 is in use: pid 41 on h1 (mlx_lm.server --model /s/tiny-aaaa11112222): stop it first "
+     "(--force stops clusterctl runs only)"),
+    ([("h2", {"path": "/s/.partial/tiny-aaaa11112222@h2~2", "push": True})], False,
+     "tiny-aaaa11112222 is in use: a push on h2: let the push finish (or stop it), then remove the model"),
+])
+def test_a_model_in_use_is_refused_in_one_line_naming_what_uses_it(held, forced, says):
+    from clusterctl.transfer.models import in_use
+
+    assert in_use(held, forced) == says
+
+
 def test_host_files_keeps_every_non_weight_file(tmp_path):
     m = describe(str(make_model(tmp_path)), HashCache(str(tmp_path / "c.json")))
     assert host_files(m, None) == [f.path for f in m.files]
@@ -200,24 +220,115 @@ def test_helper_refuses_paths_that_leave_the_store(tmp_path):
     assert not os.path.exists(tmp_path / "x")
 
 
-def test_helper_list_reads_complete_partial_and_incomplete_entries(tmp_path):
+def test_helper_lists_and_removes_only_what_the_store_made(tmp_path):
     store = tmp_path / "s"
     (store / "m-aaaa").mkdir(parents=True)
     (store / "m-aaaa" / "w.safetensors").write_bytes(b"12345")
     (store / "m-aaaa" / ".clusterctl-entry.json").write_text(json.dumps(
         {"name": "m", "digest": "aaaa" + "0" * 60, "files": {"w.safetensors": [5, "x"], "config.json": [2, "y"]},
          "present": ["w.safetensors"]}))
-    (store / ".partial" / "n-bbbb" / ".clusterctl-partial").mkdir(parents=True)
-    (store / ".partial" / "n-bbbb" / ".clusterctl-partial" / "w.safetensors").write_bytes(b"123")
-    (store / ".partial" / "n-bbbb" / ".clusterctl-push.json").write_text(json.dumps(
+    (store / ".partial" / "n-bbbb@h1" / ".clusterctl-partial").mkdir(parents=True)
+    (store / ".partial" / "n-bbbb@h1" / ".clusterctl-partial" / "w.safetensors").write_bytes(b"123")
+    (store / ".partial" / "n-bbbb@h1" / ".clusterctl-push.json").write_text(json.dumps(
         {"name": "n", "digest": "bbbb", "files": {"w.safetensors": [10, "z"]}, "want": ["w.safetensors"]}))
-    (store / "leftover").mkdir()
+    (store / "o-cccc").mkdir()                  # a repair cut off: the store's mark, no manifest
+    (store / "o-cccc" / ".clusterctl-push.json").write_text("{}")
+    (store / "my-own-checkpoints").mkdir()      # the user's, in the folder model_store points at
+    (store / "my-own-checkpoints" / "step-100.safetensors").write_bytes(b"mine")
     rows = {e["key"]: e for e in helper("list", {"store": str(store)})["entries"]}
+    assert sorted(rows) == ["m-aaaa", "n-bbbb", "o-cccc"]
     assert rows["m-aaaa"]["state"] == "complete" and rows["m-aaaa"]["size"] == 5
     assert (rows["m-aaaa"]["files"], rows["m-aaaa"]["model_files"]) == (1, 2)
     assert rows["n-bbbb"]["state"] == "partial" and rows["n-bbbb"]["size"] == 10
     assert 3 <= rows["n-bbbb"]["bytes"] < 10
-    assert rows["leftover"]["state"] == "incomplete" and rows["leftover"]["digest"] is None
-    assert helper("remove", {"store": str(store), "keys": ["m-aaaa", "n-bbbb"]})["removed"] == [
-        str(store / "m-aaaa"), str(store / ".partial" / "n-bbbb")]
-    assert [e["key"] for e in helper("list", {"store": str(store)})["entries"]] == ["leftover"]
+    assert rows["o-cccc"]["state"] == "incomplete" and rows["o-cccc"]["digest"] is None
+    assert helper("remove", {"store": str(store), "keys": ["m-aaaa", "n-bbbb", "o-cccc", "my-own-checkpoints"]}) == {
+        "removed": [str(store / "m-aaaa"), str(store / "o-cccc"), str(store / ".partial" / "n-bbbb@h1")], "held": []}
+    assert helper("list", {"store": str(store)})["entries"] == []
+    assert (store / "my-own-checkpoints" / "step-100.safetensors").read_bytes() == b"mine"
+
+
+def test_a_push_never_deletes_a_folder_of_the_users_where_its_entry_goes(tmp_path):
+    store = tmp_path / "s"
+    (store / "m-aaaa11112222").mkdir(parents=True)
+    (store / "m-aaaa11112222" / "notes.txt").write_text("mine")
+    request = {"store": str(store), "key": "m-aaaa11112222", "name": "m", "digest": "aaaa1111" + "0" * 56,
+               "files": {}, "want": [], "verify": False, "slot": "h1"}
+    for op in ("prepare", "finish"):
+        r = subprocess.run([sys.executable, "-c", program("modelstore.py"), op, json.dumps(request)],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and r.stderr.splitlines()[-1] == (
+            f"ValueError: refused: {store / 'm-aaaa11112222'} is in the way and is not the store's (no "
+            ".clusterctl-entry.json in it): move it away"), r.stderr
+        if op == "prepare":        # as if a push had got as far as finish: its directory, nothing in it to send
+            (store / ".partial" / "m-aaaa11112222@h1").mkdir(parents=True, exist_ok=True)
+            (store / ".partial" / "m-aaaa11112222@h1" / ".clusterctl-push.json").write_text(json.dumps(
+                {"digest": request["digest"], "stamps": {}}))
+    assert (store / "m-aaaa11112222" / "notes.txt").read_text() == "mine"
+
+
+def complete_entry(store, key="m-aaaa11112222"):
+    (store / key).mkdir(parents=True)
+    (store / key / "config.json").write_text("{}")
+    (store / key / ".clusterctl-entry.json").write_text(json.dumps({"name": "m", "digest": "aaaa1111" + "0" * 56,
+                                                                    "files": {}, "present": []}))
+    return store / key
+
+
+def test_helper_remove_refuses_an_entry_a_process_names_and_says_which_run(tmp_path):
+    store = tmp_path / "my store"
+    entry = complete_entry(store)
+    other = complete_entry(store, "m-aaaa1111222")          # a name that starts like it is another entry
+    # as a serve rank's command line names it: the run's token, then its spec (JSON) naming the entry
+    spec = json.dumps({"name": "m", "models": [str(entry)]})
+    rank = subprocess.Popen([sys.executable, "-c", "#clusterctl-run-20261126-101010-abcdef\nimport time; time.sleep(60)",
+                             spec], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not (answer := helper("remove", {"store": str(store), "keys": [entry.name], "dry": True}))["held"]:
+            assert time.monotonic() < deadline, "the rank never showed in ps"
+            time.sleep(0.05)
+        assert answer["held"] == [{"path": str(entry), "pid": rank.pid, "run": "20261126-101010-abcdef",
+                                   "command": answer["held"][0]["command"]}]
+        assert answer["held"][0]["command"].startswith(f"{sys.executable} -c #clusterctl-run-20261126-101010-abcdef")
+        refused = helper("remove", {"store": str(store), "keys": [entry.name, other.name]})
+        assert refused["removed"] == [] and refused["held"][0]["pid"] == rank.pid
+        assert (entry / "config.json").exists() and (other / "config.json").exists()       # nothing, on this host
+        assert helper("remove", {"store": str(store), "keys": [other.name]})["removed"] == [str(other)]
+    finally:
+        rank.kill()
+        rank.wait()
+    assert helper("remove", {"store": str(store), "keys": [entry.name]}) == {"removed": [str(entry)], "held": []}
+
+
+def hold(store, key="m-aaaa11112222", slot="h1"):
+    """The helper's `hold` as a push starts it: (its process, the slot it took)."""
+    proc = subprocess.Popen([sys.executable, "-c", program("modelstore.py"), "hold",
+                             json.dumps({"store": str(store), "key": key, "slot": slot})],
+                            stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())["slot"]
+
+
+def test_each_push_holds_its_own_slot_and_a_cut_off_one_is_continued_by_the_next(tmp_path):
+    store = tmp_path / "s"
+    first, a = hold(store)
+    second, b = hold(store)
+    try:
+        assert (a, b) == ("h1", "h1~2")
+        (store / ".partial" / "m-aaaa11112222@h1~2").mkdir()
+        r = helper("remove", {"store": str(store), "keys": ["m-aaaa11112222"]})      # pushes are writing it
+        assert r["removed"] == [] and {h["path"] for h in r["held"]} == {
+            str(store / ".partial" / "m-aaaa11112222@h1"), str(store / ".partial" / "m-aaaa11112222@h1~2")}
+        second.kill()                      # a push cut off (SIGKILL): its directory is free again
+        second.wait()
+        third, c = hold(store)
+        assert c == "h1~2"                 # continued by the next push, not a new directory
+        third.kill()
+        third.wait()
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()
+    assert helper("remove", {"store": str(store), "keys": ["m-aaaa11112222"]})["removed"] == [
+        str(store / ".partial" / "m-aaaa11112222@h1~2")]
+    assert os.listdir(store / ".partial") == []

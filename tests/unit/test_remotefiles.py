@@ -166,3 +166,20 @@ def test_a_scratch_file_a_killed_process_left_is_removed_by_the_next(tmp_path, m
         alive.kill()
         alive.wait()
 
+
+def test_a_held_helper_answers_then_holds_until_the_block_ends(tmp_path):
+    """The model store's `hold`: its answer first; the lock it took is held for as long as the block runs."""
+    from clusterctl.hosts.scripts.holds import take
+
+    store = tmp_path / "s"
+    request = {"store": str(store), "key": "m-aaaa11112222", "slot": "h1"}
+    lock = store / ".partial" / "m-aaaa11112222@h1.lock"
+    with remotefiles.held(LocalTransport("here"), PY, "hold", request, script="modelstore.py") as answer:
+        assert answer == {"slot": "h1"} and take(str(lock)) is None          # held by the helper
+    deadline = __import__("time").monotonic() + 10
+    while (fd := take(str(lock))) is None:                                     # free once it has ended
+        assert __import__("time").monotonic() < deadline
+    os.close(fd)
+    with pytest.raises(CommandFailed, match=r"model store helper: hold\)` exited 1: ValueError: refused: '\.\./x'"):
+        with remotefiles.held(LocalTransport("here"), PY, "hold", dict(request, key="../x"), script="modelstore.py"):
+            pass
