@@ -1,7 +1,8 @@
 """Files that are never seen half-written: write a temporary name in the same directory, then rename.
 
 `replacing(path)` is the one place this machine does it (text files, copies, downloads, symlinks);
-hosts.files does the same on a host over SFTP.
+hosts.files does the same on a host over SFTP. `scratch_file(prefix)` makes a private temporary file that names
+its process, so one a process left when it was killed (SIGKILL runs no cleanup) is removed by the next.
 
 A rename is atomic against a crash of the process, not against a power loss: the file system may put the new
 name on disk before the data. What must survive one is written `durable` (its data, then its directory, flushed
@@ -12,7 +13,9 @@ never half of one file mixed with another.
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -74,3 +77,36 @@ def fsync_tree(path: str) -> None:
                 finally:
                     os.close(fd)
         fsync_dir(root)
+
+
+def scratch_file(prefix: str, suffix: str = "") -> tuple[int, str]:
+    """(fd, path) of a new private (0600) file in the temporary directory, named PREFIX<pid>-XXXXXXXX, as
+    tempfile.mkstemp makes it. First the files of that prefix left by processes of this user that are gone are
+    removed: only those, by the pid in their name (a process that is alive, or not ours, keeps its file)."""
+    folder = tempfile.gettempdir()
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-[A-Za-z0-9_]+" + re.escape(suffix) + r"\Z")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    for name in names:
+        m = pattern.match(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if os.lstat(path).st_uid == os.getuid():
+                os.unlink(path)
+        except OSError:
+            pass               # gone already (another process cleaned it), or not ours to remove
+    return tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}-", suffix=suffix)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True            # another user's process (or no such pid number): not ours to judge
+    return True

@@ -171,6 +171,11 @@ class ModelStoreError(ClusterctlError):
     did not get its entry (exit 1)."""
 
 
+class ModelInUse(ModelStoreError):
+    """`models rm` of a model a host still uses: a process there names its entry (a serve rank), or a push is
+    writing it (exit 1)."""
+
+
 # ---- launching and running jobs ---------------------------------------------------------------
 
 class LaunchError(ClusterctlError):

@@ -128,3 +128,30 @@ def make_inputs(root) -> dict:
             "qwen3": make_model(root / "qwen3", "qwen3", tied=True),
             "chat": make_data(root / "chat", "chat"),
             "text": make_data(root / "text", "text", valid=False)}
+
+
+def hub_snapshot(model_dir, hf_home, repo: str = "tiny-org/tiny", revision: str = "0" * 40) -> Path:
+    """`model_dir` as the Hugging Face hub caches a download, under HF_HOME: hub/models--ORG--NAME/ with
+    blobs/<sha256> (each file's content once), snapshots/REVISION/<file> -> ../../blobs/<sha256> (relative links,
+    one ../ more per subdirectory) and refs/main naming the revision. The snapshot directory is returned: what
+    `huggingface-cli download` prints and what users give clusterctl."""
+    import hashlib
+    import os
+    import shutil
+
+    entry = Path(hf_home) / "hub" / ("models--" + repo.replace("/", "--"))
+    snapshot = entry / "snapshots" / revision
+    (entry / "blobs").mkdir(parents=True, exist_ok=True)
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(revision)
+    for path in sorted(Path(model_dir).rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(model_dir)
+        blob = entry / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        if not blob.exists():
+            shutil.copyfile(path, blob)
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(blob, link.parent), link)
+    return snapshot

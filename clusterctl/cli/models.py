@@ -122,16 +122,21 @@ def _moved(r: dict) -> str:
 @models_cmd.command("rm")
 @click.argument("which", metavar="NAME|DIGEST")
 @app.hosts_option
+@click.option("--force", is_flag=True, help="Remove a model a clusterctl run (a serve) uses: stop that run first, on "
+              "every host, as `clusterctl kill` does.")
 @app.connect_timeout_option()
 @app.strict_host_keys_option
 @app.json_option
-def models_rm_cmd(which, inventory_path, connect_timeout, strict_host_keys, as_json):
+def models_rm_cmd(which, inventory_path, force, connect_timeout, strict_host_keys, as_json):
     """Remove a model from every host's store, complete or partial. NAME|DIGEST: the model's name, its entry
-    name (NAME-DIGEST12) or a digest prefix (4+ hex digits); one naming several models is refused."""
+    name (NAME-DIGEST12) or a digest prefix (4+ hex digits); one naming several models is refused, and so is a
+    model a running job uses (unless --force) or a push is writing."""
+    from ..observe.procs import kill_runs
     from ..transfer.models import remove
 
     cluster = app.load(inventory_path)
-    group = remove(app.connector(cluster, connect_timeout, strict_host_keys), None, which)
+    group = remove(app.connector(cluster, connect_timeout, strict_host_keys), None, which,
+                   stop=kill_runs if force else None)
     rows = [{"host": o.host.name, "ok": o.ok, "error": one_line(o.error) if o.error else None,
              "removed": o.value or []} for o in group.values()]
     if as_json:

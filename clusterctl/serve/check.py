@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..errors import ModelError
 from ..trainer_contract import EXPORT_MARKER
-from ..transfer.localmodel import check_model_dir
+from ..transfer.localmodel import check_model_dir, model_name
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")     # what a run id may be, in a served name
@@ -26,7 +26,7 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")     # what a run id may 
 
 @dataclass(frozen=True)
 class ModelSummary:
-    name: str                # the id it is served under (served_name)
+    name: str                # the id it is served under (served_name; ORG/NAME for a Hugging Face snapshot)
     kind: str                # config.json's model_type
     size: int                # bytes of weights
     deep: bool               # mlx-lm built it here (not only the files were checked)
@@ -57,8 +57,9 @@ def check_model(path: str, world: int, pipeline: bool = False) -> ModelSummary:
 def served_name(path: str) -> str:
     """The id a model directory is served under: for a run's result (its EXPORT_MARKER, when present and valid)
     `<the source model's name>-ft-<run id>`, or `clusterctl-<run id>` for a model the run built from scratch; for any
-    other directory, its name. A marker that cannot be read, or holds anything else, is ignored."""
-    own = os.path.basename(os.path.normpath(path))
+    other directory, its name (ORG/NAME for a Hugging Face snapshot: localmodel.model_name). A marker that cannot
+    be read, or holds anything else, is ignored."""
+    own = model_name(path)
     try:
         with open(os.path.join(path, EXPORT_MARKER), encoding="utf-8") as f:
             marker = json.load(f)

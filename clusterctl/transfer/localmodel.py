@@ -9,6 +9,10 @@ directories with the same files have one digest, and any change of any byte, nam
 Hashing 40 GB takes minutes, so sha256s are cached in ~/.cache/clusterctl/model-hashes.json (XDG_CACHE_HOME
 honoured), keyed by the file's real path, size and mtime_ns: describing an unchanged model again reads no file.
 
+A link in the model is followed when it stays inside the model directory or, for a Hugging Face snapshot
+(`…/hub/models--ORG--NAME/snapshots/REV`, links into `…/blobs`), inside its hub cache entry; any other link is
+refused here, before anything is hashed or sent (model_paths). A snapshot is called ORG/NAME (model_name).
+
 The pure pieces (name sanitising, the manifest, matching a NAME or a digest prefix to entries) are here too,
 tested on canned values in tests/unit/test_model_store.py.
 """
@@ -28,6 +32,7 @@ from ..errors import ModelError
 WEIGHTS = ".safetensors"
 DIGEST_SHOWN = 12                 # hex digits of the digest in an entry's name and in tables
 CACHE_NAME = "model-hashes.json"
+HUB_PREFIX = "models--"        # a Hugging Face hub cache entry: models--ORG--NAME/{refs,snapshots,blobs}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -97,11 +102,12 @@ def host_files(model: LocalModel, chosen: Sequence[str] | None) -> list[str]:
 
 def match(entries: Sequence[dict], which: str) -> list[dict]:
     """The entries (dicts with key, name, digest) that `which` names: an entry name (NAME-DIGEST12), a model
-    name, or a digest prefix of 4+ hex digits. Raises ModelError, in one line, when none does or when the
-    matches are more than one model (a name two different models carry, a prefix too short)."""
+    name (as typed, or as the store writes it: `org/name` is `org-name`), or a digest prefix of 4+ hex digits.
+    Raises ModelError, in one line, when none does or when the matches are more than one model (a name two
+    different models carry, a prefix too short)."""
     w = which.strip()
     hexy = re.fullmatch(r"[0-9a-fA-F]{4,64}", w) is not None
-    found = [e for e in entries if w in (e.get("key"), e.get("name"))
+    found = [e for e in entries if w in (e.get("key"), e.get("name")) or sanitise(w) == e.get("name")
              or (hexy and (e.get("digest") or "").startswith(w.lower()))]
     if not found:
         raise ModelError(f"no model in the store is named {which!r} or has a digest starting with it "
@@ -130,17 +136,83 @@ def check_model_dir(path: str) -> str:
     return root
 
 
+def hub_entry(root: str) -> str | None:
+    """The Hugging Face hub cache entry (`…/models--ORG--NAME`) that `root`, a real path, is a snapshot of
+    (`…/models--ORG--NAME/snapshots/REV`), or None."""
+    snapshots = os.path.dirname(root)
+    entry = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) == "snapshots" and os.path.basename(entry).startswith(HUB_PREFIX):
+        return entry
+    return None
+
+
+def model_name(root: str) -> str:
+    """What a model directory is called: ORG/NAME for a Hugging Face snapshot (its directory's own name is a
+    revision), else the directory's base name."""
+    entry = hub_entry(os.path.realpath(root))
+    if entry is None:
+        return os.path.basename(os.path.normpath(root))
+    return "/".join(os.path.basename(entry)[len(HUB_PREFIX):].split("--", 1))
+
+
 def model_paths(root: str) -> list[str]:
-    """Every file of the model: regular files, or links to them (a Hugging Face snapshot is links into its
-    blobs), below root; hidden names (.git, .DS_Store, .cache) are left out."""
+    """Every file of the model below root, "/"-separated: regular files, and links that stay inside the model
+    directory or, for a Hugging Face snapshot, inside its hub cache entry (a snapshot is links into the entry's
+    blobs/): what is pushed is their content. Any other link, or a link to nothing, is refused in one line naming
+    it, as is a name the hosts cannot store (a backslash, not UTF-8). Hidden names (.git, .DS_Store, .cache) are
+    left out. Decided here, before anything is hashed or sent."""
+    real = os.path.realpath(root)
+    hub = hub_entry(real)
+    inside = [real] + ([hub] if hub else [])
+    where = "the model directory" + (" and its Hugging Face cache entry" if hub else "")
+
+    def followed(path: str) -> str:
+        rel = shown(os.path.relpath(path, root))
+        target = os.path.realpath(path)
+        if not os.path.exists(path):
+            raise ModelError(f"{root}: {rel} is a link to nothing ({os.readlink(path)}): finish the download, or "
+                             "remove the link")
+        if not any(target == r or target.startswith(r + os.sep) for r in inside):
+            raise ModelError(f"{root}: {rel} is a link to {target}, outside {where}: copy the file into the model "
+                             "directory, or remove the link")
+        return target
+
     out = []
-    for directory, dirs, names in os.walk(root):
+    for directory, dirs, names in os.walk(root, followlinks=True):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for d in dirs:
+            full = os.path.join(directory, d)
+            if os.path.islink(full):
+                target = followed(full)
+                if (os.path.realpath(directory) + os.sep).startswith(target + os.sep):
+                    raise ModelError(f"{root}: {shown(os.path.relpath(full, root))} is a link to {target}, a directory "
+                                     "that holds it (a loop): remove the link")
         for n in sorted(names):
             full = os.path.join(directory, n)
-            if not n.startswith(".") and os.path.isfile(full):
-                out.append(os.path.relpath(full, root).replace(os.sep, "/"))
+            if n.startswith(".") or not (os.path.islink(full) or os.path.isfile(full)):
+                continue
+            if os.path.islink(full) and not os.path.isfile(followed(full)):
+                continue               # a link to a FIFO or a device: no more part of the model than one itself
+            out.append(storable(os.path.relpath(full, root).replace(os.sep, "/"), root))
     return sorted(out)
+
+
+def storable(rel: str, root: str) -> str:
+    """`rel` when a host's store can hold a file of that name; else one line naming it."""
+    if "\\" in rel:
+        raise ModelError(f"{root}: the file {shown(rel)} has a backslash in its name, which the hosts' store refuses: "
+                         "rename it")
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ModelError(f"{root}: the file {shown(rel)} has a name that is not UTF-8, which the hosts' store refuses: "
+                         "rename it") from None
+    return rel
+
+
+def shown(name: str) -> str:
+    """A file name for a one-line message: as it is, or quoted with escapes when it holds a newline or the like."""
+    return name if name.isprintable() else repr(name)
 
 
 def cache_path() -> str:
@@ -191,4 +263,4 @@ def describe(model_dir: str, cache: HashCache | None = None) -> LocalModel:
         size, sha = cache.sha256(os.path.join(root, rel))
         files.append(ModelFile(rel, size, sha))
     cache.save()
-    return LocalModel(root, sanitise(os.path.basename(root)), tuple(files), model_digest(files))
+    return LocalModel(root, sanitise(model_name(root)), tuple(files), model_digest(files))

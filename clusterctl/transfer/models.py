@@ -10,18 +10,26 @@ Layout on a host (its inventory `model_store`, default ~/.cache/clusterctl/model
 does every step there, one round trip each):
 
     <store>/<name>-<digest12>/      a complete entry: the files and .clusterctl-entry.json (the manifest)
-    <store>/.partial/<name>-<digest12>/   a push in progress, or an entry taken back to repair it
+    <store>/.partial/<name>-<digest12>@<slot>/   a push in progress, or an entry taken back to repair it
 
 Per host, in parallel (run_all, one deadline per host):
+  0. hold: the push takes a directory of its own under .partial (<slot>: the host's name, or <host>~N while
+     other pushes of the model to the host run), held by a lock on the host for as long as the push's
+     connection lives: a push cut off leaves it free, and the next push continues it;
   1. prepare: a complete entry is checked (each file's size and mtime against those recorded when it was
      verified; a file that differs is re-hashed; `verify`: every file re-hashed). All good: nothing moves.
      Otherwise the entry goes back to .partial (its manifest removed first), and each file there that is
      not verified is named to send, a damaged one moved aside as the basis to continue from;
   2. the files go to .partial with rsync --partial-dir (an interrupted file continues by rsync's delta) or,
-     without rsync, SFTP appending from the partial copy's size;
+     without rsync, SFTP appending from the partial copy's size; a link in the model (a Hugging Face snapshot's,
+     into its blobs, checked by localmodel.model_paths) arrives as the file it points to, both ways;
   3. finish: each arrived file is hashed on the host; one that does not match is deleted and sent once more,
      whole; when every file is verified the manifest is written and the directory renamed into the store:
      an entry appears complete in one rename, never before.
+
+remove() deletes only what the store made, and nothing on any host while a process there uses the entry (its
+command line names it: a serve rank) or a push writes it; with `stop` (`models rm --force`: observe.procs'
+kill_runs, the sweep `clusterctl kill` uses) the clusterctl runs that use it are stopped first.
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ..errors import ModelStoreError
+from ..errors import ModelInUse, ModelStoreError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult, run_all
 from ..hosts.transport import Transport
@@ -92,14 +100,15 @@ def _store(host: Host) -> str:
     return host.model_store.rstrip("/") or "/"
 
 
-def _request(host: Host, model: LocalModel, want: list[str], verify: bool) -> dict:
+def _request(host: Host, model: LocalModel, want: list[str], verify: bool, slot: str) -> dict:
     return {"root": _store(host), "store": _store(host), "key": model.key, "name": model.name,
             "digest": model.digest, "files": {f.path: [f.size, f.sha256] for f in model.files}, "want": want,
-            "verify": verify, "slot": slot_name(host.name)}
+            "verify": verify, "slot": slot}
 
 
 def slot_name(host: str) -> str:
-    """The host's own partial directory in a store (KEY@SLOT: hosts sharing one store never share a push)."""
+    """The host's partial directories' name in a store (KEY@SLOT, KEY@SLOT~2, ...: hosts sharing one store never
+    share a push; the helper's `hold` gives each push of the host its own)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", host).lstrip(".") or "host"
 
 
@@ -136,8 +145,10 @@ def require_all(group: GroupResult) -> dict[str, StoreEntry]:
 def _push_host(connector: Connector, host: Host, model: LocalModel, want: list[str], method: str,
                rsync: str | None, verify: bool, progress: Progress | None, bwlimit_kbps: int | None) -> StoreEntry:
     start = time.monotonic()
-    request = _request(host, model, want, verify)
-    with connector.transport(host) as transport:
+    hold = {"root": _store(host), "store": _store(host), "key": model.key, "slot": slot_name(host.name)}
+    with connector.transport(host) as transport, \
+            remotefiles.held(transport, host.python, "hold", hold, script=HELPER) as slot:
+        request = _request(host, model, want, verify, slot["slot"])
         plan = remotefiles.call(transport, host.python, "prepare", request, _hash_timeout(model), HELPER)
         entry = StoreEntry(host.name, model.name, model.digest, plan.get("entry", plan["path"]), want,
                            damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0))
@@ -172,7 +183,7 @@ def _transfer(connector: Connector, transport: Transport, host: Host, model: Loc
 
     def with_rsync() -> int:
         summary = rsync_push(rsync, model.root, send, rsync_target(connector, host, dest), on_bytes=on_bytes,
-                             bwlimit_kbps=bwlimit_kbps, extra=[f"--partial-dir={PARTS}"])
+                             bwlimit_kbps=bwlimit_kbps, extra=[f"--partial-dir={PARTS}", "--copy-links"])
         return summary.wire_bytes if summary.wire_bytes is not None else total
 
     def with_sftp() -> int:
@@ -205,25 +216,68 @@ def list_models(connector: Connector, hosts: Sequence[Host] | None = None, timeo
     return run_all(list(connector.cluster.hosts if hosts is None else hosts), one, connector.deadline(timeout))
 
 
-def remove(connector: Connector, hosts: Sequence[Host] | None, which: str, timeout: float = 600.0) -> GroupResult:
+def remove(connector: Connector, hosts: Sequence[Host] | None, which: str, timeout: float = 600.0,
+           stop: Callable[[Connector, str], object] | None = None) -> GroupResult:
     """Delete the model `which` names (an entry name, a model name or a digest prefix: one model, else one line
     saying it is ambiguous) from every host's store, complete or partial: host -> the paths removed. Every host
-    is listed first, so an ambiguous name is refused before anything is deleted anywhere; a host that cannot
-    be listed is reported as failed and left alone."""
+    is listed and checked first, so an ambiguous name, or a model in use on any host (ModelInUse, one line), is
+    refused before anything is deleted anywhere; with `stop`, the clusterctl runs using it are stopped first
+    (`stop(connector, run_id)`). A host that cannot be listed is reported as failed and left alone."""
     listed = list_models(connector, hosts, timeout)
     rows = [{"key": m.key, "name": m.name, "digest": m.digest, "host": name}
             for name, o in listed.ok.items() for m in o.value]
     chosen = match(rows, which)
+    targets = list(connector.cluster.hosts if hosts is None else hosts)
 
-    def one(host: Host) -> list[str]:
+    def call(host: Host, dry: bool) -> dict:
         failed = listed[host.name]
         if failed.error is not None:
             raise failed.error
         keys = sorted({r["key"] for r in chosen if r["host"] == host.name})
         if not keys:
-            return []
+            return {"removed": [], "held": []}
         with connector.transport(host) as transport:
             return remotefiles.call(transport, host.python, "remove", {"root": _store(host), "store": _store(host),
-                                                                        "keys": keys}, timeout, HELPER)["removed"]
+                                                                        "keys": keys, "dry": dry}, timeout, HELPER)
 
-    return run_all(list(connector.cluster.hosts if hosts is None else hosts), one, connector.deadline(timeout))
+    checked = run_all(targets, lambda host: call(host, True), connector.deadline(timeout))
+    held = [(name, h) for name, o in checked.ok.items() for h in o.value["held"]]
+    runs = sorted({h["run"] for _, h in held if h.get("run")})
+    if held and (stop is None or any(not h.get("run") for _, h in held)):
+        raise ModelInUse(in_use(held, forced=stop is not None))
+    for run_id in runs:
+        stop(connector, run_id)
+
+    def one(host: Host) -> list[str]:
+        if checked[host.name].error is not None:
+            raise checked[host.name].error
+        answer = call(host, False)
+        if answer["held"]:
+            raise ModelInUse(f"{host.name}: {in_use([(host.name, h) for h in answer['held']], stop is not None)}")
+        return answer["removed"]
+
+    return run_all(targets, one, connector.deadline(timeout))
+
+
+def in_use(held: Sequence[tuple[str, dict]], forced: bool) -> str:
+    """One line for `models rm` refused: what uses the model, on which hosts, and what to do (pure). `held`:
+    (host, the helper's answer: {path, pid, run, command} for a process, {path, push} for a push)."""
+    keys = sorted({posixpath.basename(h["path"]).split("@", 1)[0] for _, h in held})
+    runs: dict[str, list[str]] = {}
+    parts = []
+    for host, h in held:
+        if h.get("run"):
+            runs.setdefault(h["run"], [])
+            if host not in runs[h["run"]]:
+                runs[h["run"]].append(host)
+    parts += [f"run {run} on {', '.join(names)}" for run, names in sorted(runs.items())]
+    parts += [f"pid {h['pid']} on {host} ({h['command'][:80]})" for host, h in held if h.get("pid") and not h.get("run")]
+    parts += [f"a push on {host}" for host, h in held if h.get("push")]
+    if runs and not forced and len(parts) == len(runs):
+        fix = (f"stop it first (clusterctl kill {' / '.join(sorted(runs))}), or give --force to stop "
+               f"{'it' if len(runs) == 1 else 'them'} and remove the model")
+    elif any(h.get("push") for _, h in held):
+        fix = "let the push finish (or stop it), then remove the model"
+    else:
+        fix = "stop it first (--force stops clusterctl runs only)"
+    return f"{', '.join(keys)} is in use: {'; '.join(parts)}: {fix}"

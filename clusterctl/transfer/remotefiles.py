@@ -8,17 +8,25 @@ passed as an argument, or uploaded first when it is large.
 Files are uploaded over one SFTP session per host to `NAME.clusterctl-tmp-XXXX` beside their final name,
 their mode set, then renamed into place (POSIX rename: atomic), so no reader ever sees a half-written
 file under its final name. Leftover temporary files of an interrupted upload are removed by the next scan.
+
+`held(...)` runs a helper op that answers once and then holds something on the host (the model store's lock on
+a push's own directory) until the block ends, or until this process dies: the host's watchdog ends it with the
+connection.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import queue
+import time
 import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
-from ..errors import CommandFailed
+from ..atomic import scratch_file
+from ..errors import CommandFailed, CommandTimeout
 from ..hosts.scripts import program
-from ..hosts.transport import Transport
+from ..hosts.transport import Result, Transport
 
 ARG_LIMIT = 60_000         # larger requests travel as an uploaded file, not an argument
 HELPER_TIMEOUT_S = 600.0
@@ -30,7 +38,7 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
     return its JSON answer."""
     text = json.dumps(request)
     if len(text) > ARG_LIMIT:
-        fd, local = tempfile.mkstemp(prefix="clusterctl-req-", suffix=".json")     # 0600 from the start
+        fd, local = scratch_file("clusterctl-req-", ".json")     # 0600 from the start
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         try:
@@ -48,3 +56,36 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise CommandFailed(transport.host, f"{what}: no JSON answer", result) from None
+
+
+@contextmanager
+def held(transport: Transport, python: str, op: str, request: dict, timeout: float = HELPER_TIMEOUT_S,
+         script: str = "filehelper.py") -> Iterator[dict]:
+    """Start the helper's `op` (one that prints one JSON answer, then holds what it took until it is ended), yield
+    its answer, and end it when the block ends."""
+    lines: queue.Queue = queue.Queue()
+    argv = [python, "-c", program(script), op, json.dumps(request)]
+    proc = transport.stream(argv, lines)
+    what = f"{python} (clusterctl {HELPERS.get(script, script)}: {op})"
+    try:
+        deadline, err = time.monotonic() + timeout, []
+        while True:
+            try:
+                is_err, line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and lines.empty():
+                    raise CommandFailed(transport.host, what, Result(proc.poll(), "", "\n".join(err))) from None
+                if time.monotonic() > deadline:
+                    raise CommandTimeout(transport.host, what, timeout, "", "\n".join(err)) from None
+                continue
+            if is_err:
+                err.append(line)
+                continue
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                raise CommandFailed(transport.host, f"{what}: no JSON answer", Result(1, line, "\n".join(err))) from None
+            break
+        yield answer
+    finally:
+        proc.stop()

@@ -16,11 +16,11 @@ import os
 import re
 import shlex
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..atomic import scratch_file
 from ..errors import ConnectError, RsyncFailed, RsyncMissing
 from ..hosts.transport import quote_path, remote_command
 
@@ -157,7 +157,7 @@ def run_rsync(host: str, argv_for_list: Callable[[str], list[str]], items: Seque
     """Run rsync (argv built around the list file we write) behind the transport's watchdog: if this
     process dies, even by SIGKILL, the watchdog's stdin (our pipe) closes and it kills rsync and its ssh,
     so no transfer outlives us. `on_bytes(done)` gets progress2's running byte count."""
-    fd, list_file = tempfile.mkstemp(prefix="clusterctl-files-")
+    fd, list_file = scratch_file("clusterctl-files-")      # one a killed push left is removed here
     try:
         with os.fdopen(fd, "wb") as f:
             f.write("".join(item + "\0" for item in items).encode("utf-8", "surrogateescape"))

@@ -37,15 +37,16 @@ def start(make_cluster):
     return cluster
 
 
-def models(cluster, tmp_path, *args, ok=True):
-    r = clusterctl("models", *args, "--hosts", str(cluster.inventory), cwd=tmp_path, own_cache=True, timeout=180)
+def models(cluster, tmp_path, *args, ok=True, env=None):
+    r = clusterctl("models", *args, "--hosts", str(cluster.inventory), cwd=tmp_path, own_cache=True, timeout=180,
+                   env=env)
     if ok:
         assert r.returncode == 0, r.stdout + r.stderr
     return r
 
 
-def push(cluster, tmp_path, model, *args):
-    r = models(cluster, tmp_path, "push", str(model), "--json", *args)
+def push(cluster, tmp_path, model, *args, env=None):
+    r = models(cluster, tmp_path, "push", str(model), "--json", *args, env=env)
     return {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
 
 
@@ -103,6 +104,13 @@ def test_push_once_then_nothing_moves_and_same_name_models_get_two_entries(make_
 
     r = models(cluster, tmp_path, "rm", "tiny-model", ok=False)
     assert r.returncode == 2 and "matches 2 models" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a folder of the user's in the store's: never listed, never removed (model_store may point at an old folder)
+    mine = f"{store_of(cluster)}/my-own-checkpoints"
+    assert cluster.ssh(1, f"mkdir {sq(mine)} && echo mine > {sq(mine)}/step-100.safetensors").returncode == 0
+    r = models(cluster, tmp_path, "rm", "my-own-checkpoints", ok=False)
+    assert r.returncode == 2 and "no model in the store is named 'my-own-checkpoints'" in r.stderr, r.stderr
+    assert cluster.ssh(1, f"cat {sq(mine)}/step-100.safetensors").stdout == "mine\n"
+    assert "my-own" not in models(cluster, tmp_path).stdout
     r = models(cluster, tmp_path, "rm", first["h1"]["digest"][:8])
     assert r.stdout.count("removed") == 2
     for i in (1, 2):
@@ -126,7 +134,8 @@ def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(m
     cluster = start(make_cluster)
     model = make_model(tmp_path, big=6 * MB)
     big = "model-00001-of-00002.safetensors"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    (tmp_path / "tmp").mkdir()              # this machine's temporary files, apart from other tests'
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache"), "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "models", "push", str(model), "--hosts",
                              str(cluster.inventory), "--method", method, "--bwlimit", "1024"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -147,8 +156,11 @@ def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(m
     part = cluster.ssh(1, f"find {store}/.partial -path '*.clusterctl-partial/{big}' -size +1000k").stdout.splitlines()
     assert len(part) == 1, cluster.ssh(1, f"find {store}").stdout
     assert cluster.ssh(1, f"pgrep -f {sq(store_of(cluster))}").stdout == ""      # nothing left running there
+    # rsync's file list, here: left behind by the killed push (SIGKILL runs no cleanup) ...
+    assert bool(os.listdir(tmp_path / "tmp")) == (method == "rsync"), os.listdir(tmp_path / "tmp")
 
-    again = push(cluster, tmp_path, model, "--method", method)
+    again = push(cluster, tmp_path, model, "--method", method, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert os.listdir(tmp_path / "tmp") == []                                   # ... and removed by the next
     h1 = again["h1"]
     whole = sum((model / f).stat().st_size for f in h1["sent_files"])
     assert h1["ok"] and h1["resumed_bytes"] > 1000 * 1024 and big in h1["sent_files"]
@@ -284,3 +296,62 @@ def test_the_same_model_from_a_directory_of_another_name_moves_no_bytes(make_clu
             assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
             inodes = cluster.ssh(i, f"stat -c %i {sq(h['path'] + '/' + f.name)} {sq(old['path'] + '/' + f.name)}")
             assert len(set(inodes.stdout.split())) == 1, inodes.stdout
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_a_hugging_face_snapshot_pushes_its_files_and_a_link_out_of_it_is_refused(make_cluster, tmp_path, method):
+    """Issue 44 item 6: a snapshot is links into the hub cache's blobs. rsync copied the links (then failed with
+    a wrong cause), SFTP followed any link, also one to a file outside the model (copied into every host's store)."""
+    from lmfixture import hub_snapshot
+
+    cluster = start(make_cluster)
+    model = make_model(tmp_path)
+    snap = hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny model")
+    pushed = push(cluster, tmp_path, snap, "--method", method)
+    for i in (1, 2):
+        h = pushed[f"h{i}"]
+        assert h["ok"] and h["method"] == method and os.path.basename(h["path"]).startswith("tiny-org-tiny-model-"), h
+        for f in model.iterdir():
+            assert cluster.ssh(i, f"test -f {sq(h['path'] + '/' + f.name)} && ! test -L {sq(h['path'] + '/' + f.name)}"
+                               ).returncode == 0
+            assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
+    assert push(cluster, tmp_path, model)["h1"]["reused"]       # the same content: the same entry's files
+
+    (tmp_path / "secret").write_text("a private key")
+    os.symlink(tmp_path / "secret", snap / "notes.txt")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text("{}")
+    (tmp_path / "odd" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "odd" / "a\\b.txt").write_text("x")           # issue 44 item 8: refused here, not on the hosts
+    before = [cluster.ssh(i, f"find {sq(store_of(cluster))} | sort").stdout for i in (1, 2)]
+    for model_dir, says in ((snap, f"notes.txt is a link to {tmp_path / 'secret'}, outside the model directory and "
+                                   "its Hugging Face cache entry"),
+                            (tmp_path / "odd", "the file a\\b.txt has a backslash in its name")):
+        r = models(cluster, tmp_path, "push", str(model_dir), "--method", method, ok=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {model_dir}: {says}"), r.stderr
+    assert [cluster.ssh(i, f"find {sq(store_of(cluster))} | sort").stdout for i in (1, 2)] == before
+    assert cluster.ssh(1, f"grep -r 'a private key' {sq(store_of(cluster))}").returncode == 1
+
+
+def test_three_pushes_of_one_model_at_once_all_succeed_with_one_verified_entry(make_cluster, tmp_path):
+    """Issue 44 item 7: each push writes a directory of its own (they shared one per host: rsync exited 23,
+    FileNotFoundError); the first to finish completes the entry, the others find it complete."""
+    cluster = start(make_cluster)
+    model = make_model(tmp_path, big=4 * MB)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    procs = [subprocess.Popen([sys.executable, "-m", "clusterctl", "models", "push", str(model), "--json", "--hosts",
+                               str(cluster.inventory)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    answers = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in answers]
+    paths = {h["path"] for out, _ in answers for h in json.loads(out)["hosts"]}
+    assert len(paths) == 1, paths
+    entry = paths.pop()
+    for i in (1, 2):
+        for f in model.iterdir():
+            assert sha_on(cluster, i, f"{entry}/{f.name}") == local_sha(f)
+        assert cluster.ssh(i, f"ls -A {sq(store_of(cluster))}").stdout.split() == [".partial", os.path.basename(entry)]
+        assert cluster.ssh(i, f"ls -A {sq(store_of(cluster))}/.partial").stdout == ""
+    again = push(cluster, tmp_path, model, "--verify")
+    assert all(h["reused"] and h["damaged"] == [] for h in again.values()), again

@@ -228,33 +228,52 @@ def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_
 
 
 def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster, model, tmp_path):
+    """Also (issue 44 items 5 and 6): MODEL is a Hugging Face snapshot (links into the hub cache's blobs), sent over
+    SFTP; `models rm` of the model being served is refused in one line naming the run, and the server answers on;
+    `models rm --force` stops the run, as `clusterctl kill` does, and removes it."""
     cluster = make_cluster(2, inventory_only=True)
     h1 = cluster.hosts[0].address
     port = free_port(h1)
-    served = Served(str(model), "--hosts", str(cluster.inventory), "--backend", "ring", "--listen", h1, "--port",
-                    str(port), "--", "--max-tokens", "2", cwd=tmp_path, env=cluster.client_env())
+    snapshot = lmfixture.hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny")
+    env = {**cluster.client_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    served = Served(str(snapshot), "--hosts", str(cluster.inventory), "--backend", "ring", "--listen", h1, "--port",
+                    str(port), "--method", "sftp", "--", "--max-tokens", "2", cwd=tmp_path, env=env)
+    rm = partial(clirun.clusterctl, "models", "rm", "tiny-org/tiny", "--hosts", str(cluster.inventory), cwd=tmp_path,
+                 env=env, own_cache=True, timeout=120)
     try:
         url, model_id = served.ready().groups()
-        assert url == f"http://{h1}:{port}" and "no authentication" in served.text
+        assert url == f"http://{h1}:{port}" and "no authentication" in served.text and model_id == "tiny-org/tiny"
         assert chat(url, model_id) and port_is_free(port)       # nothing of this machine listens on the port
         # the server's own options pass through after `--`: its default --max-tokens, for a request with none; the
         # reply names the served model, though the request named none
         status, answer = http(url + "/v1/completions", {"prompt": "Tom found", "temperature": 0.0})
         assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
-        assert answer["model"] == model_id == "tiny"
+        assert answer["model"] == model_id
         # a request naming another model, an adapter or a draft model loads nothing: 404, naming the served model
         for body in ({"model": "other"}, {"model": "mlx-community/Qwen3-0.6B-4bit"}, {"model": str(model.parent)},
                      {"adapters": "/tmp"}, {"draft_model": "mlx-community/Qwen3-0.6B-4bit"}):
             with pytest.raises(urllib.error.HTTPError) as refused:
                 http(url + "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "Tom"}]})
             error = json.loads(refused.value.read())["error"]
-            assert refused.value.code == 404 and 'serves only "tiny"' in str(error), (body, error)
+            assert refused.value.code == 404 and f'serves only "{model_id}"' in str(error), (body, error)
         assert chat(url, model_id)                              # and the served model was never let go
         for host in cluster.hosts:
             assert not (host.dir / "home" / ".cache" / "huggingface").exists()
-        assert served.interrupt() == 130
+        # the model in use cannot be removed from under the server
+        entries = [e for host in cluster.hosts for e in (host.dir / "home/.cache/clusterctl/models").glob("tiny-org-tiny-*")]
+        assert len(entries) == 2 and all(not p.is_symlink() for e in entries for p in e.iterdir()), entries
+        run_id = clirun.TOKEN.search(served.text).group(1)
+        refused = rm()
+        errors = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 1 and len(errors) == 1, refused.stderr
+        assert f"is in use: run {run_id} on " in errors[0] and "give --force to stop it" in errors[0], errors
+        assert all((e / "config.json").is_file() for e in entries) and chat(url, model_id)     # it answers on
+        forced = rm("--force")
+        assert forced.returncode == 0 and forced.stdout.count("removed") == 2, forced.stdout + forced.stderr
+        served.proc.wait(60)                       # the run stopped: serve ends on its own
     finally:
         served.kill()
+    assert not any(e.exists() for e in entries) and run_processes(run_id) == "" and port_is_free(port)
 
 
 def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tmp_path):
@@ -263,6 +282,8 @@ def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tm
     # a run's result: served under its source model's name and its run (the marker export and the trainer write)
     (staged / EXPORT_MARKER).write_text(json.dumps({"run": "20261126-101500-ab12cd", "model": "models/Qwen2-base",
                                                     "step": 40}))
+    # as a Hugging Face snapshot (issue 44 item 6: its links went over rsync as links, and the push failed)
+    staged = lmfixture.hub_snapshot(staged, tmp_path / "hf", "tiny-org/staged")
     served = Served(str(staged), "--hosts", str(cluster.inventory), "--backend", "ring", "--pipeline", "--port",
                     str(free_port("127.0.0.1")), cwd=tmp_path, env=cluster.client_env())
     try:
@@ -273,7 +294,7 @@ def test_pipeline_stages_get_only_their_weight_files_and_answer(make_cluster, tm
         served.kill()
     held = {}
     for host in cluster.hosts:
-        [entry] = (host.dir / "home" / ".cache" / "clusterctl" / "models").glob("staged-*")
+        [entry] = (host.dir / "home" / ".cache" / "clusterctl" / "models").glob("tiny-org-staged-*")
         held[host.name] = sorted(p.name for p in entry.glob("*.safetensors"))
     f = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
     # rank 0 (the first host) runs blocks 2 and 3, rank 1 blocks 0 and 1; both need the embedding and the head

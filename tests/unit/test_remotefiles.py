@@ -137,3 +137,49 @@ def test_delete_never_removes_a_name_that_is_the_same_file_as_a_kept_path(tmp_pa
     assert call("delete", request) == {"deleted": ["old.py"]}
     assert (root / "pkg" / "Model.py").exists() and (root / "pkg" / "model.py").read_text() == "m"
     assert not (root / "old.py").exists()
+
+
+def test_a_scratch_file_a_killed_process_left_is_removed_by_the_next(tmp_path, monkeypatch):
+    """Issue 44 item 8: a push killed with SIGKILL left its rsync list /tmp/clusterctl-files-* behind for good.
+    Files name their process now; the next one removes those whose process is gone, and only those."""
+    import subprocess
+    import tempfile
+
+    from clusterctl.atomic import scratch_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([PY, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
+    try:
+        for name in (f"clusterctl-files-{gone.pid}-abc123_x", f"clusterctl-files-{alive.pid}-def456",
+                     "clusterctl-files-k2j3h4g5", f"clusterctl-req-{gone.pid}-aaaa.json", "other-1-x"):
+            (tmp_path / name).write_text("left")
+        fd, path = scratch_file("clusterctl-files-")
+        os.close(fd)
+        assert os.path.basename(path).startswith(f"clusterctl-files-{os.getpid()}-")
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+        assert sorted(os.listdir(tmp_path)) == sorted([
+            os.path.basename(path), f"clusterctl-files-{alive.pid}-def456", "clusterctl-files-k2j3h4g5",
+            f"clusterctl-req-{gone.pid}-aaaa.json", "other-1-x"])     # another prefix: its own next call's
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_held_helper_answers_then_holds_until_the_block_ends(tmp_path):
+    """The model store's `hold`: its answer first; the lock it took is held for as long as the block runs."""
+    from clusterctl.hosts.scripts.holds import take
+
+    store = tmp_path / "s"
+    request = {"store": str(store), "key": "m-aaaa11112222", "slot": "h1"}
+    lock = store / ".partial" / "m-aaaa11112222@h1.lock"
+    with remotefiles.held(LocalTransport("here"), PY, "hold", request, script="modelstore.py") as answer:
+        assert answer == {"slot": "h1"} and take(str(lock)) is None          # held by the helper
+    deadline = __import__("time").monotonic() + 10
+    while (fd := take(str(lock))) is None:                                     # free once it has ended
+        assert __import__("time").monotonic() < deadline
+    os.close(fd)
+    with pytest.raises(CommandFailed, match=r"model store helper: hold\)` exited 1: ValueError: refused: '\.\./x'"):
+        with remotefiles.held(LocalTransport("here"), PY, "hold", dict(request, key="../x"), script="modelstore.py"):
+            pass

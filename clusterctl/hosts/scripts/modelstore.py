@@ -6,11 +6,16 @@ reading). It prints one JSON answer. The store (transfer/models.py, docs/models.
                                while it was still under .partial/, then the directory renamed here
     STORE/.partial/KEY@SLOT/   a push in progress: the files verified so far (recorded in PUSH with their size
                                and mtime), PARTS/ directories (rsync's --partial-dir; SFTP appends there)
+    STORE/.partial/KEY@SLOT.lock  held (flock) by the push writing KEY@SLOT for as long as it runs (holds.py)
 
-KEY is NAME-DIGEST12, SLOT the host's name in the inventory: hosts whose stores are one directory (a home on
-NFS, a shared disk) push side by side without touching each other's files, and the first to finish completes
-the entry; the others find it complete and drop their copies.
+KEY is NAME-DIGEST12; SLOT the host's name in the inventory, then HOST~2, HOST~3, ... for pushes of the same
+model to the same host at once: every push writes a directory of its own (a push cut off leaves its directory
+free, and the next push continues it), hosts whose stores are one directory (a home on NFS, a shared disk)
+push side by side, and the first push to finish completes the entry; the others find it complete and drop
+their copies. The store removes only what it made: a directory holding ENTRY or PUSH, or one under .partial/.
 Ops (request: store, key, name, digest, files {path: [size, sha256]}, want [path], verify, slot):
+  hold     choose this push's SLOT (the first no live push holds) and hold its lock; prints {"slot": SLOT},
+           then waits for the push's connection to end (request: store, key, slot: the host's name)
   prepare  check a complete entry (size and mtime against what was recorded at verification, re-hashing a file
            that differs, every file with `verify`); if a file is missing or damaged the entry goes back to
            .partial (ENTRY removed first). Then check the partial files, move a damaged one aside as the
@@ -18,17 +23,22 @@ Ops (request: store, key, name, digest, files {path: [size, sha256]}, want [path
   finish   hash what arrived, delete a file that does not match (and its partial copy), and when every wanted
            file is verified write ENTRY and rename the directory into the store
   list     every entry, complete or not, with its size and the bytes there so far
-  remove   delete entries by KEY (ENTRY first, so none is ever seen complete and half deleted)
+  remove   delete entries by KEY (ENTRY first, so none is ever seen complete and half deleted); nothing on this
+           host when a process uses one (its command line names it) or a push is writing one: those are
+           answered as `held` instead (with `dry`: only that answer)
 """
+import itertools
 import json
 import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 import time
 
 from .helperbase import read_request, sha
+from .holds import free, take, users
 
 ENTRY = ".clusterctl-entry.json"
 PUSH = ".clusterctl-push.json"
@@ -36,8 +46,7 @@ PARTS = ".clusterctl-partial"
 PARTIAL = ".partial"
 TMP = ".clusterctl-tmp-"          # hosts.files.TMP_MARK
 RSYNC_TMP = re.compile(r"\.(.+)\.[A-Za-z0-9]{6}\Z")     # rsync's temporary .NAME.XXXXXX
-
-
+LOCK = ".lock"
 
 
 def plain(name):
@@ -110,6 +119,65 @@ def paths(req):
     return store, os.path.join(store, key), os.path.join(store, PARTIAL, key + ("@" + plain(slot) if slot else ""))
 
 
+def ours(d):
+    """Whether the directory d is one the store made: it holds ENTRY (complete) or PUSH (being completed)."""
+    return os.path.isdir(d) and not os.path.islink(d) and any(os.path.lexists(os.path.join(d, n)) for n in (ENTRY, PUSH))
+
+
+def lock_of(store, key, slot):
+    return os.path.join(store, PARTIAL, "%s@%s%s" % (key, slot, LOCK))
+
+
+def slots_of(store, key, base=None):
+    """{slot: its directory} of KEY's partial directories (only those of SLOT `base` and its ~N), lock files too."""
+    found = {}
+    try:
+        names = os.listdir(os.path.join(store, PARTIAL))
+    except OSError:
+        return found
+    for n in names:
+        slot = n[len(key) + 1:] if n.startswith(key + "@") else None
+        slot = slot[:-len(LOCK)] if slot and slot.endswith(LOCK) else slot
+        if slot and (base is None or re.match(re.escape(base) + r"(~\d+)?\Z", slot)):
+            found[slot] = os.path.join(store, PARTIAL, "%s@%s" % (key, slot))
+    return found
+
+
+def hold(req):
+    """Take this push's own partial directory: KEY@SLOT, else KEY@SLOT~2, ~3, ... (a directory a cut-off push
+    left, whose lock no process holds, before a new one), and hold its lock until this process is ended (by the
+    push when it is done, or by the watchdog when the push's connection is gone)."""
+    store, key, base = os.path.expanduser(req["store"]), plain(req["key"]), plain(req["slot"])
+    os.makedirs(os.path.join(store, PARTIAL), exist_ok=True)
+    number = {slot: int(slot.rpartition("~")[2]) if "~" in slot else 1 for slot in slots_of(store, key, base)}
+    known = sorted(number.values())         # a cut-off push's directory first: this push continues it
+    for n in itertools.chain(known, (n for n in itertools.count(1) if n not in number.values())):
+        slot = base if n == 1 else "%s~%d" % (base, n)
+        if take(lock_of(store, key, slot)) is not None:       # held until this process ends
+            break
+    print(json.dumps({"slot": slot}), flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def release(store, key, slot, part):
+    """At the end of a push (the entry is complete): its own directory goes, then its lock file, and so do the
+    directories of cut-off pushes of the same model to this host that no push holds (nothing is left for them
+    to continue)."""
+    if os.path.lexists(part):
+        shutil.rmtree(part)
+    if not slot:
+        return
+    base = slot.split("~", 1)[0]
+    for other, d in slots_of(store, key, base).items():
+        if other != slot:
+            free(lock_of(store, key, other), lambda d=d: shutil.rmtree(d, ignore_errors=True))
+    try:
+        os.unlink(lock_of(store, key, slot))
+    except OSError:
+        pass
+
+
 def records_of(doc, digest):
     return dict(doc.get("stamps", {})) if doc and doc.get("digest") == digest else {}
 
@@ -120,6 +188,8 @@ def prepare(req):
     os.makedirs(os.path.join(store, PARTIAL), exist_ok=True)
     manifest = read_json(os.path.join(entry, ENTRY))
     bad, hashed = set(), 0
+    if manifest is None and os.path.lexists(entry) and not ours(entry):
+        raise ValueError("refused: %s is in the way and is not the store's (no %s in it): move it away" % (entry, ENTRY))
     if manifest is not None:
         if manifest.get("digest") != req["digest"]:
             raise ValueError("refused: %s holds another model (digest %s)" % (entry, manifest.get("digest")))
@@ -132,11 +202,13 @@ def prepare(req):
             elif ok is False:
                 bad.add(rel)
         if not bad and set(want) <= set(good):
+            release(store, req["key"], req.get("slot"), part)
             return {"state": "complete", "path": entry, "hashed": hashed}
-        # back to partial: without ENTRY first, so it is never seen complete while it changes
-        os.unlink(os.path.join(entry, ENTRY))
+        # back to partial: PUSH first (the store's mark), then without ENTRY, so it is never seen complete while
+        # it changes
         write_json(os.path.join(entry, PUSH), {"name": req["name"], "digest": req["digest"], "files": files,
                                                "want": want, "stamps": good})
+        os.unlink(os.path.join(entry, ENTRY))
         if os.path.lexists(part):
             shutil.rmtree(part)
         os.rename(entry, part)
@@ -248,20 +320,44 @@ def finish(req):
                                            "files": files, "present": sorted(records), "stamps": records,
                                            "verified_at": time.time()})
     os.unlink(os.path.join(part, PUSH))
-    for _ in range(2):
+    for _ in range(3):
         done = read_json(os.path.join(entry, ENTRY))
         if done is not None and done.get("digest") == req["digest"]:
-            # another host sharing this store completed the entry meanwhile: ours adds what it lacks (a pipeline
-            # stage's files), each file by one rename of a verified file
-            return join(entry, part, done, records)
+            # another push (another host sharing this store, or this host's) completed the entry meanwhile: ours
+            # adds what it lacks (a pipeline stage's files), each file by one rename of a verified file
+            answer = join(entry, part, done, records)
+            release(store, req["key"], req.get("slot"), part)
+            return answer
         if os.path.lexists(entry):
-            shutil.rmtree(entry, ignore_errors=True)   # an incomplete leftover, or an entry with fewer files
+            clear_leftover(entry)
+            continue
         try:
             os.rename(part, entry)
-        except OSError:            # another host's rename came first: look again
+        except OSError:            # another push's rename came first: look again
             continue
+        release(store, req["key"], req.get("slot"), part)
         return {"bad": [], "missing": [], "path": entry, "present": sorted(records)}
     raise OSError("could not complete %s: another push to the same store keeps replacing it" % entry)
+
+
+def clear_leftover(entry):
+    """Remove what stands where the entry goes without being complete: the store's own leftover of a repair cut
+    off (it holds PUSH). Anything else there is refused, never deleted. Moved aside first, so that an entry
+    another push completed that moment is put back, not lost."""
+    if not ours(entry):
+        raise ValueError("refused: %s is in the way and is not the store's (no %s in it): move it away" % (entry, ENTRY))
+    aside = "%s%s%d-%s" % (entry, TMP, os.getpid(), os.urandom(4).hex())
+    try:
+        os.rename(entry, aside)
+    except OSError:
+        return                     # gone meanwhile
+    if read_json(os.path.join(aside, ENTRY)) is not None:
+        try:
+            os.rename(aside, entry)
+            return
+        except OSError:
+            pass                   # a complete copy took its place meanwhile: this one is not needed
+    shutil.rmtree(aside)
 
 
 def join(entry, part, done, records):
@@ -276,7 +372,6 @@ def join(entry, part, done, records):
         stamps[rel] = stamp(os.path.join(entry, rel))
     if added:
         write_json(os.path.join(entry, ENTRY), dict(done, present=sorted(present | set(added)), stamps=stamps))
-    shutil.rmtree(part)
     return {"bad": [], "missing": [], "path": entry, "present": sorted(present | set(added))}
 
 
@@ -302,6 +397,8 @@ def listing(req):
             d = os.path.join(where, name)
             if name.startswith(".") or os.path.islink(d) or not os.path.isdir(d):
                 continue
+            if state == "complete" and not ours(d):
+                continue                         # not the store's: the user's own, in the folder it uses
             key = name.split("@", 1)[0]          # a partial entry's directory is KEY@SLOT
             doc = read_json(os.path.join(d, ENTRY if state == "complete" else PUSH)) or {}
             files = doc.get("files", {})
@@ -314,23 +411,47 @@ def listing(req):
 
 
 def remove(req):
+    """Delete the entries of KEYS the store made, each complete one and every push's directory of it: on this
+    host all of them, or (a process uses one, a push writes one) none, saying which are held and by whom."""
     store = os.path.expanduser(req["store"])
-    gone = []
+    entries, slots = [], []
     for key in req["keys"]:
-        plain(key)
-        partial = os.path.join(store, PARTIAL)
-        slots = [n for n in (os.listdir(partial) if os.path.isdir(partial) else []) if n.split("@", 1)[0] == key]
-        for d in [os.path.join(store, key)] + [os.path.join(partial, n) for n in slots]:
+        d = os.path.join(store, plain(key))
+        if ours(d):
+            entries.append(d)
+        slots += [(lock_of(store, key, slot), d) for slot, d in sorted(slots_of(store, key).items())]
+    taken, held = {}, []
+    try:
+        for lock, d in slots:
+            fd = take(lock) if os.path.lexists(lock) else -1      # no lock file: no push holds it
+            if fd is None:
+                held.append({"path": d, "push": True})
+            elif fd >= 0:
+                taken[lock] = fd
+        try:
+            held += users(entries) if entries else []
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ValueError("refused: could not list this host's processes to check that none uses the model "
+                             "(%s): install ps (procps)" % e) from None
+        if held or req.get("dry"):
+            return {"removed": [], "held": held}
+        gone = []
+        for d in entries + [d for _, d in slots]:
             if os.path.isdir(d) and not os.path.islink(d):
                 if os.path.lexists(os.path.join(d, ENTRY)):
                     os.unlink(os.path.join(d, ENTRY))
                 shutil.rmtree(d)
                 gone.append(d)
-    return {"removed": gone}
+        for lock in taken:
+            os.unlink(lock)
+        return {"removed": gone, "held": []}
+    finally:
+        for fd in taken.values():
+            os.close(fd)
 
 
 def main(op, arg):
-    ops = {"prepare": prepare, "finish": finish, "list": listing, "remove": remove}
+    ops = {"prepare": prepare, "finish": finish, "list": listing, "remove": remove, "hold": hold}
     print(json.dumps(ops[op](read_request(arg))))
 
 
