@@ -33,7 +33,7 @@ from concurrent.futures import wait
 from dataclasses import dataclass
 
 from .transfer.shards import MANIFEST
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, UsageError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, SignalReceived, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
 from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
@@ -48,13 +48,14 @@ from .launch.stall import StallPolicy
 from .launch.supervise import AttemptState, Outcome
 from .observe.live import LiveRun
 from .observe.plot import plot_run
-from .observe.record import RunRecord, iso
+from .observe.record import RunRecord, describe, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .trainer_contract import DATA, HOST_MEMORY, MODEL, STRATEGY, add_run_flag, flag_value, step_dir_name
+from .trainer_contract import (DATA, HOST_MEMORY, MODEL, STRATEGY, TRAINER_MODULE, add_run_flag, flag_value,
+                               step_dir_name)
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
-BUNDLED_TRAINER = "clusterctl.train"
+BUNDLED_TRAINER = TRAINER_MODULE
 DEFAULT_SLOTS = 2                     # `clusterctl run` without --hosts: two ranks on this machine
 DEFAULT_BACKEND = "ring"
 
@@ -220,11 +221,13 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     except BaseException as e:
         if hooks.record is not None:      # the run had started: its summary says how it ended, whatever that was
             hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
-                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
+                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e),
+                             stopped=isinstance(e, (KeyboardInterrupt, SignalReceived)))
         raise
     result = RunResult(launch, outcome)
     hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank,
-                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None)
+                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None,
+                     stopped=outcome.state is AttemptState.STOPPED)
     return result
 
 
@@ -263,7 +266,9 @@ class _RunHooks(AttemptHooks):
         if self.record is None:
             self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
                                           backend=launch.backend, hosts=[h.name for h in cluster.hosts],
-                                          program=self.program.label, service=self.options.service)
+                                          program=self.program.label, service=self.options.service,
+                                          described=describe(self.program.module, self.program.args,
+                                                             self.options.service))
 
     def watching(self, launch: Launch):
         live = LiveRun(launch.rank_hosts, time.monotonic())

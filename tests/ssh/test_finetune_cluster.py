@@ -51,6 +51,9 @@ def test_thirty_steps_on_two_hosts_lower_the_loss_and_the_model_comes_home(make_
     assert len(curve) == 30 and curve[-1] < 0.6 * curve[0], curve
     loaded, tokenizer = load(str(run_dir / "model"))
     assert tokenizer.encode(generate(loaded, tokenizer, "Tom found", max_tokens=8))
+    listed = json.loads(clusterctl("runs", "--json", cwd=tmp_path).stdout)
+    assert [{k: r[k] for k in ("kind", "model", "strategy", "world", "status")} for r in listed] == \
+        [{"kind": "fine-tune", "model": f"models/{model}", "strategy": strategy, "world": 2, "status": "ok"}]
 
 
 def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_cluster, made, tmp_path):
