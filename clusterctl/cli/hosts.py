@@ -73,8 +73,9 @@ def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_
 @click.option("--backend", type=click.Choice(backends.names()), default="mpi", show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init_cmd(names, output, user, port, identity_file, python, workdir, addresses, backend, force):
-    """Write a starter inventory for the given hosts: these settings under `defaults:`, the others shown
-    commented."""
+    """Write a starter inventory for the given hosts.
+
+    The settings given go under `defaults:`; the others are shown there commented."""
     from ..inventory_edit import starter_inventory
 
     if os.path.exists(output) and not force:

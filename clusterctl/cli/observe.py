@@ -39,7 +39,7 @@ def _short(text: str, width: int = 60) -> str:
               help="Every run this machine started, in any project (from ~/.cache/clusterctl/runs.jsonl).")
 @app.json_option
 def runs_cmd(runs_dir, everywhere, as_json):
-    """List runs: what each was (kind, model, strategy), start, duration, hosts, outcome, final loss."""
+    """List runs: kind, model, strategy, hosts, outcome, final loss."""
     from ..observe.runs import list_all, list_runs
 
     infos = list_all(runs_dir) if everywhere else list_runs(runs_dir)
