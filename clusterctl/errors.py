@@ -139,6 +139,11 @@ class StageError(ClusterctlError):
     """Copying the project, clusterctl or the data to some host before a run failed (exit 1)."""
 
 
+class NotOnHosts(BadInput):
+    """A path the program reads that run does not copy is missing on some hosts (the bundled trainer's --model
+    outside the project): named before anything is copied or started (exit 2)."""
+
+
 # ---- data (clusterctl/data, data push): bad input for the command at hand, exit 2 ---------------
 
 class DataError(BadInput):

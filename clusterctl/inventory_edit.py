@@ -18,21 +18,42 @@ import yaml
 
 from .atomic import write_text
 from .errors import InventoryError, UsageError
-from .inventory import parse
+from .inventory import DEFAULT_MODEL_STORE, DEFAULT_PYTHON, DEFAULT_WORKDIR, parse
 from .resources import render, template_text
 
 
-def starter_inventory(names: list[str], *, user: str | None, python: str, workdir: str, addresses: list[str],
+# The defaults a starter inventory names: (key, the commented example shown when init is not given it, what it is).
+# Given, a key is written as a value; left out, the line shows where it goes and ~/.ssh/config (or the built-in
+# default) decides.
+STARTER_DEFAULTS = (
+    ("user", "alice", "SSH user (default: ~/.ssh/config's, else your user name)"),
+    ("port", "22", "SSH port (default: ~/.ssh/config's, else 22)"),
+    ("identity_file", "~/.ssh/id_ed25519", "key on this machine (default: ~/.ssh/config's, else ssh's own)"),
+    ("python", DEFAULT_PYTHON, "the python with mlx on every host: give its full path"),
+    ("workdir", DEFAULT_WORKDIR, "where code and shards land on each host"),
+    ("model_store", DEFAULT_MODEL_STORE, "where `clusterctl models push` keeps models on each host"),
+    ("slots", "1", "ranks per host"),
+)
+
+
+def starter_inventory(names: list[str], *, settings: dict[str, str | int | None], addresses: list[str],
                       backend: str, date: str, path: str = "inventory.yaml", rdma: bool = False) -> str:
-    """The text `clusterctl init` writes: templates/inventory.yaml.tmpl with these hosts, validated. With
-    `rdma` (a jaccl backend) each host gets a commented `rdma:` line of the right shape to fill in: only the
-    hosts know their devices (`ibv_devices`), and every command names the host that still lacks one."""
+    """The text `clusterctl init` writes: templates/inventory.yaml.tmpl with these hosts, validated. `settings`:
+    values for STARTER_DEFAULTS' keys (None: left out, shown commented). With `rdma` (a jaccl backend) each host
+    gets a commented `rdma:` line of the right shape to fill in: only the hosts know their devices
+    (`ibv_devices`), and every command names the host that still lacks one. A value the inventory would refuse
+    is a UsageError naming its option (`--port 70000: ...`)."""
     if addresses and len(addresses) != len(names):
         raise UsageError(f"{len(addresses)} --address values for {len(names)} hosts")
     q = json.dumps   # a JSON string is a valid YAML scalar: names and paths stay literal
-    defaults = [f"  python: {q(python)}", f"  workdir: {q(workdir)}"]
-    if user:
-        defaults.insert(0, f"  user: {q(user)}")
+    defaults, given = [], {}
+    for key, example, meaning in STARTER_DEFAULTS:
+        value = settings.get(key)
+        if value is None:
+            defaults.append(f"  # {key}: {example}".ljust(44) + f"# {meaning}")
+        else:
+            given[len(defaults)] = key
+            defaults.append(f"  {key}: {value if isinstance(value, int) else q(value)}")
     host_lines = []
     for i, name in enumerate(names):
         host_lines.append(f"  - name: {q(name)}")
@@ -43,7 +64,13 @@ def starter_inventory(names: list[str], *, user: str | None, python: str, workdi
             host_lines.append(f"    # rdma: [{devices}]   # jaccl: per rank, the device ibv_devices lists here")
     text = render(template_text("inventory.yaml.tmpl"), date=date, defaults="\n".join(defaults),
                   hosts="\n".join(host_lines), backend=backend)
-    parse(text, path)   # never write an inventory we would refuse to read
+    try:
+        parse(text, path)   # never write an inventory we would refuse to read
+    except InventoryError as e:
+        key = given.get((e.line or 0) - text.splitlines().index(defaults[0]) - 1)   # a line init wrote from an option
+        if key is None:
+            raise
+        raise UsageError(f"--{key.replace('_', '-')} {settings[key]}: {e.message.removeprefix('defaults.')}") from None
     return text
 
 

@@ -33,7 +33,7 @@ from concurrent.futures import wait
 from dataclasses import dataclass
 
 from .transfer.shards import MANIFEST
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, UsageError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, NotOnHosts, ShardError, SignalReceived, UsageError
 from .hosts.connector import Connector
 from .hosts.fanout import GroupResult, in_background
 from .hosts.stdinfeed import StdinFeed
@@ -42,20 +42,21 @@ from .inventory import Cluster
 from .launch import backends
 from .launch.attempts import AttemptHooks, Attempts, AttemptSettings, checkpoint_steps, steps_lost
 from .launch.job import Launch
-from .launch.plan import LaunchPlan, cached_plan, discover, remember_plan
+from .launch.plan import LaunchPlan, cached_plan, discover, discover_with_paths, remember_plan
 from .launch.restart import RestartPolicy
 from .launch.site import LaunchSite
 from .launch.stall import StallPolicy
 from .launch.supervise import AttemptState, Outcome
 from .observe.live import LiveRun
 from .observe.plot import plot_run
-from .observe.record import RunRecord, iso
+from .observe.record import RunRecord, describe, iso
 from .observe.runs import read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .trainer_contract import DATA, HOST_MEMORY, MODEL, STRATEGY, add_run_flag, flag_value, step_dir_name
+from .trainer_contract import (DATA, HOST_MEMORY, MODEL, STRATEGY, TRAINER_MODULE, add_run_flag, flag_value,
+                               step_dir_name)
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
-BUNDLED_TRAINER = "clusterctl.train"
+BUNDLED_TRAINER = TRAINER_MODULE
 DEFAULT_SLOTS = 2                     # `clusterctl run` without --hosts: two ranks on this machine
 DEFAULT_BACKEND = "ring"
 
@@ -195,6 +196,9 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     trainer = program.module == BUNDLED_TRAINER and not options.dry_run and options.trainer_check is not None
     if trainer:      # what is known before anything moves: the last plan's memory, the inventory's overrides
         _check_trainer(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
+    uncopied = [(flag, path) for flag, path, copied in _trainer_inputs(program, options, project) if not copied]
+    if uncopied and options.preflight and not options.dry_run and not all(h.local for h in cluster.hosts):
+        _check_on_hosts(connector, uncopied, options)
     extra_env = {} if options.dry_run else stage(connector, options, program, project, events)
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
@@ -221,11 +225,13 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     except BaseException as e:
         if hooks.record is not None:      # the run had started: its summary says how it ended, whatever that was
             hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
-                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e))
+                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e),
+                             stopped=isinstance(e, (KeyboardInterrupt, SignalReceived)))
         raise
     result = RunResult(launch, outcome)
     hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank,
-                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None)
+                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None,
+                     stopped=outcome.state is AttemptState.STOPPED)
     return result
 
 
@@ -265,7 +271,9 @@ class _RunHooks(AttemptHooks):
         if self.record is None:
             self.record = RunRecord.start(launch.run_id, launch.run_dir, world=cluster.world_size,
                                           backend=launch.backend, hosts=[h.name for h in cluster.hosts],
-                                          program=self.program.label, service=self.options.service)
+                                          program=self.program.label, service=self.options.service,
+                                          described=describe(self.program.module, self.program.args,
+                                                             self.options.service))
 
     def watching(self, launch: Launch):
         live = LiveRun(launch.rank_hosts, time.monotonic())
@@ -390,7 +398,8 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
                          f"{program.label}, write it after {program.label}")
     jobs = {}
     if options.sync and options.project:
-        jobs["project"] = in_background(stage_project, connector, project, _inputs(program, options))
+        needed = tuple(path for _, path, copied in _trainer_inputs(program, options, project) if copied)
+        jobs["project"] = in_background(stage_project, connector, project, needed)
     if options.sync:
         if program.module is not None and program.module.startswith("clusterctl."):
             jobs["clusterctl"] = in_background(ship_clusterctl, connector)
@@ -407,12 +416,44 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
     return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
 
 
-def _inputs(program: Program, options: RunOptions) -> tuple[str, ...]:
-    """The paths in the project the bundled trainer reads (its --model, and its --data when run gives none)."""
+def _trainer_inputs(program: Program, options: RunOptions, project: str) -> list[tuple[str, str, bool]]:
+    """(flag, path, whether run copies it with the project) for what the bundled trainer reads: its --model, and
+    its --data when run gives none. A relative path inside the project is copied (unless --no-sync); an absolute
+    one, or one that leads out of the project, must be on every host already (the ranks read it as given, from
+    their workdir)."""
     if program.module != BUNDLED_TRAINER:
-        return ()
+        return []
     flags = (MODEL,) if options.data_dir else (MODEL, DATA)
-    return tuple(v for flag in flags if (v := flag_value(program.args, flag)) and not os.path.isabs(v))
+    root = os.path.realpath(project)
+    found = []
+    for flag in flags:
+        path = flag_value(program.args, flag)
+        if path:
+            inside = not os.path.isabs(path) and \
+                not os.path.relpath(os.path.realpath(os.path.join(root, path)), root).startswith(os.pardir)
+            found.append((flag, path, inside and options.sync and options.project))
+    return found
+
+
+def _check_on_hosts(connector: Connector, uncopied: list[tuple[str, str]], options: RunOptions) -> None:
+    """The pre-flight's probe, run before anything is copied when the bundled trainer reads paths run does not
+    copy (`uncopied`: (flag, path)): each must be a directory on every host, or the run is refused with the
+    hosts that lack it named (NotOnHosts, exit 2) instead of every rank failing after the copy. The plan it
+    finds is kept, so the launch's own pre-flight verifies it beside the starting job instead of first."""
+    plan, missing = discover_with_paths(connector, [path for _, path in uncopied])
+    remember_plan(connector.cluster, plan)
+    for flag, path in uncopied:
+        hosts = missing.get(path)
+        if not hosts:
+            continue
+        names = ", ".join(hosts)
+        if not options.sync and not os.path.isabs(path):
+            why, fix = "--no-sync copies nothing", "drop --no-sync, or run `clusterctl sync` first"
+        else:
+            where = path if os.path.isabs(path) else f"{path} from the workdir"
+            why = "run copies only the project, and this path is outside it"
+            fix = f"put it in the project and give its path there, or copy it to {where} on {names}"
+        raise NotOnHosts(f"{flag} {path}: no such directory on {names} ({why}): {fix} (--no-preflight skips this check)")
 
 
 def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:

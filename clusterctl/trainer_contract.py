@@ -14,10 +14,16 @@ STEP_GLOB = "step-*"                   # every checkpoint directory (and nothing
 _STEP_DIR = re.compile(r"step-(\d+)")
 _REPORT = re.compile(r"^step +(\d+)/\d+ \|")
 
+TRAINER_MODULE = "clusterctl.train"    # the bundled trainer, as run starts it (`python -m`)
 TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer adds to summary.json ("trainer")
 DATA = "--data"
 MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
 STRATEGY = "--strategy"
+DEFAULT_STRATEGY = "dp"                # --strategy left out (train/config.py's default)
+# What a run of the bundled trainer is, by the flag that makes it so: the first of these its arguments give
+# decides; none of them, "train" (from scratch). Adapters (LoRA), once the trainer takes them, are one entry
+# before MODEL's: (ADAPTER, "LoRA").
+TRAINER_KINDS = ((MODEL, "fine-tune"),)
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
 # in a model directory a run made (the trainer's <run>/model, `clusterctl export`): JSON {"run": its run id,
 # "model": the source model's path as the run recorded it, or null for a from-scratch model, "step": N};

@@ -10,6 +10,7 @@ import click
 
 from ..atomic import write_text
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
+from ..inventory import DEFAULT_PYTHON, DEFAULT_WORKDIR
 from ..launch import backends
 from . import app
 from .console import outcome_json, print_outcome, table
@@ -62,23 +63,36 @@ def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_
 @click.argument("names", nargs=-1, required=True)
 @click.option("-o", "--output", default="inventory.yaml", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--user", help="SSH user on every host (default: from ~/.ssh/config or your user name).")
-@click.option("--python", default="python3", show_default=True, help="Python with mlx on every host.")
-@click.option("--workdir", default="~/clusterctl", show_default=True, help="Where code and data land.")
+@click.option("--port", type=int, help="SSH port on every host (default: from ~/.ssh/config, else 22).")
+@click.option("--identity-file", metavar="KEY", help="The private key on this machine that logs in to every host "
+              "(default: from ~/.ssh/config, else ssh's own keys).")
+@click.option("--python", default=DEFAULT_PYTHON, show_default=True, help="Python with mlx on every host.")
+@click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True, help="Where code and data land.")
 @click.option("--address", "addresses", multiple=True, metavar="IP",
               help="Data-plane IPv4 per host, in the same order as the names (repeat the option).")
 @click.option("--backend", type=click.Choice(backends.names()), default="mpi", show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-def init_cmd(names, output, user, python, workdir, addresses, backend, force):
-    """Write a starter inventory for the given hosts."""
+def init_cmd(names, output, user, port, identity_file, python, workdir, addresses, backend, force):
+    """Write a starter inventory for the given hosts.
+
+    The settings given go under `defaults:`; the others are shown there commented."""
     from ..inventory_edit import starter_inventory
 
     if os.path.exists(output) and not force:
         raise UsageError(f"{output} exists; pass --force to overwrite it")
-    text = starter_inventory(list(names), user=user, python=python, workdir=workdir, addresses=list(addresses),
-                             backend=backend, date=datetime.date.today().isoformat(), path=output,
+    if identity_file and not identity_file.startswith("~") and not os.path.isabs(identity_file):
+        # the inventory reads a relative path from its own directory: the same file, said from there
+        identity_file = os.path.relpath(os.path.abspath(identity_file), os.path.dirname(os.path.abspath(output)))
+    settings = {"user": user, "port": port, "identity_file": identity_file, "python": python, "workdir": workdir}
+    text = starter_inventory(list(names), settings=settings, addresses=list(addresses), backend=backend,
+                             date=datetime.date.today().isoformat(), path=output,
                              rdma=backends.get(backend).rdma is not None)
     write_text(output, text)
     click.echo(f"wrote {output} ({len(names)} hosts); check it with: clusterctl hosts --hosts {output}")
+    key = identity_file and os.path.join(os.path.dirname(os.path.abspath(output)), os.path.expanduser(identity_file))
+    if key and not os.path.isfile(key):
+        click.secho(f"warning: --identity-file {identity_file}: no such file on this machine ({key}) yet",
+                    fg="yellow", err=True)
 
 
 @app.command("clusterctl ssh-close --hosts inventory.yaml")

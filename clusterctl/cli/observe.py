@@ -39,7 +39,7 @@ def _short(text: str, width: int = 60) -> str:
               help="Every run this machine started, in any project (from ~/.cache/clusterctl/runs.jsonl).")
 @app.json_option
 def runs_cmd(runs_dir, everywhere, as_json):
-    """List runs: start, duration, hosts, outcome, final loss."""
+    """List runs: kind, model, strategy, hosts, outcome, final loss."""
     from ..observe.runs import list_all, list_runs
 
     infos = list_all(runs_dir) if everywhere else list_runs(runs_dir)
@@ -49,11 +49,13 @@ def runs_cmd(runs_dir, everywhere, as_json):
     if not infos:
         click.echo(f"no runs in {runs_dir}/" + ("" if everywhere else " (--all: every project)"), err=True)
         return
-    rows = [{"id": i.run_id, "start": _when(i.start), "duration": _duration(i.duration_s),
-             "hosts": _short(",".join(i.hosts) or "-", 30), "world": i.world or "-", "backend": i.backend or "-",
-             "outcome": _short(i.outcome), "loss": f"{i.final_loss:.4f}" if i.final_loss is not None else "-",
+    rows = [{"id": i.run_id, "kind": i.kind or "-", "model": _short(os.path.basename(i.model.rstrip("/")) or i.model, 24)
+             if i.model else "-", "strategy": i.strategy or "-", "start": _when(i.start),
+             "duration": _duration(i.duration_s), "hosts": _short(",".join(i.hosts) or "-", 30), "world": i.world or "-",
+             "backend": i.backend or "-", "outcome": _short(i.outcome),
+             "loss": f"{i.final_loss:.4f}" if i.final_loss is not None else "-",
              **({"dir": i.dir} if everywhere else {})} for i in infos]
-    table(rows, ["id", "start", "duration", "hosts", "world", "backend", "outcome", "loss"]
+    table(rows, ["id", "kind", "model", "strategy", "start", "duration", "hosts", "world", "backend", "outcome", "loss"]
           + (["dir"] if everywhere else []))
 
 
@@ -216,15 +218,24 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
     """Stop a run's processes on every host (or --all runs')."""
     from ..errors import UsageError
     from ..observe.procs import kill_runs
-    from ..observe.runs import RUN_ID, resolve
+    from ..observe.runs import RUN_ID, list_all, resolve
 
     if (run_ref is None) == (not every_run):
         raise click.UsageError("give a RUN or --all (not both)")
-    run_id = None if every_run else run_ref if RUN_ID.fullmatch(run_ref) else resolve(runs_dir, run_ref).run_id
+    if every_run:       # the runs this machine supervises are stopped through their own process first
+        run_id, run_dirs = None, [i.dir for i in list_all(runs_dir) if i.status == "running"]
+    else:
+        try:
+            info = resolve(runs_dir, run_ref)
+        except UsageError:
+            if not RUN_ID.fullmatch(run_ref):
+                raise
+            info = None     # a run of another machine's: its processes on the hosts are swept all the same
+        run_id, run_dirs = (info.run_id, [info.dir]) if info is not None else (run_ref, [])
     if run_id is not None and not RUN_ID.fullmatch(run_id):     # a directory named otherwise: never a pattern
         raise UsageError(f"{run_ref!r} is not a run of clusterctl's (a run id looks like 20250101-120000-abcdef)")
     what = "every clusterctl run" if run_id is None else f"run {run_id}"
-    result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id)
+    result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id, run_dirs)
     failed = _print_failures(result.remaining)
     for h in result.remaining:
         for p in h.processes:

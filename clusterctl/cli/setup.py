@@ -50,18 +50,22 @@ def mesh_cmd(inventory_path, dry_run, undo, as_json, connect_timeout, strict_hos
 @click.option("--requirements", "requirements_file", type=click.Path(exists=True, dir_okay=False),
               help="What the project needs, pip's format (MLX is pinned beside it unless it names MLX). "
                    "Default: MLX, numpy and PyYAML at this machine's versions.")
+@click.option("--with", "extras", type=click.Choice(["lm"]), multiple=True,
+              help="lm: mlx-lm (fine-tuning, serve) at this machine's version, which must have it. Without it, "
+                   "mlx-lm is installed all the same whenever this machine has it.")
 @click.option("--offline", is_flag=True, help="Hosts without internet: download the wheels for each kind of "
               "host here, send them, install from them alone.")
 @click.option("--dry-run", is_flag=True, help="Say what each host would get; change nothing.")
 @app.json_option
 @app.connect_timeout_option(DOCTOR_CONNECT_TIMEOUT_S)
 @app.strict_host_keys_option
-def python_cmd(inventory_path, requirements_file, offline, dry_run, as_json, connect_timeout, strict_host_keys):
-    """The same Python and MLX on every host: a virtual environment in each host's workdir made with a host
-    Python of this machine's minor version, holding this machine's versions (uv when the host has it, else
-    pip); the inventory's python set to it; then doctor's parity check."""
-    from ..setup.python import setup_python
+def python_cmd(inventory_path, requirements_file, extras, offline, dry_run, as_json, connect_timeout, strict_host_keys):
+    """The same Python, MLX (and mlx-lm, when this machine has it) on every host: a virtual environment in each
+    host's workdir made with a host Python of this machine's minor version, holding this machine's versions (uv
+    when the host has it, else pip); the inventory's python set to it; then doctor's parity check."""
+    from ..setup.python import check_extras, setup_python
 
+    check_extras("lm" in extras)          # before anything is asked of a host
     cluster = app.load(inventory_path)
     connector = app.connector(cluster, connect_timeout, strict_host_keys)
 
@@ -70,7 +74,7 @@ def python_cmd(inventory_path, requirements_file, offline, dry_run, as_json, con
             what = f"failed: {h.error}" if h.error else (h.changes[-1] if h.changes else "nothing to change")
             click.echo(f"{h.host}: {what} ({h.seconds:.0f} s)", err=True)
 
-    result = setup_python(connector, requirements_file, dry_run, progress, offline=offline)
+    result = setup_python(connector, requirements_file, dry_run, progress, offline=offline, with_lm="lm" in extras)
     if as_json:
         click.echo(json.dumps(result.as_dict(dry_run), indent=2))
     else:

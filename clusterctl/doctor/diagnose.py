@@ -25,7 +25,7 @@ from ..inventory import Cluster, Host
 from ..launch import backends
 from ..launch.plan import plan_from_probes
 from . import checks, smoke
-from .options import DoctorOptions
+from .options import LM_PACKAGE, DoctorOptions, version_here
 from .report import CLUSTER, WARN, Finding, Report
 
 PROBE_SLACK_S = 15.0      # beyond the connect timeout: python + mlx import, mpirun --version, df
@@ -61,9 +61,10 @@ def run_doctor(connector: Connector, options: DoctorOptions = DoctorOptions()) -
         findings.append(checks.controller_ssh(p, f"{t.user}@{t.hostname}:{t.port}"))
         findings += checks.probe_time(p)
     findings += checks.ssh_mesh(probes)
+    lm_here = version_here(LM_PACKAGE)
     for p in probes:
-        findings += checks.host_software(p, cluster.launch.backend)
-    findings += checks.parity(probes)
+        findings += checks.host_software(p, cluster.launch.backend) + checks.mlx_lm(p, lm_here)
+    findings += checks.parity(probes, lm_here)
     for p in probes:
         findings += checks.libmpi(p, cluster.launch.backend)
     findings += checks.dataplane(probes, cluster)

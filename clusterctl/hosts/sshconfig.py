@@ -183,6 +183,7 @@ def host_rows(cluster: Cluster) -> list[dict]:
             "ranks": str(h.rank) if h.slots == 1 else f"{h.ranks.start}-{h.ranks.stop - 1}", "name": h.name,
             "connect": "(local)" if h.local else f"{t.hostname}:{t.port}",
             "user": t.user, "address": h.address or "", "python": h.python, "workdir": h.workdir,
+            "model_store": h.model_store,
             "identity_file": "" if h.local else (next((p for p in t.identity_files if os.path.isfile(p)), "")),
             "env": h.env_dict,
         })

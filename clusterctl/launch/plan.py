@@ -90,6 +90,20 @@ def discover(connector: Connector, timeout: float = 30.0, script: str | None = N
     return plan_from_probes(connector.cluster, [o.value for o in group.values()])
 
 
+def discover_with_paths(connector: Connector, paths: list[str], timeout: float = 30.0
+                        ) -> tuple[LaunchPlan, dict[str, list[str]]]:
+    """The pre-flight's probe before anything is copied, also looking for each of `paths` (directories the
+    program reads that the copy of the project does not carry: absolute, ~, or relative to the host's workdir)
+    on every host in the same pass: (the plan, {path: the hosts where it is not a directory}). A host that
+    cannot be reached is raised as discover raises it."""
+    group = _probe_all(connector, timeout, None, None, False, paths)
+    for name, outcome in group.failed.items():
+        _raise(name, outcome.error)
+    probes = [o.value for o in group.values()]
+    missing = {path: [p.host.name for p in probes if p.facts.get(f"path_{i}") != "yes"] for i, path in enumerate(paths)}
+    return plan_from_probes(connector.cluster, probes), {path: hosts for path, hosts in missing.items() if hosts}
+
+
 def discover_reachable(connector: Connector, timeout: float = 30.0, script: str | None = None,
                        module: str | None = None, needs_mpi: bool = False) -> tuple[Cluster, LaunchPlan, dict[str, str]]:
     """The pre-flight of an elastic restart: (the cluster of the hosts that answered, in inventory order
@@ -112,17 +126,27 @@ def _raise(name: str, error: BaseException):
     raise ConnectError(name, str(error).removeprefix(f"{name}: ") + " (run `clusterctl doctor` for the whole picture)")
 
 
-def _probe_all(connector: Connector, timeout: float, script: str | None, module: str | None, needs_mpi: bool):
+def _on_host(host, path: str, home: bool = True) -> str:
+    """Where a path a rank is given is on `host`: as it is when absolute (or, with `home`, ~: the bootstrap
+    expands a script's), else in the host's workdir."""
+    return path if path.startswith(("/", "~") if home else "/") else f"{host.workdir.rstrip('/')}/{path}"
+
+
+def _probe_all(connector: Connector, timeout: float, script: str | None, module: str | None, needs_mpi: bool,
+               paths: list[str] = ()):
     """Every host's probe at once: a GroupResult of HostProbe, or of the error that stopped a host (its
-    PreflightError when it answered but failed a check)."""
+    PreflightError when it answered but failed a check). `paths`: directories looked for, as facts path_0, ..."""
     cluster = connector.cluster
 
     def probe(host):
         text = probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=host.mpi_lib_dir, peers=[],
                             mesh_config=None, ssh_config=None, mpi_libname=host.env_dict.get("MLX_MPI_LIBNAME"),
                             full=False)
+        for i, path in enumerate(paths):
+            where = quote_path(_on_host(host, path, home=False))      # a program's argument: ~ stays a name
+            text += f"\nif [ -d {where} ]; then j path_{i} yes; else j path_{i} no; fi\n"
         if script is not None:
-            where = script if script.startswith(("/", "~")) else f"{host.workdir.rstrip('/')}/{script}"
+            where = _on_host(host, script)
             text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"
         if module is not None:
             text += module_check(host, module)

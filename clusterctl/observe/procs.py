@@ -1,7 +1,7 @@
 """The processes of clusterctl runs on every host, and stopping them.
 
     found = list_processes(connector)            # host -> RunProcess rows (or the error reaching it)
-    killed = kill_runs(connector, run_id)        # None: every clusterctl run; the sweep `run` itself uses
+    killed = kill_runs(connector, run_id, [run_dir])   # None: every clusterctl run; the sweep `run` itself uses
 
 Every process `run` starts for a rank carries `clusterctl-run-<id>` on its command line (launch/job.py):
 the rank's python (kind "rank"), the shells that wrap it ("shell"), the ssh that reaches its host from the
@@ -9,15 +9,25 @@ launching machine ("ssh"), and mpirun ("launcher"). They are found with one port
 same options on macOS's BSD ps and Linux's procps; no /proc) parsed by parse_ps, a pure function. A rank's
 number is read from the `MLX_RANK=N` its wrapping shell sets (ring and jaccl); under mpirun it is not on
 any command line, and is left unknown.
+
+A run whose `clusterctl run` (or `serve`) process is alive on this machine is stopped through that process
+first (SIGTERM, as a closed terminal would): it stops every rank itself, records the run as stopped and
+never restarts it; the sweep then removes whatever is left.
 """
 from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 from dataclasses import asdict, dataclass
 
+from ..hosts.transport import LocalTransport
 from ..launch.launchers import sweep
+from .record import PID_FILE, SUMMARY
+from .runs import run_pid
 
+STOP_WAIT_S = 30.0    # a stopped run's own cleanup: every rank stopped, the sweep on every host, the record
 PS_COMMAND = "ps -A -o pid= -o ppid= -o etime= -o pcpu= -o rss= -o args="
 PS_TIMEOUT_S = 20.0
 TOKEN = re.compile(r"clusterctl-run-(\d{8}-\d{6}-[0-9a-f]{6})")
@@ -148,8 +158,51 @@ class KillResult:
         return sum(len(h.processes) for h in self.remaining)
 
 
-def kill_runs(connector, run_id: str | None) -> KillResult:
+def supervisor(run_dir: str) -> int | None:
+    """The pid of the process supervising the run in `run_dir` (`clusterctl run` or `serve`), when it runs on this
+    machine and has not ended (no summary.json yet); None otherwise, and for a pid the system has given to
+    another process since: its command line must name clusterctl and it must have started before the run
+    wrote its pid file, or it is never signalled."""
+    pid = run_pid(run_dir)
+    if pid is None or os.path.exists(os.path.join(run_dir, SUMMARY)):
+        return None
+    try:
+        written = os.stat(os.path.join(run_dir, PID_FILE)).st_mtime
+    except OSError:
+        return None
+    # -ww: the whole command line whatever COLUMNS says (BSD ps and procps alike)
+    r = LocalTransport().run(f"ps -ww -o pid= -o ppid= -o etime= -o pcpu= -o rss= -o args= -p {pid}", PS_TIMEOUT_S)
+    row = next((row for row in parse_ps(r.stdout) if row.pid == pid), None)
+    if row is None or "clusterctl" not in row.args or time.time() - row.age_s > written + 2:
+        return None
+    return pid
+
+
+def stop_supervisor(run_dir: str, wait_s: float = STOP_WAIT_S) -> bool:
+    """SIGTERM to the run's supervising process (supervisor()), then wait until it has recorded the end
+    (summary.json) or is gone, up to `wait_s`. Whether there was one to stop."""
+    pid = supervisor(run_dir)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not os.path.exists(os.path.join(run_dir, SUMMARY)):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    return True
+
+
+def kill_runs(connector, run_id: str | None, run_dirs: list[str] = ()) -> KillResult:
     """Stop a run's processes (None: every clusterctl run's) on every host as `run`'s own cleanup does
-    (SIGTERM, then SIGKILL, waiting for them to go), then look again."""
+    (SIGTERM, then SIGKILL, waiting for them to go), then look again. `run_dirs`: the runs whose supervising
+    process may be on this machine, stopped through it first (stop_supervisor)."""
+    for run_dir in run_dirs:
+        stop_supervisor(run_dir)
     unconfirmed = sweep(connector, run_id)
     return KillResult(unconfirmed, list_processes(connector, run_id))

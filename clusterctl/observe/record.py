@@ -1,19 +1,28 @@
 """What `run` records about a run, beside the logs supervise writes (docs/observe.md#what-run-records).
 
-    record = RunRecord.start(launch, program="clusterctl.train", hosts=[...], world=2)
+    record = RunRecord.start(run_id, run_dir, world=2, backend="ring", hosts=[...], program="clusterctl.train",
+                             described=describe("clusterctl.train", ["--model", "models/m"]))
     ...                                   # the job runs; log-times.jsonl is sampled meanwhile
-    record.end(exit_code=0, reason="all 2 ranks finished")
+    record.end(exit_code=0, reason="all 2 ranks finished")          # stopped=True: the user stopped it
+
+What a run is comes from one function, describe(module, args, service): its kind (train, fine-tune, serve,
+program: trainer_contract.TRAINER_KINDS for the bundled trainer's), its model and its strategy.
 
 In runs/<id>/:
   clusterctl.pid    "PID HOSTNAME" of the `clusterctl run` process, written when the run starts: `logs
                     --follow` knows the run ended when that process is gone (or summary.json appears).
+  run.json          what the run is, written when it starts ({"format": 1, "run_id", "started", "world",
+                    "backend", "hosts", "program", "kind", "model", "strategy", and "service" for `serve`}),
+                    so that `runs` tells a running serve from a training run.
   log-times.jsonl   {"t": epoch seconds, "sizes": [bytes of rank-0.log, rank-1.log, ...]} whenever a rank
                     log grew, sampled every SAMPLE_S: the time each log line arrived, to within SAMPLE_S,
                     without a timestamp in the logs themselves (supervise.py writes them as the ranks print).
   summary.json      written once, atomically, when the run has ended (after fetching its outputs):
                     {"format": 1, "run_id", "started", "ended" (ISO 8601, local time with offset),
-                     "duration_s", "exit_code", "reason", "failed_rank", "world", "backend", "hosts",
-                     "program"}; for `clusterctl serve`, "service": {"url", "model", ...}; for
+                     "duration_s", "exit_code", "reason", "outcome" ("ok", "failed", or "stopped": by Ctrl-C,
+                     SIGTERM or `clusterctl kill`), "failed_rank", "world", "backend", "hosts", "program", "kind",
+                     "model", "strategy" (the bundled trainer's own, from its trainer.json, once it has said)};
+                    for `clusterctl serve`, "service": {"url", "model", ...}; for
                     `run --max-restarts`: "restarts" and "attempts", one entry per
                     attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
                     lines, resumed_from, steps_lost, and "stacks" when it stalled); for a run that ended
@@ -22,9 +31,10 @@ In runs/<id>/:
                     appearing means the run is over. Readers ignore
                     keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
-({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program", and
-"service" for `serve`}) and
-one when it ends ({"event": "end", "run_id", "ended", "duration_s", "exit_code", "reason"}). Each line is one
+({"event": "start", "run_id", "dir", "started", "pid", "host", "world", "backend", "hosts", "program", "kind",
+"model", "strategy", and "service" for `serve`}) and
+one when it ends ({"event": "end", "run_id", "ended", "duration_s", "exit_code", "reason", "outcome",
+"strategy"}). Each line is one
 write(2) to a file opened O_APPEND, so concurrent runs never interleave inside a line.
 """
 from __future__ import annotations
@@ -36,15 +46,32 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Sequence
 
 from ..atomic import write_text
-from ..trainer_contract import TRAINER_SUMMARY
+from ..trainer_contract import (DEFAULT_STRATEGY, MODEL, STRATEGY, TRAINER_KINDS, TRAINER_MODULE, TRAINER_SUMMARY,
+                                flag_value)
 
 SUMMARY = "summary.json"
+FACTS = "run.json"
 PID_FILE = "clusterctl.pid"
 LOG_TIMES = "log-times.jsonl"
 INDEX_NAME = "runs.jsonl"
 SAMPLE_S = 0.25
+
+
+def describe(module: str | None, args: Sequence[str], service: dict | None = None) -> dict:
+    """What a run is, for its record and `runs` (pure): {"kind", "model", "strategy"}. A service (`clusterctl
+    serve`'s) is "serve", of the model it serves, its strategy its parallelism (tensor or pipeline); the bundled
+    trainer is the kind TRAINER_KINDS gives its flags, else "train", of its --model, with its --strategy (the
+    trainer's default when not given: its own choice, "auto" or a --config file's, replaces it in summary.json
+    once it has said); anything else is a "program" whose model and strategy clusterctl cannot know."""
+    if service is not None:
+        return {"kind": "serve", "model": service.get("model"), "strategy": service.get("strategy")}
+    if module == TRAINER_MODULE:
+        kind = next((kind for flag, kind in TRAINER_KINDS if flag_value(args, flag) is not None), "train")
+        return {"kind": kind, "model": flag_value(args, MODEL), "strategy": flag_value(args, STRATEGY) or DEFAULT_STRATEGY}
+    return {"kind": "program", "model": None, "strategy": None}
 
 
 def cache_dir() -> str:
@@ -138,38 +165,47 @@ class RunRecord:
 
     @classmethod
     def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],
-              program: str, service: dict | None = None) -> "RunRecord":
+              program: str, described: dict | None = None, service: dict | None = None) -> "RunRecord":
+        """`described`: what describe() says the run is."""
         now = time.time()
         facts = {"world": world, "backend": backend, "hosts": hosts, "program": program,
-                 **({"service": service} if service else {})}
+                 **(described or describe(None, ())), **({"service": service} if service else {})}
         write_text(os.path.join(run_dir, PID_FILE), f"{os.getpid()} {socket.gethostname()}\n")
+        write_text(os.path.join(run_dir, FACTS), json.dumps({"format": 1, "run_id": run_id, "started": iso(now),
+                                                            **facts}, indent=2) + "\n")
         record = cls(run_id, run_dir, now, facts, LogClock(run_dir, world).start())
         _index({"event": "start", "run_id": run_id, "dir": os.path.abspath(run_dir), "started": iso(now),
                 "pid": os.getpid(), "host": socket.gethostname(), **facts})
         return record
 
-    def end(self, exit_code: int, reason: str, failed_rank: int | None = None, stacks: str | None = None) -> dict:
-        """Stop timing the logs, write summary.json and the index's end line (once)."""
+    def end(self, exit_code: int, reason: str, failed_rank: int | None = None, stacks: str | None = None,
+            stopped: bool = False) -> dict:
+        """Stop timing the logs, write summary.json and the index's end line (once). `stopped`: the user stopped
+        the run (Ctrl-C, SIGTERM, `clusterctl kill`), which is no failure whatever its exit code."""
         if self.ended:
             return {}
         self.ended = True
         if self.clock is not None:
             self.clock.stop()
         now = time.time()
+        outcome = "stopped" if stopped else "ok" if exit_code == 0 else "failed"
         summary = {"format": 1, "run_id": self.run_id, "started": iso(self.started), "ended": iso(now),
                    "duration_s": round(now - self.started, 3), "exit_code": exit_code, "reason": reason,
-                   "failed_rank": failed_rank, **self.facts}
+                   "outcome": outcome, "failed_rank": failed_rank, **self.facts}
         if stacks:
             summary["stacks"] = stacks
         trainer = _trainer_summary(self.run_dir)
         if trainer is not None:
             summary["trainer"] = trainer
+            if isinstance(trainer.get("strategy"), str):      # the strategy the trainer chose, where it chose
+                summary["strategy"] = trainer["strategy"]
         if self.attempts:
             summary["restarts"] = len(self.attempts) - 1
             summary["attempts"] = self.attempts
         write_text(os.path.join(self.run_dir, SUMMARY), json.dumps(summary, indent=2) + "\n")
         _index({"event": "end", "run_id": self.run_id, "ended": summary["ended"],
-                "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason})
+                "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason, "outcome": outcome,
+                "strategy": summary.get("strategy")})
         return summary
 
 

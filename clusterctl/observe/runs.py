@@ -5,9 +5,10 @@
     info.outcome, info.final_loss
 
 Everything is read from what a run left: launch.json (written before a run starts, by every clusterctl
-version), summary.json (at its end; runs from before it existed show outcome "unknown"), clusterctl.pid
-(whether it is still running), metrics.jsonl (the bundled trainer's losses). Nothing is required but the
-directory: a run killed before it wrote anything is still listed.
+version), run.json (what the run is: its kind, model and strategy, from its start), summary.json (at its end;
+runs from before it existed show outcome "unknown"), clusterctl.pid (whether it is still running),
+metrics.jsonl (the bundled trainer's losses). Nothing is required but the directory: a run killed before it
+wrote anything is still listed, and a run recorded before clusterctl said what a run is lists without it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from ..errors import UsageError
-from .record import LOG_TIMES, PID_FILE, SUMMARY, index_path, iso
+from .record import FACTS, LOG_TIMES, PID_FILE, SUMMARY, index_path, iso
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -33,12 +34,15 @@ class RunInfo:
     hosts: list[str]
     world: int | None
     backend: str | None
-    status: str                     # "ok", "failed", "running", "unknown"
+    status: str                     # "ok", "failed", "stopped" (by the user), "running", "unknown"
     exit_code: int | None
     reason: str | None
     final_loss: float | None
     final_val_loss: float | None
     restarts: int = 0               # run --max-restarts: attempts after the first (runs/<id>/attempt-K/)
+    kind: str | None = None         # record.describe: train, fine-tune, serve, program (None: an older record)
+    model: str | None = None
+    strategy: str | None = None
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -48,6 +52,8 @@ class RunInfo:
         after = f", after {self.restarts} restart{'s' * (self.restarts != 1)}" if self.restarts else ""
         if self.status in ("running", "unknown"):
             return self.status + after
+        if self.status == "stopped":
+            return (f"stopped: {self.reason}" if self.reason else "stopped") + after
         return (f"exit {self.exit_code}: {self.reason}" if self.reason else f"exit {self.exit_code}") + after
 
 
@@ -111,16 +117,23 @@ def _names(value) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-def run_alive(run_dir: str) -> bool | None:
-    """Whether the `clusterctl run` process of this run still exists: None when unknown (no pid file, or
-    the run was started on another machine)."""
+def run_pid(run_dir: str) -> int | None:
+    """The pid of the `clusterctl run` process of this run as its pid file says, when it was started on this
+    machine (None: no pid file, or another machine's)."""
     try:
         with open(os.path.join(run_dir, PID_FILE), encoding="utf-8") as f:
             pid_text, _, host = f.read().strip().partition(" ")
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    if host and host != socket.gethostname():
+    return None if host and host != socket.gethostname() else pid
+
+
+def run_alive(run_dir: str) -> bool | None:
+    """Whether the `clusterctl run` process of this run still exists: None when unknown (no pid file, or
+    the run was started on another machine)."""
+    pid = run_pid(run_dir)
+    if pid is None:
         return None
     try:
         os.kill(pid, 0)
@@ -150,6 +163,19 @@ def _last_write(run_dir: str) -> float | None:
     return max(times) if times else None
 
 
+def _status(record: dict) -> str:
+    """An ended run's status from its summary.json (or the index's end line): "stopped" where it says the user
+    stopped it, else by its exit code."""
+    if record.get("outcome") == "stopped":
+        return "stopped"
+    return "ok" if _int(record.get("exit_code")) == 0 else "failed"
+
+
+def _described(record: dict) -> dict:
+    """kind, model and strategy as a record gives them (absent in records made before they were kept)."""
+    return {key: _text(record.get(key)) for key in ("kind", "model", "strategy")}
+
+
 def run_info(run_dir: str) -> RunInfo:
     """One run, from its directory."""
     run_dir = os.path.abspath(run_dir)
@@ -164,16 +190,18 @@ def run_info(run_dir: str) -> RunInfo:
         return RunInfo(run_id, run_dir, _text(summary.get("started")), _number(summary.get("duration_s")),
                        _names(summary.get("hosts")) or hosts, _int(summary.get("world")) or len(ranks) or None,
                        _text(summary.get("backend")) or _text(launch.get("backend")),
-                       "ok" if code == 0 else "failed", code, _text(summary.get("reason")), loss, val,
-                       max(_int(summary.get("restarts")) or 0, 0))
+                       _status(summary), code, _text(summary.get("reason")), loss, val,
+                       max(_int(summary.get("restarts")) or 0, 0), **_described(summary))
+    facts = _read_json(os.path.join(run_dir, FACTS)) or {}
     start = id_time(run_id)
     alive = run_alive(run_dir)
     last = _last_write(run_dir) if os.path.isdir(run_dir) else None
     end = None if alive else last
     duration = round(end - start, 3) if start is not None and end is not None and end >= start else None
     return RunInfo(run_id, run_dir, iso(start) if start is not None else None, duration, hosts,
-                   len(ranks) or None, _text(launch.get("backend")), "running" if alive else "unknown", None, None,
-                   loss, val, max(len(attempts(run_dir)) - 1, 0))
+                   len(ranks) or _int(facts.get("world")), _text(launch.get("backend")),
+                   "running" if alive else "unknown", None, None, loss, val, max(len(attempts(run_dir)) - 1, 0),
+                   **_described(facts))
 
 
 def _run_dirs(runs_dir: str) -> list[str]:
@@ -230,10 +258,11 @@ def list_all(runs_dir: str) -> list[RunInfo]:
             found[run_id] = run_info(directory)
             continue
         code = _int(entry.get("exit_code"))
-        status = "unknown" if "exit_code" not in entry else ("ok" if code == 0 else "failed")
+        status = "unknown" if "exit_code" not in entry else _status(entry)
         found[run_id] = RunInfo(run_id, directory, _text(entry.get("started")), _number(entry.get("duration_s")),
                                 _names(entry.get("hosts")), _int(entry.get("world")), _text(entry.get("backend")),
-                                status, code, (_text(entry.get("reason")) or "") + " (directory gone)", None, None)
+                                status, code, (_text(entry.get("reason")) or "") + " (directory gone)", None, None,
+                                **_described(entry))
     return sorted(found.values(), key=lambda r: r.run_id, reverse=True)
 
 

@@ -141,7 +141,8 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
                                  launch_from=options.launch_from, fetch=False, project=False,
                                  restart=options.restart, health=lambda: endpoint.answered,
                                  service={"url": url, "model": name, "model_dir": model_dir,
-                                          "listen": options.listen},
+                                          "listen": options.listen,
+                                          "strategy": "pipeline" if options.pipeline else "tensor"},
                                  **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
         try:
             result.run = run(cluster, run_options, _Watched(events, endpoint))

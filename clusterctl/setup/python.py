@@ -18,15 +18,16 @@ With `offline`, the hosts never reach an index: this machine downloads the wheel
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
+import re
 import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..doctor.options import LM_PACKAGE, version_here
 from ..errors import ConnectError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
@@ -58,8 +59,9 @@ class PythonResult:
     requirements: list[str]
     hosts: list[HostPython]
     inventory_change: str | None = None
-    checks_failed: list[str] = field(default_factory=list)    # doctor's python / mlx / parity lines that failed
+    checks_failed: list[str] = field(default_factory=list)    # doctor's python / mlx / mlx-lm / parity lines that failed
     checks_passed: int = 0
+    checks_run: list[str] = field(default_factory=list)       # those of CHECKS doctor ran (mlx-lm: when here)
 
     @property
     def ok(self) -> bool:
@@ -86,8 +88,9 @@ class PythonResult:
         if self.inventory_change:
             out.append(self.inventory_change)
         err += [f"doctor: {line}" for line in self.checks_failed]
-        if not dry_run and not any(h.error for h in self.hosts):
-            out.append(f"doctor's python, mlx and parity checks: {self.checks_passed} passed"
+        if self.checks_run and not any(h.error for h in self.hosts):
+            out.append(f"doctor's {', '.join(self.checks_run[:-1])} and {self.checks_run[-1]} checks: "
+                       f"{self.checks_passed} passed"
                        + (f", {len(self.checks_failed)} failed" if self.checks_failed else ""))
         return out, err
 
@@ -96,30 +99,54 @@ def this_python() -> str:
     return "%d.%d" % sys.version_info[:2]
 
 
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)")
+
+
+def _name(line: str) -> tuple[str, str, str]:
+    """(normalised project name, extras, the rest: version specifiers, a URL, markers) of a requirement line."""
+    m = _REQUIREMENT.fullmatch(line)
+    if m is None:
+        return "", "", line
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower(), m.group(2) or "", m.group(3)
+
+
+def check_extras(with_lm: bool) -> None:
+    """`--with lm` asks for this machine's mlx-lm on every host: this machine must have one (UsageError)."""
+    if with_lm and version_here(LM_PACKAGE) is None:
+        raise UsageError(f"--with lm: this machine has no {LM_PACKAGE}, so there is no version to give every host: "
+                         "install it here first (pip install 'clusterctl[lm]'), then run setup python again")
+
+
 def requirements(host_os: str, path: str | None = None) -> list[str]:
     """What a host's venv gets (pure but for reading this machine's installed versions and `path`): MLX at
     this machine's version (its `cpu` extra on Linux: the plain wheel has no backend there), then either the
-    lines of `path` or numpy and PyYAML at this machine's versions."""
+    lines of `path` or numpy and PyYAML at this machine's versions; and mlx-lm at this machine's version
+    whenever this machine has it (fine-tuning and serve need one version on every rank). A `path` that names
+    MLX keeps its own line; one that names mlx-lm without a version gets this machine's (a version it gives
+    is kept: the user's choice, which doctor's parity check then holds to one version)."""
     def pinned(name: str) -> str:
-        try:
-            return f"{name}=={importlib.metadata.version(name)}"
-        except importlib.metadata.PackageNotFoundError:
-            return name
+        version = version_here(name)
+        return f"{name}=={version}" if version else name
 
+    lm = version_here(LM_PACKAGE)
     mlx = pinned("mlx")
     if host_os == "Linux":
         mlx = mlx.replace("mlx", "mlx[cpu]", 1)
     if path is None:
-        return [mlx, *(pinned(n) for n in DEFAULT_PACKAGES[1:])]
+        return [mlx, *(pinned(n) for n in DEFAULT_PACKAGES[1:]), *([f"{LM_PACKAGE}=={lm}"] if lm else [])]
     try:
         with open(path, encoding="utf-8") as f:
             lines = [line.split("#", 1)[0].strip() for line in f]
     except OSError as e:
         raise UsageError(f"--requirements {path}: {e.strerror}") from None
     lines = [line for line in lines if line]
-    names_mlx = any(line.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower() == "mlx"
-                    for line in lines)
-    return lines if names_mlx else [mlx, *lines]
+    names = [_name(line)[0] for line in lines]
+    if lm:
+        lines = [f"{LM_PACKAGE}{extras}=={lm}{rest}" if name == LM_PACKAGE and (not rest or rest.startswith(";"))
+                 else line for line, (name, extras, rest) in zip(lines, map(_name, lines))]
+        if LM_PACKAGE not in names:
+            lines.append(f"{LM_PACKAGE}=={lm}")
+    return lines if "mlx" in names else [mlx, *lines]
 
 
 def script(host: Host, want: str, reqs: list[str], dry_run: bool, check: bool = False,
@@ -185,7 +212,8 @@ def download_wheels(reqs: list[str], want: str, platforms: list[str], dest: str)
 
 def setup_python(connector: Connector, requirements_file: str | None = None, dry_run: bool = False,
                  progress: Callable[[HostPython], None] = lambda h: None, check: bool = True,
-                 offline: bool = False) -> PythonResult:
+                 offline: bool = False, with_lm: bool = False) -> PythonResult:
+    check_extras(with_lm)
     cluster = connector.cluster
     want = this_python()
     seen_reqs: dict[str, list[str]] = {}
@@ -222,7 +250,7 @@ def setup_python(connector: Connector, requirements_file: str | None = None, dry
         return result
     result.inventory_change = _set_python(cluster, dry_run)
     if check and not dry_run:
-        result.checks_passed, result.checks_failed = python_checks(connector)
+        result.checks_passed, result.checks_failed, result.checks_run = python_checks(connector)
     return result
 
 
@@ -284,14 +312,19 @@ def _set_python(cluster: Cluster, dry_run: bool) -> str | None:
     return f"set defaults.python: {python} in {cluster.path}{note}"
 
 
-def python_checks(connector: Connector) -> tuple[int, list[str]]:
-    """Doctor's python, mlx and parity findings on the inventory as it is now: (passed, failed lines)."""
+CHECKS = ("python", "mlx", "mlx-lm", "parity")      # doctor's checks of what setup python installs
+
+
+def python_checks(connector: Connector) -> tuple[int, list[str], list[str]]:
+    """Doctor's python, mlx, mlx-lm and parity findings on the inventory as it is now: (passed, failed lines, the
+    checks that ran)."""
     from ..doctor import DoctorOptions, run_doctor
     from ..launch.backends import load_cluster
 
     cluster = load_cluster(connector.cluster.path) if os.path.isfile(connector.cluster.path) else connector.cluster
     report = run_doctor(Connector(cluster, connector.host_key_checking, connector.connect_timeout),
                         DoctorOptions(deep=False))
-    rows = [f for f in report.findings if f.check in ("python", "mlx", "parity")]
+    rows = [f for f in report.findings if f.check in CHECKS]
     return (sum(f.status == "pass" for f in rows),
-            [f"{f.check} {f.host}: {f.detail}" for f in rows if f.status == "fail"])
+            [f"{f.check} {f.host}: {f.detail}" for f in rows if f.status == "fail"],
+            [c for c in CHECKS if any(f.check == c for f in rows)] or list(CHECKS[-1:]))

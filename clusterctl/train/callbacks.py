@@ -155,16 +155,19 @@ class Checkpointing(Callback):
 
 class TrainerSummary(Callback):
     """Rank 0 keeps <out>/trainer.json current (trainer_contract.TRAINER_SUMMARY), which `clusterctl run` puts
-    into summary.json under "trainer": the shares and their changes, the replicas' sync checks and, when they
-    differed, which ranks and when."""
+    into summary.json under "trainer": the strategy it trains with (its choice under --strategy auto, a --config
+    file's, a resumed checkpoint's: the run's record takes it), the shares and their changes, the replicas'
+    sync checks and, when they differed, which ranks and when. Written first before the first step."""
 
     def __init__(self, out_dir: str, group, config):
         self.path = os.path.join(out_dir, TRAINER_SUMMARY)
         self.main = group.rank() == 0
-        self.doc = {"balance": {"mode": config.balance if group.size() > 1 and config.strategy != "zero3" else "off"},
+        self.doc = {"strategy": config.strategy,
+                    "balance": {"mode": config.balance if group.size() > 1 and config.strategy != "zero3" else "off"},
                     "check_sync": {"every": config.check_sync, "last_checked_step": None, "out_of_sync": None}}
         self.every = config.check_sync
         self.pending: int | None = None       # a step whose check comes after on_step; passed if fit goes on
+        self._write()
 
     def on_shares(self, step, info):
         self.doc["balance"] = {**info, "mode": self.doc["balance"]["mode"]}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from ..data.records import MAX_BLOCK_SIZE
 from ..errors import ConfigError
+from ..trainer_contract import DEFAULT_STRATEGY
 from . import presets
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
@@ -64,7 +65,7 @@ class TrainConfig:
                         metavar="auto|off|W1,W2,...")
     check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "
                                 "the rank that differs, if a replica drifted (0: never).", metavar="N")
-    strategy: str = _opt("dp", "dp: replicated model, averaged gradients; fsdp: optimizer state and "
+    strategy: str = _opt(DEFAULT_STRATEGY, "dp: replicated model, averaged gradients; fsdp: optimizer state and "
                                "gradients sharded over the ranks; zero3: the parameters too, each block's "
                                "weights gathered only while it computes (docs/trainer.md#zero3); auto: the "
                                "first of dp, fsdp, zero3 whose memory estimate fits the hosts.",

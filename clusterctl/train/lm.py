@@ -16,6 +16,7 @@ import glob
 import importlib.util
 import json
 import os
+import shlex
 
 from ..errors import MissingExtra
 from .config import ConfigError
@@ -66,8 +67,14 @@ def check_model_dir(path: str) -> dict:
         raise ConfigError(f"--model {path}: no tokenizer (tokenizer.json or tokenizer.model); copy the model's "
                           "tokenizer files into the directory")
     if config.get("quantization") or config.get("quantization_config"):
-        raise ConfigError(f"--model {path}: the weights are quantized; full fine-tuning needs the unquantized model "
-                          "(train from the original, quantize the result with mlx_lm.convert -q)")
+        # the one kind of training there is today updates every weight, which quantized weights cannot take;
+        # mlx-lm dequantizes a copy (convert -d) and quantizes the result afterwards (convert -q)
+        copy = path.rstrip("/") + "-dequantized"
+        raise ConfigError(f"--model {path}: the weights are quantized, and the trainer fine-tunes every weight, which "
+                          "needs them unquantized (adapters, which could train on quantized weights, are not supported "
+                          f"yet): train the original model, or an unquantized copy made with `mlx_lm.convert --hf-path "
+                          f"{shlex.quote(path)} --mlx-path {shlex.quote(copy)} -d`; quantize the result afterwards "
+                          "with mlx_lm.convert -q")
     require_mlx_lm()
     architecture(config, path)
     return config

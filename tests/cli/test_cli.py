@@ -115,6 +115,36 @@ def test_init_writes_a_valid_inventory_and_refuses_to_overwrite(tmp_path):
     assert r.exit_code == 2 and "2 hosts" in r.output
 
 
+def test_init_writes_ssh_settings_that_hosts_resolves_and_shows_the_rest_commented(tmp_path):
+    """Issue 45: init took no --port or --identity-file, so a non-default SSH setup meant editing YAML first."""
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "lab").write_text("not really a key\n")
+    (tmp_path / "conf").mkdir()
+    out = tmp_path / "conf" / "inv.yaml"
+    r = clusterctl("init", "h1", "h2", "--user", "u", "--port", "2222", "--identity-file", "keys/lab", "-o",
+                   "conf/inv.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    text = out.read_text()
+    assert '  user: "u"\n  port: 2222\n  identity_file: "../keys/lab"\n' in text      # from the inventory's folder
+    assert "  # model_store: ~/.cache/clusterctl/models" in text and "  # slots: 1" in text
+    hosts = json.loads(clusterctl("hosts", "--json", "--hosts", str(out), env={**os.environ, "HOME": str(tmp_path)}).stdout)
+    assert [(h["name"], h["user"], h["connect"], h["identity_file"], h["model_store"]) for h in hosts["hosts"]] == \
+        [(n, "u", f"{n}:2222", str(tmp_path / "keys" / "lab"), "~/.cache/clusterctl/models") for n in ("h1", "h2")]
+    bare = clusterctl("init", "h1", "-o", str(tmp_path / "bare.yaml"))      # nothing given: each line shows where
+    assert bare.returncode == 0 and "  # port: 22 " in (tmp_path / "bare.yaml").read_text()
+    for option, value, says in [("--port", "70000", "--port 70000: port must be a whole number from 1 to 65535, "
+                                                     "not the number 70000"),
+                                ("--user", " a", "--user  a: user ' a' is not a valid user name"),
+                                ("--port", "x", "'x' is not a valid integer")]:
+        bad = clusterctl("init", "h1", option, value, "-o", str(tmp_path / "bad.yaml"))
+        errors = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and says in errors[-1] and not (tmp_path / "bad.yaml").exists(), bad.stderr
+    missing = clusterctl("init", "h1", "--identity-file", "~/no/such/key", "-o", str(tmp_path / "m.yaml"),
+                         env={**os.environ, "HOME": str(tmp_path)})
+    assert missing.returncode == 0 and missing.stderr.startswith("warning: --identity-file ~/no/such/key: no such "
+                                                                 "file on this machine"), missing.stderr
+
+
 def test_init_refuses_names_it_would_not_read_back(tmp_path):
     out = tmp_path / "inventory.yaml"
     r = clusterctl("init", "ok-host", "bad;host", "-o", str(out))

@@ -43,8 +43,10 @@ def test_runs_lists_both_with_outcome_and_final_loss(two_runs):
     r = clusterctl("runs", cwd=project)
     assert r.returncode == 0, r.stderr
     header, *rows = r.stdout.splitlines()
-    assert header.split() == ["ID", "START", "DURATION", "HOSTS", "WORLD", "BACKEND", "OUTCOME", "LOSS"]
+    assert header.split() == ["ID", "KIND", "MODEL", "STRATEGY", "START", "DURATION", "HOSTS", "WORLD", "BACKEND",
+                              "OUTCOME", "LOSS"]
     assert [row.split()[0] for row in rows] == ids[::-1]          # newest first
+    assert all(row.split()[1:4] == ["train", "-", "dp"] for row in rows)
     assert all("exit 0: all 2 ranks finished" in row and " ring " in row for row in rows)
     data = json.loads(clusterctl("runs", "--json", cwd=project).stdout)
     assert [d["run_id"] for d in data] == ids[::-1]
@@ -52,6 +54,7 @@ def test_runs_lists_both_with_outcome_and_final_loss(two_runs):
         metrics = [json.loads(l) for l in open(os.path.join(d["dir"], "metrics.jsonl"))]
         assert d["final_loss"] == [m["loss"] for m in metrics if "loss" in m][-1]
         assert d["status"] == "ok" and d["world"] == 2 and d["hosts"] == ["localhost"] and d["duration_s"] > 1
+        assert (d["kind"], d["model"], d["strategy"]) == ("train", None, "dp")        # from scratch, the default
         summary = json.load(open(os.path.join(d["dir"], "summary.json")))
         assert summary["exit_code"] == 0 and summary["program"] == "clusterctl.train"
     # from another directory, through the index

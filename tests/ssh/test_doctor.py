@@ -121,6 +121,10 @@ def test_missing_mpirun_and_another_mlx_are_each_named(make_cluster, other_mlx_v
     parity = rows(report, "parity", FAIL)
     assert [f.host for f in parity] == ["h3"]
     assert parity[0].detail == "mlx 0.32.3 here, 0.32.4 on h1, h2, h4"
+    from importlib.metadata import version          # this machine has mlx-lm; the other venv does not
+    lm = rows(report, "mlx-lm", FAIL)
+    assert [(f.host, f.detail) for f in lm] == [("h3", f"mlx-lm is not installed in {sys.executable} "
+                                                       f"(this machine has {version('mlx-lm')})")]
     assert rows(report, "mpi-smoke")[0].status == WARN and "h2" in rows(report, "mpi-smoke")[0].detail
 
 

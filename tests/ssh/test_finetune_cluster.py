@@ -1,7 +1,8 @@
 """Fine-tuning an mlx-lm model on two test hosts, launched as users launch it: the model directory and the jsonl
 records sit in the project, `clusterctl run --hosts inventory.yaml -- --model models/M --data data/D` syncs them
 with the code, 30 steps lower the loss, and the model directory the run writes comes home with the run
-(runs/<id>/model) and generates in mlx-lm. Inputs the ranks would refuse are refused on the controller first."""
+(runs/<id>/model) and generates in mlx-lm. Inputs the ranks would refuse are refused on the controller first, and a
+--model outside the project that some hosts lack by the pre-flight, before anything is copied."""
 import json
 import shutil
 from functools import partial
@@ -12,6 +13,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
+from sshcluster import requires_private_roots  # noqa: E402
 
 pytestmark = pytest.mark.ssh
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
@@ -51,6 +53,9 @@ def test_thirty_steps_on_two_hosts_lower_the_loss_and_the_model_comes_home(make_
     assert len(curve) == 30 and curve[-1] < 0.6 * curve[0], curve
     loaded, tokenizer = load(str(run_dir / "model"))
     assert tokenizer.encode(generate(loaded, tokenizer, "Tom found", max_tokens=8))
+    listed = json.loads(clusterctl("runs", "--json", cwd=tmp_path).stdout)
+    assert [{k: r[k] for k in ("kind", "model", "strategy", "world", "status")} for r in listed] == \
+        [{"kind": "fine-tune", "model": f"models/{model}", "strategy": strategy, "world": 2, "status": "ok"}]
 
 
 def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_cluster, made, tmp_path):
@@ -79,3 +84,20 @@ def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_clus
     assert r.returncode == 2 and errors[-1].startswith("error: models/llama: the program reads it, but the project's "
                                                        "ignore rules (.gitignore, gitignore) leave it out"), r.stderr
     assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()
+    (tmp_path / ".gitignore").unlink()
+    # issue 45: a --model by an absolute path that only this machine has: found by the pre-flight before anything
+    # is copied, naming the hosts without it (each rank used to fail after the copy, inside mpirun's boilerplate)
+    requires_private_roots(cluster, "to give this machine a directory the hosts lack")
+    here = cluster.host_root / "models" / "llama"          # the hosts see their own empty root at that path
+    shutil.copytree(made["llama"], here)
+    for hosts in ("h1, h2", "h2"):
+        r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
+                       "--model", str(here), "--data", "data/chat", *STEPS, cwd=tmp_path)
+        errors = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and errors == [
+            f"error: --model {here}: no such directory on {hosts} (run copies only the project, and this path is "
+            f"outside it): put it in the project and give its path there, or copy it to {here} on {hosts} "
+            "(--no-preflight skips this check)"], r.stderr
+        assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()
+        assert cluster.ssh(1, f"ls {cluster.workdir}/data").returncode != 0        # nothing was copied
+        cluster.ssh(1, f"mkdir -p {here} && cp -R {made['llama']}/. {here}/")      # h1 has it now; h2 still not

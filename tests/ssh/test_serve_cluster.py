@@ -174,18 +174,31 @@ def test_served_on_two_hosts_answers_comes_back_after_a_rank_dies_and_stops_clea
     summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
     assert summary["service"]["url"] == url and summary["restarts"] == 1
     assert [a["outcome"] for a in summary["attempts"]] == ["failed", "stopped"]
+    # runs says what it was, and a serve stopped as intended is stopped, not "exit 130"
+    listed = {r["run_id"]: r for r in json.loads(clirun.clusterctl("runs", "--json", cwd=tmp_path, own_cache=True).stdout)}
+    assert {k: listed[run_id][k] for k in ("kind", "model", "strategy", "world", "status")} == \
+        {"kind": "serve", "model": "tiny", "strategy": "tensor", "world": 2, "status": "stopped"}, listed[run_id]
     if backend != "ring":
         return
-    # the same model again: nothing moves, the store's files are untouched, and it is ready sooner
+    # the same model again: nothing moves, the store's files are untouched, and it is ready sooner; stopped this
+    # time with `clusterctl kill`, which stops it through serve's own process: no restart, recorded as stopped
     before = store_files(cluster)
-    again = serve()
+    again = serve("--max-restarts", "1")
     try:
         again.ready()
-        assert again.interrupt() == 130
+        second = clirun.TOKEN.search(again.text).group(1)
+        killed = clirun.clusterctl("kill", second, "--hosts", str(cluster.inventory), cwd=tmp_path,
+                                   env=cluster.client_env(), own_cache=True)
+        assert killed.returncode == 0 and "no process left" in killed.stderr, killed.stderr
+        assert again.proc.wait(60) == 143, again.text[-3000:]
     finally:
         again.kill()
     assert again.text.count("has it already") == 2 and "sent, verified" not in again.text, again.text[-3000:]
     assert store_files(cluster) == before and before
+    assert "restarting" not in again.text and run_processes(second) == "" and port_is_free(port)
+    row = next(r for r in json.loads(clirun.clusterctl("runs", "--json", cwd=tmp_path, own_cache=True).stdout)
+               if r["run_id"] == second)
+    assert (row["status"], row["kind"], row["exit_code"]) == ("stopped", "serve", 143), row
 
 
 def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_cluster, model, tmp_path):

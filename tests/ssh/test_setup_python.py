@@ -1,7 +1,7 @@
 """`clusterctl setup python` on 3 test hosts whose inventory names a Python without MLX (this machine's base
 interpreter: the same minor version, nothing installed): every host gets a venv in its workdir with this
-machine's MLX, numpy and PyYAML (real pip, from PyPI or its cache); doctor's python, mlx and parity checks
-pass; a ring job runs on the venvs; a second `setup python` changes nothing and is quick.
+machine's MLX, numpy, PyYAML and mlx-lm (real pip, from PyPI or its cache); doctor's python, mlx, mlx-lm and
+parity checks pass; a ring job runs on the venvs; a second `setup python` changes nothing and is quick.
 """
 import json
 import os
@@ -26,11 +26,13 @@ def test_setup_python_gives_every_host_this_machines_environment(make_cluster, t
     assert r.returncode == 0, r.stdout + r.stderr
     venv = f"{cluster.workdir}/.clusterctl/venv/bin/python"
     assert f'python: "{venv}"' in inventory.read_text()
-    assert "doctor's python, mlx and parity checks:" in r.stdout and "failed" not in r.stdout.splitlines()[-1]
-    import mlx.core as mx                # the same MLX as this machine's, on every host
+    assert "doctor's python, mlx, mlx-lm and parity checks:" in r.stdout and "failed" not in r.stdout.splitlines()[-1]
+    import mlx.core as mx                # the same MLX as this machine's, on every host, and its mlx-lm (issue 45)
+    from importlib.metadata import version
     for i in range(1, 4):
-        v = cluster.ssh(i, f"{venv} -c 'import mlx.core as mx; print(mx.__version__)'")
-        assert v.stdout.strip() == mx.__version__, v.stdout + v.stderr
+        v = cluster.ssh(i, f"{venv} -c 'import mlx.core as mx, importlib.metadata as m; print(mx.__version__, "
+                           "m.version(\"mlx-lm\"))'")
+        assert v.stdout.split() == [mx.__version__, version("mlx-lm")], v.stdout + v.stderr
 
     (tmp_path / "allsum.py").write_text(ALLSUM)
     job = clirun.clusterctl("run", "--hosts", str(inventory), "--backend", "ring", "--plain", "allsum.py",

@@ -40,6 +40,8 @@ def test_a_run_too_big_for_a_host_is_refused_up_front_and_auto_trains_it_with_ze
     assert sorted(p.name for p in step.iterdir()) == ["state.json", "zero3-rank-0.safetensors",
                                                        "zero3-rank-1.safetensors", "zero3.json"]
     assert json.loads((step / "state.json").read_text())["strategy"] == "zero3"
+    listed = json.loads(clusterctl("runs", "--json", cwd=tmp_path).stdout)       # the strategy auto chose
+    assert [(r["kind"], r["strategy"], r["world"]) for r in listed] == [("train", "zero3", 2)], listed
     peaks = [json.loads(line)["peak_mem_mb"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if "peak_mem_mb" in line]
     assert peaks and max(peaks) < 150

@@ -176,6 +176,33 @@ def test_parity_tie_is_broken_by_rank_order():
     assert [(f.host, f.status) for f in rows if f.status != PASS] == [("b", FAIL)]
 
 
+def test_mlx_lm_is_checked_on_every_host_when_this_machine_has_it():
+    """Issue 45: fine-tuning and serve need mlx-lm, at one version, on every host; doctor never looked."""
+    with_lm = json.dumps({**json.loads(info()), "mlx_lm": "0.32.2"})
+    have, lack = probe(1, python_info=with_lm), probe(2, python_info=info())
+    assert checks.mlx_lm(have, None) == checks.mlx_lm(lack, None) == []       # this machine has none: no opinion
+    assert checks.mlx_lm(have, "0.32.2") == [Finding("mlx-lm", "h1", PASS, "mlx-lm 0.32.2")]
+    missing, = checks.mlx_lm(lack, "0.32.2")
+    assert (missing.status, missing.detail) == (FAIL, "mlx-lm is not installed in python3 (this machine has 0.32.2)")
+    assert missing.fix == ("clusterctl setup python --with lm installs this machine's mlx-lm 0.32.2 on every host, "
+                           "or on this one: python3 -m pip install mlx-lm==0.32.2")
+    assert checks.mlx_lm(probe(3, python_info=json.dumps({"error": "no python"})), "0.32.2") == []   # python's finding
+
+
+def test_mlx_lm_parity_names_the_odd_host_and_the_command():
+    def lm(version):
+        return json.dumps({**json.loads(info()), "mlx_lm": version})
+
+    probes = [probe(1, python_info=lm("0.32.2")), probe(2, python_info=lm("0.31.0")),
+              probe(3, python_info=lm("0.32.2")), probe(4, python_info=info())]     # h4 has none: mlx_lm's finding
+    odd = [f for f in checks.parity(probes, "0.32.2") if f.status == FAIL]
+    assert [(f.host, f.detail) for f in odd] == [("h2", "mlx-lm 0.31.0 here, 0.32.2 on h1, h3")]
+    assert odd[0].fix == "clusterctl setup python --with lm installs this machine's mlx-lm 0.32.2 on every host"
+    assert "mlx-lm" not in " ".join(f.detail for f in checks.parity(probes))    # this machine has none: not compared
+    same = [probe(i, python_info=lm("0.32.2")) for i in (1, 2)]
+    assert "mlx-lm 0.32.2 on all 2 hosts" in [f.detail for f in checks.parity(same, "0.32.2")]
+
+
 def test_software_checks_on_the_non_interactive_path():
     no_mpirun = checks.host_software(probe(2, python_path="/venv/bin/python", python_info=info(), rsync="",
                                            path="/usr/bin:/bin"), backend="mpi")
@@ -408,6 +435,8 @@ def test_python_info_reports_an_externally_managed_python():
     script = os.path.join(os.path.dirname(checks.__file__), "..", "hosts", "scripts", "python_info.py")
     venv = json.loads(subprocess.run([sys.executable, script], capture_output=True, text=True, check=True).stdout)
     assert venv["externally_managed"] is False
+    from importlib.metadata import version             # and mlx-lm's version, read without importing it
+    assert venv["mlx_lm"] == version("mlx-lm")
     system = "/usr/bin/python3"
     if not os.path.exists(system):
         return

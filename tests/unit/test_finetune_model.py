@@ -59,12 +59,26 @@ def test_without_mlx_lm_the_error_names_the_install_command(monkeypatch, model_d
     assert "pip install 'clusterctl[lm]'" in str(e.value)
 
 
-def test_a_quantized_model_is_refused_with_what_to_do(model_dir, tmp_path):
-    d = copy(model_dir, tmp_path)
-    config = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**config, "quantization": {"group_size": 64, "bits": 4}}))
-    with pytest.raises(ConfigError, match="quantized; full fine-tuning needs the unquantized model"):
-        lm.load(str(d))
+def test_a_quantized_model_is_refused_with_the_command_that_makes_a_copy_it_trains(model_dir, tmp_path):
+    """Issue 45: the refusal said to train from the original, which a user holding only the quantized download
+    does not have. Now it names mlx-lm's own dequantizing command, and that command, run as printed, makes a
+    directory the trainer takes."""
+    import shlex
+
+    d = tmp_path / "my model"
+    convert = os.path.join(os.path.dirname(sys.executable), "mlx_lm.convert")
+    made = subprocess.run([convert, "--hf-path", str(model_dir), "--mlx-path", str(d), "-q", "--q-group-size", "32"],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(ConfigError) as e:
+        lm.check_model_dir(str(d))
+    message = str(e.value)
+    assert "the weights are quantized" in message and "adapters" in message and "not supported yet" in message
+    command = shlex.split(message.split("`")[1])
+    assert command[0] == "mlx_lm.convert" and "\n" not in message
+    undone = subprocess.run([convert, *command[1:]], capture_output=True, text=True, timeout=300)
+    assert undone.returncode == 0, undone.stderr
+    assert lm.check_model_dir(str(tmp_path / "my model-dequantized"))["model_type"] == "llama"
 
 
 def test_weights_dtype_is_read_from_the_safetensors_header(tmp_path):

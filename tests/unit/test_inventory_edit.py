@@ -115,8 +115,8 @@ def test_mlx_launch_gets_connections_per_ip_for_ring_only():
 def test_a_jaccl_starter_shows_each_host_the_shape_of_its_rdma_list():
     """init cannot know a Mac's RDMA devices: it writes the line to fill in, and every command then names the
     host still without one (docs/facts/macos.md#jaccl)."""
-    text = starter_inventory(["m1", "m2"], user=None, python="python3", workdir="~/w", addresses=["10.0.0.1", "10.0.0.2"],
-                             backend="jaccl", date="2026-11-22", rdma=True)
+    text = starter_inventory(["m1", "m2"], settings={"python": "python3", "workdir": "~/w"},
+                             addresses=["10.0.0.1", "10.0.0.2"], backend="jaccl", date="2026-11-22", rdma=True)
     assert "    # rdma: [null, rdma_enN_to_1]   # jaccl:" in text and "    # rdma: [rdma_enN_to_0, null]" in text
     filled = text.replace("# rdma: [null, rdma_enN_to_1]", "rdma: [null, rdma_en2]").replace(
         "# rdma: [rdma_enN_to_0, null]", "rdma: [rdma_en2, null]")

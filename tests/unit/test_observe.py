@@ -130,6 +130,7 @@ def test_runs_before_the_index_existed_and_after(tmp_path, monkeypatch):
     new, old = infos
     assert (new.status, new.outcome, new.duration_s) == ("failed", "exit 3: rank 1 on h2 exited 3", 12.5)
     assert (old.status, old.hosts, old.world, old.final_loss, old.final_val_loss) == ("unknown", ["h1", "h2"], 2, 4.0, 4.5)
+    assert (new.kind, new.model, new.strategy) == (old.kind, old.model, old.strategy) == (None, None, None)   # older records
     assert old.start.startswith("2025-01-01T10:00:00") and old.duration_s is not None   # the id's time -> last write
     assert resolve(str(runs), "latest").run_id == new.run_id
     assert resolve(str(runs), "20250101").run_id == old.run_id
@@ -171,6 +172,100 @@ def test_the_trainers_own_summary_goes_into_summary_json_and_a_bad_one_is_left_o
         rec = record.RunRecord.start("20250103-100000-dddddd", str(run_dir), world=2, backend="ring",
                                      hosts=["h1", "h2"], program="clusterctl.train")
         assert rec.end(0, "all 2 ranks finished").get("trainer") == expected
+
+
+# ---- what a run is (issue 45: `runs` could not tell a dp run from a zero3 one, a fine-tune from training
+# from scratch, nor a serve job from training) -----------------------------------------------------------
+
+SERVICE = {"url": "http://127.0.0.1:8080", "model": "tiny", "model_dir": "/m/tiny", "listen": None,
+           "strategy": "tensor"}
+
+
+@pytest.mark.parametrize("module, args, service, described", [
+    ("clusterctl.train", ["--model", "models/llama", "--data", "d", "--strategy", "dp"], None,
+     {"kind": "fine-tune", "model": "models/llama", "strategy": "dp"}),
+    ("clusterctl.train", ["--model=/abs/qwen3", "--strategy=zero3", "--strategy", "fsdp"], None,
+     {"kind": "fine-tune", "model": "/abs/qwen3", "strategy": "fsdp"}),          # the last one wins, as argparse
+    ("clusterctl.train", ["--steps", "40"], None, {"kind": "train", "model": None, "strategy": "dp"}),
+    ("clusterctl.serve.rank", ['{"name": "tiny"}', "--port", "1"], SERVICE,
+     {"kind": "serve", "model": "tiny", "strategy": "tensor"}),
+    (None, ["--model", "x"], None, {"kind": "program", "model": None, "strategy": None}),     # a script's own flags
+    ("mlx_lm", ["lora", "--model", "x"], None, {"kind": "program", "model": None, "strategy": None}),
+])
+def test_what_a_run_is_comes_from_its_program_and_arguments(module, args, service, described):
+    assert record.describe(module, args, service) == described
+
+
+def test_a_later_adapter_flag_is_one_entry_of_the_trainers_kinds(monkeypatch):
+    """LoRA (not built yet) extends the mapping, nothing else: its flag decides before --model's."""
+    monkeypatch.setattr(record, "TRAINER_KINDS", (("--adapter", "LoRA"), *record.TRAINER_KINDS))
+    assert record.describe("clusterctl.train", ["--model", "m", "--adapter", "lora"])["kind"] == "LoRA"
+    assert record.describe("clusterctl.train", ["--model", "m"])["kind"] == "fine-tune"
+
+
+def test_the_record_says_what_ran_while_it_runs_and_after_and_a_stop_is_no_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    serve_dir, train_dir = runs / "20250104-100000-aaaaaa", runs / "20250104-100001-bbbbbb"
+    for d in (serve_dir, train_dir):
+        d.mkdir(parents=True)
+    served = record.RunRecord.start(serve_dir.name, str(serve_dir), world=2, backend="ring", hosts=["h1", "h2"],
+                                    program="clusterctl.serve.rank", service=SERVICE,
+                                    described=record.describe("clusterctl.serve.rank", [], SERVICE))
+    running = run_info(str(serve_dir))           # no summary yet: run.json says what it is
+    assert (running.status, running.kind, running.model, running.strategy) == ("running", "serve", "tiny", "tensor")
+    served.end(143, "SIGTERM received: stopped every rank", stopped=True)
+    (train_dir / "trainer.json").write_text('{"strategy": "zero3", "balance": {"mode": "off"}}')   # chose: auto
+    trained = record.RunRecord.start(train_dir.name, str(train_dir), world=2, backend="mpi", hosts=["h1", "h2"],
+                                     program="clusterctl.train",
+                                     described=record.describe("clusterctl.train", ["--model", "m", "--strategy", "auto"]))
+    assert trained.end(1, "rank 1 on h2 exited 1")["strategy"] == "zero3"
+    new, old = list_runs(str(runs))
+    assert (old.status, old.outcome, old.exit_code) == ("stopped", "stopped: SIGTERM received: stopped every rank", 143)
+    assert (new.status, new.kind, new.model, new.strategy, new.world) == ("failed", "fine-tune", "m", "zero3", 2)
+    assert old.as_json()["kind"] == "serve" and old.as_json()["strategy"] == "tensor"
+    for d in (serve_dir, train_dir):            # through the index alone, once the directories are gone
+        for name in os.listdir(d):
+            os.unlink(d / name)
+        d.rmdir()
+    gone = {i.run_id: i for i in list_all(str(tmp_path / "elsewhere"))}
+    assert (gone[serve_dir.name].status, gone[serve_dir.name].kind) == ("stopped", "serve")
+    assert (gone[train_dir.name].status, gone[train_dir.name].strategy) == ("failed", "zero3")
+
+
+def test_kill_signals_a_runs_own_process_only_while_that_pid_is_still_it(tmp_path):
+    """`clusterctl kill` stops a run through the process supervising it (which then records it as stopped and
+    never restarts it), but never signals a pid the system has given to another process since."""
+    import subprocess
+    import sys
+
+    from clusterctl.observe.procs import stop_supervisor, supervisor
+
+    run_dir = tmp_path / "20250105-100000-aaaaaa"
+    run_dir.mkdir()
+    # stands in for `clusterctl run`: on SIGTERM it writes its summary, as run does, and ends
+    code = ("import pathlib, signal, sys, time\n"
+            "def stop(*_):\n    pathlib.Path(sys.argv[1], 'summary.json').write_text('{}'); sys.exit(143)\n"
+            "signal.signal(signal.SIGTERM, stop)\nprint('up', flush=True)\ntime.sleep(60)\n")
+    runner = subprocess.Popen([sys.executable, "-c", code, str(run_dir), "clusterctl"], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert runner.stdout.readline() == "up\n"
+        pid_file = run_dir / "clusterctl.pid"
+        pid_file.write_text(f"{other.pid} {record.socket.gethostname()}\n")
+        assert supervisor(str(run_dir)) is None and not stop_supervisor(str(run_dir))   # not clusterctl's
+        pid_file.write_text(f"{runner.pid} {record.socket.gethostname()}\n")
+        os.utime(pid_file, (time.time() - 60, time.time() - 60))        # the run began before this process did
+        assert supervisor(str(run_dir)) is None
+        os.utime(pid_file, None)
+        assert supervisor(str(run_dir)) == runner.pid
+        assert stop_supervisor(str(run_dir), wait_s=20) and runner.wait(20) == 143
+        assert (run_dir / "summary.json").exists() and supervisor(str(run_dir)) is None
+        assert other.poll() is None
+    finally:
+        for proc in (runner, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_index_lines_appended_from_many_threads_stay_whole(tmp_path):

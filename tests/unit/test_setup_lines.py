@@ -15,25 +15,44 @@ def test_setup_mesh_lines_name_a_host_as_the_launch_does(tmp_path):
         "ssh-ed25519 AAAAC3xyz clusterctl-mesh:mac-2"
 
 
-def test_setup_python_requirements_pin_this_machines_versions(tmp_path):
+def test_setup_python_requirements_pin_this_machines_versions(tmp_path, monkeypatch):
     """MLX at this machine's version (the cpu extra on a Linux host), then numpy and PyYAML, or a
-    requirements file's lines with MLX pinned beside them unless the file names it."""
+    requirements file's lines with MLX pinned beside them unless the file names it; and mlx-lm at this
+    machine's version whenever this machine has it (issue 45: a requirements file's bare `mlx-lm` line was
+    installed unpinned, whatever version the index had that day)."""
     import importlib.metadata as md
 
     import pytest
 
     from clusterctl.errors import UsageError
-    from clusterctl.setup.python import requirements
-    mlx, numpy, pyyaml = (md.version(n) for n in ("mlx", "numpy", "PyYAML"))
-    assert requirements("Linux") == [f"mlx[cpu]=={mlx}", f"numpy=={numpy}", f"PyYAML=={pyyaml}"]
+    from clusterctl.setup import python
+    from clusterctl.setup.python import check_extras, requirements
+    mlx, numpy, pyyaml, lm = (md.version(n) for n in ("mlx", "numpy", "PyYAML", "mlx-lm"))
+    assert requirements("Linux") == [f"mlx[cpu]=={mlx}", f"numpy=={numpy}", f"PyYAML=={pyyaml}", f"mlx-lm=={lm}"]
     assert requirements("Darwin")[0] == f"mlx=={mlx}"
     reqs = tmp_path / "requirements.txt"
     reqs.write_text("# what the project needs\nmlx-lm==0.28.0  # the model code\n\ntokenizers\n")
-    assert requirements("Darwin", str(reqs)) == [f"mlx=={mlx}", "mlx-lm==0.28.0", "tokenizers"]
-    reqs.write_text("MLX>=0.30\nnumpy\n")
-    assert requirements("Darwin", str(reqs)) == ["MLX>=0.30", "numpy"]
+    assert requirements("Darwin", str(reqs)) == [f"mlx=={mlx}", "mlx-lm==0.28.0", "tokenizers"]    # its own pin
+    reqs.write_text("MLX>=0.30\nnumpy\nmlx_lm[train]\n")
+    assert requirements("Darwin", str(reqs)) == ["MLX>=0.30", "numpy", f"mlx-lm[train]=={lm}"]
+    reqs.write_text("mlx-lm ; python_version >= '3.10'\n")
+    assert requirements("Darwin", str(reqs)) == [f"mlx=={mlx}", f"mlx-lm=={lm}; python_version >= '3.10'"]
+    reqs.write_text("tokenizers\n")
+    assert requirements("Darwin", str(reqs)) == [f"mlx=={mlx}", "tokenizers", f"mlx-lm=={lm}"]
     with pytest.raises(UsageError, match="--requirements .*missing.txt: No such file"):
         requirements("Darwin", str(tmp_path / "missing.txt"))
+    check_extras(True)          # this machine has mlx-lm: --with lm can be given
+    # a machine without mlx-lm (its installed versions are the function's input): none is added, and asking
+    # for it is one line saying what to do
+    monkeypatch.setattr(python, "version_here", lambda name: None if name == "mlx-lm" else md.version(name))
+    assert requirements("Darwin") == [f"mlx=={mlx}", f"numpy=={numpy}", f"PyYAML=={pyyaml}"]
+    reqs.write_text("mlx-lm\n")
+    assert requirements("Darwin", str(reqs)) == [f"mlx=={mlx}", "mlx-lm"]
+    with pytest.raises(UsageError) as e:
+        check_extras(True)
+    assert str(e.value) == ("--with lm: this machine has no mlx-lm, so there is no version to give every host: "
+                            "install it here first (pip install 'clusterctl[lm]'), then run setup python again")
+    check_extras(False)
 
 
 def test_offline_wheels_are_fetched_for_each_hosts_own_platform_tags():

@@ -1,5 +1,6 @@
 """Run by the probe with the host's python: its version and prefix, whether it is externally managed (PEP 668),
-and whether mlx (with mx.distributed) and mpi4py import, as one JSON line. Any failure is reported in the JSON, never raised."""
+whether mlx (with mx.distributed) and mpi4py import, and mlx-lm's version when it is installed, as one JSON line.
+Any failure is reported in the JSON, never raised."""
 import json
 import os
 import platform
@@ -32,6 +33,11 @@ def info() -> dict:
         d["mpi4py"] = mpi4py.__version__
     except Exception as e:  # noqa: BLE001
         d["mpi4py_error"] = type(e).__name__ + ": " + str(e)
+    try:        # its metadata, not an import: mlx-lm imports transformers, seconds the probe need not spend
+        from importlib.metadata import version
+        d["mlx_lm"] = version("mlx-lm")
+    except ImportError:     # PackageNotFoundError is one: not installed here
+        pass
     return d
 
 
