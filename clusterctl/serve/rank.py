@@ -94,7 +94,24 @@ def admit(body, name: str, names: set[str]) -> tuple[object, dict | None]:
         if body.get(key) is not None:
             return None, _not_found(key, f"this endpoint loads no {key}: it serves only {json.dumps(name)} as it is "
                                          f"(leave out {key})")
+    fetched = next(_fetched_images(body.get("messages")), None)
+    if fetched is not None:
+        return None, {"message": f"this endpoint fetches nothing from the network ({json.dumps(fetched[:80])}): give "
+                                 "the image inline, as a data: URL", "type": "invalid_request_error",
+                      "param": "messages", "code": "url_not_fetched"}
     return {**body, "model": name}, None
+
+
+def _fetched_images(messages):
+    """The http(s) URLs of a chat's image parts, which mlx-lm's server would download on rank 0's host
+    (docs/facts/mlx-lm.md#a-request-loads-whatever-it-names); inline data: URLs are not among them."""
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            url = part.get("image_url", part.get("image")) if isinstance(part, dict) else None
+            url = url.get("url") if isinstance(url, dict) else url
+            if isinstance(url, str) and url.lower().startswith(("http://", "https://")):
+                yield url
 
 
 def _not_found(field: str, message: str) -> dict:
@@ -118,7 +135,7 @@ def admit_requests(server, name: str, names: set[str]) -> None:
             body = None
         admitted, error = admit(body, name, names)
         if error is not None:
-            self._set_completion_headers(404)
+            self._set_completion_headers(404 if error["code"] == "model_not_found" else 400)
             self.end_headers()
             self.wfile.write(json.dumps({"error": error}).encode())
             return

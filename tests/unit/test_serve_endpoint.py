@@ -291,10 +291,12 @@ def test_a_request_for_another_model_adapter_or_draft_model_is_a_404_naming_the_
                ("/v1/completions", {"prompt": "hi", "model": 5}),
                ("/v1/completions", {"prompt": "hi", "adapters": "/tmp/adapters"}),
                ("/v1/chat/completions", {**chat, "model": "tiny", "draft_model": "mlx-community/small"})]
+    fetch = ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/never-fetched.png"}}]}]})
     served = [("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {**chat, "model": "tiny"}),
               ("/v1/completions", {"prompt": "hi", "model": store}), ("/v1/completions", {"prompt": "hi", "model": None})]
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    done = subprocess.run([sys.executable, "-c", ADMIT, store, json.dumps(refused + served + [("/v1/completions", "{x")])],
+    done = subprocess.run([sys.executable, "-c", ADMIT, store, json.dumps(refused + served + [fetch, ("/v1/completions", "{x")])],
                           capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": REPO,
                                                                             "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -313,6 +315,8 @@ def test_a_request_for_another_model_adapter_or_draft_model_is_a_404_naming_the_
         "type": "invalid_request_error", "param": "adapters", "code": "model_not_found"}
     # the others reach mlx-lm naming the served model, which its reply then echoes; no draft, no adapter
     assert out["reached"] == [["tiny", "default_model", None]] * len(served)
+    status, body = answers[-2]                       # an image by URL: refused before mlx-lm would fetch it
+    assert status == 400 and json.loads(body)["error"]["code"] == "url_not_fetched", body
     assert answers[-1][0] == 400                     # not JSON: mlx-lm's own answer
     assert not (tmp_path / ".cache").exists()
 
@@ -330,6 +334,21 @@ def test_what_a_request_may_name_is_the_served_model_and_nothing_else():
         assert admitted is None and '"tiny"' in error["message"] and "\n" not in error["message"]
         assert (error["param"], error["code"], error["type"]) == (field, "model_not_found", "invalid_request_error")
     assert rank.admit([1], "tiny", names) == ([1], None) and rank.admit(None, "tiny", names) == (None, None)
+
+
+def test_an_image_by_url_is_refused_and_an_inline_one_passes():
+    """mlx-lm's server downloads an http(s) image URL on rank 0's host: a request may not make the host fetch."""
+    names = {"tiny"}
+    inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for part in ({"type": "image_url", "image_url": {"url": "http://10.0.0.1/secret"}},
+                 {"type": "input_image", "image_url": "HTTPS://example.com/x.png"},
+                 {"type": "image", "image": "https://example.com/y.png"}):
+        body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, inline, part]}]}
+        admitted, error = rank.admit(body, "tiny", names)
+        assert admitted is None and (error["param"], error["code"]) == ("messages", "url_not_fetched"), part
+        assert "data: URL" in error["message"] and "\n" not in error["message"]
+    body = {"messages": [{"role": "user", "content": [inline]}, {"role": "user", "content": "http://plain.text"}]}
+    assert rank.admit(body, "tiny", names) == ({**body, "model": "tiny"}, None)
 
 
 def test_v1_models_lists_the_served_model_whatever_the_hosts_cache_holds():
