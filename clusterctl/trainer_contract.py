@@ -18,6 +18,8 @@ TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer 
 DATA = "--data"
 MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
 STRATEGY = "--strategy"
+RESUME = "--resume"                    # `latest` under run: the newest run here with a checkpoint (run.py)
+OUT = "--out"
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
 
 
@@ -63,6 +65,23 @@ def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
         elif word.startswith(flag + "="):
             value = word.split("=", 1)[1]
     return value
+
+
+def replace_flag(args: list[str] | tuple[str, ...], flag: str, value: str) -> list[str]:
+    """`args` with every value given to `flag` (`--flag V` or `--flag=V`) replaced by `value`."""
+    out, follows = [], False
+    for word in args:
+        if follows:
+            out.append(value)
+            follows = False
+        elif word == flag:
+            out.append(word)
+            follows = True
+        elif word.startswith(flag + "="):
+            out.append(f"{flag}={value}")
+        else:
+            out.append(word)
+    return out
 
 
 def add_run_flag(args: list[str], flag: str, value: str) -> list[str]:
