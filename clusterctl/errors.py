@@ -224,6 +224,11 @@ class CheckpointError(BadInput):
     """A checkpoint that cannot be found, read, or resumed with these settings."""
 
 
+class DestinationRefused(BadInput):
+    """A directory a command would replace whole that it cannot prove it wrote (no marker of its own), or one
+    that is, or holds, what must survive it: the current directory, the run, the model it was made from."""
+
+
 class WorldSizeMismatch(ClusterctlError):
     """MLX's distributed group does not have the size the launcher started."""
 

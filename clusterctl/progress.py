@@ -20,7 +20,8 @@ MAX_LINE = 64 * 1024       # longer metrics lines are not parsed (a real one is 
 
 class Unreadable(ValueError):
     """A metrics line that is not parsed: the supervisor drops it, with a warning."""
-FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s", "share")
+FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s", "share",
+          "stop_s", "stopped")     # a stop with the work kept: docs/run.md#ctrl-c-and-sigterm
 
 
 def report(**fields: float) -> None:

@@ -41,7 +41,7 @@ from .hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from .inventory import Cluster
 from .launch import backends
 from .launch.attempts import AttemptHooks, Attempts, AttemptSettings, checkpoint_steps, steps_lost
-from .launch.job import Launch
+from .launch.job import Launch, run_dir_of_ranks
 from .launch.plan import LaunchPlan, cached_plan, discover, discover_with_paths, remember_plan
 from .launch.restart import RestartPolicy
 from .launch.site import LaunchSite
@@ -50,9 +50,10 @@ from .launch.supervise import AttemptState, Outcome
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, describe, iso
-from .observe.runs import read_metrics
+from .observe.runs import latest_checkpoint, read_metrics
 from .transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
-from .trainer_contract import (DATA, HOST_MEMORY, MODEL, STRATEGY, TRAINER_MODULE, add_run_flag, flag_value,
+from .trainer_contract import (DATA, HOST_MEMORY, MODEL, OUT, RESUME, STRATEGY, TRAINER_MODULE, add_run_flag, flag_value,
+                               replace_flag,
                                step_dir_name)
 from .transfer.stage import fetch_run_dir, ship_clusterctl, spread_checkpoint, stage_data, stage_project
 
@@ -148,6 +149,7 @@ class RunEvents:
 
     def launching_from(self, host: str, launcher: str) -> None: ...
     def warning(self, text: str) -> None: ...
+    def note(self, text: str) -> None: ...
     def staged(self, what: str, hosts: int, files: int, nbytes: int) -> None: ...
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
@@ -183,6 +185,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     project = os.path.abspath(options.project_dir or os.getcwd())
     if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=DEFAULT_BACKEND)
+    program = _resume_latest(program, cluster, options.runs_dir, events)
     backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
     backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
     if backend.env_on_command_line and cluster.secrets:
@@ -233,6 +236,22 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
                      stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None,
                      stopped=outcome.state is AttemptState.STOPPED)
     return result
+
+
+def _resume_latest(program: Program, cluster: Cluster, runs_dir: str, events: RunEvents) -> Program:
+    """The bundled trainer's `--resume latest` without `--out`: under run every run has a directory of its own, so
+    `latest` is the newest run here (in runs_dir) that holds a checkpoint, as its ranks name its directory
+    (docs/trainer.md#resume); no such run is one line, exit 2."""
+    if program.module != BUNDLED_TRAINER or flag_value(program.args, RESUME) != "latest" or flag_value(program.args, OUT):
+        return program
+    found = latest_checkpoint(runs_dir)
+    if found is None:
+        raise UsageError(f"--resume latest: no run in {runs_dir}/ holds a checkpoint (name one with --resume "
+                         f"{runs_dir}/<id>, or start afresh without --resume)")
+    run_id, step = found
+    there = run_dir_of_ranks(cluster, run_id, os.path.abspath(os.path.join(runs_dir, run_id)))
+    events.note(f"--resume latest: run {run_id}, from its {step} (--resume {there})")
+    return Program(program.script, program.module, tuple(replace_flag(program.args, RESUME, there)))
 
 
 def _attempt_settings(options: RunOptions, program: Program) -> AttemptSettings:

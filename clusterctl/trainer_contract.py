@@ -24,6 +24,8 @@ DEFAULT_STRATEGY = "dp"                # --strategy left out (train/config.py's 
 # decides; none of them, "train" (from scratch). Adapters (LoRA), once the trainer takes them, are one entry
 # before MODEL's: (ADAPTER, "LoRA").
 TRAINER_KINDS = ((MODEL, "fine-tune"),)
+RESUME = "--resume"                    # `latest` under run: the newest run here with a checkpoint (run.py)
+OUT = "--out"
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
 # in a model directory a run made (the trainer's <run>/model, `clusterctl export`): JSON {"run": its run id,
 # "model": the source model's path as the run recorded it, or null for a from-scratch model, "step": N};
@@ -73,6 +75,23 @@ def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
         elif word.startswith(flag + "="):
             value = word.split("=", 1)[1]
     return value
+
+
+def replace_flag(args: list[str] | tuple[str, ...], flag: str, value: str) -> list[str]:
+    """`args` with every value given to `flag` (`--flag V` or `--flag=V`) replaced by `value`."""
+    out, follows = [], False
+    for word in args:
+        if follows:
+            out.append(value)
+            follows = False
+        elif word == flag:
+            out.append(word)
+            follows = True
+        elif word.startswith(flag + "="):
+            out.append(f"{flag}={value}")
+        else:
+            out.append(word)
+    return out
 
 
 def add_run_flag(args: list[str], flag: str, value: str) -> list[str]:

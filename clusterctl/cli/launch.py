@@ -65,6 +65,9 @@ class PrintedRun:
     def warning(self, text):
         click.echo(f"warning: {text}", err=True)
 
+    def note(self, text):
+        click.echo(f"note: {text}", err=True)
+
     def staged(self, what, hosts, files, nbytes):
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
 
@@ -320,6 +323,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     note; write `--` after SCRIPT or MODULE to give every following word to the program instead.
     """
     from ..launch.restart import RestartPolicy
+    from ..launch.supervise import AttemptState
     from ..run import RunOptions, run
     from ..train.prelaunch import check_before_launch
 
@@ -347,6 +351,9 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     if result.exit_code == 0:
         click.echo(f"run {launch.run_id}: {outcome.reason}", err=True)
         return
+    if outcome.state is AttemptState.STOPPED:      # Ctrl-C, SIGTERM: what the user asked for, not a failure
+        click.secho(f"run {launch.run_id} stopped: {outcome.reason}", fg="yellow", err=True)
+        sys.exit(result.exit_code)
     click.secho(f"run {launch.run_id} failed: {outcome.reason}", fg="red", err=True)
     print_tail(launch, outcome)
     sys.exit(result.exit_code)

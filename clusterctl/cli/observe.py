@@ -213,8 +213,12 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
 @click.option("--all", "every_run", is_flag=True, help="Every clusterctl run on the hosts, not one.")
 @hosts_or_here_option
 @runs_dir_option
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="S",
+              help="How long the ranks have to end by themselves (the bundled trainer finishes its step and writes a "
+                   "checkpoint): a run supervised here is stopped through its own process, which asks them, any other "
+                   "run's ranks are each sent SIGTERM; then everything left is killed. 0: ask no rank.")
 @app.connect_timeout_option()
-def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
+def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeout):
     """Stop a run's processes on every host (or --all runs')."""
     from ..errors import UsageError
     from ..observe.procs import kill_runs
@@ -235,7 +239,10 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, connect_timeout):
     if run_id is not None and not RUN_ID.fullmatch(run_id):     # a directory named otherwise: never a pattern
         raise UsageError(f"{run_ref!r} is not a run of clusterctl's (a run id looks like 20250101-120000-abcdef)")
     what = "every clusterctl run" if run_id is None else f"run {run_id}"
-    result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id, run_dirs)
+    result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id, run_dirs, wait_s, runs_dir)
+    if result.asked:
+        click.echo(f"kill: asked {len(result.asked)} rank(s) to stop (SIGTERM): "
+                   + ("they ended by themselves" if result.ended else f"not all ended within {wait_s:g}s"), err=True)
     failed = _print_failures(result.remaining)
     for h in result.remaining:
         for p in h.processes:

@@ -75,15 +75,20 @@ def rank_hosts(cluster: Cluster) -> list[str]:
     return [h.name for h in cluster.hosts for _ in range(h.slots)]
 
 
+def run_dir_of_ranks(cluster: Cluster, run_id: str, run_dir: str) -> str:
+    """A run's directory as its ranks name it: on this machine `run_dir` itself when every rank runs here; on
+    other machines this machine's path means nothing, so runs/<id> in the host's workdir (the bootstrap makes it
+    absolute), where the bundled trainer keeps its checkpoints."""
+    return run_dir if all(h.local for h in cluster.hosts) else ranks_run_dir(run_id)
+
+
 def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: str,
                      extra_env: dict[str, str] | None = None, restart: int | None = None) -> dict[str, str]:
     """What every rank finds in its environment: the plan's (libmpi, the inventory's env), clusterctl's
     own CLUSTERCTL_* variables, unbuffered output, and the caller's extras. A restartable run (`restart`
     not None) adds CLUSTERCTL_RESTART (0 for the first attempt, then 1, 2, ...) and, on a restart,
     CLUSTERCTL_RESUME_DIR: the run directory the earlier attempts wrote their checkpoints into."""
-    # On other machines this machine's path means nothing: there the run directory is runs/<id> in the
-    # host's workdir (the bootstrap makes it absolute), where the bundled trainer keeps its checkpoints.
-    rank_run_dir = run_dir if all(h.local for h in cluster.hosts) else ranks_run_dir(run_id)
+    rank_run_dir = run_dir_of_ranks(cluster, run_id, run_dir)
     env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
            "CLUSTERCTL_RUN_ID": run_id, "PYTHONUNBUFFERED": "1"}
     if restart is not None:

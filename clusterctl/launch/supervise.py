@@ -47,6 +47,7 @@ from .launchers import sweep
 from .plan import LaunchPlan
 from .stacks import collect as collect_stacks
 from .stall import StallPolicy, StallWatch
+from .stop import ask_to_stop, ranks_by_host
 from .world import WorldCheck
 
 FINISH_TIMEOUT_S = 30.0
@@ -135,6 +136,8 @@ class _Rank:
         self.last_seen = time.monotonic()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
+        self.stop_s = 0.0                     # it stops with its work kept within this long when asked (0: it cannot)
+        self.stopped: int | None = None       # asked, it stopped at this step, its checkpoint written (stop.py)
 
     def write(self, line: str) -> None:
         for log in self.logs:
@@ -180,7 +183,7 @@ class _Lines:
         if parsed is None or not 0 <= parsed[0] < len(self.ranks):
             self.launcher_log.write(line + "\n")
             self.launcher_log.flush()
-            if line.strip():
+            if line.strip() and self.stopped_step is None:   # once the ranks stopped on request: expected, only logged
                 self.emit(f"[launcher] {line}", True)
             return None
         rank, kind, payload = parsed
@@ -195,6 +198,8 @@ class _Lines:
                           f"({e}): dropped, as any more will be", True)
             return None
         if metrics is not None:
+            r.stop_s = metrics.get("stop_s", r.stop_s)
+            r.stopped = int(metrics["stopped"]) if "stopped" in metrics else r.stopped
             self.watch.progress(rank, r.last_seen, structured=True)
             if metrics.get("quiet_s"):
                 self.watch.quiet(rank, r.last_seen, metrics["quiet_s"])
@@ -234,11 +239,28 @@ class _Lines:
         # "<code> <1 if the rank left files in its run directory, else 0>"
         r.exit_code = _exit_code(payload)
         r.wrote = payload.partition(" ")[2] == "1"
+        if r.exit_code != 0 and self.stopped_step is not None:    # asked from outside: `clusterctl kill`, a signal
+            return Outcome(r.exit_code, f"the ranks were asked to stop (clusterctl kill, or a signal to a rank) and wrote "
+                           f"a checkpoint at step {self.stopped_step}", state=AttemptState.STOPPED)
         if r.exit_code != 0:
             return Outcome(r.exit_code, f"rank {r.rank} on {r.host} exited {r.exit_code}", failed_rank=r.rank)
         if all(x.exit_code == 0 for x in self.ranks):
             return Outcome(EXIT_OK, f"all {len(self.ranks)} ranks finished")
         return None
+
+    def stop_bound(self) -> float | None:
+        """How long the ranks still running said a stop with their work kept may take (the longest), None when one
+        of them cannot stop so (it never said, or no longer does: docs/run.md#ctrl-c-and-sigterm)."""
+        live = [r for r in self.ranks if r.exit_code is None]
+        if not live or any(not r.started or r.stop_s <= 0 for r in live):
+            return None
+        return max(r.stop_s for r in live)
+
+    @property
+    def stopped_step(self) -> int | None:
+        """The step a stop with the work kept ended at: one rank's word is every rank's, since it comes after the
+        checkpoint's last barrier (train/checkpoint.py save)."""
+        return next((r.stopped for r in self.ranks if r.stopped is not None), None)
 
     def world_verdict(self, force: bool = False) -> Outcome | None:
         world = self.world
@@ -322,13 +344,12 @@ class Supervisor:
         outcome: Outcome | None = None
         try:
             with signals_stop():
-                outcome = self._watch(lines, proc, queued, check)
-        except KeyboardInterrupt:
-            outcome = Outcome(EXIT_INTERRUPTED, "interrupted (Ctrl-C): stopped every rank",
-                              state=AttemptState.STOPPED)
-        except SignalReceived as e:
-            outcome = Outcome(exit_for_signal(e.signum), f"{signal.Signals(e.signum).name} received: stopped every "
-                              "rank", state=AttemptState.STOPPED)
+                try:
+                    outcome = self._watch(lines, proc, queued, check)
+                except (KeyboardInterrupt, SignalReceived) as e:
+                    outcome = self._stop_asked(lines, proc, queued, getattr(e, "signum", signal.SIGINT))
+        except (KeyboardInterrupt, SignalReceived) as e:     # as the handlers were being put back
+            outcome = _stopped_now(getattr(e, "signum", signal.SIGINT), "stopped every rank")
         finally:  # also when the pre-flight failed (ClusterctlError): the job is stopped, then its error raised
             self._stop(proc, outcome)
             lines.close()
@@ -380,6 +401,36 @@ class Supervisor:
             # "No such file" is less useful than "host h2: train.py does not exist there") and what to cache.
             outcome = check.verdict(wait=PREFLIGHT_WAIT_S) or outcome
         return outcome
+
+    def _stop_asked(self, lines: _Lines, proc, queued: queue.Queue, signum: int) -> Outcome:
+        """Ctrl-C, SIGTERM or SIGHUP: ranks that said they can stop with their work kept (the bundled trainer,
+        in a metrics line) are asked to (stop.py) and watched to their end for as long as they said they may
+        need; they finish the step they are in, write a checkpoint and exit. Otherwise, at a second signal, or
+        past that time, every rank is stopped at once (by run()'s finally), as it always was."""
+        within = lines.stop_bound() if self.connector is not None else None
+        if within is None:
+            return _stopped_now(signum, "stopped every rank")
+        what, again = _what_stopped(signum), "Ctrl-C" if signum == signal.SIGINT else "the signal"
+        try:
+            asked = ask_to_stop(self.connector, self.launch.run_id,
+                                signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM,
+                                ranks_of=ranks_by_host(self.launch.rank_hosts))
+            if not asked.ranks:
+                why = "; ".join(f"{h}: {e}" for h, e in asked.errors.items()) or "none was found on its host"
+                return _stopped_now(signum, f"no rank could be asked to write a checkpoint ({why}): stopped every rank")
+            self.emit(f"{what}: every rank finishes its step, writes a checkpoint and stops (up to {within:.0f}s; "
+                      f"{again} again stops at once)", True)
+            why = _watch_stop(lines, proc, queued, time.monotonic() + within, within)
+        except (KeyboardInterrupt, SignalReceived):
+            why = f"{again} again, at once"
+        step = lines.stopped_step
+        if step is not None:
+            return Outcome(exit_for_signal(signum), f"{what}: every rank wrote a checkpoint at step {step} and stopped",
+                           state=AttemptState.STOPPED)
+        if why is None and all(r.exit_code == 0 for r in lines.ranks):
+            return Outcome(EXIT_OK, f"all {len(lines.ranks)} ranks finished")
+        return _stopped_now(signum, f"{why or 'the ranks ended without saying it was written'}: stopped every rank; "
+                                    "the checkpoint was not written")
 
     def _stalled(self, lines: _Lines) -> Outcome | None:
         """No rank has progressed for the stall timeout: every rank's stacks are taken and saved, the odd one
@@ -434,6 +485,45 @@ class Supervisor:
             if leftover and outcome is not None:
                 outcome.reason += (f"; could not confirm that every process of the run is gone on "
                                    f"{', '.join(leftover)} (look for clusterctl-run-{run_id} there)")
+
+
+EXITED_WAIT_S = 10.0      # once a stop's checkpoint is written, how long the ranks have to exit by themselves
+
+
+def _watch_stop(lines: _Lines, proc, queued: queue.Queue, deadline: float, within: float) -> str | None:
+    """The ranks asked to stop, watched (their lines shown and logged as ever) until each has exited, or the
+    launcher has with its output read; None then, else why not: the time ran out, or a rank failed before the
+    checkpoint was written (the others would wait for it in a collective)."""
+    written_at = None
+    while True:
+        now = time.monotonic()
+        if lines.stopped_step is not None:
+            written_at = written_at or now
+            if now - written_at > EXITED_WAIT_S:
+                return None                 # written: what has not exited yet is stopped as usual
+        elif now > deadline:
+            return f"the ranks did not stop within {within:.0f}s"
+        try:
+            _, line = queued.get(timeout=0.2)
+        except queue.Empty:
+            line = None
+        if line is not None:
+            lines.handle(line)
+        if all(r.exit_code is not None for r in lines.ranks):
+            return None
+        if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
+            return None
+        failed = next((r for r in lines.ranks if r.exit_code not in (None, 0) and r.stopped is None), None)
+        if failed is not None and lines.stopped_step is None:
+            return f"rank {failed.rank} on {failed.host} exited {failed.exit_code} before it was written"
+
+
+def _what_stopped(signum: int) -> str:
+    return "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"{signal.Signals(signum).name} received"
+
+
+def _stopped_now(signum: int, how: str) -> Outcome:
+    return Outcome(exit_for_signal(signum), f"{_what_stopped(signum)}: {how}", state=AttemptState.STOPPED)
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """The processes of clusterctl runs on every host, and stopping them.
 
     found = list_processes(connector)            # host -> RunProcess rows (or the error reaching it)
-    killed = kill_runs(connector, run_id, [run_dir])   # None: every clusterctl run; the sweep `run` itself uses
+    killed = kill_runs(connector, run_id, [run_dir])   # None: every clusterctl run; its own process first
 
 Every process `run` starts for a rank carries `clusterctl-run-<id>` on its command line (launch/job.py):
 the rank's python (kind "rank"), the shells that wrap it ("shell"), the ssh that reaches its host from the
@@ -20,16 +20,18 @@ import os
 import re
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..hosts.transport import LocalTransport
 from ..launch.launchers import sweep
+from ..launch.stop import ask_to_stop
 from .record import PID_FILE, SUMMARY
-from .runs import run_pid
+from .runs import rank_placement, run_pid
 
 STOP_WAIT_S = 30.0    # a stopped run's own cleanup: every rank stopped, the sweep on every host, the record
 PS_COMMAND = "ps -A -o pid= -o ppid= -o etime= -o pcpu= -o rss= -o args="
 PS_TIMEOUT_S = 20.0
+KILL_WAIT_S = 60.0        # how long a run's ranks have, once asked, to end by themselves (the trainer checkpoints)
 TOKEN = re.compile(r"clusterctl-run-(\d{8}-\d{6}-[0-9a-f]{6})")
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+((?:\d+-)?(?:\d+:)?\d+:\d+)\s+(\d+(?:[.,]\d+)?)\s+(\d+)(?:\s(.*))?$")
 _MLX_RANK = re.compile(r"\bMLX_RANK=['\"]?(\d+)")
@@ -152,6 +154,8 @@ def list_processes(connector, run_id: str | None = None) -> list[HostProcesses]:
 class KillResult:
     unconfirmed: list[str]            # hosts the sweep could not reach, or where something would not die
     remaining: list[HostProcesses]    # what ps finds afterwards (run_id's, or every run's)
+    asked: list[int] = field(default_factory=list)       # the ranks asked to stop first (SIGTERM), all runs together
+    ended: bool = True                # and they all ended by themselves within the wait
 
     @property
     def left(self) -> int:
@@ -198,11 +202,24 @@ def stop_supervisor(run_dir: str, wait_s: float = STOP_WAIT_S) -> bool:
     return True
 
 
-def kill_runs(connector, run_id: str | None, run_dirs: list[str] = ()) -> KillResult:
-    """Stop a run's processes (None: every clusterctl run's) on every host as `run`'s own cleanup does
-    (SIGTERM, then SIGKILL, waiting for them to go), then look again. `run_dirs`: the runs whose supervising
-    process may be on this machine, stopped through it first (stop_supervisor)."""
-    for run_dir in run_dirs:
-        stop_supervisor(run_dir)
+def kill_runs(connector, run_id: str | None, run_dirs: list[str] = (), wait_s: float = KILL_WAIT_S,
+              runs_dir: str = "runs") -> KillResult:
+    """Stop a run's processes (None: every clusterctl run's) on every host, then look again. `run_dirs`: the runs
+    whose supervising process may be on this machine, stopped through it first (stop_supervisor, given `wait_s`
+    more: it asks its ranks to stop with their work kept itself, docs/run.md#ctrl-c-and-sigterm). The ranks of
+    every other run are each sent SIGTERM and given `wait_s` to end (the bundled trainer finishes its step and
+    writes a checkpoint: launch/stop.py); a run recorded in `runs_dir` has each host ask only the ranks placed
+    on it (hosts sharing a disk see each other's pid files). Then whatever is left is stopped as `run`'s own
+    cleanup does (SIGTERM, then SIGKILL, waiting for them to go)."""
+    through = {os.path.basename(os.path.normpath(d)) for d in run_dirs if stop_supervisor(d, STOP_WAIT_S + wait_s)}
+    asked, ended = [], True
+    if wait_s > 0:
+        runs = [run_id] if run_id else sorted({p.run_id for h in list_processes(connector) for p in h.processes})
+        runs = [rid for rid in runs if rid not in through]
+        for rid in runs:                              # every run's ranks asked at once ...
+            asked += ask_to_stop(connector, rid, signal.SIGTERM, ranks_of=rank_placement(runs_dir, rid)).ranks
+        deadline = time.monotonic() + wait_s
+        for rid in runs:                              # ... then waited for, within the one wait
+            ended = not ask_to_stop(connector, rid, None, wait_s=max(deadline - time.monotonic(), 0)).left and ended
     unconfirmed = sweep(connector, run_id)
-    return KillResult(unconfirmed, list_processes(connector, run_id))
+    return KillResult(unconfirmed, list_processes(connector, run_id), sorted(asked), ended)

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from ..errors import UsageError
+from ..launch.stop import ranks_by_host
+from ..trainer_contract import STEP_GLOB, checkpoint_step
 from .record import FACTS, LOG_TIMES, PID_FILE, SUMMARY, index_path, iso
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
@@ -216,6 +218,29 @@ def _run_dirs(runs_dir: str) -> list[str]:
 def list_runs(runs_dir: str) -> list[RunInfo]:
     """The runs in `runs_dir`, newest first."""
     return sorted((run_info(d) for d in _run_dirs(runs_dir)), key=lambda r: r.run_id, reverse=True)
+
+
+def rank_placement(runs_dir: str, run_id: str) -> dict[str, list[int]] | None:
+    """host -> the ranks the run's latest launch placed there, from its launch.json here (None: not here)."""
+    launch = _read_json(os.path.join(runs_dir, run_id, "launch.json")) or {}
+    hosts = launch.get("rank_hosts")
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        return None
+    return ranks_by_host(hosts)
+
+
+def latest_checkpoint(runs_dir: str) -> tuple[str, str] | None:
+    """(run id, its newest complete checkpoint's directory name) of the newest run in `runs_dir` that holds one
+    (what `run` fetched home; a step directory with its state.json), None when no run does."""
+    import glob
+
+    for run_dir in sorted(_run_dirs(runs_dir), reverse=True):
+        steps = [(step, os.path.basename(os.path.dirname(p)))
+                 for p in glob.glob(os.path.join(glob.escape(run_dir), "checkpoints", STEP_GLOB, "state.json"))
+                 if (step := checkpoint_step(os.path.basename(os.path.dirname(p)))) is not None]
+        if steps:
+            return os.path.basename(run_dir), max(steps)[1]
+    return None
 
 
 def read_index(path: str | None = None) -> dict[str, dict]:

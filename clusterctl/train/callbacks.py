@@ -11,17 +11,22 @@ and the checkpoints):
     with paused():                  every step; time spent inside is not training time
         on_quiet(N, what)           before an evaluation or a checkpoint: a phase without steps begins
         on_eval(N, val_loss)        every --eval-every steps and at the last
-        on_checkpoint(N)            every --ckpt-every steps and at the last
+        on_checkpoint(N)            every --ckpt-every steps, every --ckpt-minutes, at the last, and on a stop
+    on_stoppable(N, seconds)        after the first step, and whenever the time a stop may take grew by a tenth
+                                    (stopping.py); 0 when the loop ends: the offer is withdrawn
+    on_stopped(N, signum)           a stop asked for by SIGINT / SIGTERM: the checkpoint of step N is written
+                                    on every rank; fit raises stopping.Stopped next
 
 Every rank gets every call at the same steps, so a hook may be a collective (a report's peak memory and a
 checkpoint are). The trainer's listeners are `Reporting` (metrics.Reporter: rank 0's lines and
-metrics.jsonl), `Checkpointing` (checkpoint.save) and, under `clusterctl run`, `Progress` (every rank's steps
-and quiet phases for the stall watchdog), joined by `Callbacks`.
+metrics.jsonl), `Checkpointing` (checkpoint.save), `Stoppable` (the stop's lines) and, under `clusterctl run`,
+`Progress` (every rank's steps and quiet phases for the stall watchdog), joined by `Callbacks`.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from contextlib import ExitStack, contextmanager
 
@@ -59,6 +64,12 @@ class Callback:
     def on_quiet(self, step: int, what: str) -> None:
         pass
 
+    def on_stoppable(self, step: int, within_s: float) -> None:
+        pass
+
+    def on_stopped(self, step: int, signum: int) -> None:
+        pass
+
     @contextmanager
     def paused(self):
         yield
@@ -90,6 +101,12 @@ class Callbacks(Callback):
 
     def on_quiet(self, step, what):
         self._each("on_quiet", step, what)
+
+    def on_stoppable(self, step, within_s):
+        self._each("on_stoppable", step, within_s)
+
+    def on_stopped(self, step, signum):
+        self._each("on_stopped", step, signum)
 
     @contextmanager
     def paused(self):
@@ -151,6 +168,27 @@ class Checkpointing(Callback):
         path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
         if group.rank() == 0:
             print(f"step {step} | checkpoint {path}", flush=True)
+
+
+class Stoppable(Callback):
+    """A stop with the work kept (stopping.py), told: under `clusterctl run` every rank says in a metrics line
+    that it stops so (`stop_s`: the seconds it may need; 0: no longer) and that it did (`stopped`: the step whose
+    checkpoint every rank has written), which is how run knows to ask and how long to wait
+    (docs/run.md#ctrl-c-and-sigterm); rank 0 also tells the user."""
+
+    def __init__(self, group, total_steps: int):
+        self.main, self.total_steps = group.rank() == 0, total_steps
+
+    def on_stoppable(self, step, within_s):
+        if under_run():
+            report(stop_s=round(within_s, 1))
+
+    def on_stopped(self, step, signum):
+        if self.main:
+            print(f"stopped at step {step}/{self.total_steps} by {signal.Signals(signum).name}, its checkpoint written: "
+                  "--resume continues from it", flush=True)
+        if under_run():
+            report(stopped=step)
 
 
 class TrainerSummary(Callback):

@@ -91,6 +91,9 @@ class TrainConfig:
     eval_batches: int = _opt(4, "Batches per rank for each held-out loss.", metavar="N")
     report_every: int = _opt(10, "Rank 0 prints and logs a metrics line every N steps.", metavar="N")
     ckpt_every: int = _opt(200, "Checkpoint every N steps (0: only at the end).", metavar="N")
+    ckpt_minutes: float = _opt(10.0, "Also checkpoint once this many minutes have passed since the last checkpoint "
+                                     "(every rank at the same step; 0: only by steps). Ctrl-C / SIGTERM always "
+                                     "checkpoints before stopping.", metavar="M")
     keep: int = _opt(3, "Checkpoints to keep (0: keep all).", metavar="N")
     out: str | None = _opt(None, "Run directory for metrics.jsonl and checkpoints/ (default: "
                                  "$CLUSTERCTL_RUN_DIR, else ./runs/train-<timestamp>).", metavar="DIR")
@@ -120,6 +123,8 @@ class TrainConfig:
             raise ConfigError("need 0 <= --min-lr <= --lr and --lr > 0")
         if self.max_norm < 0:
             raise ConfigError("--max-norm must not be negative")
+        if not self.ckpt_minutes >= 0:
+            raise ConfigError("--ckpt-minutes must not be negative")
         from .balance import parse_balance
         parse_balance(self.balance)
         if self.strategy in ("zero3", "auto") and self.balance not in ("auto", "off"):

@@ -8,7 +8,10 @@ dtype (they were trained in float32). A model the bundled trainer trained from s
 `llama` layout: its parameters renamed, a config.json written, and its tokenizer as a tokenizer.json (the byte
 tokenizer as a byte-level BPE with no merges: ids 0-255 are the bytes, 256 the end of text).
 
-The directory appears whole or not at all: it is written beside `dest` and renamed into place.
+The directory appears whole or not at all: it is written beside `dest` and renamed into place. It replaces only
+what an earlier export wrote: every export leaves MARKER in its directory (the run, the source model, the step:
+`clusterctl serve` names a fine-tune by it), and anything else in the way is refused in one line, as are the
+current directory, the run, the source model and any directory holding one of them (docs/security.md#what-export-may-replace).
 """
 from __future__ import annotations
 
@@ -21,12 +24,14 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..atomic import write_text
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DestinationRefused
+from ..trainer_contract import EXPORT_MARKER
 from . import checkpoint
 
 MAX_FILE_BYTES = 5 * 2**30          # mlx-lm's own shard size
 EOS_TEXT = "<|endoftext|>"
 WEIGHT_FILES = ("model*.safetensors", "model.safetensors.index.json")
+MARKER = EXPORT_MARKER      # in every directory export writes: the proof that a later export may replace it
 
 _BLOCK_NAMES = {"attention_norm": "input_layernorm", "attention.wq": "self_attn.q_proj",
                 "attention.wk": "self_attn.k_proj", "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
@@ -151,29 +156,91 @@ def write_weights(weights: dict[str, mx.array], dest: Path, dtype=None) -> list[
     return names
 
 
+def export_record(ckpt: Path, state: dict) -> dict:
+    """What MARKER holds: the run (its directory's name, the run id under `clusterctl run`; None for a step
+    directory outside a run), the source model as the run recorded its --model (None: trained from scratch)
+    and the checkpoint's step."""
+    run = ckpt.parent.parent.name if ckpt.parent.name == "checkpoints" else None
+    return {"run": run, "model": state["config"].get("model") or None, "step": state["step"]}
+
+
+def read_marker(directory: Path) -> dict | None:
+    """An earlier export's MARKER in `directory` (None: none, or not one export writes)."""
+    try:
+        record = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "run" in record else None
+
+
+def _is_or_holds(dest: str, path: str) -> bool:
+    """Whether directory `dest` is `path` or one of its ancestors, as written and with links resolved; compared
+    by device and inode, so a case-insensitive file system (a Mac's) or another spelling cannot hide it."""
+    try:
+        target = os.stat(dest)
+    except OSError:
+        return False                 # not there: it holds nothing
+    for start in {os.path.abspath(path), os.path.realpath(path)}:
+        p = start
+        while True:
+            try:
+                s = os.stat(p)
+                if (s.st_dev, s.st_ino) == (target.st_dev, target.st_ino):
+                    return True
+            except OSError:
+                pass
+            if os.path.dirname(p) == p:
+                break
+            p = os.path.dirname(p)
+    return False
+
+
+def check_destination(dest: str, keep: dict[str, str]) -> None:
+    """Refuse, in one line, a `dest` export may not replace: a symbolic link or something not a directory; one of
+    `keep` (description -> a path that must survive) or a directory holding it; a directory holding anything
+    without an earlier export's MARKER. Nothing is touched."""
+    fix = "export replaces the whole directory it writes: give a new one (or an earlier export's)"
+    if os.path.islink(dest):
+        raise DestinationRefused(f"{dest} is a symbolic link: {fix}")
+    for what, path in keep.items():
+        if _is_or_holds(dest, path):
+            same = os.path.exists(path) and os.path.samefile(dest, path)
+            raise DestinationRefused(f"{dest} {'is' if same else 'holds'} {what} ({path}): {fix}")
+    if not os.path.exists(dest):
+        return
+    if not os.path.isdir(dest):
+        raise DestinationRefused(f"{dest} exists and is not a directory: {fix}")
+    if any(os.scandir(dest)) and read_marker(Path(dest)) is None:
+        raise DestinationRefused(f"{dest} holds files no export wrote (it has no {MARKER}): {fix}")
+
+
 def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> Path:
     """Write the checkpoint (a step directory, a run directory or its checkpoints/) to `dest` as an mlx-lm model
-    directory, replacing what is there. `search`: where a fine-tuned run's relative --model path may be."""
+    directory, replacing an earlier export there (check_destination). `search`: where a fine-tuned run's
+    relative --model path may be."""
     ckpt = checkpoint.resolve(checkpoint_dir, None)
     state = checkpoint.read_state(ckpt)
-    final = Path(dest)
-    if final.exists() and (not final.is_dir() or (any(final.iterdir()) and not (final / "config.json").is_file())):
-        raise CheckpointError(f"{final} exists and is not a model directory: export replaces the whole directory, so "
-                              "give a new one (or an earlier export's)")
+    model_dir = state["config"].get("model")
+    src = source_dir(model_dir, search or [os.getcwd()]) if model_dir else None
+    keep = {"the current directory": os.getcwd(),
+            "the run": str(ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt)}
+    if src:
+        keep["the model the run fine-tuned"] = src
+    check_destination(dest, keep)
+    final = Path(os.path.abspath(dest))
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         params = full_parameters(ckpt)
-        model_dir = state["config"].get("model")
-        if model_dir:
+        if src:
             from .lm import weights_dtype
 
-            src = source_dir(model_dir, search or [os.getcwd()])
             for item in sorted(os.listdir(src)):
                 path = os.path.join(src, item)
-                if os.path.isfile(path) and not any(fnmatch.fnmatch(item, p) for p in WEIGHT_FILES):
+                if (os.path.isfile(path) and item != MARKER
+                        and not any(fnmatch.fnmatch(item, p) for p in WEIGHT_FILES)):
                     shutil.copyfile(path, tmp / item)
             write_weights(params, tmp, getattr(mx, weights_dtype(src)))
         else:
@@ -182,6 +249,7 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> P
             config["torch_dtype"] = str(next(iter(params.values())).dtype).removeprefix("mlx.core.")
             write_text(str(tmp / "config.json"), json.dumps(config, indent=1))
             write_weights({llama_name(k): v for k, v in params.items()}, tmp)
+        write_text(str(tmp / MARKER), json.dumps(export_record(ckpt, state), indent=1) + "\n")
         if final.exists():
             old = final.parent / f".{final.name}.old-{os.getpid()}"
             os.replace(final, old)
@@ -191,4 +259,4 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> P
             os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return Path(dest)

@@ -9,6 +9,8 @@ docs/facts/launchers.md#mlx-launch-does-not-prepend-python):
     mpirun -np 2 python -m clusterctl.train --strategy fsdp                   # 2 ranks, MPI
     clusterctl run --hosts inventory.yaml -- --data shards/ --steps 2000      # a cluster (see docs/run.md)
 
+Ctrl-C (SIGINT) or SIGTERM stops every rank after the step it is in, with a checkpoint (exit 130 / 143; a second
+one stops at once), and a checkpoint is also written every --ckpt-minutes of training (stopping.py).
 Resume after a crash or kill with `--resume latest --out DIR` (or `--resume DIR`); the continued run's loss
 at each step equals what the uninterrupted run's would have been: the data position is the step (batches
 are a pure function of seed, rank and step), and the checkpoint holds the parameters, the AdamW state and
@@ -35,12 +37,13 @@ from ..errors import EXIT_INTERRUPTED, ClusterctlError
 from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import checkpoint, collectives, memory, presets
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
-from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, TrainerSummary, announce_quiet,
-                        watched)
+from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
+                        announce_quiet, watched)
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
 from .model import ModelArgs, Transformer, count_parameters, loss_fn
 from .step import cast_model, make_optimizer, make_step
+from .stopping import Stopped, Stopping, ignore_stop_signals
 from .zero3 import ShardedModel, make_zero3_step
 
 if TYPE_CHECKING:
@@ -304,7 +307,9 @@ class TrainData:
 
 def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callback | None = None) -> None:
     """Train optimizer steps data.start + 1 .. config.steps. Every rank calls this with the same config; the
-    callbacks hear of every step, report, held-out loss and checkpoint (see callbacks.py for when)."""
+    callbacks hear of every step, report, held-out loss and checkpoint (see callbacks.py for when). A first
+    SIGINT or SIGTERM stops every rank after the step it is in, with a checkpoint: Stopped is raised
+    (stopping.py)."""
     callbacks = Callback() if callbacks is None else callbacks
     mx.eval(model.parameters(), optimizer.state)
     group, rank = data.group, data.group.rank()
@@ -319,35 +324,48 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
         callbacks.on_shares(data.start, balanced.info())
     else:
         step_fn = make_step(model, optimizer, config, group)
-    for step in range(data.start, config.steps):
-        if balanced is not None:
-            loss, grad_norm = balanced(step)
-        else:
-            x, y = micro_batches(data.train, step, config.accum)
-            loss, grad_norm = step_fn(x, y)
-        mx.eval(loss, grad_norm, model.state, optimizer.state)
-        done = step + 1
-        last = done == config.steps
-        if drift == (rank, done) and not sharded:
-            perturb(model)
-        if balanced is not None and balanced.exchanged == done:
-            callbacks.on_shares(done, balanced.info())
-        callbacks.on_step(done, loss, grad_norm)
-        if done % config.report_every == 0 or last or step == data.start:   # the first step shows the start
-            callbacks.on_report(done, optimizer.learning_rate.item())
-        if config.check_sync and not sharded and (done % config.check_sync == 0 or last):   # before a checkpoint keeps a drift
-            try:
-                check_sync(model, group, done)
-            except OutOfSync as e:
-                callbacks.on_out_of_sync(done, e.ranks, str(e))
-                raise
-        with callbacks.paused():
-            if (config.eval_every and done % config.eval_every == 0) or last:
-                callbacks.on_quiet(done, "evaluation")
-                callbacks.on_eval(done, evaluate(model, data.val, config.eval_batches, data.group))
-            if (config.ckpt_every and done % config.ckpt_every == 0) or last:
-                callbacks.on_quiet(done, "checkpoint")
-                callbacks.on_checkpoint(done)
+    stopping = Stopping(config.ckpt_minutes * 60, group)
+    with stopping.request:                   # SIGINT / SIGTERM: finish the step, checkpoint, stop (stopping.py)
+        for step in range(data.start, config.steps):
+            stopping.step_begins()
+            if balanced is not None:
+                loss, grad_norm = balanced(step)
+            else:
+                x, y = micro_batches(data.train, step, config.accum)
+                loss, grad_norm = step_fn(x, y)
+            mx.eval(loss, grad_norm, model.state, optimizer.state)
+            done = step + 1
+            last = done == config.steps
+            if drift == (rank, done) and not sharded:
+                perturb(model)
+            if balanced is not None and balanced.exchanged == done:
+                callbacks.on_shares(done, balanced.info())
+            callbacks.on_step(done, loss, grad_norm)
+            stop, due = stopping.poll()      # every rank the same answer: one all_max
+            if (within := stopping.offer()) is not None:
+                callbacks.on_stoppable(done, within)
+            if done % config.report_every == 0 or last or step == data.start or stop:   # the first step shows the start
+                callbacks.on_report(done, optimizer.learning_rate.item())
+            # before a checkpoint keeps a drift
+            if config.check_sync and not sharded and (done % config.check_sync == 0 or last):
+                try:
+                    check_sync(model, group, done)
+                except OutOfSync as e:
+                    callbacks.on_out_of_sync(done, e.ranks, str(e))
+                    raise
+            with callbacks.paused():
+                if (config.eval_every and done % config.eval_every == 0 and not stop) or last:
+                    callbacks.on_quiet(done, "evaluation")
+                    callbacks.on_eval(done, evaluate(model, data.val, config.eval_batches, data.group))
+                if (config.ckpt_every and done % config.ckpt_every == 0) or last or due or stop:
+                    started = time.monotonic()
+                    callbacks.on_quiet(done, "checkpoint")
+                    callbacks.on_checkpoint(done)
+                    stopping.checkpointed(started)
+            if stop and not last:
+                callbacks.on_stopped(done, stop)
+                raise Stopped(stop, done)
+        callbacks.on_stoppable(config.steps, 0)     # what follows the loop (an export) is not stopped so
 
 
 def _own_shard(data: TrainData):
@@ -484,7 +502,7 @@ def run_fit(model, optimizer, data: TrainData, config: TrainConfig, out_dir: str
     tokens_per_step = config.batch_size * config.block_size * config.accum * world
     listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, data.start), config.steps),
                  Checkpointing(out_dir, model, optimizer, config, group, *tokenizer),
-                 TrainerSummary(out_dir, group, config)]
+                 TrainerSummary(out_dir, group, config), Stoppable(group, config.steps)]
     if watched():
         listeners.append(Progress(config.steps))
     if group.rank() == 0:
@@ -500,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         train(argv)
     except ClusterctlError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Stopped as e:           # rank 0 has said so (callbacks.Stoppable)
+        ignore_stop_signals()
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)

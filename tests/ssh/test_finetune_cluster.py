@@ -4,7 +4,10 @@ with the code, 30 steps lower the loss, and the model directory the run writes c
 (runs/<id>/model) and generates in mlx-lm. Inputs the ranks would refuse are refused on the controller first, and a
 --model outside the project that some hosts lack by the pre-flight, before anything is copied."""
 import json
+import re
 import shutil
+import signal
+import time
 from functools import partial
 
 import clirun
@@ -14,6 +17,7 @@ pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
 from sshcluster import requires_private_roots  # noqa: E402
+from test_run import assert_nothing_left, wait_for_lines  # noqa: E402
 
 pytestmark = pytest.mark.ssh
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
@@ -101,3 +105,57 @@ def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_clus
         assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()
         assert cluster.ssh(1, f"ls {cluster.workdir}/data").returncode != 0        # nothing was copied
         cluster.ssh(1, f"mkdir -p {here} && cp -R {made['llama']}/. {here}/")      # h1 has it now; h2 still not
+
+
+def test_ctrl_c_keeps_the_work_export_and_resume_latest_take_it_up_and_kill_keeps_it_too(make_cluster, made, tmp_path):
+    """Issue 45: a fine-tune far from its last step is stopped with Ctrl-C (ring, launched here) after a checkpoint
+    the clock asked for (--ckpt-minutes 0.05: every 3 s, at a step both ranks agreed on) and a few steps more:
+    exit 130 within 60 s, the stop's own checkpoint here, `export latest` writes it as a model mlx-lm loads;
+    `--resume latest` (mpi, launched from the first host) continues from that very step, and `clusterctl kill` of
+    that run keeps a checkpoint as well. Nothing of either run is left on the hosts."""
+    from mlx_lm import generate, load
+
+    cluster = make_cluster(2)
+    project(tmp_path, made, "llama", "chat")
+    inventory = str(cluster.inventory)
+    args = ["--model", "models/llama", "--data", "data/chat", *STEPS[2:-6], "--steps", "100000", "--report-every", "1",
+            "--eval-every", "0", "--ckpt-every", "0"]
+    step_line = re.compile(r"^\[rank 0 h1\] step +(\d+)/100000 \|")
+
+    proc = clirun.start("run", "--hosts", inventory, "--backend", "ring", "--plain", "--", *args, "--ckpt-minutes", "0.05",
+                        cwd=tmp_path, own_cache=True)
+    seen = wait_for_lines(proc, lambda line: "| checkpoint " in line, 1, limit=240)
+    seen += wait_for_lines(proc, lambda line: bool(step_line.match(line)), 3)
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out = "".join(seen) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130 and time.monotonic() - asked < 60, out[-3000:]
+    stop = int(re.search(r"stopped: interrupted \(Ctrl-C\): every rank wrote a checkpoint at step (\d+) and stopped",
+                         out).group(1))
+    run_id = TOKEN.search(out).group(1)
+    kept = sorted(p.name for p in (tmp_path / "runs" / run_id / "checkpoints").glob("step-*"))
+    assert len(kept) >= 2 and kept[-1] == f"step-{stop:06d}", kept     # the clock's, then the stop's, brought home
+    assert_nothing_left(cluster, run_id)
+
+    r = clirun.clusterctl("export", "latest", cwd=tmp_path, own_cache=True)
+    assert r.returncode == 0, r.stderr
+    model_dir = tmp_path / "runs" / run_id / "model"
+    assert json.loads((model_dir / ".clusterctl-export.json").read_text()) == {"run": run_id, "model": "models/llama",
+                                                                               "step": stop}
+    loaded, tokenizer = load(str(model_dir))
+    assert tokenizer.encode(generate(loaded, tokenizer, "Tom found", max_tokens=4))
+
+    proc = clirun.start("run", "--hosts", inventory, "--backend", "mpi", "--launch-from", "first-host", "--plain", "--",
+                        *args, "--resume", "latest", cwd=tmp_path, own_cache=True)
+    seen = wait_for_lines(proc, lambda line: bool(step_line.match(line)), 3, limit=240)
+    text = "".join(seen)
+    assert f"note: --resume latest: run {run_id}, from its step-{stop:06d}" in text, text
+    assert [int(step_line.match(line).group(1)) for line in seen if step_line.match(line)][0] == stop + 1
+    resumed = next(m.group(1) for m in TOKEN.finditer(text) if m.group(1) != run_id)
+    r = clirun.clusterctl("kill", resumed, "--hosts", inventory, cwd=tmp_path, own_cache=True)    # through its run
+    assert r.returncode == 0 and f"kill: run {resumed}: no process left on 2 host(s)" in r.stderr, r.stderr
+    out = text + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out[-3000:]
+    later = int(re.search(r"stopped: SIGTERM received: every rank wrote a checkpoint at step (\d+) and stopped", out).group(1))
+    assert later > stop and (tmp_path / "runs" / resumed / "checkpoints" / f"step-{later:06d}" / "state.json").is_file()
+    assert_nothing_left(cluster, resumed)

@@ -145,6 +145,40 @@ def test_export_writes_a_fine_tuned_run_again_and_generate_points_to_mlx_lm(inpu
     assert again == first          # the same bytes as the export at the end of the run
 
 
+def test_export_replaces_only_an_earlier_export_never_the_source_the_run_or_the_current_directory(
+        inputs, one_rank_accum_2, tmp_path):
+    from clirun import clusterctl
+
+    source, run_dir = inputs["llama"], one_rank_accum_2
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "config.json").write_text("{}")
+    (victim / "important.py").write_text("code")
+    kept = {d: {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} for d in (source, run_dir, work, victim)}
+    refused = "export replaces the whole directory it writes: give a new one (or an earlier export's)"
+    for dest, says in [(victim, f"{victim} holds files no export wrote (it has no .clusterctl-export.json)"),
+                       (source, f"{source} is the model the run fine-tuned ({source})"),
+                       (source.parent, f"{source.parent} holds the model the run fine-tuned ({source})"),
+                       (run_dir, f"{run_dir} is the run ({run_dir})"),
+                       (".", f". is the current directory ({work})"),
+                       ("..", f".. holds the current directory ({work})")]:
+        r = clusterctl("export", str(run_dir), "-o", str(dest), cwd=work)
+        assert r.returncode == 2 and r.stderr.splitlines() == [f"error: {says}: {refused}"], (dest, r.stderr)
+    assert {d: {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} for d in kept} == kept    # nothing touched
+    marker = {"run": "run", "model": str(source), "step": 10}
+    assert json.loads((run_dir / "model" / ".clusterctl-export.json").read_text()) == marker    # the trainer's own
+    r = clusterctl("export", str(run_dir), "-o", "mine", cwd=work)
+    assert r.returncode == 0, r.stderr
+    (work / "mine" / "stale").write_text("from before")
+    r = clusterctl("export", str(run_dir), "-o", "mine", cwd=work)      # over an earlier export: replaced whole
+    assert r.returncode == 0, r.stderr
+    assert json.loads((work / "mine" / ".clusterctl-export.json").read_text()) == marker
+    assert not (work / "mine" / "stale").exists() and (work / "notes.txt").read_text() == "mine"
+
+
 def test_bfloat16_weights_keep_float32_moments_and_resume_exactly(inputs, tmp_path):
     whole, part, f32 = tmp_path / "whole", tmp_path / "part", tmp_path / "f32"
     args = ["--precision", "bfloat16", "--ckpt-every", "3"]

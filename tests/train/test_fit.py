@@ -1,6 +1,9 @@
 """trainer.fit called directly, in one process: what its callbacks hear and when, that it learns, and that
 a fit resumed from the default Checkpointing callback's checkpoint continues the same curve."""
 import math
+import os
+import signal
+import time
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -12,6 +15,7 @@ from clusterctl.train.callbacks import Callback, Callbacks, Checkpointing
 from clusterctl.train.config import TrainConfig
 from clusterctl.train.model import ModelArgs, Transformer
 from clusterctl.train.step import lr_schedule, make_optimizer
+from clusterctl.train.stopping import STOP_FLOOR_S, Stopped
 from clusterctl.train.trainer import TrainData, fit, open_data, rank_seed, restore
 
 SMALL = dict(n_layers=2, dim=32, n_heads=2, mlp_dim=64, block_size=32, batch_size=8, lr=3e-3, warmup=5,
@@ -138,3 +142,74 @@ def test_every_strategy_trains_the_same_curve_on_one_rank():
     assert curves["fsdp"] == pytest.approx(curves["dp"], rel=1e-5)
     assert curves["zero3"] == pytest.approx(curves["dp"], rel=1e-5)
     assert curves["dp"][-1] < curves["dp"][0]
+
+
+class Stopper(Recorder):
+    """A Recorder that, at one step, does what a user or `run` does to the process (signals); it also records the
+    stop's own hooks."""
+
+    def __init__(self, at, signals):
+        super().__init__()
+        self.at, self.signals = at, signals
+        self.offers, self.stopped = [], []
+
+    def on_step(self, step, loss, grad_norm):
+        super().on_step(step, loss, grad_norm)
+        if step == self.at:
+            for signum in self.signals:
+                os.kill(os.getpid(), signum)
+
+    def on_stoppable(self, step, within_s):
+        self.offers.append((step, within_s))
+
+    def on_stopped(self, step, signum):
+        self.stopped.append((step, signum))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_first_signal_finishes_the_step_writes_a_checkpoint_and_stops(signum):
+    """The steps up to the next poll (short steps: half a second of them at most, stopping.POLL_S) are finished,
+    the last reported and checkpointed (no evaluation), then Stopped says the step and the exit code; the
+    handlers are put back as they were."""
+    config = TrainConfig(**SMALL, steps=1000, report_every=100, eval_every=2, ckpt_every=0)
+    model, optimizer, data, _ = setup(config)
+    seen = Stopper(at=3, signals=[signum])
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
+    with pytest.raises(Stopped) as stopped:
+        fit(model, optimizer, data, config, seen)
+    at = stopped.value.step
+    assert 3 <= at < 1000 and (stopped.value.signum, stopped.value.exit_code) == (signum, 128 + signum)
+    assert seen.events[-5:] == [("step", at), ("report", at), ("pause",), ("checkpoint", at), ("resume",)]
+    assert [e for e in seen.events if e[0] == "checkpoint"] == [("checkpoint", at)]
+    assert ("eval", 2) in seen.events and ("eval", at) not in seen.events
+    assert seen.stopped == [(at, signum)] and optimizer.state["step"].item() == at
+    assert seen.offers[0][0] == 1 and seen.offers[0][1] >= STOP_FLOOR_S      # offered to run after the first step
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert time.monotonic() - started < 60
+
+
+def test_a_second_signal_stops_at_once():
+    config = TrainConfig(**SMALL, steps=1000, report_every=100, eval_every=0, ckpt_every=0)
+    model, optimizer, data, _ = setup(config)
+    seen = Stopper(at=2, signals=[signal.SIGINT, signal.SIGINT])
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, optimizer, data, config, seen)
+    assert ("checkpoint", 2) not in seen.events and seen.stopped == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    seen = Stopper(at=2, signals=[signal.SIGTERM, signal.SIGTERM])
+    with pytest.raises(SystemExit) as e:
+        fit(model, optimizer, data, config, seen)
+    assert e.value.code == 143 and ("checkpoint", 2) not in seen.events
+
+
+def test_the_clock_asks_for_a_checkpoint_at_a_poll_once_the_interval_has_passed():
+    """--ckpt-minutes: the first step is always polled, so an interval already passed there checkpoints it (then
+    at every later poll); the default ten minutes leave only the last step's."""
+    for minutes, first in ((1e-9, [1]), (10.0, [])):
+        config = TrainConfig(**SMALL, steps=8, report_every=100, eval_every=0, ckpt_every=0, ckpt_minutes=minutes)
+        model, optimizer, data, _ = setup(config)
+        seen = Recorder()
+        fit(model, optimizer, data, config, seen)
+        saved = [e[1] for e in seen.events if e[0] == "checkpoint"]
+        assert saved[:len(first)] == first and saved[-1] == 8 and (len(saved) == 1) == (minutes == 10.0), saved

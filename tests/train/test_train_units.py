@@ -411,3 +411,36 @@ def test_trainer_refuses_to_overwrite_a_run_or_resume_past_its_end(tmp_path, cap
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl") if '"loss"' in line] == [1, 2, 3]
     assert main(["--resume", "latest"]) == 2
     assert capsys.readouterr().err.endswith("error: --resume latest needs --out DIR (the run to continue)\n")
+
+
+def test_the_clock_and_the_stop_are_decided_from_what_every_rank_agrees_on():
+    """stopping.py on a world of one (agree is then what this rank saw) with a clock of its own: the interval
+    counts from the last checkpoint, 0 turns it off; polls come after every step that takes POLL_S or more, after
+    about POLL_S of shorter ones (nothing asked of the others between them); the bound offered to run grows with
+    the longest step and checkpoint, offered again only once it grew by a tenth."""
+    from clusterctl.train.stopping import POLL_S, STOP_FLOOR_S, Stopping, agree, checkpoint_due, poll_gap, stop_bound
+
+    group = mx.distributed.init()
+    assert agree(0, 1500, 3, group) == (0, 1500, 3) and agree(15, -3, 0, group) == (15, 0, 1)
+    assert agree(2, 2**40, 7, group)[1] == 2**31 - 1
+    assert checkpoint_due(600_000, 600) and not checkpoint_due(599_999, 600) and not checkpoint_due(10**9, 0)
+    assert stop_bound(0, 0) == STOP_FLOOR_S and stop_bound(2.5, 10) == STOP_FLOOR_S + 25
+    assert poll_gap(13.0, 1) == 1 and poll_gap(POLL_S, 10) == 10 and poll_gap(0.0, 5) == 1
+    now = [100.0]
+    stopping = Stopping(60, group, clock=lambda: now[0])
+
+    def step(seconds):
+        stopping.step_begins()
+        now[0] += seconds
+        return stopping.poll()
+
+    assert step(59) == (0, False) and stopping.offer() == STOP_FLOOR_S + 2 * 59
+    assert step(1) == (0, True) and stopping.offer() is None       # the same bound: not offered again
+    stopping.checkpointed(now[0] - 30)                              # a 30 s checkpoint: the clock starts again
+    assert step(1) == (0, False) and stopping.offer() == STOP_FLOOR_S + 2 * (59 + 30)
+    stopping.request.signum = 2
+    assert step(1) == (2, False)
+    stopping.request.signum = 0
+    assert step(POLL_S / 8) == (0, False) and stopping.next_in == 8      # short steps: eight of them to the next poll
+    stopping.request.signum = 15
+    assert [step(POLL_S / 8) for _ in range(8)] == [(0, False)] * 7 + [(15, False)]

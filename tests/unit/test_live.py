@@ -241,3 +241,64 @@ def test_no_panel_without_a_terminal_or_with_plain():
 
     assert panel_wanted(plain=True) is False
     assert panel_wanted(plain=False) is (sys.stdout.isatty() and sys.stderr.isatty())
+
+
+# ---- a stop with the work kept (launch/stop.py, docs/run.md#ctrl-c-and-sigterm) ---------------------------
+
+def test_the_ranks_offer_to_stop_with_their_work_kept_and_say_when_they_did(tmp_path):
+    """Every live rank must have offered (stop_s) for run to ask; the longest offer is how long it waits; an offer
+    withdrawn (0) or a rank that never made one means a stop at once. Once a rank says it stopped, its exit is a
+    stop, not a failure, and the launcher's complaints about the ranks' exits are logged, not shown."""
+    ranks = [_Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
+    emitted = []
+    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"),
+                   lambda text, err: emitted.append(text))
+    for r in (0, 1):
+        lines.handle(f"{MARK}{r} start")
+    assert lines.stop_bound() is None
+    lines.handle(f'{MARK}0 out {progress.MARKER}{{"step": 1, "stop_s": 70.5}}')
+    assert lines.stop_bound() is None                           # rank 1 has not offered
+    lines.handle(f'{MARK}1 out {progress.MARKER}{{"stop_s": 64}}')
+    assert lines.stop_bound() == 70.5
+    lines.handle(f'{MARK}0 out {progress.MARKER}{{"stop_s": 0}}')
+    assert lines.stop_bound() is None                           # withdrawn: the loop has ended
+    lines.handle(f'{MARK}0 out {progress.MARKER}{{"stop_s": 61}}')
+    lines.handle("mpirun: a complaint before the stop")
+    assert lines.stopped_step is None and lines.stop_bound() == 64
+    lines.handle(f'{MARK}1 out {progress.MARKER}{{"stopped": 37}}')
+    lines.handle("mpirun: a complaint about an exit code after it")
+    ended = lines.handle(f"{MARK}1 exit 143 1")
+    assert lines.stopped_step == 37 and ended.exit_code == 143 and ended.state.value == "stopped"
+    assert "wrote a checkpoint at step 37" in ended.reason
+    assert emitted == ["[launcher] mpirun: a complaint before the stop"]
+    assert "after it" in (tmp_path / "launcher.log").read_text()
+
+
+def test_watching_a_stop_ends_with_every_rank_or_says_why_the_checkpoint_is_not_written(tmp_path):
+    import queue
+    import time
+
+    from clusterctl.launch.supervise import _watch_stop
+
+    class Launcher:             # still running, its output read as the queue gives it
+        readers = []
+
+        def poll(self):
+            return None
+
+    def watch(events, within=5.0):
+        ranks = [_Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
+        lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"), lambda text, err: None)
+        queued = queue.Queue()
+        for event in [f"{MARK}0 start", f"{MARK}1 start", *events]:
+            queued.put((False, event))
+        started = time.monotonic()
+        why = _watch_stop(lines, Launcher(), queued, started + within, within)
+        return why, lines.stopped_step, time.monotonic() - started
+
+    stopped = f'out {progress.MARKER}{{"stopped": 12}}'
+    assert watch([f"{MARK}0 {stopped}", f"{MARK}1 {stopped}", f"{MARK}1 exit 130 1", f"{MARK}0 exit 130 1"])[:2] == (None, 12)
+    why, step, _ = watch([f"{MARK}0 out step 11", f"{MARK}1 exit 1 0"])
+    assert why == "rank 1 on h2 exited 1 before it was written" and step is None
+    why, step, took = watch([f"{MARK}0 hb"], within=1.0)
+    assert why == "the ranks did not stop within 1s" and step is None and 1.0 <= took < 5

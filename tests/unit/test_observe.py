@@ -14,7 +14,7 @@ from clusterctl.observe import record
 from clusterctl.observe.logs import LogLine, merge, read_logs, split_lines
 from clusterctl.observe.plot import MARKS, VAL_MARKS, Curves, render_text
 from clusterctl.observe.procs import etime_seconds, kind_of, parse_ps, run_processes
-from clusterctl.observe.runs import final_losses, list_all, list_runs, read_index, resolve, run_info
+from clusterctl.observe.runs import final_losses, latest_checkpoint, list_all, list_runs, read_index, resolve, run_info
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "ps"
 
@@ -356,3 +356,25 @@ def test_kill_of_a_directory_that_is_no_run_builds_no_pattern(tmp_path):
     r = clirun.clusterctl("kill", str(odd), cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert r.returncode == 2 and r.stderr.strip() == \
         f"error: {str(odd)!r} is not a run of clusterctl's (a run id looks like 20250101-120000-abcdef)", r.stderr
+
+
+def test_the_latest_checkpoint_is_the_newest_run_that_holds_a_whole_one(tmp_path):
+    """`run -- --resume latest`: the newest run (by id) with a step directory holding its state.json; a newer run
+    without one (failed before its first checkpoint, or only a half-written one) is passed over."""
+    def step(run_id, name, whole=True):
+        d = tmp_path / run_id / "checkpoints" / name
+        d.mkdir(parents=True)
+        if whole:
+            (d / "state.json").write_text("{}")
+
+    assert latest_checkpoint(str(tmp_path)) is None and latest_checkpoint(str(tmp_path / "none")) is None
+    step("20261101-100000-aaaaaa", "step-000200")
+    step("20261101-100000-aaaaaa", "step-000040")
+    step("20261102-100000-bbbbbb", "step-000010")
+    step("20261102-100000-bbbbbb", "step-000999", whole=False)
+    step("20261102-100000-bbbbbb", ".step-000300.tmp-00ab12")
+    (tmp_path / "20261103-100000-cccccc" / "checkpoints").mkdir(parents=True)
+    step("train-20261104-100000", "step-000500")                   # not a run of clusterctl's
+    assert latest_checkpoint(str(tmp_path)) == ("20261102-100000-bbbbbb", "step-000010")
+    step("20261101-100000-aaaaaa", "step-001000")
+    assert latest_checkpoint(str(tmp_path)) == ("20261102-100000-bbbbbb", "step-000010")

@@ -32,6 +32,40 @@ def test_the_ranks_arguments_are_built_from_named_parts():
     assert script.rank_args("/w/data") == ["a"] and Program(None, "m", ()).rank_args("/d") == ["m"]
 
 
+def test_resume_latest_names_the_newest_run_here_with_a_checkpoint_as_its_ranks_find_it(tmp_path):
+    """The bundled trainer's `--resume latest` (no --out) under run: every run has a directory of its own, so it is
+    rewritten to the newest run in --runs-dir holding a checkpoint: runs/<id> on other hosts (relative to their
+    workdir), this machine's own path when every rank runs here; none is one line, exit 2."""
+    from clusterctl.run import _resume_latest
+
+    class Notes(RunEvents):
+        def __init__(self):
+            self.notes = []
+
+        def note(self, text):
+            self.notes.append(text)
+
+    runs = tmp_path / "runs"
+    here = Cluster.this_machine(str(tmp_path), slots=2, backend="ring")
+    hosts = parse("hosts:\n  - name: h1\n    address: 10.0.0.1\n  - name: h2\n    address: 10.0.0.2\n", "inv.yaml")
+    resume = Program(None, BUNDLED_TRAINER, ("--steps", "50", "--resume", "latest"))
+    with pytest.raises(UsageError, match=r"^--resume latest: no run in .*runs/ holds a checkpoint"):
+        _resume_latest(resume, hosts, str(runs), Notes())
+    (runs / "20261101-100000-aaaaaa" / "checkpoints" / "step-000012").mkdir(parents=True)
+    (runs / "20261101-100000-aaaaaa" / "checkpoints" / "step-000012" / "state.json").write_text("{}")
+    (runs / "20261102-100000-bbbbbb").mkdir()                      # newer, but stopped before any checkpoint
+    notes = Notes()
+    assert _resume_latest(resume, hosts, str(runs), notes).args == ("--steps", "50", "--resume",
+                                                                     "runs/20261101-100000-aaaaaa")
+    assert notes.notes == ["--resume latest: run 20261101-100000-aaaaaa, from its step-000012 "
+                           "(--resume runs/20261101-100000-aaaaaa)"]
+    local = str(runs / "20261101-100000-aaaaaa")
+    assert _resume_latest(resume, here, str(runs), Notes()).args[-1] == local
+    for same in (Program(None, BUNDLED_TRAINER, ("--resume", "latest", "--out", "mine")),
+                 Program(None, BUNDLED_TRAINER, ("--resume", "runs/x")), Program("t.py", None, ("--resume", "latest"))):
+        assert _resume_latest(same, hosts, str(runs), Notes()) == same
+
+
 def test_exit_codes_of_a_result():
     def result(code):
         return RunResult(None, Outcome(code, "x")).exit_code

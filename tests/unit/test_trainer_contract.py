@@ -3,8 +3,8 @@ run reads back, through the same functions."""
 import subprocess
 import sys
 
-from clusterctl.trainer_contract import (DATA, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step,
-                                         report_line, reported_step, step_dir_name)
+from clusterctl.trainer_contract import (DATA, RESUME, STRATEGY, add_run_flag, checkpoint_step, flag_value, last_step,
+                                         replace_flag, report_line, reported_step, step_dir_name)
 
 
 def test_the_trainers_lines_and_checkpoint_names():
@@ -28,6 +28,14 @@ def test_what_the_trainer_writes_run_reads_back():
 def test_runs_own_flag_comes_first():
     args = add_run_flag(["--steps", "5", "--data", "mine"], DATA, "/w/data")
     assert args == ["--data", "/w/data", "--steps", "5", "--data", "mine"]      # the user's, last, still wins
+
+
+def test_every_value_of_a_flag_is_replaced_and_nothing_else():
+    args = ["--resume", "latest", "--steps", "5", "--resume=latest", "--resumed", "latest", "latest"]
+    assert replace_flag(args, RESUME, "runs/x") == ["--resume", "runs/x", "--steps", "5", "--resume=runs/x",
+                                                    "--resumed", "latest", "latest"]
+    assert replace_flag(["--steps", "5", "--resume"], RESUME, "runs/x") == ["--steps", "5", "--resume"]
+    assert flag_value(replace_flag(args, RESUME, "runs/x"), RESUME) == "runs/x"
 
 
 def test_the_contract_imports_nothing_but_the_standard_library():

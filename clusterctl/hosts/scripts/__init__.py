@@ -15,6 +15,8 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
                     stackdump.py, stdinpump.py
     stdinrelay.py   an mpi job's stdin on one host: a FIFO per rank, the same bytes to each (launch/stdinrelay.py)
     stacks.py       asks a run's ranks on one host for their stacks (stackdump.py's files) and reads them
+    stopranks.py    asks a run's ranks on one host to stop with their work kept (a signal to each rank's own pid)
+    rankpids.py     a run's live ranks on one host from their pid files: a piece of stacks.py and stopranks.py
 """
 from __future__ import annotations
 

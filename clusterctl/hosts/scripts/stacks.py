@@ -15,41 +15,11 @@ import sys
 import sysconfig
 import time
 
+from .rankpids import live_ranks
 from .stackdump import STACKS_SIGNAL
 
 FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ')
 SETTLE_S = 0.3          # a dump is whole when its file has not grown for this long
-
-
-def carries_run(pid, run_id):
-    try:
-        os.kill(pid, 0)
-        command = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return ("clusterctl-run-" + run_id) in command
-
-
-def live_ranks(folder, run_id):
-    """{rank: pid} of this run's ranks alive on this host."""
-    found = {}
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return found
-    for name in names:
-        m = re.match(r"^rank-(\d+)\.pid$", name)
-        if not m:
-            continue
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                pid = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if carries_run(pid, run_id):
-            found[int(m.group(1))] = pid
-    return found
 
 
 def size(path):
