@@ -312,10 +312,12 @@ def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block
                                           "sha256": file_sha256(os.path.join(staging, "val.bin"))}}
     write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
     fsync_tree(staging)
-    if os.path.isdir(out):
-        if os.listdir(out) and not os.path.isfile(os.path.join(out, "manifest.json")):
+    if os.path.isdir(out) and not os.path.islink(out):
+        other = _not_prepared(out)
+        if other:
             shutil.rmtree(staging, ignore_errors=True)
-            raise SourceError(f"{out_dir} exists and holds no dataset: give a new --out (it is replaced whole)")
+            raise SourceError(f"{out_dir} exists and holds {other}, which an earlier `data prepare` did not write: "
+                              "give a new --out (it is replaced whole)")
         old = f"{out}.old-{os.getpid()}"
         os.replace(out, old)
         os.replace(staging, out)
@@ -323,6 +325,25 @@ def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block
     else:
         os.replace(staging, out)
     return manifest
+
+
+def _not_prepared(out: str) -> str | None:
+    """What in `out` an earlier prepare_records did not write (one name, for the refusal), None when `out` is
+    empty or holds only such a prepare's files: its manifest and the shards and held-out rows it lists."""
+    names = set(os.listdir(out))
+    if not names:
+        return None
+    try:
+        manifest = read_prepared(out)
+    except SourceError:
+        manifest = None
+    if manifest is None:
+        return "no manifest.json of prepared records" if "manifest.json" not in names else "another manifest.json"
+    try:
+        ours = {"manifest.json", manifest["val"]["file"], *(shard["file"] for shard in manifest["shards"])}
+    except (KeyError, TypeError):
+        return "another manifest.json"
+    return next((repr(name) for name in sorted(names - ours)), None)
 
 
 def read_prepared(data_dir: str) -> dict | None:

@@ -1,6 +1,7 @@
 """Fine-tuning records (data/records.py): mlx-lm's jsonl layout read and checked line by line, packed into rows
 with the prompt masked, and the global row order that makes one rank with --accum 2 train what two ranks do."""
 import json
+import os
 
 import pytest
 
@@ -145,9 +146,22 @@ def test_prepared_rows_deal_every_row_to_one_shard_and_read_back_as_written(tmp_
         records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(data), block_size=32)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
-    with pytest.raises(SourceError, match="exists and holds no dataset"):
+    with pytest.raises(SourceError, match="exists and holds no manifest.json of prepared records, which an earlier"):
         records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), block_size=32)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    # a manifest.json of someone else's (it was enough to have the directory replaced whole), or a file of yours
+    # beside a prepare's own: neither is deleted
+    (tmp_path / "mine" / "manifest.json").write_text('{"name": "my project"}')
+    with pytest.raises(SourceError, match="holds another manifest.json, which an earlier `data prepare` did not write"):
+        records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), block_size=32)
+    (tmp_path / "prep" / "notes.txt").write_text("keep")
+    with pytest.raises(SourceError, match="holds 'notes.txt', which an earlier"):
+        records.prepare_records(str(data), 2, str(tmp_path / "prep"), str(model), block_size=32)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" == (tmp_path / "prep" / "notes.txt").read_text()
+    (tmp_path / "prep" / "notes.txt").unlink()
+    again = records.prepare_records(str(data), 2, str(tmp_path / "prep"), str(model), block_size=32)   # its own: replaced
+    assert again["world_size"] == 2 and sorted(os.listdir(tmp_path / "prep")) == sorted(
+        ["manifest.json", "val.bin", *(s["file"] for s in again["shards"])])
     from clusterctl.data.shards import read_manifest
     with pytest.raises(Exception, match="rows prepared from jsonl records for fine-tuning a model"):
         read_manifest(str(tmp_path / "prep"))
