@@ -208,7 +208,7 @@ def collect(connector: Connector, run_id: str, *, folders: dict[str, str] | None
         try:
             answer = json.loads((result.stdout.strip().splitlines() or ["?"])[-1])
         except ValueError:
-            errors[name] = f"could not read its answer (status {result.returncode}): " \
+            errors[name] = f"could not read its answer (status {result.exit_code}): " \
                            f"{(result.stderr.strip().splitlines() or ['no output'])[-1][:200]}"
             continue
         for entry in answer:
