@@ -15,4 +15,3 @@ def test_a_host_whose_answer_cannot_be_read_is_named_with_its_status_and_last_li
     stacks = collect(Connector(cluster), "20261127-000000-abcdef", answer_s=1)
     assert stacks.ranks == []
     assert stacks.errors == {"here": "could not read its answer (status 3): python: cannot start"}
-
