@@ -24,16 +24,23 @@ import json, os, socket, sys
 backend, expected = sys.argv[1], int(sys.argv[2])
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("MLX_RANK") or "?"
 made = env_files()     # clusterctl's rank starter passes MLX_HOSTFILE's text (hosts/scripts/envfiles.py)
+
+
+def say(answer):
+    # one write(2) of the whole line: print() under PYTHONUNBUFFERED writes the text and its newline apart, and
+    # mpirun then runs two ranks' answers into one line
+    os.write(1, (json.dumps(answer) + "\n").encode())
+
+
 try:
     import mlx.core as mx
     g = mx.distributed.init(backend=backend, strict=True)
     x = mx.distributed.all_sum(mx.array([float(g.rank() + 1)]), group=g)
     mx.eval(x)
-    print(json.dumps({"smoke": 1, "rank": g.rank(), "size": g.size(), "sum": x.item(),
-                      "host": socket.gethostname()}), flush=True)
+    say({"smoke": 1, "rank": g.rank(), "size": g.size(), "sum": x.item(), "host": socket.gethostname()})
     sys.exit(0 if g.size() == expected else 3)
 except Exception as e:
-    print(json.dumps({"smoke": 1, "rank": rank, "error": type(e).__name__ + ": " + str(e)}), flush=True)
+    say({"smoke": 1, "rank": rank, "error": type(e).__name__ + ": " + str(e)})
     sys.exit(3)
 finally:
     for path in made:
@@ -48,14 +55,14 @@ def judge(check: str, result: Result | None, error: BaseException | None, world:
     if error is not None:
         return Finding(check, CLUSTER, FAIL, f"{launcher} did not finish: {error}",
                        "run `clusterctl doctor` without --deep to see which host is at fault")
-    ranks = []
-    for line in result.stdout.splitlines():
-        start = line.find('{"smoke"')
-        if start >= 0:
-            try:
-                ranks.append(json.loads(line[start:]))
-            except ValueError:
-                pass
+    ranks, decoder, start = [], json.JSONDecoder(), result.stdout.find('{"smoke"')
+    while start >= 0:            # every rank's answer, wherever a launcher put it (two may share a line)
+        try:
+            answer, end = decoder.raw_decode(result.stdout, start)
+            ranks.append(answer)
+        except ValueError:
+            end = start + 1
+        start = result.stdout.find('{"smoke"', end)
     errors = [r for r in ranks if "error" in r]
     if errors:
         first = errors[0]
