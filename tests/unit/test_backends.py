@@ -45,8 +45,9 @@ def test_the_registry_names_and_lookups():
     assert get("jaccl", "mlx.launch").launcher_name == "mlx.launch"
     assert get("ring").launcher_name == "clusterctl" and get("ring", "mlx.launch").launcher_name == "mlx.launch"
     assert get("ring", "clusterctl") is get("ring") and backends.launchers() == ["mpirun", "clusterctl", "mlx.launch"]
-    with pytest.raises(ValueError, match="unknown backend 'nccl'"):
-        get("nccl")
+    with pytest.raises(UsageError, match=r"^unknown backend 'nccl' \(one of mpi, ring, jaccl\)$") as info:
+        get("nccl")          # bad input (exit 2) for a library caller too, not an internal error
+    assert info.value.exit_code == 2
     with pytest.raises(UsageError, match="--launcher mlx.launch: the mpi backend is started by mpirun$"):
         get("mpi", "mlx.launch")
 

@@ -48,11 +48,11 @@ def names(benchmarked: bool = False) -> list[str]:
 
 def get(name: str, launcher: str | None = None) -> Backend:
     """The backend `name`, started by its own launcher or, when `launcher` names another one it offers
-    (`--launcher mlx.launch` for ring), by that one."""
+    (`--launcher mlx.launch` for ring), by that one. UsageError for a name or launcher it does not know."""
     try:
         backend = REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown backend {name!r} (one of {', '.join(REGISTRY)})") from None
+        raise UsageError(f"unknown backend {name!r} (one of {', '.join(REGISTRY)})") from None
     if launcher is None or launcher == backend.launcher_name:
         return backend
     fallbacks = backend.fallbacks
