@@ -130,7 +130,7 @@ def via_clusterctl(steps: int, launcher: str | None, inventory: str | None = Non
 
 def direct_here(steps: int) -> dict:
     """Two ranks on this machine with exactly what MLX's ring backend reads."""
-    from clusterctl.launch.backends import free_port_block
+    from clusterctl.launch.backends.rankstarter import free_port_block
     with tempfile.TemporaryDirectory() as cwd:
         port = free_port_block(2)
         hostfile = os.path.join(cwd, "ring.json")

@@ -52,7 +52,7 @@ def mpirun(n: int) -> list[str]:
 
 
 def ring(n: int) -> list[str]:
-    from clusterctl.launch.backends import find_mlx_launch
+    from clusterctl.launch.backends.mlxlaunch import find_mlx_launch
     return find_mlx_launch() + ["-n", str(n), "--backend", "ring", "--env", f"PYTHONPATH={REPO}",
                                 "--env", f"CLUSTERCTL_WORLD_SIZE={n}", "--"]
 

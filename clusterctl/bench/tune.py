@@ -48,12 +48,13 @@ def candidate_subnets(bench: Bench) -> list[str | None]:
 def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[Trial], Trial]:
     """Measure every candidate; (all trials in order, the winner). Raises BenchError if none ran."""
     cluster, backend = bench.cluster, backends.get(bench.backend)
+    tuning = backend.tuning
     trials: list[Trial] = []
     deadline = [TUNE_DEADLINE_S]
 
     def measure(setting: dict) -> Trial:
         trial = Trial(setting)
-        candidate = backend.with_setting(cluster, setting)
+        candidate = tuning.applied(cluster, setting)
         started = time.monotonic()
         try:
             result = bench.collectives([nbytes], ["all_sum"], mpi4py=False, cluster=candidate,
@@ -71,13 +72,13 @@ def tune(bench: Bench, nbytes: int, progress=lambda trial: None) -> tuple[list[T
         progress(trial)
         return trial
 
-    key = backend.tune_count
-    if key is None:
+    if tuning is None:
         raise BenchError(f"--tune has nothing to vary on the {backend.name} backend")
-    conflict = backend.tune_conflict(cluster)
+    key = tuning.count
+    conflict = tuning.conflict(cluster)
     if conflict:
         raise BenchError(conflict)
-    if backend.tune_subnets:
+    if tuning.subnets:
         subnets = candidate_subnets(bench)
         for count in COUNTS:
             measure({key: count, "if_include": subnets[0]})
@@ -110,7 +111,7 @@ def describe(setting: dict) -> str:
 def store(inventory_path: str, bench: Bench, winner: Trial) -> list[str]:
     """Write the winner into the inventory; returns what changed, as `section.key=value` strings."""
     changed = []
-    for section, key, value in backends.get(bench.backend).inventory_lines(winner.setting, bench.plan):
+    for section, key, value in backends.get(bench.backend).tuning.inventory_lines(winner.setting, bench.plan):
         if write_setting(inventory_path, section, key, value):
             changed.append(f"{section}.{key}={value.strip(chr(34))}")
     return changed

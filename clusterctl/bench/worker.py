@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
         watchdog(float(spec["deadline_s"]))
     group = init(spec["backend"])
     comm = None
-    # the spec asks for mpi4py only on a backend that can time it (launch/backends.py's mpi4py_reference)
+    # the spec asks for mpi4py only on a backend that can time it (launch/backends/: a Backend's mpi4py_reference)
     if spec.get("mpi4py") and group.size() > 1:
         # after MLX initialised MPI, and told not to initialise (or finalise) it again: see
         # docs/facts/mlx-distributed.md#mpi4py-after-mlx

@@ -7,6 +7,7 @@ import click
 
 from ..errors import ClusterctlError
 from ..hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
+from ..inventory_load import load_cluster
 from ..launch import backends
 
 if TYPE_CHECKING:
@@ -140,4 +141,4 @@ def connector(cluster: Cluster, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
 
 
 def load(inventory_path: str) -> Cluster:
-    return backends.load_cluster(inventory_path)
+    return load_cluster(inventory_path)

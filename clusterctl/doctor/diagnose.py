@@ -168,7 +168,7 @@ def _deep(connector: Connector, probes: list[HostProbe], findings: list[Finding]
     # libmpi is not a prerequisite: its search is a heuristic, and the smoke test is the real answer
     skipped, chosen = [], []
     for backend in tests:
-        prerequisites = basics + backend.smoke_needs
+        prerequisites = basics + backend.smoke.needs
         bad = broken or sorted({f.host for f in findings if f.status == "fail" and f.check in prerequisites})
         if bad:
             skipped.append(Finding(f"{backend.name}-smoke", CLUSTER, WARN, f"not run: {', '.join(bad)} failed the "

@@ -51,7 +51,7 @@ finally:
 def judge(check: str, result: Result | None, error: BaseException | None, world: int, elapsed: float,
           launcher: str, init_fix: str) -> Finding:
     """Turn a smoke run's output into one finding (pure; tested on canned output). `init_fix`: what to do
-    when a rank's MLX init failed (the backend's smoke_fix)."""
+    when a rank's MLX init failed (the backend's smoke.fix)."""
     if error is not None:
         return Finding(check, CLUSTER, FAIL, f"{launcher} did not finish: {error}",
                        "run `clusterctl doctor` without --deep to see which host is at fault")
@@ -103,7 +103,7 @@ def run_smoke(connector: Connector, backend: Backend, plan: LaunchPlan, *, timeo
             return Finding(check, CLUSTER, WARN, f"not run: {e}", None)
         write_files(command)
         return _run(cluster, check, backend.launcher_label, command.argv, command.env(), timeout,
-                    backend.smoke_fix(libmpi_hint))
+                    backend.smoke.fix(libmpi_hint))
 
 
 def _run(cluster, check, launcher, argv, env, timeout, init_fix) -> Finding:

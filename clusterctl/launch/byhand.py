@@ -10,6 +10,7 @@ import os
 from ..atomic import write_text
 from ..errors import UsageError
 from ..hosts.connector import Connector
+from ..inventory import Cluster
 from . import backends
 from .hostfile import render as render_hostfile
 from .plan import LaunchPlan, discover
@@ -40,6 +41,19 @@ def hostfile_and_command(connector: Connector, fmt: str, *, output: str | None, 
     # with the hosts' workdir as the ranks' directory, so a relative path in the arguments means what it
     # means under `run` (mpirun -wdir, mlx.launch --cwd)
     command = backend.command(cluster, plan, program=[cluster.hosts[0].python, *program], rank_env=plan.env,
-                              where=site, hostfile=os.path.abspath(output), cwd=backends.common_workdir(cluster))
+                              where=site, hostfile=os.path.abspath(output), cwd=common_workdir(cluster))
     backends.write_files(command)
     return text, command.by_hand()
+
+
+def common_workdir(cluster: Cluster) -> str | None:
+    """The directory a launch line run by hand should start ranks in: the hosts' workdir when they share
+    one, `~/x` written as `x` (a remote rank starts in its home directory; mpirun and mlx.launch would not
+    expand `~`); None when the hosts' workdirs differ or are the home directory itself."""
+    dirs = {h.workdir for h in cluster.hosts}
+    if len(dirs) != 1:
+        return None
+    workdir = dirs.pop()
+    if workdir in ("~", "~/"):
+        return None
+    return workdir[2:] if workdir.startswith("~/") else workdir

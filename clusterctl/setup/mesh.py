@@ -173,7 +173,7 @@ def mesh_check(connector: Connector) -> tuple[int, list[str]]:
     """Doctor's ssh-mesh check (no deep checks) on the inventory as it is now: (pairs that passed, a line
     for each that did not)."""
     from ..doctor import DoctorOptions, run_doctor
-    from ..launch.backends import load_cluster
+    from ..inventory_load import load_cluster
 
     cluster = load_cluster(connector.cluster.path) if os.path.isfile(connector.cluster.path) else connector.cluster
     fresh = Connector(cluster, connector.host_key_checking, connector.connect_timeout)

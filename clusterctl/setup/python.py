@@ -304,7 +304,7 @@ def _set_python(cluster: Cluster, dry_run: bool) -> str | None:
         return None
     if dry_run:
         return f"would set defaults.python: {python} in {cluster.path}"
-    from ..launch.backends import load_cluster
+    from ..inventory_load import load_cluster
 
     write_setting(cluster.path, "defaults", "python", json.dumps(python))
     own = [h.name for h in load_cluster(cluster.path).hosts if h.python != python]
@@ -319,7 +319,7 @@ def python_checks(connector: Connector) -> tuple[int, list[str], list[str]]:
     """Doctor's python, mlx, mlx-lm and parity findings on the inventory as it is now: (passed, failed lines, the
     checks that ran)."""
     from ..doctor import DoctorOptions, run_doctor
-    from ..launch.backends import load_cluster
+    from ..inventory_load import load_cluster
 
     cluster = load_cluster(connector.cluster.path) if os.path.isfile(connector.cluster.path) else connector.cluster
     report = run_doctor(Connector(cluster, connector.host_key_checking, connector.connect_timeout),

@@ -241,7 +241,7 @@ def test_exec_bench_and_the_watchdog(macs, tmp_path):
 import sys
 sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
 from clusterctl.hosts.connector import Connector
-from clusterctl.launch.backends import load_cluster
+from clusterctl.inventory_load import load_cluster
 import queue
 c = load_cluster({str(macs.inventory)!r})
 t = Connector(c).transport(c.hosts[0])

@@ -165,7 +165,7 @@ def test_a_probe_out_of_time_is_reported_slow_with_what_it_finished(bare, monkey
     reported as reached, its unfinished checks as slow, never as unreachable."""
     from clusterctl.doctor import DOCTOR_CONNECT_TIMEOUT_S, DoctorOptions, diagnose
     from clusterctl.hosts.connector import Connector
-    from clusterctl.launch.backends import load_cluster
+    from clusterctl.inventory_load import load_cluster
 
     for key, value in bare.client_env().items():
         monkeypatch.setenv(key, value)

@@ -3,6 +3,7 @@
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
     cli, run -> observe (runs, logs, plots, processes) -> launch / hosts
     cli -> setup (mesh, python) -> doctor / launch / hosts
+    cli, setup -> inventory_load (an inventory checked against the backend registry) -> launch
 
 launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
 import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.
@@ -19,9 +20,11 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
-    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve"},
+    "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
+            "inventory_load"},
     "serve": {"run", "launch", "transfer", "hosts", "observe"},
-    "setup": {"doctor", "launch", "transfer", "hosts"},
+    "setup": {"doctor", "launch", "transfer", "hosts", "inventory_load"},
+    "inventory_load": {"launch"},
     "run": {"launch", "transfer", "hosts", "observe"},
     "observe": {"launch", "hosts"},
     "doctor": {"launch", "hosts"},

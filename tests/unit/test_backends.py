@@ -1,4 +1,4 @@
-"""The backend registry (clusterctl/launch/backends.py): names, lookups, and each entry's launch command,
+"""The backend registry (clusterctl/launch/backends/): names, lookups, and each entry's launch command,
 built for real into a temporary directory (no launcher is started)."""
 import json
 import os
@@ -11,8 +11,9 @@ from clusterctl.inventory import parse
 from clusterctl.launch import backends
 from clusterctl.doctor.diagnose import smoke_tests
 from clusterctl.launch.backends import (
-    REGISTRY, MLXLaunchBackend, RankStarterBackend, for_hostfile, get, names, validated,
+    REGISTRY, MLXLaunchBackend, RankStarterBackend, SmokeTest, for_hostfile, get, names, validated,
 )
+from clusterctl.launch.backends.rankstarter import free_port_block
 from clusterctl.launch.plan import LaunchPlan
 from clusterctl.launch.restart import RestartPolicy
 from clusterctl.launch.site import LaunchSite
@@ -44,8 +45,9 @@ def test_the_registry_names_and_lookups():
     assert get("jaccl", "mlx.launch").launcher_name == "mlx.launch"
     assert get("ring").launcher_name == "clusterctl" and get("ring", "mlx.launch").launcher_name == "mlx.launch"
     assert get("ring", "clusterctl") is get("ring") and backends.launchers() == ["mpirun", "clusterctl", "mlx.launch"]
-    with pytest.raises(ValueError, match="unknown backend 'nccl'"):
-        get("nccl")
+    with pytest.raises(UsageError, match=r"^unknown backend 'nccl' \(one of mpi, ring, jaccl\)$") as info:
+        get("nccl")          # bad input (exit 2) for a library caller too, not an internal error
+    assert info.value.exit_code == 2
     with pytest.raises(UsageError, match="--launcher mlx.launch: the mpi backend is started by mpirun$"):
         get("mpi", "mlx.launch")
 
@@ -84,7 +86,7 @@ def test_ranks_on_the_launching_machine_start_without_ssh_on_free_ports(tmp_path
 
     from clusterctl.inventory import Cluster
     here = Cluster.this_machine(str(tmp_path), slots=2, backend="ring")
-    taken = backends.free_port_block(2)
+    taken = free_port_block(2)
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", taken))        # another job holds a port: the block must avoid it
     try:
@@ -99,7 +101,7 @@ def test_ranks_on_the_launching_machine_start_without_ssh_on_free_ports(tmp_path
     [[first], [second]] = json.loads(spec[0]["mlx"]["MLX_HOSTFILE"])
     assert first.startswith("127.0.0.1:") and int(second.split(":")[1]) == int(first.split(":")[1]) + 1
     assert taken not in (int(first.split(":")[1]), int(second.split(":")[1]))          # not the port in use
-    starts = {backends.free_port_block(2) for _ in range(20)}
+    starts = {free_port_block(2) for _ in range(20)}
     assert len(starts) > 1                       # a random start: two launches at once rarely meet    assert int(second.split(":")[1]) == int(first.split(":")[1]) + 1
 
 
@@ -163,17 +165,17 @@ def test_mlx_launch_without_an_ssh_client_is_a_launch_error(cluster, tmp_path):
 
 def test_tuning_settings_apply_to_the_cluster_and_store_only_what_is_new(cluster):
     mpi, ring = get("mpi"), get("ring")
-    tuned = mpi.with_setting(cluster, {"btl_tcp_links": 8, "if_include": "10.0.0.0/24"})
+    tuned = mpi.tuning.applied(cluster, {"btl_tcp_links": 8, "if_include": "10.0.0.0/24"})
     assert (tuned.mpi.btl_tcp_links, tuned.mpi.if_include) == (8, "10.0.0.0/24") and cluster.mpi.btl_tcp_links == 2
-    assert mpi.inventory_lines({"btl_tcp_links": 8, "if_include": "10.0.0.0/24"}, LaunchPlan({}, "10.0.0.0/24")) == \
+    assert mpi.tuning.inventory_lines({"btl_tcp_links": 8, "if_include": "10.0.0.0/24"}, LaunchPlan({}, "10.0.0.0/24")) == \
         [("mpi", "btl_tcp_links", "8")]
-    assert mpi.inventory_lines({"btl_tcp_links": 1, "if_include": "10.1.0.0/16"}, LaunchPlan({})) == \
+    assert mpi.tuning.inventory_lines({"btl_tcp_links": 1, "if_include": "10.1.0.0/16"}, LaunchPlan({})) == \
         [("mpi", "btl_tcp_links", "1"), ("mpi", "if_include", '"10.1.0.0/16"')]
-    assert ring.with_setting(cluster, {"connections_per_ip": 4}).launch.connections_per_ip == 4
-    assert ring.inventory_lines({"connections_per_ip": 4}, LaunchPlan({})) == [("launch", "connections_per_ip", "4")]
+    assert ring.tuning.applied(cluster, {"connections_per_ip": 4}).launch.connections_per_ip == 4
+    assert ring.tuning.inventory_lines({"connections_per_ip": 4}, LaunchPlan({})) == [("launch", "connections_per_ip", "4")]
     clash = parse("hosts: [a]\nmpi: {extra_args: [--mca, btl_tcp_links, '2']}\n")
-    assert "remove it there" in mpi.tune_conflict(clash) and mpi.tune_conflict(cluster) is None
-    assert get("jaccl").tune_count is None
+    assert "remove it there" in mpi.tuning.conflict(clash) and mpi.tuning.conflict(cluster) is None
+    assert get("jaccl").tuning is None
 
 
 # Four Macs in a Thunderbolt ring a-b-c-d-a: each cabled to its two neighbours only.
@@ -210,7 +212,7 @@ def test_restarts_hints_and_doctor_follow_a_new_entrys_capabilities_not_its_name
     and gets ring's smoke test, while jaccl-ring, like jaccl, has none."""
     monkeypatch.setitem(REGISTRY, "jaccl-ring", RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring")))
     monkeypatch.setitem(REGISTRY, "tcp", RankStarterBackend(MLXLaunchBackend(
-        "tcp", neighbours_only=True, smoke_needs=("data-plane",))))
+        "tcp", neighbours_only=True, smoke=SmokeTest(("data-plane",)))))
     elastic = {"world": 4, "preflight": True, "bundled_fsdp": False}
     with pytest.raises(UsageError, match="--elastic cannot shrink a jaccl-ring world: its rdma table"):
         RestartPolicy(1, elastic=2).check(backend="jaccl-ring", **elastic)

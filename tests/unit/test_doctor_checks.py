@@ -326,12 +326,12 @@ def _smoke_out(*ranks):
 
 def test_judge_smoke_output():
     ok = Result(0, _smoke_out(*({"rank": r, "size": 4, "sum": 10.0, "host": "vm"} for r in range(4))), "")
-    assert judge("mpi-smoke", ok, None, 4, 1.0, "mpirun", get("mpi").smoke_fix(None)).status == PASS
+    assert judge("mpi-smoke", ok, None, 4, 1.0, "mpirun", get("mpi").smoke.fix(None)).status == PASS
     alone = Result(3, _smoke_out(*({"rank": 0, "size": 1, "sum": 1.0} for _ in range(4))), "")
-    f = judge("mpi-smoke", alone, None, 4, 1.0, "mpirun", get("mpi").smoke_fix(None))
+    f = judge("mpi-smoke", alone, None, 4, 1.0, "mpirun", get("mpi").smoke.fix(None))
     assert f.status == FAIL and "world of size 1" in f.detail
     nolib = Result(1, _smoke_out({"rank": "0", "error": "RuntimeError: [mpi] Cannot initialize MPI"}), "")
-    f = judge("mpi-smoke", nolib, None, 2, 1.0, "mpirun", get("mpi").smoke_fix("/opt/homebrew/lib/libmpi.dylib"))
+    f = judge("mpi-smoke", nolib, None, 2, 1.0, "mpirun", get("mpi").smoke.fix("/opt/homebrew/lib/libmpi.dylib"))
     assert f.status == FAIL and "Cannot initialize MPI" in f.detail
     assert "mpi_lib_dir" in f.fix and "/opt/homebrew/lib/libmpi.dylib" in f.fix
     # two ranks' answers run into one line by mpirun, one of them cut short by a launcher's prefix
@@ -339,7 +339,7 @@ def test_judge_smoke_output():
                                           ).replace("\n", "", 1) + "\n{\"smoke\": 1, \"rank\""
     assert judge("mpi-smoke", Result(0, merged, ""), None, 4, 1.0, "mpirun", get("mpi").smoke_fix(None)).status == PASS
     crashed = Result(1, "", "ORTE was unable to reliably start one or more daemons.\nmore")
-    f = judge("mpi-smoke", crashed, None, 2, 1.0, "mpirun", get("mpi").smoke_fix(None))
+    f = judge("mpi-smoke", crashed, None, 2, 1.0, "mpirun", get("mpi").smoke.fix(None))
     assert f.status == FAIL and "0/2 ranks" in f.detail and "ORTE was unable" in f.detail
 
 

@@ -13,7 +13,8 @@ from clusterctl.doctor.report import FAIL, PASS, WARN
 from clusterctl.hosts.facts import bridge_members, ibv_device_names, interfaces, macos_version, rdma_state
 from clusterctl.hosts.probe import Facts, HostProbe, parse_probe, probe_script
 from clusterctl.inventory import load, parse
-from clusterctl.launch.backends import load_cluster, validated
+from clusterctl.inventory_load import load_cluster
+from clusterctl.launch.backends import validated
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(TESTS, "fixtures", "macos")

@@ -6,7 +6,7 @@ import pytest
 
 from clusterctl.errors import InventoryError
 from clusterctl.inventory import Cluster, load, parse
-from clusterctl.launch.backends import load_cluster
+from clusterctl.inventory_load import load_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -22,6 +22,7 @@ import os
 import pytest
 
 from clusterctl.inventory import Cluster, Host, load
+from clusterctl.inventory_load import load_cluster
 from clusterctl.launch import backends
 from clusterctl.launch.hostfile import render
 from clusterctl.launch.mlxenv import (ibv_devices_json, jaccl_env, jaccl_pairs, rank_ips, ring_env,
@@ -43,7 +44,7 @@ def ring_cluster():
 
 @pytest.fixture
 def jaccl_cluster():
-    return backends.load_cluster(os.path.join(GOLDEN, "inventory-jaccl.yaml"))
+    return load_cluster(os.path.join(GOLDEN, "inventory-jaccl.yaml"))
 
 
 def test_ring_hostfile_matches_golden_ports_go_up_per_connection_and_rank(ring_cluster):

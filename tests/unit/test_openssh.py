@@ -130,5 +130,5 @@ def test_every_openssh_command_line_in_clusterctl_is_one_that_reads_the_renderin
         ("hosts/openssh.py", "close_masters"),           # ssh -G -F <rendering>; ssh -O exit on a socket
         ("hosts/openssh.py", "rsh_agent"),               # mpirun: ssh + ssh_options (-F <rendering>)
         ("transfer/rsync.py", "ssh_command"),            # rsync -e: ssh + ssh_options
-        ("launch/backends.py", "ssh_shim"),              # mlx.launch: ssh + where.ssh_options
+        ("launch/backends/mlxlaunch.py", "ssh_shim"),    # mlx.launch: ssh + where.ssh_options
     }, sites

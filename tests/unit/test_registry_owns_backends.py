@@ -1,15 +1,16 @@
-"""No backend name is compared outside the registry (clusterctl/launch/backends.py): whatever differs between
+"""No backend name is compared outside the registry (clusterctl/launch/backends/): whatever differs between
 backends is a capability of its entry, so a backend registered the documented way is treated by what it can
 do. Naming a backend as a default (`DEFAULT_BACKEND = "ring"`, a CLI option's default) is fine; comparing
 with one, looking one up by it or keying a table by it is not."""
 import ast
+import dataclasses
 import pathlib
 
 import clusterctl
-from clusterctl.launch.backends import REGISTRY
+from clusterctl.launch.backends import REGISTRY, Backend
 
 PACKAGE = pathlib.Path(clusterctl.__file__).parent
-REGISTRY_FILE = "launch/backends.py"
+REGISTRY_PACKAGE = "launch/backends/"
 
 # The same words meaning something else, by (file, function, word)
 NOT_BACKENDS = {
@@ -67,9 +68,9 @@ def test_no_backend_name_is_compared_outside_the_registry():
     found = []
     for file in sorted(PACKAGE.rglob("*.py")):
         path = file.relative_to(PACKAGE).as_posix()
-        if path != REGISTRY_FILE:
+        if not path.startswith(REGISTRY_PACKAGE):
             found += name_comparisons(file.read_text(), path, set(REGISTRY))
-    assert found == [], "ask the backend (a capability on launch/backends.py's Backend) instead:\n" + "\n".join(found)
+    assert found == [], "ask the backend (a capability on launch/backends/'s Backend) instead:\n" + "\n".join(found)
 
 
 def test_the_check_finds_every_kind_of_comparison_and_lets_defaults_be():
@@ -96,3 +97,53 @@ def f(backend="mpi", option=click.option("--backend", default="mpi")):
     excused = "def parity(values):\n    return values['mpi']\n"
     assert name_comparisons(excused, "doctor/checks.py", {"mpi"}) == []
     assert name_comparisons(excused, "doctor/other.py", {"mpi"}) == ["doctor/other.py:2: looked up 'mpi' (in parity)"]
+
+
+# ---- the registry's own shape (issue 39): a package, one module per launcher family, shared records ----------
+
+def _entries():
+    """Every registered entry and every fallback launcher of one."""
+    return [v for b in REGISTRY.values() for v in (b, *b.fallbacks.values())]
+
+
+def _backend_classes(path: pathlib.Path) -> list[str]:
+    """The classes a module of the package defines that derive from Backend (directly, or through one of
+    the package's own: read from the source, so a second family in one module is seen)."""
+    tree = ast.parse(path.read_text())
+    return [node.name for node in tree.body if isinstance(node, ast.ClassDef)
+            and any(getattr(base, "id", None) in ("Backend", *(c.__name__ for c in _families())) for base in node.bases)]
+
+
+def _families():
+    return {type(e) for e in _entries()}
+
+
+def test_the_backends_are_a_package_with_one_module_per_launcher_family():
+    package = PACKAGE / REGISTRY_PACKAGE
+    assert (package / "__init__.py").is_file()
+    families = _families()
+    modules = {cls.__module__ for cls in families}
+    assert len(modules) == len(families) == 3, modules          # mpirun, mlx.launch, clusterctl's rank starter
+    assert all(m.startswith("clusterctl.launch.backends.") for m in modules), modules
+    defined = {path.name: _backend_classes(path) for path in package.glob("*.py")}
+    assert all(len(classes) <= 1 for classes in defined.values()), defined     # never two families in one
+    assert {c for classes in defined.values() for c in classes} == {c.__name__ for c in families}
+    assert {e.launcher_name for e in _entries()} == {"mpirun", "mlx.launch", "clusterctl"}
+
+
+def test_an_entry_shares_its_spec_with_its_fallbacks_and_the_records_are_frozen():
+    """The rank starter is the same MLX backend as its mlx.launch fallback: it holds the same spec (name,
+    rdma, what bench tunes, doctor's smoke test), never copies of its fields."""
+    for entry in REGISTRY.values():
+        for fallback in entry.fallbacks.values():
+            assert fallback.spec is entry.spec, entry.name
+    records = {e.spec for e in _entries()} | {r for e in _entries() for r in (e.smoke, e.tuning) if r is not None}
+    assert {type(r).__name__ for r in records} == {"BackendSpec", "SmokeTest", "Tuning"}
+    assert all(dataclasses.is_dataclass(r) and type(r).__dataclass_params__.frozen for r in records)
+    assert all(isinstance(e, Backend) for e in _entries())
+
+
+def test_the_family_check_sees_two_families_in_one_module(tmp_path):
+    two = tmp_path / "two.py"
+    two.write_text("class A(Backend):\n    pass\n\n\nclass B(MLXLaunchBackend):\n    pass\n\n\nclass C:\n    pass\n")
+    assert _backend_classes(two) == ["A", "B"]

@@ -178,6 +178,15 @@ def test_no_launcher_anywhere_is_a_usage_error_naming_it(tmp_path, monkeypatch):
             RunOptions(script="job.py", preflight=False, dry_run=True, runs_dir=str(tmp_path / "runs")))
 
 
+def test_an_unknown_backend_is_bad_input_for_a_library_caller_too(tmp_path):
+    """The registry refused it with a ValueError, which a caller's error boundary (the CLI's too) can only
+    report as an internal error (exit 1): it is a UsageError (exit 2) naming the backends there are."""
+    with pytest.raises(UsageError, match=r"^unknown backend 'nccl' \(one of mpi, ring, jaccl\)$") as info:
+        run(Cluster.this_machine(str(tmp_path), slots=2, backend="mpi"),
+            RunOptions(script="job.py", backend="nccl", dry_run=True, runs_dir=str(tmp_path / "runs")))
+    assert info.value.exit_code == 2 and not (tmp_path / "runs").exists()      # refused before anything
+
+
 def test_an_inventory_cluster_runs_through_the_same_function(tmp_path):
     """`--hosts` with a local host: the inventory's slots and workdir, nothing of this machine's default."""
     where = project(tmp_path)

@@ -1,7 +1,7 @@
 """clusterctl's rank starter for MLX's ring and jaccl backends: `python ranks.py SPEC.json`.
 
 Standard library only: it runs on this machine or, for a launch from the first host, on that host with its
-own python. SPEC.json (written by clusterctl/launch/backends.py) lists every rank with the argv that starts
+own python. SPEC.json (written by clusterctl/launch/backends/rankstarter.py) lists every rank with the argv that starts
 it: `/bin/sh -c` of a watchdog-wrapped script for a rank on this machine, `ssh -F <rendering> -- HOST
 <the same script>` for a rank elsewhere (docs/facts/launchers.md#our-rank-starter).
 
