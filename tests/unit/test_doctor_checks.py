@@ -337,7 +337,7 @@ def test_judge_smoke_output():
     # two ranks' answers run into one line by mpirun, one of them cut short by a launcher's prefix
     merged = "[1,0]<stdout>:" + _smoke_out(*({"rank": r, "size": 4, "sum": 10.0, "host": "vm"} for r in range(4))
                                           ).replace("\n", "", 1) + "\n{\"smoke\": 1, \"rank\""
-    assert judge("mpi-smoke", Result(0, merged, ""), None, 4, 1.0, "mpirun", get("mpi").smoke_fix(None)).status == PASS
+    assert judge("mpi-smoke", Result(0, merged, ""), None, 4, 1.0, "mpirun", get("mpi").smoke.fix(None)).status == PASS
     crashed = Result(1, "", "ORTE was unable to reliably start one or more daemons.\nmore")
     f = judge("mpi-smoke", crashed, None, 2, 1.0, "mpirun", get("mpi").smoke.fix(None))
     assert f.status == FAIL and "0/2 ranks" in f.detail and "ORTE was unable" in f.detail
