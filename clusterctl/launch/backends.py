@@ -32,7 +32,8 @@ from ..errors import InventoryError, LaunchError, UsageError
 from ..hosts.facts import RING_STARTING_PORT
 from ..hosts.openssh import rsh_agent
 from ..hosts.scripts import program as script_program
-from ..hosts.transport import env_input, quote_path, remote_command, shell_command
+from ..hosts.quoting import quote_path, shell_command
+from ..hosts.remote import env_input, remote_command
 from ..inventory import Cluster, load
 from . import mlxenv
 from .hostfile import render as render_hostfile

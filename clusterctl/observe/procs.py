@@ -22,7 +22,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 
-from ..hosts.transport import LocalTransport
+from ..hosts.local import LocalTransport
 from ..launch.launchers import sweep
 from .record import PID_FILE, SUMMARY
 from .runs import run_pid

@@ -1,6 +1,7 @@
-"""The host-side watchdog (hosts/transport.py remote_command) through a real /bin/sh: it ends with its command,
-signals nothing after a normal end, and still kills a whole tree when the channel (here: a pipe) closes;
-the standard-input frames it decodes for a command that reads the data after the environment."""
+"""The host-side watchdog (hosts/scripts/watchdog.sh, as hosts/remote.py's remote_command sends it) through a
+real /bin/sh: it ends with its command, signals nothing after a normal end, and still kills a whole tree when
+the channel (here: a pipe) closes; the standard-input frames it decodes for a command that reads the data after
+the environment. tests/unit/test_watchdog_script.py runs the file itself."""
 import os
 import shlex
 import subprocess
@@ -11,7 +12,8 @@ import uuid
 import pytest
 
 from clusterctl.hosts.scripts.frames import STDIN_END, stdin_frames
-from clusterctl.hosts.transport import env_input, remote_command, shell_command
+from clusterctl.hosts.quoting import shell_command
+from clusterctl.hosts.remote import env_input, remote_command
 
 
 def _ours(token: str) -> list[str]:
@@ -200,13 +202,17 @@ LISTING_2 = """\
      {"103", "105"}),
 ])
 def test_the_watchdog_signals_only_processes_it_has_just_confirmed(tmp_path, listing, c, t, expected):
-    """The ps listing the watchdog's rounds read, canned (a `ps` first on PATH), through its real awk."""
-    from clusterctl.hosts.transport import _TREE
+    """The ps listing the watchdog's rounds read, canned (a `ps` first on PATH), through its real awk: the
+    file's own our_tree function."""
+    import re
 
+    from clusterctl.hosts.scripts import script_text
+
+    our_tree = re.search(r"^our_tree\(\) \{\n.*?^\}\n", script_text("watchdog.sh"), re.M | re.S).group()
     (tmp_path / "listing").write_text(listing)
     ps = tmp_path / "ps"
     ps.write_text(f'#!/bin/sh\nsed "s/MAIN/$MAINPID/" {shlex.quote(str(tmp_path / "listing"))}\n')
     ps.chmod(0o755)
-    script = f'MAINPID=$$; export MAINPID; PATH={shlex.quote(str(tmp_path))}:$PATH; c={c}; t={shlex.quote(t)}\n{_TREE}'
+    script = f'MAINPID=$$; export MAINPID; PATH={shlex.quote(str(tmp_path))}:$PATH; c={c}; t={shlex.quote(t)}\n{our_tree}our_tree'
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True).stdout
     assert {line.split()[0] for line in out.splitlines()} == expected, out
