@@ -16,7 +16,8 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
 
-BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"}
+BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
+        "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve"},
@@ -34,7 +35,8 @@ ALLOWED = {
 }
 ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
 ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract"}  # base modules that import nothing but the standard library
-BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"]  # each may import the earlier
+BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
+              "inventory_edit"]  # each may import the earlier
 
 
 def modules():
