@@ -71,7 +71,7 @@ class MissingExtra(BadInput):
 
 class ConnectError(ClusterctlError):
     """SSH could not reach or log in to a host. `detail` is what the SSH layer said, unabridged; `reason`
-    is a stable word for code to act on (see hosts.transport.CONNECT_REASONS), never parsed from text."""
+    is a stable word for code to act on (see hosts.ssh.CONNECT_REASONS), never parsed from text."""
 
     exit_code = EXIT_CONNECT
 

@@ -27,7 +27,7 @@ def controller_ssh(p: HostProbe, describe: str) -> Finding:
     return Finding("ssh", p.host.name, PASS, f"reached {how}{took}")
 
 
-_CONNECT_FIXES = {   # by ConnectError.reason (hosts.transport.CONNECT_REASONS)
+_CONNECT_FIXES = {   # by ConnectError.reason (hosts.ssh.CONNECT_REASONS)
     "auth": "install your public key on {name}: ssh-copy-id {name} (clusterctl never types passwords)",
     "encrypted-key": "add the key to your ssh-agent (ssh-add KEY) so clusterctl can use it without a prompt",
     "host-key-changed": "if the host was reinstalled: ssh-keygen -R <host> and connect again; otherwise investigate",

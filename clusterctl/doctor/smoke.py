@@ -12,7 +12,8 @@ import time
 
 from ..errors import ClusterctlError, LaunchError
 from ..hosts.connector import Connector
-from ..hosts.transport import LocalTransport, Result
+from ..hosts.local import LocalTransport
+from ..hosts.transport import Result
 from ..launch.backends import Backend, write_files
 from ..launch.bootstrap import ENV_FILES
 from ..launch.plan import LaunchPlan

@@ -20,7 +20,8 @@ from .fanout import GroupResult, run_all
 from .openssh import host_config_text, ssh_options
 from .ssh import SSHTransport
 from .sshconfig import SSHTarget, resolve_cluster
-from .transport import DEFAULT_CONNECT_TIMEOUT_S, LocalTransport, Transport
+from .local import LocalTransport
+from .transport import DEFAULT_CONNECT_TIMEOUT_S, Transport
 
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.
 DEADLINE_SLACK_S = 5.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ..inventory import Host
 from .openssh import HOST_CONFIG
 from .scripts import script_text
-from .transport import quote_path
+from .quoting import quote_path
 
 MESH_MARKER = "clusterctl-mesh-ok"
 MESH_AT_ONCE = 4      # logins to peers one host's probe has under way at a time (probe.sh says why)

@@ -22,8 +22,9 @@ from ..errors import CommandTimeout, ConnectError
 from .files import SFTPFiles
 from .sshconfig import SSHTarget
 from .stdinfeed import StdinFeed
-from .transport import (DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport, env_input,
-                        remote_command, shell_command, short)
+from .quoting import shell_command, short
+from .remote import env_input, remote_command
+from .transport import DEFAULT_CONNECT_TIMEOUT_S, Process, Result, Transport
 
 # paramiko logs a failed negotiation from its transport thread as a traceback on stderr (logging's last-resort
 # handler): the ConnectError this module raises already says it in one line (docs/facts/ssh.md#paramiko-key-exchange).
@@ -175,7 +176,7 @@ class SSHTransport(Transport):
 
 class RemoteProcess(Process):
     """A command running on a host over one SSH channel. Its output streams back over the channel;
-    stop() closes the channel, and the host's watchdog (transport.remote_command) kills the command's
+    stop() closes the channel, and the host's watchdog (remote.remote_command) kills the command's
     whole process tree."""
 
     def __init__(self, channel, script: str, lines: queue.Queue, env: Mapping[str, str] | None = None,

@@ -22,7 +22,7 @@ from ..errors import ClusterctlError, RestartError, SignalReceived
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.stdinfeed import StdinFeed
-from ..hosts.transport import quote_path
+from ..hosts.quoting import quote_path
 from ..inventory import Cluster
 from .backends import Backend
 from .job import Launch, prepare

@@ -23,7 +23,8 @@ from ..atomic import write_text
 from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
 from ..hosts.stdinfeed import StdinFeed
-from ..hosts.transport import LocalTransport, Process
+from ..hosts.local import LocalTransport
+from ..hosts.transport import Process
 from ..inventory import Cluster, scrub
 from .backends import Backend, LauncherCommand, write_files
 from .bootstrap import BOOTSTRAP

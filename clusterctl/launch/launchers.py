@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..hosts.fanout import run_all
-from ..hosts.transport import quote_path
+from ..hosts.quoting import quote_path
 from ..inventory import Cluster
 from .backends import Backend
 from .site import LaunchSite

@@ -16,7 +16,8 @@ from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, host_memory, libmpi_env, shared_subnet
 from ..hosts.fanout import run_all
 from ..hosts.probe import MPIRUN_DIRS, HostProbe, parse_probe, probe_script
-from ..hosts.transport import export_text, quote_path
+from ..hosts.quoting import quote_path
+from ..hosts.remote import export_text
 from ..inventory import Cluster
 
 

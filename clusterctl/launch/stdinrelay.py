@@ -17,7 +17,8 @@ from ..errors import LaunchError
 from ..hosts.connector import Connector
 from ..hosts.scripts import program
 from ..hosts.stdinfeed import StdinFeed
-from ..hosts.transport import Process, Transport, quote_path
+from ..hosts.quoting import quote_path
+from ..hosts.transport import Process, Transport
 from ..inventory import Cluster
 
 READY_TIMEOUT_S = 30.0

@@ -22,7 +22,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..hosts.transport import LocalTransport
+from ..hosts.local import LocalTransport
 from ..launch.launchers import sweep
 from ..launch.stop import ask_to_stop
 from .record import PID_FILE, SUMMARY

@@ -27,7 +27,7 @@ from ..errors import ClusterctlError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.scripts import script_text
-from ..hosts.transport import quote_path
+from ..hosts.quoting import quote_path
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
 from . import exit_code, run_script

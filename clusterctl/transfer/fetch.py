@@ -27,7 +27,7 @@ from ..errors import UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.files import TMP_MARK
-from ..hosts.transport import quote_path
+from ..hosts.quoting import quote_path
 from ..inventory import Host
 from . import remotefiles
 from .push import local_rsync, rsync_else_sftp, rsync_pull, rsync_target

@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 
 from ..atomic import scratch_file
 from ..errors import ConnectError, RsyncFailed, RsyncMissing
-from ..hosts.transport import quote_path, remote_command
+from ..hosts.quoting import quote_path
+from ..hosts.remote import remote_command
 
 MISSING_MARK = "clusterctl: rsync is not installed on this host"
 OUT_FORMAT = "%i %l %n"            # itemized changes, file length, name

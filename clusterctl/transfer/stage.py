@@ -136,7 +136,7 @@ def spread_checkpoint(connector: Connector, run_id: str, step: str, holder, lack
     never resumed from. The holder's metrics.jsonl goes along, so a rank 0 that was away keeps writing
     one curve. Raises StageError naming every host that failed."""
     from ..hosts.fanout import run_all
-    from ..hosts.transport import quote_path
+    from ..hosts.quoting import quote_path
 
     local = os.path.join(scratch, step)
     with connector.transport(holder) as transport, transport.files() as session:

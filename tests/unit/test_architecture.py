@@ -17,7 +17,8 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
 
-BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"}
+BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
+        "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
@@ -37,7 +38,8 @@ ALLOWED = {
 }
 ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
 ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract"}  # base modules that import nothing but the standard library
-BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory", "inventory_edit"]  # each may import the earlier
+BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
+              "inventory_edit"]  # each may import the earlier
 
 
 def modules():
@@ -184,3 +186,26 @@ def test_the_serving_rank_needs_only_the_standard_library_and_mlx_lm():
     found = {t for t, _ in imports("clusterctl.serve.rank", path)}
     assert {t for t in found if not t.startswith("!")} == set()
     assert {t[1:] for t in found} - STDLIB <= {"mlx_lm", "huggingface_hub"}
+
+
+# ---- programs that run on hosts are real files --------------------------------------------------------
+
+def test_the_watchdog_is_a_file_sent_as_it_is_with_its_values_as_arguments():
+    """hosts/scripts/watchdog.sh, less its comment and blank lines, is the whole text of the shell every
+    remote command runs in, whatever the command, grace, environment or stdin: no value is written into it,
+    and no Python module of the package holds a watchdog of its own."""
+    import shlex
+
+    from clusterctl.hosts.remote import _READ_ENV, remote_command
+    from clusterctl.hosts.scripts import script_text
+
+    body = [line for line in script_text("watchdog.sh").splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    sent = set()
+    for script, grace, env, stdin in (("true", 2.0, False, False), ("echo 'a b'", 0.5, True, True), ("x", 9, False, True)):
+        argv = shlex.split(remote_command(script, grace, env=env, stdin=stdin))
+        assert argv[:3] == ["exec", "/bin/sh", "-c"] and argv[4:7] == ["sh", f"{grace:g}", "frames" if stdin else "null"]
+        assert argv[7].endswith(script)
+        sent.add(argv[3].removeprefix(_READ_ENV) if env else argv[3])
+    assert sent == {"\n".join(body) + "\n"}
+    holders = [m for m, p in ALL if "exec 3<&0" in open(p, encoding="utf-8").read()]
+    assert holders == [], holders

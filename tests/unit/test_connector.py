@@ -11,7 +11,8 @@ from clusterctl.hosts import openssh
 from clusterctl.hosts.connector import Connector, ranks_run_dir
 from clusterctl.hosts.ssh import SSHTransport
 from clusterctl.hosts.sshconfig import SSHTarget
-from clusterctl.hosts.transport import DEFAULT_CONNECT_TIMEOUT_S, LocalTransport
+from clusterctl.hosts.local import LocalTransport
+from clusterctl.hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from clusterctl.inventory import parse
 
 PACKAGE = os.path.join(os.path.dirname(__file__), "..", "..", "clusterctl")

@@ -231,3 +231,75 @@ def test_secret_env_values_are_marked_by_name_or_by_the_secret_tag_and_scrubbed(
                                               "env": {"PLAIN": "plain1", "OWN": REDACTED}}
     with pytest.raises(InventoryError, match=r"i2.yaml:2: the YAML tag !secret is not allowed"):
         parse("defaults:\n  python: !secret /x\nhosts:\n  - {name: a}\n", str(tmp_path / "i2.yaml"))
+
+
+# ---- a host key is one declaration (issue 39) -----------------------------------------------------------
+
+TIER = '    tier: str = key("bronze", read=NodeReader.string, help="a test key: the host\'s tier")\n'
+
+
+def _inventory_with(declaration: str, tmp_path, monkeypatch):
+    """clusterctl/inventory.py with `declaration` added after Host's last key, imported as a module of its
+    own (clusterctl.inventory itself untouched), and the diff that made it."""
+    import ast
+    import difflib
+    import importlib.util
+
+    import clusterctl.inventory as inventory
+
+    source = open(inventory.__file__, encoding="utf-8").read().splitlines(keepends=True)
+    host = next(n for n in ast.parse("".join(source)).body if isinstance(n, ast.ClassDef) and n.name == "Host")
+    last_key = [n for n in host.body if isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Call)
+                and getattr(n.value.func, "id", None) == "key"][-1]
+    changed = source[:last_key.end_lineno] + declaration.splitlines(keepends=True) + source[last_key.end_lineno:]
+    diff = [line for line in difflib.unified_diff(source, changed, n=0) if line[0] in "+-"][2:]
+    path = tmp_path / "inventory_with_a_test_key.py"
+    path.write_text("".join(changed), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("clusterctl.inventory_with_a_test_key", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module, diff
+
+
+def test_adding_a_host_key_is_one_declaration(tmp_path, monkeypatch):
+    """One line added to Host, nothing else: the key is read from a host and from `defaults:`, with the
+    precedence host > defaults > built-in, and a malformed value is refused at its file:line."""
+    module, diff = _inventory_with(TIER, tmp_path, monkeypatch)
+    assert diff == ["+" + TIER]
+    assert "tier" in module.HOST_KEYS and "tier" in module.DEFAULTS_KEYS
+    text = "defaults:\n  tier: silver\nhosts:\n  - name: a\n    tier: gold\n  - b\n"
+    assert [h.tier for h in module.parse(text, "inv.yaml").hosts] == ["gold", "silver"]
+    assert [h.tier for h in module.parse("hosts: [a, {name: b, tier: gold}]\n", "inv.yaml").hosts] == ["bronze", "gold"]
+    with pytest.raises(InventoryError, match=r"^inv\.yaml:5: tier must be a string, not the number 5$"):
+        module.parse("defaults:\n  tier: silver\nhosts:\n  - name: a\n    tier: 5\n", "inv.yaml")
+    with pytest.raises(InventoryError, match=r"^inv\.yaml:2: defaults\.tier must not be empty$"):
+        module.parse("defaults:\n  tier: ''\nhosts: [a]\n", "inv.yaml")
+    # the inventory as it is knows no such key: the declaration is what made it one
+    with pytest.raises(InventoryError, match=r"^inv\.yaml:1: unknown key 'tier' in a host entry"):
+        parse("hosts: [{name: a, tier: gold}]\n", "inv.yaml")
+
+
+def test_a_host_key_declared_for_hosts_only_is_refused_under_defaults(tmp_path, monkeypatch):
+    declaration = ('    rack: int | None = key(None, read=whole(1, 42), in_defaults=False,\n'
+                   '                           help="a test key: the rack a host sits in")\n')
+    module, diff = _inventory_with(declaration, tmp_path, monkeypatch)
+    assert diff == ["+" + line for line in declaration.splitlines(keepends=True)]
+    assert "rack" in module.HOST_KEYS and "rack" not in module.DEFAULTS_KEYS
+    assert [h.rack for h in module.parse("hosts: [a, {name: b, rack: 7}]\n", "inv.yaml").hosts] == [None, 7]
+    with pytest.raises(InventoryError, match=r"^inv\.yaml:2: unknown key 'rack' in defaults"):
+        module.parse("defaults:\n  rack: 3\nhosts: [a]\n", "inv.yaml")
+    with pytest.raises(InventoryError, match=r"^inv\.yaml:1: rack must be a whole number from 1 to 42, not the number 43$"):
+        module.parse("hosts: [{name: b, rack: 43}]\n", "inv.yaml")
+
+
+def test_the_guide_lists_every_declared_host_key_and_where_it_may_be_set():
+    """docs/inventory.md's host key table has a row per declared key, and says `Not in defaults` exactly for
+    the keys declared for hosts only."""
+    from clusterctl.inventory import DEFAULTS_KEYS, HOST_KEYS
+
+    text = open(os.path.join(REPO, "docs", "inventory.md"), encoding="utf-8").read()
+    table = text.split("## Host keys", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip().strip("`"): line for line in table.splitlines() if line.startswith("| `")}
+    assert list(rows) == list(HOST_KEYS)
+    assert [k for k, row in rows.items() if "Not in `defaults`" not in row] == list(DEFAULTS_KEYS)

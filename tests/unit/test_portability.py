@@ -11,7 +11,9 @@ import subprocess
 import pytest
 
 from clusterctl.hosts.probe import probe_script
-from clusterctl.hosts.transport import remote_command, shell_command
+from clusterctl.hosts.scripts import script_text
+from clusterctl.hosts.quoting import shell_command
+from clusterctl.hosts.remote import remote_command
 from clusterctl.inventory import parse
 from clusterctl.launch.backends import get
 from clusterctl.launch.job import LAUNCH_HOST_FACTS
@@ -72,6 +74,7 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
         "rsync's remote side": remote_rsync_path("~/work dir/sub") + " --server -lpt . .",
         "launch from the first host": LAUNCH_HOST_FACTS,
         "a command with env": remote_command(shell_command(["python3", "-c", "print(1)"], cwd="~/w d"), env=True),
+        "the watchdog (hosts/scripts/watchdog.sh)": script_text("watchdog.sh"),
     }
     from clusterctl.setup.mesh import script as mesh_script
     for mode in ("prepare", "apply", "undo"):

@@ -9,7 +9,8 @@ import sys
 import time
 
 from clusterctl.hosts.scripts import program
-from clusterctl.hosts.transport import env_input, remote_command, shell_command
+from clusterctl.hosts.quoting import shell_command
+from clusterctl.hosts.remote import env_input, remote_command
 
 WAIT = "cat >/dev/null; echo stopped"       # a rank that runs until the starter closes its stdin
 

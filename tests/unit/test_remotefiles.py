@@ -8,7 +8,7 @@ import pytest
 
 from clusterctl.errors import CommandFailed
 from clusterctl.hosts.files import TMP_MARK
-from clusterctl.hosts.transport import LocalTransport
+from clusterctl.hosts.local import LocalTransport
 from clusterctl.transfer import remotefiles
 
 PY = sys.executable

@@ -18,7 +18,7 @@ import pytest
 
 from clusterctl.errors import PortTaken
 from clusterctl.hosts.forward import Forward
-from clusterctl.hosts.transport import LocalTransport
+from clusterctl.hosts.local import LocalTransport
 from clusterctl.serve import endpoint, rank
 from clusterctl.serve.endpoint import Endpoint
 

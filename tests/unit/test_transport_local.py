@@ -9,7 +9,9 @@ import time
 import pytest
 
 from clusterctl.errors import CommandTimeout
-from clusterctl.hosts.transport import LocalTransport, env_input, quote_path, remote_command, shell_command
+from clusterctl.hosts.local import LocalTransport
+from clusterctl.hosts.quoting import quote_path, shell_command
+from clusterctl.hosts.remote import env_input, remote_command
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", '"; touch {canary}; "',
            "a b\tc", "x\ntouch {canary}", "${{IFS}}touch${{IFS}}{canary}", "\\'; touch {canary} #"]

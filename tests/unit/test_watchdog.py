@@ -1,8 +1,10 @@
-"""The host-side watchdog (hosts/transport.py remote_command) through a real /bin/sh: it ends with its command,
-signals nothing after a normal end, and still kills a whole tree when the channel (here: a pipe) closes;
-the standard-input frames it decodes for a command that reads the data after the environment."""
+"""The host-side watchdog (hosts/scripts/watchdog.sh, as hosts/remote.py's remote_command sends it) through a
+real /bin/sh: it ends with its command, signals nothing after a normal end, and still kills a whole tree when
+the channel (here: a pipe) closes; the standard-input frames it decodes for a command that reads the data after
+the environment; and the file itself, run directly under each shell a host's /bin/sh may be."""
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -11,7 +13,8 @@ import uuid
 import pytest
 
 from clusterctl.hosts.scripts.frames import STDIN_END, stdin_frames
-from clusterctl.hosts.transport import env_input, remote_command, shell_command
+from clusterctl.hosts.quoting import shell_command
+from clusterctl.hosts.remote import env_input, remote_command
 
 
 def _ours(token: str) -> list[str]:
@@ -200,13 +203,83 @@ LISTING_2 = """\
      {"103", "105"}),
 ])
 def test_the_watchdog_signals_only_processes_it_has_just_confirmed(tmp_path, listing, c, t, expected):
-    """The ps listing the watchdog's rounds read, canned (a `ps` first on PATH), through its real awk."""
-    from clusterctl.hosts.transport import _TREE
+    """The ps listing the watchdog's rounds read, canned (a `ps` first on PATH), through its real awk: the
+    file's own our_tree function."""
+    import re
 
+    from clusterctl.hosts.scripts import script_text
+
+    our_tree = re.search(r"^our_tree\(\) \{\n.*?^\}\n", script_text("watchdog.sh"), re.M | re.S).group()
     (tmp_path / "listing").write_text(listing)
     ps = tmp_path / "ps"
     ps.write_text(f'#!/bin/sh\nsed "s/MAIN/$MAINPID/" {shlex.quote(str(tmp_path / "listing"))}\n')
     ps.chmod(0o755)
-    script = f'MAINPID=$$; export MAINPID; PATH={shlex.quote(str(tmp_path))}:$PATH; c={c}; t={shlex.quote(t)}\n{_TREE}'
+    script = f'MAINPID=$$; export MAINPID; PATH={shlex.quote(str(tmp_path))}:$PATH; c={c}; t={shlex.quote(t)}\n{our_tree}our_tree'
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True).stdout
     assert {line.split()[0] for line in out.splitlines()} == expected, out
+
+
+# ---- the file itself: `sh watchdog.sh GRACE null|frames SCRIPT` ------------------------------------------
+# under each shell a host's /bin/sh may be: dash, bash in POSIX mode (macOS's, here with a UTF-8 locale), zsh's
+# sh emulation (the command itself runs under this machine's /bin/sh, as the file says)
+
+WATCHDOG = os.path.join(os.path.dirname(__file__), "..", "..", "clusterctl", "hosts", "scripts", "watchdog.sh")
+FILE_SHELLS = [pytest.param(["sh"], id="sh")] + [
+    pytest.param(argv, id=name, marks=pytest.mark.skipif(shutil.which(argv[0]) is None, reason=f"no {argv[0]}"))
+    for name, argv in (("bash-posix", ["bash", "--posix"]), ("zsh-sh", ["zsh", "--emulate", "sh"]))]
+UTF8 = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+
+
+@pytest.mark.parametrize("shell", FILE_SHELLS)
+def test_the_file_passes_the_commands_bytes_status_and_output_and_ends_with_it(shell):
+    """STDIN `frames`: the command reads the data byte for byte, sees EOF at the end frame while the channel
+    stays open, and the watchdog exits with the command's status, its own watcher gone with it."""
+    data = b"line\n\0 \\c %s \\0101 \xff\xfe\nlast without newline"
+    script = "od -An -c | tr -s ' \\n' ' '; echo; echo err >&2; exit 7"
+    proc = subprocess.Popen([*shell, WATCHDOG, "0.3", "frames", script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=UTF8)
+    proc.stdin.write(stdin_frames(data) + STDIN_END)
+    proc.stdin.flush()
+    try:
+        assert proc.wait(timeout=20) == 7        # ended with the command: the channel is still open
+    finally:
+        proc.stdin.close()
+    expected = subprocess.run(["sh", "-c", script], input=data, capture_output=True).stdout
+    assert (proc.stdout.read(), proc.stderr.read()) == (expected, b"err\n")
+
+
+@pytest.mark.parametrize("shell", FILE_SHELLS)
+@pytest.mark.parametrize("mode", ["null", "frames"])
+def test_the_file_kills_the_commands_tree_when_its_stdin_closes(tmp_path, shell, mode):
+    """A child, and a grandchild that ignores TERM: closing the watchdog's stdin (the channel) ends both, the
+    grandchild by the KILL round after the grace period."""
+    pids = tmp_path / "pids"
+    inner = f"trap '' TERM; sleep 300 & echo $! >> {shlex.quote(str(pids))}; wait"
+    script = f"sh -c {shlex.quote(inner)} & echo $! >> {shlex.quote(str(pids))}; wait"
+    proc = subprocess.Popen([*shell, WATCHDOG, "0.3", mode, script], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=UTF8)
+    deadline = time.monotonic() + 20
+    while len((pids.read_text() if pids.exists() else "").split()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = tree = [int(p) for p in pids.read_text().split()]
+    try:
+        assert len(tree) == 2 and proc.poll() is None
+        proc.stdin.close()
+        proc.wait(timeout=20)
+        deadline = time.monotonic() + 20
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if _alive(p)]
+        assert left == []
+    finally:
+        for pid in [p for p in left if _alive(p)]:      # what the watchdog failed to end: leave nothing running
+            os.kill(pid, 9)
+
+
+@pytest.mark.parametrize("mode", ["", "stdin", "NULL"])
+def test_the_file_refuses_a_stdin_mode_it_does_not_know_and_runs_nothing(tmp_path, mode):
+    ran = tmp_path / "ran"
+    proc = subprocess.run(["sh", WATCHDOG, "1", mode, f": > {shlex.quote(str(ran))}"], input=b"",
+                          capture_output=True, timeout=20)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (125, b"", b"usage: watchdog.sh GRACE null|frames SCRIPT\n")
+    assert not ran.exists()

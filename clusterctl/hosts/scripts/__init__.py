@@ -1,6 +1,8 @@
 """The programs clusterctl runs on hosts, kept as real files (so they can be read, linted and run in tests)
 and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of clusterctl installed.
 
+    watchdog.sh     what every command on a host runs behind: it kills the command's tree when the channel
+                    closes (POSIX sh; its values as arguments; sent by hosts/remote.py, less its comments)
     probe.sh        doctor's and the pre-flight's one-round-trip probe (POSIX sh; its values come first)
     python_info.py  python, mlx and mpi4py versions, for the probe
     dataplane.py    the TCP data-plane check (listen on this host's ring port, connect to every peer's)

@@ -1,4 +1,4 @@
-"""Standard input in frames, for a command behind the watchdog (hosts/transport.py remote_command(stdin=True)),
+"""Standard input in frames, for a command behind the watchdog (watchdog.sh; hosts/remote.py, stdin=True),
 which decodes them in POSIX sh: one line per frame, `d<text>` (the text and a newline), `p<text>` (the text
 alone: the unterminated tail of a chunk), and `e` alone, the end of the data, after which the command's stdin
 is at EOF while the channel, and the watchdog reading it, stay open. The shell prints a text with printf's %b,

@@ -8,7 +8,7 @@ it: `/bin/sh -c` of a watchdog-wrapped script for a rank on this machine, `ssh -
 What it does, and why it is not mlx.launch (docs/facts/launchers.md#mlx-launch-spins-a-core):
   - starts every rank at once, each with a stdin pipe it writes the rank's environment to first (the
     spec's "stdin": never on a command line, where `ps` shows it) and never closes until the rank should
-    stop: the rank's watchdog (hosts/transport.py) reads that pipe and kills the rank's process
+    stop: the rank's watchdog (watchdog.sh) reads that pipe and kills the rank's process
     tree when it ends, so a rank never outlives this process, even after SIGKILL;
   - copies its own stdin to every rank, the same bytes to each, in frames (frames.py) on that pipe, then
     the end frame when its stdin ends: the rank's stdin ends, its pipe stays open (docs/run.md#standard-input).

@@ -1,5 +1,5 @@
 """A rank's stdin drained as it comes; part of the rank bootstrap (bootstrap.py) and of the stdin relay
-(stdinrelay.py). Behind the watchdog (hosts/transport.py), a rank's stdin is a pipe the watchdog writes the
+(stdinrelay.py). Behind the watchdog (watchdog.sh), a rank's stdin is a pipe the watchdog writes the
 data from the controller into, and the same shell process reads the channel to notice the controller going
 away: a program that never reads its stdin would leave the watchdog blocked on a full pipe, deaf to the
 channel closing. So the bootstrap takes the pipe over: a thread reads it as it comes into memory, another

@@ -1,7 +1,7 @@
 """The stdin relay for an mpi job's ranks on one host: `python -c PROGRAM FOLDER TAG RANK...`.
 
 mpirun gives its stdin to rank 0 alone (docs/facts/launchers.md#mpirun-stdin-all), so `run` starts this on
-every host of an mpi job, behind the watchdog with the controller's stdin (hosts/transport.py): it makes a
+every host of an mpi job, behind the watchdog with the controller's stdin (watchdog.sh): it makes a
 FIFO FOLDER/rank-R.TAG.stdin for each rank R of this host (TAG: the attempt's, so that no rank opens a FIFO
 an earlier attempt left), says `ready`, and copies its own stdin to every FIFO,
 the same bytes to each, holding in memory what a rank has not taken yet; each rank's bootstrap opens its

@@ -107,7 +107,7 @@ class LauncherCommand:
     files: list[tuple[str, str, int | None]] = field(default_factory=list)   # (path, text, mode) to write first
     path_prepend: str | None = None   # a directory to put first on the launcher's PATH (mlx.launch's ssh shim)
     # what the launcher must find in its own environment (mpirun's `-x NAME` passes NAME's value from there):
-    # given to it on its stdin (hosts/transport.py), never on a command line
+    # given to it on its stdin (hosts/remote.py), never on a command line
     env_values: dict[str, str] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:

@@ -16,7 +16,8 @@ import sys
 from ...errors import LaunchError
 from ...hosts.facts import RING_STARTING_PORT
 from ...hosts.scripts import program as script_program
-from ...hosts.transport import env_input, quote_path, remote_command, shell_command
+from ...hosts.quoting import quote_path, shell_command
+from ...hosts.remote import env_input, remote_command
 from ...inventory import Cluster
 from .. import mlxenv
 from ..site import LaunchSite
