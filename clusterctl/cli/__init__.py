@@ -2,16 +2,18 @@
 once, and prints what comes back. No command loops over hosts, starts threads or processes: that is the
 core's work (run.py, doctor/, bench/, transfer/, hosts/).
 
-    app.py      the click group, the options several commands share
-    console.py  tables, sizes, one-line errors, progress bars
-    hosts.py    hosts, exec, init          doctor.py  doctor
-    launch.py   hostfile, run              sync.py    sync
-    data.py     data prepare, data push, generate
-    bench.py    bench                      models.py  models, models push, models rm
+    app.py      the click group, the options several commands share, MODULES (command -> module)
+    console.py  tables, sizes, one-line errors, progress bars; panel.py  run's live panel (rich)
+    hosts.py    hosts, exec, init, ssh-close                  doctor.py  doctor
+    launch.py   hostfile, run                                 sync.py    sync
+    data.py     data prepare, data push, generate, export     setup.py   setup mesh, setup python, setup network
+    bench.py    bench                                         models.py  models, models push, models rm
+    serve.py    serve
     observe.py  runs, logs, plot, ps, kill, stacks, completion
 
 Each command module registers its commands on `cli` when it is imported: app.MODULES says which module
-defines which command, and a module is imported only when its command is used (or --help lists it).
+defines which command, and a module is imported only when its command is used (or --help lists it), so a
+new command goes into MODULES too (CONTRIBUTING.md#adding-a-command).
 
 main() is the one error boundary: a ClusterctlError becomes one red line and its exit code (errors.py
 lists them), anything unexpected one line plus a traceback in ~/.cache/clusterctl/debug.log.

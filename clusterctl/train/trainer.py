@@ -1,4 +1,5 @@
-"""The bundled trainer: a small Llama-style LM, data-parallel (dp) or fully sharded (fsdp), in MLX.
+"""The bundled trainer, in MLX: a small Llama-style LM of its own or a model the user has (--model, lm.py), trained
+data-parallel (dp; --balance: shares by speed), fully sharded (fsdp) or ZeRO-3 (zero3), --strategy auto by memory.
 
 Launch (every rank runs this same program; rank 0 reports; mlx.launch needs the explicit `python`, see
 docs/facts/launchers.md#mlx-launch-does-not-prepend-python):
