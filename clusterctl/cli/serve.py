@@ -82,7 +82,7 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     machine, carried over SSH to rank 0's host, where the server listens only on the loopback.
     """
     from ..launch.restart import RestartPolicy
-    from ..launch.supervise import AttemptState
+    from ..launch.outcome import AttemptState
     from ..serve.service import ServeOptions, describe_failure, serve
 
     options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,
