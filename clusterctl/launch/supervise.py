@@ -90,6 +90,8 @@ class Failing:
 
 @dataclass(frozen=True)
 class Ended:
+    """The job is over: how, before the pre-flight's last word on it (_Preflight.settles)."""
+
     outcome: Outcome
 
 
