@@ -46,7 +46,7 @@ from .launch.plan import LaunchPlan, cached_plan, discover, discover_with_paths,
 from .launch.restart import RestartPolicy
 from .launch.site import LaunchSite
 from .launch.stall import StallPolicy
-from .launch.supervise import AttemptState, Outcome
+from .launch.outcome import AttemptState, Outcome
 from .observe.live import LiveRun
 from .observe.plot import plot_run
 from .observe.record import RunRecord, describe, iso

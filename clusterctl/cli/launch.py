@@ -323,7 +323,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     note; write `--` after SCRIPT or MODULE to give every following word to the program instead.
     """
     from ..launch.restart import RestartPolicy
-    from ..launch.supervise import AttemptState
+    from ..launch.outcome import AttemptState
     from ..run import RunOptions, run
     from ..train.prelaunch import check_before_launch
 

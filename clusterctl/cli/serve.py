@@ -81,8 +81,8 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     and the OpenAI-compatible endpoint is printed once it answers, by default at http://127.0.0.1:PORT on this
     machine, carried over SSH to rank 0's host, where the server listens only on the loopback.
     """
+    from ..launch.outcome import AttemptState
     from ..launch.restart import RestartPolicy
-    from ..launch.supervise import AttemptState
     from ..serve.service import ServeOptions, describe_failure, serve
 
     options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ClusterctlError, RestartError, SignalReceived
 from ..hosts.connector import Connector
@@ -32,7 +32,8 @@ from ..trainer_contract import STEP_GLOB, checkpoint_step, last_step
 from .restart import RestartPolicy
 from .site import LaunchSite
 from .stall import StallPolicy
-from .supervise import AttemptState, Outcome, Settings, Status, Supervisor, signals_stop, stopped
+from .outcome import AttemptState, Outcome
+from .supervise import Settings, Status, Supervisor, signals_stop, stopped
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Attempts:
                     plan = self._restart(launch, outcome)
             except (KeyboardInterrupt, SignalReceived) as e:     # between attempts: nothing of the job runs
                 outcome = stopped(e)
-                outcome.reason += f" before restart {self.restarts}: nothing was running"
+                outcome = replace(outcome, reason=f"{outcome.reason} before restart {self.restarts}: nothing was running")
                 break
             launch, outcome = self._attempt(plan, None)
         return launch, outcome

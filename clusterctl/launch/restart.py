@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from .backends import get
-from .supervise import AttemptState
+from .outcome import AttemptState
 
 BATCH_POLICIES = ("rank", "global")
 # A rank's bootstrap beats every second whatever its program does, so silence this long means its host

@@ -209,3 +209,25 @@ def test_the_watchdog_is_a_file_sent_as_it_is_with_its_values_as_arguments():
     assert sent == {"\n".join(body) + "\n"}
     holders = [m for m, p in ALL if "exec 3<&0" in open(p, encoding="utf-8").read()]
     assert holders == [], holders
+
+
+# ---- the supervisor's state is visible ---------------------------------------------------------------
+
+def test_an_attempts_outcome_is_a_frozen_value_of_its_own_module():
+    """Outcome and AttemptState live in launch/outcome.py, not in the supervisor's loop; an Outcome is frozen,
+    so a later word on it (the sweep's, a restart's) is a copy, and its state is never filled in afterwards."""
+    import dataclasses
+
+    from clusterctl.launch.outcome import AttemptState, Outcome
+
+    path = os.path.join(PACKAGE, "launch", "supervise.py")
+    defined = {n.name for n in ast.parse(open(path, encoding="utf-8").read()).body if isinstance(n, ast.ClassDef)}
+    assert not defined & {"Outcome", "AttemptState"}, defined
+    assert Outcome.__module__ == AttemptState.__module__ == "clusterctl.launch.outcome"
+    assert Outcome.__dataclass_params__.frozen and not hasattr(Outcome, "__post_init__")
+    outcome = Outcome(1, "rank 1 on h2 exited 1", failed_rank=1)
+    for name in ("reason", "exit_code", "tail", "ended_as", "rank0_wrote"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(outcome, name, None)
+    assert outcome.state is AttemptState.FAILED and Outcome(0, "ok").state is AttemptState.SUCCEEDED
+    assert Outcome(130, "x", ended_as=AttemptState.STOPPED).state is AttemptState.STOPPED

@@ -10,7 +10,7 @@ import pytest
 from clusterctl import progress
 from clusterctl.launch.bootstrap import MARK
 from clusterctl.launch.stall import StallPolicy
-from clusterctl.launch.supervise import _Lines, _Rank
+from clusterctl.launch.ranklines import Rank, RankLines
 from clusterctl.launch.world import WorldCheck
 from clusterctl.observe.live import LiveRun
 
@@ -48,10 +48,10 @@ def test_hostile_metrics_lines_are_dropped_or_refused_never_raised():
 
 
 def test_the_supervisor_drops_an_unreadable_metrics_line_with_one_warning(tmp_path):
-    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
+    ranks = [Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
     emitted = []
-    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(1, "ring"),
-                   lambda text, err: emitted.append(text))
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(1, "ring"),
+                      lambda text, err: emitted.append(text))
     for _ in range(3):
         assert lines.handle(f"{MARK}0 out {progress.MARKER}" + "[" * 50000) is None
     lines.handle(f"{MARK}0 out after")
@@ -138,12 +138,12 @@ def test_the_job_step_is_the_slowest_reporting_rank_and_a_rank_without_metrics_w
 # ---- the supervisor's hook ----------------------------------------------------------------------
 
 def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path):
-    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
+    ranks = [Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
     emitted, heard = [], []
     launcher_log = open(tmp_path / "launcher.log", "a")
 
-    lines = _Lines(ranks, launcher_log, WorldCheck(1, "ring"), lambda text, err: emitted.append(text),
-                   status=lambda rank, kind, value, now: heard.append((rank, kind, value)))
+    lines = RankLines(ranks, launcher_log, WorldCheck(1, "ring"), lambda text, err: emitted.append(text),
+                      status=lambda rank, kind, value, now: heard.append((rank, kind, value)))
 
     def handle(line):
         return lines.handle(line)
@@ -164,11 +164,11 @@ def test_a_metrics_line_feeds_the_panel_and_is_neither_shown_nor_logged(tmp_path
 def test_the_supervisors_lines_feed_the_stall_watch(tmp_path):
     """Heartbeats are not progress, output lines and metrics lines are, quiet_s announces a quiet phase, and a
     straggler is warned of on the screen, in launcher.log and to the panel."""
-    ranks = [_Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
+    ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
     emitted, heard = [], []
-    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"),
-                   lambda text, err: emitted.append(text), status=lambda *event: heard.append(event[:2]),
-                   stall=StallPolicy.parse(10))
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"),
+                      lambda text, err: emitted.append(text), status=lambda *event: heard.append(event[:2]),
+                      stall=StallPolicy.parse(10))
     clock = iter(range(1000))
     with mock.patch("clusterctl.launch.supervise.time.monotonic", lambda: float(next(clock))):
         for r in (0, 1):
@@ -189,15 +189,15 @@ def test_the_supervisors_lines_feed_the_stall_watch(tmp_path):
 
 
 def test_a_failing_status_hook_is_dropped_with_one_warning_and_the_job_goes_on(tmp_path):
-    ranks = [_Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
+    ranks = [Rank(0, "h1", [str(tmp_path / "rank-0.log")])]
     emitted, calls = [], []
 
     def broken(rank, kind, value, now):
         calls.append(kind)
         raise OverflowError("a panel bug")
 
-    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(1, "ring"),
-                   lambda text, err: emitted.append(text), status=broken)
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(1, "ring"),
+                      lambda text, err: emitted.append(text), status=broken)
     lines.handle(f'{MARK}0 out {progress.MARKER}{{"step": 1}}')
     lines.handle(f"{MARK}0 out still here")
     assert lines.handle(f"{MARK}0 exit 0 0").exit_code == 0
@@ -249,10 +249,10 @@ def test_the_ranks_offer_to_stop_with_their_work_kept_and_say_when_they_did(tmp_
     """Every live rank must have offered (stop_s) for run to ask; the longest offer is how long it waits; an offer
     withdrawn (0) or a rank that never made one means a stop at once. Once a rank says it stopped, its exit is a
     stop, not a failure, and the launcher's complaints about the ranks' exits are logged, not shown."""
-    ranks = [_Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
+    ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
     emitted = []
-    lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"),
-                   lambda text, err: emitted.append(text))
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"),
+                      lambda text, err: emitted.append(text))
     for r in (0, 1):
         lines.handle(f"{MARK}{r} start")
     assert lines.stop_bound() is None
@@ -287,8 +287,8 @@ def test_watching_a_stop_ends_with_every_rank_or_says_why_the_checkpoint_is_not_
             return None
 
     def watch(events, within=5.0):
-        ranks = [_Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
-        lines = _Lines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"), lambda text, err: None)
+        ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(2)]
+        lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"), lambda text, err: None)
         queued = queue.Queue()
         for event in [f"{MARK}0 start", f"{MARK}1 start", *events]:
             queued.put((False, event))

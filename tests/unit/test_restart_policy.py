@@ -8,9 +8,9 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.inventory import Cluster, Host
 from clusterctl.launch.job import rank_environment
+from clusterctl.launch.outcome import AttemptState, Outcome
 from clusterctl.launch.plan import LaunchPlan
 from clusterctl.launch.restart import RestartPolicy
-from clusterctl.launch.supervise import AttemptState, Outcome
 
 
 def cluster(*slots):
@@ -97,7 +97,7 @@ def test_a_restartable_run_watches_for_silent_hosts_unless_told_otherwise():
 
 
 def test_a_rank_that_died_without_reporting_is_described_by_its_status():
-    from clusterctl.launch.supervise import _lost
+    from clusterctl.launch.ranklines import _lost
 
     assert _lost(137) == "was killed by SIGKILL" and _lost(-9) == "was killed by SIGKILL"
     assert _lost(143) == "was killed by SIGTERM"

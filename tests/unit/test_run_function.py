@@ -9,7 +9,7 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.inventory import Cluster, parse
 from clusterctl.launch import backends
-from clusterctl.launch.supervise import Outcome
+from clusterctl.launch.outcome import Outcome
 from clusterctl.run import BUNDLED_TRAINER, Program, RunEvents, RunOptions, RunResult, program_for, run
 
 

@@ -1,0 +1,256 @@
+"""One attempt's ranks as the supervisor (supervise.py) hears them: every line the launcher prints, routed.
+
+    lines = RankLines.open(launch, emit, status, rank0_only=False, stall=StallPolicy())
+    ended = lines.handle(line)     # an Outcome when the line ends the job: a rank's failure, or every rank's success
+    lines.world_verdict(), lines.timed_out(...), lines.stall(now), lines.launcher_ended(code)   # the other verdicts
+
+A rank's tagged line (bootstrap.py) goes to its log (the attempt's and the run's), its tail, the screen and the
+`status` hook (the live panel's model, observe/live.py); any other line goes to launcher.log. Progress-bar updates
+(`bar` lines) are shown live; only each bar's final state, an ordinary line, is logged. A metrics line
+(progress.py) goes only to the status hook and the stall watch: it is neither shown nor logged.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import deque
+from typing import Callable, TextIO
+
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
+from ..progress import Unreadable
+from ..progress import parse as parse_metrics
+from .bootstrap import parse_line
+from .job import Launch
+from .outcome import AttemptState, Outcome
+from .stall import StallPolicy, StallWatch
+from .world import WorldCheck
+
+TAIL_LINES = 10
+
+Emit = Callable[[str, bool], None]                     # (text, is_err): what the user sees
+Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
+
+
+def no_status(rank: int, kind: str, value: object, now: float) -> None:
+    """The status hook when nothing listens."""
+
+
+class Rank:
+    """One rank as its lines have told it so far: started, its exit, its last lines, what it said of a stop."""
+
+    def __init__(self, rank: int, host: str, log_paths: list[str]):
+        self.rank, self.host = rank, host
+        self.logs = [open(p, "a", encoding="utf-8", errors="replace") for p in log_paths]
+        self.started = False
+        self.exit_code: int | None = None
+        self.wrote: bool | None = None        # left files in its run directory (reported at its exit)
+        self.last_seen = time.monotonic()
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
+        self.stop_s = 0.0                     # it stops with its work kept within this long when asked (0: it cannot)
+        self.stopped: int | None = None       # asked, it stopped at this step, its checkpoint written (stop.py)
+
+    def write(self, line: str) -> None:
+        for log in self.logs:
+            log.write(line + "\n")
+            log.flush()
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
+
+
+class RankLines:
+    """One attempt's ranks and logs: every line the launcher prints goes to its rank (log, tail, screen,
+    status hook) or to launcher.log; the verdicts read from the ranks' state are here too."""
+
+    def __init__(self, ranks: list[Rank], launcher_log: TextIO, world: WorldCheck, emit: Emit, *,
+                 rank0_only: bool = False, status: Status = no_status, stall: StallPolicy | None = None):
+        self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
+        self.emit, self.rank0_only, self._status = emit, rank0_only, status
+        self.watch = StallWatch(stall or StallPolicy())
+        self.unreadable: set[int] = set()      # ranks warned of an unreadable metrics line
+        self.answered: float | None = None     # a service's last health answer already given to the watch
+
+    @classmethod
+    def open(cls, launch: Launch, emit: Emit, status: Status, *, rank0_only: bool, stall: StallPolicy) -> RankLines:
+        # an attempt's logs (run --max-restarts: runs/<id>/attempt-K/), and the run's, which hold every attempt
+        log_dirs = list(dict.fromkeys([launch.log_dir, launch.run_dir]))
+        ranks = [Rank(r, h, [os.path.join(d, f"rank-{r}.log") for d in log_dirs])
+                 for r, h in enumerate(launch.rank_hosts)]
+        world = WorldCheck(len(ranks), launch.backend)
+        launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
+        return cls(ranks, launcher_log, world, emit, rank0_only=rank0_only, status=status, stall=stall)
+
+    def close(self) -> None:
+        for r in self.ranks:
+            r.close()
+        self.launcher_log.close()
+
+    def handle(self, line: str) -> Outcome | None:
+        """Route one line; an Outcome when it ends the job (a rank's failure, or every rank's success)."""
+        parsed = parse_line(line)
+        if parsed is None or not 0 <= parsed[0] < len(self.ranks):
+            self.launcher_log.write(line + "\n")
+            self.launcher_log.flush()
+            if line.strip() and self.stopped_step is None:   # once the ranks stopped on request: expected, only logged
+                self.emit(f"[launcher] {line}", True)
+            return None
+        rank, kind, payload = parsed
+        r = self.ranks[rank]
+        r.last_seen = time.monotonic()
+        try:
+            metrics = parse_metrics(payload) if kind == "out" else None
+        except Unreadable as e:
+            if rank not in self.unreadable:
+                self.unreadable.add(rank)
+                self.emit(f"warning: rank {rank} on {r.host} printed a metrics line clusterctl does not read "
+                          f"({e}): dropped, as any more will be", True)
+            return None
+        if metrics is not None:
+            r.stop_s = metrics.get("stop_s", r.stop_s)
+            r.stopped = int(metrics["stopped"]) if "stopped" in metrics else r.stopped
+            self.watch.progress(rank, r.last_seen, structured=True)
+            if metrics.get("quiet_s"):
+                self.watch.quiet(rank, r.last_seen, metrics["quiet_s"])
+            self.status(rank, "metrics", metrics, r.last_seen)
+            return None
+        self.status(rank, kind, _exit_code(payload) if kind == "exit" else payload, r.last_seen)
+        shown = not self.rank0_only or rank == 0
+        if kind in ("out", "err", "bar"):
+            self.watch.progress(rank, r.last_seen)
+        if kind == "start":
+            r.started = True
+            if all(x.started for x in self.ranks):
+                self.watch.started(r.last_seen)
+        elif kind in ("out", "err"):
+            r.write(payload)
+            r.tail.append(payload)
+            if shown and r.bar_shown.pop(kind, None) != payload:
+                self.emit(f"[rank {rank} {r.host}] {payload}", kind == "err")
+        elif kind == "bar":        # "<out|err> <the bar's latest state>": shown, never logged
+            stream, _, text = payload.partition(" ")
+            r.bar_shown[stream] = text
+            if shown:
+                self.emit(f"[rank {rank} {r.host}] {text}", stream == "err")
+        elif kind == "world":
+            self.world.report(rank, r.host, payload, time.monotonic())
+        elif kind in ("lost", "exit"):
+            self.watch.ended(rank)
+            return self._ended(r, kind, payload)
+        return None
+
+    def _ended(self, r: Rank, kind: str, payload: str) -> Outcome | None:
+        if kind == "lost":       # the rank starter: the rank died, status <code>, without its own exit line
+            code = int(payload) if payload.lstrip("-").isdigit() else 1
+            r.exit_code = 128 - code if code < 0 else code
+            return Outcome(r.exit_code, f"rank {r.rank} on {r.host} {_lost(code)}", failed_rank=r.rank,
+                           ended_as=AttemptState.LOST)
+        # "<code> <1 if the rank left files in its run directory, else 0>"
+        r.exit_code = _exit_code(payload)
+        r.wrote = payload.partition(" ")[2] == "1"
+        if r.exit_code != 0 and self.stopped_step is not None:    # asked from outside: `clusterctl kill`, a signal
+            return Outcome(r.exit_code, f"the ranks were asked to stop (clusterctl kill, or a signal to a rank) and wrote "
+                           f"a checkpoint at step {self.stopped_step}", ended_as=AttemptState.STOPPED)
+        if r.exit_code != 0:
+            return Outcome(r.exit_code, f"rank {r.rank} on {r.host} exited {r.exit_code}", failed_rank=r.rank)
+        if all(x.exit_code == 0 for x in self.ranks):
+            return Outcome(EXIT_OK, f"all {len(self.ranks)} ranks finished")
+        return None
+
+    def stop_bound(self) -> float | None:
+        """How long the ranks still running said a stop with their work kept may take (the longest), None when one
+        of them cannot stop so (it never said, or no longer does: docs/run.md#ctrl-c-and-sigterm)."""
+        live = [r for r in self.ranks if r.exit_code is None]
+        if not live or any(not r.started or r.stop_s <= 0 for r in live):
+            return None
+        return max(r.stop_s for r in live)
+
+    @property
+    def stopped_step(self) -> int | None:
+        """The step a stop with the work kept ended at: one rank's word is every rank's, since it comes after the
+        checkpoint's last barrier (train/checkpoint.py save)."""
+        return next((r.stopped for r in self.ranks if r.stopped is not None), None)
+
+    def world_verdict(self, force: bool = False) -> Outcome | None:
+        world = self.world
+        reason = world.verdict({r.rank for r in self.ranks if r.exit_code is not None}, time.monotonic(), force)
+        if reason is None:
+            return None
+        return Outcome(EXIT_FAILED, reason,
+                       failed_rank=min(r for r, rep in world.reports.items() if rep[1] != world.expected))
+
+    def launcher_ended(self, code: int) -> Outcome:
+        ranks = self.ranks
+        if code == 0 and all(r.exit_code == 0 for r in ranks):
+            return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
+        missing = [r for r in ranks if r.exit_code is None]
+        who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
+        return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
+                       f" (see {self.launcher_log.name})", failed_rank=missing[0].rank if missing else None)
+
+    def status(self, rank: int, kind: str, value, now: float) -> None:
+        """The status hook (the live panel), guarded: if it fails, the job goes on without it."""
+        try:
+            self._status(rank, kind, value, now)
+        except Exception as e:      # noqa: BLE001 - a display's bug must never stop the ranks
+            self._status = no_status
+            self.emit(f"warning: the live panel failed ({type(e).__name__}: {e}); the run goes on without it", True)
+
+    def lagging(self, now: float) -> None:
+        """Warn of ranks that fell behind the others (stall.py): on the screen and in the live panel."""
+        for rank, behind in self.watch.stragglers(now):
+            r = self.ranks[rank]
+            self.emit(f"warning: rank {rank} on {r.host} is behind: no progress for {behind:.0f}s while other ranks "
+                      f"progress (a stall if they stop too)", True)
+            self.launcher_log.write(f"clusterctl: rank {rank} on {r.host} is behind: no progress for {behind:.0f}s\n")
+            self.launcher_log.flush()
+            self.status(rank, "straggler", behind, now)
+
+    def heard(self) -> None:
+        """A service's progress: its endpoint's health answers (stall.py), read from the prober."""
+        health = self.watch.policy.health
+        answered = health() if health is not None else None
+        if answered is not None and (self.answered is None or answered > self.answered):
+            self.answered = answered
+            self.watch.answered(answered)
+
+    def stall(self, now: float):
+        return self.watch.check(now, live=sum(1 for r in self.ranks if r.started and r.exit_code is None))
+
+    def timed_out(self, started_at: float, start_timeout: float | None, hang_timeout: float | None) -> Outcome | None:
+        now = time.monotonic()
+        if start_timeout and now - started_at > start_timeout:
+            silent = [r for r in self.ranks if not r.started]
+            if silent:
+                names = ", ".join(f"rank {r.rank} on {r.host}" for r in silent)
+                return Outcome(EXIT_TIMEOUT, f"start timeout: no sign of {names} after {start_timeout:g}s",
+                               failed_rank=silent[0].rank)
+        if hang_timeout:
+            hung = [r for r in self.ranks if r.started and r.exit_code is None and now - r.last_seen > hang_timeout]
+            if hung:
+                names = ", ".join(f"rank {r.rank} on {r.host}" for r in hung)
+                return Outcome(EXIT_TIMEOUT, f"hang timeout: no output and no heartbeat from {names} for "
+                               f"{hang_timeout:g}s", failed_rank=hung[0].rank)
+        return None
+
+
+def _exit_code(payload: str) -> int:
+    code = payload.partition(" ")[0]
+    return int(code) if code.lstrip("-").isdigit() else 1
+
+
+def _lost(code: int) -> str:
+    """What a rank's status says when it died without reporting (pure): killed by a signal (the watchdog
+    shell's 128 + N, or the starter's own child), or its ssh gone (255: the host went away)."""
+    if code < 0 or 128 < code < 192:
+        number = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"was killed by {name}"
+    if code == 255:
+        return "lost its ssh connection (status 255): the host went away, or refused it"
+    return f"ended with status {code} without reporting its exit"

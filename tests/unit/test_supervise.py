@@ -1,0 +1,61 @@
+"""The supervisor's loop (launch/supervise.py) as a state machine: its phases' transitions, pure, and the loop
+driven through them by canned rank lines (a launcher that is still running, its output already queued)."""
+import queue
+
+from clusterctl.launch.bootstrap import MARK
+from clusterctl.launch.outcome import AttemptState, Outcome
+from clusterctl.launch.ranklines import Rank, RankLines
+from clusterctl.launch.supervise import CAUSE_WAIT_S, Failing, Running, Supervisor, _Preflight, on_failure
+from clusterctl.launch.world import WorldCheck
+
+
+def test_the_first_failure_is_held_and_only_a_lost_ranks_word_replaces_it():
+    first = Outcome(1, "rank 1 on h2 exited 1", failed_rank=1)
+    failing = on_failure(Running(since=0.0, checked=0.0), first, 10.0)
+    assert failing == Failing(first, 10.0) and not failing.over(10.0 + CAUSE_WAIT_S)
+    assert failing.over(10.0 + CAUSE_WAIT_S + 0.01)
+    later = Outcome(1, "rank 0 on h1 exited 1", failed_rank=0)
+    assert on_failure(failing, later, 10.2) is failing              # a rank failing after it: not the cause
+    lost = Outcome(137, "rank 0 on h1 was killed by SIGKILL", failed_rank=0, ended_as=AttemptState.LOST)
+    assert on_failure(failing, lost, 10.3) == Failing(lost, 10.0)   # the cause; the hold does not start again
+    assert on_failure(Running(since=0.0, checked=0.0), lost, 5.0).over(5.0)    # a lost rank's word is final
+
+
+class Launcher:
+    """A launcher still running, whose output is what the queue holds; it exits with `returncode` when waited on."""
+
+    readers = []
+
+    def __init__(self, returncode=None):
+        self.returncode = returncode
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout):
+        self.returncode = 0 if self.returncode is None else self.returncode
+
+
+def watch(tmp_path, events, world=2, launcher=None):
+    ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(world)]
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(world, "ring"), lambda text, err: None)
+    queued = queue.Queue()
+    for event in events:
+        queued.put((False, event))
+    try:
+        return Supervisor(None, None, emit=lambda text, err: None)._watch(lines, launcher or Launcher(), queued,
+                                                                         _Preflight(None, None))
+    finally:
+        lines.close()
+
+
+def test_the_loop_ends_in_the_state_its_phases_lead_to(tmp_path):
+    started = [f"{MARK}0 start", f"{MARK}1 start"]
+    done = watch(tmp_path, started + [f"{MARK}0 exit 0 0", f"{MARK}1 exit 0 1"])
+    assert (done.state, done.reason) == (AttemptState.SUCCEEDED, "all 2 ranks finished")
+    first = watch(tmp_path, started + [f"{MARK}1 exit 3 0", f"{MARK}0 exit 1 0"])
+    assert (first.state, first.exit_code, first.failed_rank) == (AttemptState.FAILED, 3, 1)
+    cause = watch(tmp_path, started + [f"{MARK}1 exit 3 0", f"{MARK}0 lost -9"])
+    assert (cause.state, cause.failed_rank, cause.reason) == (AttemptState.LOST, 0, "rank 0 on h1 was killed by SIGKILL")
+    gone = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=1))
+    assert gone.reason.startswith("the launcher exited 1 before rank 1 on h2 reported an exit") and gone.failed_rank == 1
