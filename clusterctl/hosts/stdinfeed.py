@@ -78,11 +78,16 @@ class StdinFeed:
         return pump.thread
 
     def _read(self) -> None:
+        chunks = _chunks(self.source)
         try:
-            for chunk in _chunks(self.source):
-                with self._cond:
+            while True:
+                with self._cond:          # nothing more is read while LIMIT bytes wait to be sent
                     while self._held >= self.limit:
                         self._cond.wait()
+                chunk = next(chunks, None)
+                if chunk is None:
+                    break
+                with self._cond:
                     self._chunks.append(chunk)
                     self._held += len(chunk)
                     self._cond.notify_all()
