@@ -212,6 +212,22 @@ def test_the_watchdog_is_a_file_sent_as_it_is_with_its_values_as_arguments():
     assert holders == [], holders
 
 
+# ---- errors keep their codes -------------------------------------------------------------------------------
+
+def test_the_trainer_and_the_data_raise_no_bare_clusterctl_error():
+    """What runs on the hosts says which error it is: bad input (a BadInput, exit 2: DataError, ConfigError,
+    UsageError, ...) or a failure of its own kind (WorldSizeMismatch, OutOfSync); a bare ClusterctlError is exit 1
+    with no class to say why (the trainer's too-short data was one)."""
+    for module, path in ALL:
+        if part(module) not in ON_HOSTS:
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                func = node.exc.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                assert name != "ClusterctlError", f"{path}:{node.lineno}"
+
+
 def test_every_package_of_the_tree_is_in_the_wheel():
     """pyproject.toml lists the packages a wheel holds: a package left out (launch/backends/ was, when it became
     one) is missing from every `pip install .` while an editable install works."""
