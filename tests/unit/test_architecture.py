@@ -18,8 +18,8 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
 
-BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
-        "inventory_edit"}
+BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
+        "inventory_yaml", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
@@ -38,9 +38,10 @@ ALLOWED = {
     "train": {"data"},
 }
 ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
-ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract"}  # base modules that import nothing but the standard library
-BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
-              "inventory_edit"]  # each may import the earlier
+# base modules that import nothing but the standard library
+ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "program"}
+BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
+              "inventory_yaml", "inventory", "inventory_edit"]  # each may import the earlier
 
 
 def modules():
@@ -210,6 +211,56 @@ def test_the_watchdog_is_a_file_sent_as_it_is_with_its_values_as_arguments():
     assert sent == {"\n".join(body) + "\n"}
     holders = [m for m, p in ALL if "exec 3<&0" in open(p, encoding="utf-8").read()]
     assert holders == [], holders
+
+
+# ---- run knows programs by what they can do (program.py's Capabilities), not by name -------------------
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def compared_names(path: str) -> list[tuple[int, str]]:
+    """(line, source) of every comparison in a module that tells programs apart by name: a module (`module`, `x.module`,
+    TRAINER_MODULE, a dotted module's name) equal, unequal or in something named or dotted, or `x.module.startswith`.
+    (`module is None`, `"/" in module`: a check of the value, not of which program it is.)"""
+    def names_a_program(node) -> bool:
+        return isinstance(node, ast.Name) and node.id in ("module", "TRAINER_MODULE", "BUNDLED_TRAINER") \
+            or isinstance(node, ast.Attribute) and node.attr in ("module", "TRAINER_MODULE") \
+            or isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(MODULE_NAME.fullmatch(node.value))
+
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+            operands = [node.left, *node.comparators]
+            if any(map(names_a_program, operands)) and all(
+                    names_a_program(o) or isinstance(o, (ast.Name, ast.Attribute, ast.Tuple, ast.List, ast.Set))
+                    for o in operands):
+                found.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith" \
+                and names_a_program(node.func.value):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_run_has_no_branch_on_a_programs_name():
+    """What the bundled trainer (or a service) needs, run asks its kind (program.Capabilities); the one place a
+    program's module picks its kind is program.kind_of, and only the trainer's kind and contract name its module."""
+    run_modules = [(m, p) for m, p in ALL if part(m) == "run"]
+    assert {m for m, _ in run_modules} >= {"clusterctl.run", "clusterctl.run.hooks"}
+    for module, path in run_modules:
+        assert compared_names(path) == [], module
+        assert "TRAINER_MODULE" not in open(path, encoding="utf-8").read(), module
+    naming = {m for m, p in ALL if re.search(r"\bTRAINER_MODULE\b", open(p, encoding="utf-8").read())}
+    assert naming == {"clusterctl.trainer_contract", "clusterctl.trainer_program"}, naming
+
+
+def test_the_name_check_catches_a_branch_on_the_trainer(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(program, options, module):\n    if program.module == BUNDLED_TRAINER:\n        return 1\n"
+                   "    if options.module != 'clusterctl.train':\n        return 2\n"
+                   "    if module is None or '/' in module:\n        return 3\n"     # checks of the value: not flagged
+                   "    if module in KNOWN:\n        return 4\n"
+                   "    return program.module.startswith('clusterctl.')\n")
+    assert [line for line, _ in compared_names(str(bad))] == [2, 4, 8, 10]
 
 
 # ---- errors keep their codes -------------------------------------------------------------------------------
