@@ -263,6 +263,70 @@ def test_the_name_check_catches_a_branch_on_the_trainer(tmp_path):
     assert [line for line, _ in compared_names(str(bad))] == [2, 4, 8, 10]
 
 
+# ---- one value, one place --------------------------------------------------------------------------------
+
+def literal_defaults(path: str, names: tuple[str, ...], values: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, source) wherever a string in `values` is given to something named in `names` (a parameter's
+    default, a field's, an assignment, a keyword argument, click's `default=` of an option so spelled), or passed
+    to os.path.join: a default written where it should be read from the one constant that holds it."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    found = []
+
+    def literal(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in values
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arguments):
+            positional = node.posonlyargs + node.args
+            pairs = list(zip(positional[len(positional) - len(node.defaults):], node.defaults))
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            found += [(d.lineno, a.arg) for a, d in pairs if a.arg in names and literal(d)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names:
+            if node.value is not None and literal(node.value):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Assign):
+            targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+            values_ = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            for target, value in zip(targets, values_ if len(values_) == len(targets) else [node.value] * len(targets)):
+                if isinstance(target, ast.Name) and target.id in names and literal(value):
+                    found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call):
+            found += [(k.value.lineno, ast.unparse(node)) for k in node.keywords if k.arg in names and literal(k.value)]
+            spelled = [a.value.lstrip("-").replace("-", "_") for a in node.args
+                       if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")]
+            if set(spelled) & set(names):
+                found += [(k.value.lineno, ast.unparse(node)) for k in node.keywords if k.arg == "default" and literal(k.value)]
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "join" and any(map(literal, node.args)):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_each_default_is_defined_once_and_named_for_what_it_is():
+    """The default backend is the inventory's (DEFAULT_BACKEND, "mpi") and, for a run on this machine without one,
+    run's THIS_MACHINE_BACKEND ("ring"); a project's runs directory is trainer_contract.RUNS_DIR. Nowhere else is
+    such a value written, and each constant is defined once."""
+    definitions = {"DEFAULT_BACKEND": "clusterctl.inventory", "THIS_MACHINE_BACKEND": "clusterctl.run",
+                   "RUNS_DIR": "clusterctl.trainer_contract"}
+    for name, home in definitions.items():
+        defined = [m for m, p in ALL if re.search(rf"^{name}\s*=", open(p, encoding="utf-8").read(), re.M)]
+        assert defined == [home], (name, defined)
+    for module, path in ALL:
+        if part(module) == "hosts" and ".scripts." in module:
+            continue        # what runs on the hosts stands alone (stackdump.py spells its own directory, cited)
+        # (the constants themselves are held above: one definition each, in its home)
+        assert literal_defaults(path, ("backend",), ("mpi", "ring")) == [], module
+        assert literal_defaults(path, ("runs_dir", "runs_root", "PROTECTED_TOP"), ("runs",)) == [], module
+
+
+def test_the_default_check_catches_a_default_written_again(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nimport click\nRUNS_DIR = 'runs'\ndef f(backend='ring', runs_dir='runs'):\n"
+                   "    backend, line = 'mpi', None\n    return os.path.join('runs', 'x')\n"
+                   "o = click.option('--runs-dir', default='runs')\ng(backend='mpi')\n")
+    assert sorted(line for line, _ in literal_defaults(str(bad), ("backend",), ("mpi", "ring"))) == [4, 5, 8]
+    assert sorted(line for line, _ in literal_defaults(str(bad), ("runs_dir", "RUNS_DIR"), ("runs",))) == [3, 4, 6, 7]
+
+
 # ---- errors keep their codes -------------------------------------------------------------------------------
 
 def test_the_trainer_and_the_data_raise_no_bare_clusterctl_error():
