@@ -32,6 +32,7 @@ DEFAULT_WORKDIR = "~/clusterctl"
 DEFAULT_MODEL_STORE = "~/.cache/clusterctl/models"   # transfer/models.py: pushed models, one entry per content
 DEFAULT_BTL_TCP_LINKS = 4         # MLX's advice for bandwidth (docs/facts/launchers.md#btl-tcp-links)
 DEFAULT_CONNECTIONS_PER_IP = 1    # mlx.launch's own default (docs/facts/launchers.md#mlx-launch-hostfile-format)
+DEFAULT_BACKEND = "mpi"           # an inventory's launch.backend when it names none (and `init --backend`'s)
 
 # Ansible's spellings, accepted so an existing Ansible inventory's host entries can be pasted in.
 ALIASES = {
@@ -172,7 +173,7 @@ class MPISettings:
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    backend: str = "mpi"              # a name in clusterctl.launch.backends.REGISTRY (checked there, at this line)
+    backend: str = DEFAULT_BACKEND    # a name in clusterctl.launch.backends.REGISTRY (checked there, at this line)
     connections_per_ip: int = DEFAULT_CONNECTIONS_PER_IP   # ring: TCP connections per address and neighbour
     backend_line: int | None = field(default=None, compare=False)
 
@@ -198,7 +199,7 @@ class Cluster:
         return [h.name for h in self.hosts]
 
     @classmethod
-    def this_machine(cls, workdir: str, slots: int = 1, backend: str = "mpi") -> "Cluster":
+    def this_machine(cls, workdir: str, slots: int = 1, backend: str = DEFAULT_BACKEND) -> "Cluster":
         """A cluster of this machine alone (no SSH), working in `workdir`, with the interpreter running
         clusterctl as its python: what `clusterctl run` uses without an inventory."""
         host = Host(name="localhost", rank=0, line=1, python=sys.executable, workdir=workdir, slots=slots, local=True)
@@ -363,7 +364,7 @@ class _Parser(NodeReader):
 
     def launch(self, node: yaml.Node) -> LaunchSettings:
         entries = self.mapping(node, "launch", LAUNCH_KEYS)
-        backend, line = "mpi", None
+        backend, line = DEFAULT_BACKEND, None
         if "backend" in entries:
             # which names exist is the launch backends' business (clusterctl.launch.backends.validated)
             backend = self.string(entries["backend"][1], "launch.backend")

@@ -1,10 +1,13 @@
 """What `clusterctl run` and the bundled trainer (clusterctl.train) agree on, in one place: the trainer
-writes by it (train/), run reads by it (launch/, run.py). Standard library only, as the ranks import it.
+writes by it (train/), run reads by it (launch/, run/, trainer_program.py). Standard library only, as the
+ranks import it.
 
     checkpoints/step-000120/            step_dir_name(120); checkpoint_step("step-000120") == 120
     step  40/200 | loss 3.1830 | ...    report_line(...) prints it; reported_step(line) == 40
     --data DIR                          the flag run gives the trainer first (its shards, `data prepare`)
     --strategy fsdp                     read from the user's arguments: flag_value(args, STRATEGY)
+    runs/                               RUNS_DIR: where a project's runs go, under run and without it
+What else run knows of the trainer (what it reads, how it resumes, what it checks) is trainer_program.py's.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ _STEP_DIR = re.compile(r"step-(\d+)")
 _REPORT = re.compile(r"^step +(\d+)/\d+ \|")
 
 TRAINER_MODULE = "clusterctl.train"    # the bundled trainer, as run starts it (`python -m`)
+# a project's runs, relative to it: run's and serve's runs/<id>/ here (--runs-dir), the ranks' run directories
+# under a host's workdir, and the trainer's own --out when run gives none (runs/train-<time>)
+RUNS_DIR = "runs"
 TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer adds to summary.json ("trainer")
 DATA = "--data"
 MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
@@ -24,7 +30,7 @@ DEFAULT_STRATEGY = "dp"                # --strategy left out (train/config.py's 
 # decides; none of them, "train" (from scratch). Adapters (LoRA), once the trainer takes them, are one entry
 # before MODEL's: (ADAPTER, "LoRA").
 TRAINER_KINDS = ((MODEL, "fine-tune"),)
-RESUME = "--resume"                    # `latest` under run: the newest run here with a checkpoint (run.py)
+RESUME = "--resume"                    # `latest` under run: the newest run here with a checkpoint (run/)
 OUT = "--out"
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")
 # in a model directory a run made (the trainer's <run>/model, `clusterctl export`): JSON {"run": its run id,

@@ -9,6 +9,7 @@ import time
 import click
 
 from ..errors import EXIT_FAILED, EXIT_OK
+from ..trainer_contract import RUNS_DIR
 from ..transfer.push import METHODS
 from . import app
 from .console import Bars, one_line, size, table
@@ -37,7 +38,7 @@ def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
 @click.argument("run_ref", metavar="RUN")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The model directory to write (replaced if it is an earlier export). Default: RUN's model/.")
-@click.option("--runs-dir", default="runs", show_default=True, help="Where the project's runs/<id>/ directories are.")
+@click.option("--runs-dir", default=RUNS_DIR, show_default=True, help="Where the project's runs/<id>/ directories are.")
 def export_cmd(run_ref, out_dir, runs_dir):
     """Write a run's latest checkpoint as an mlx-lm model directory.
 

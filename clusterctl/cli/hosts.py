@@ -10,7 +10,7 @@ import click
 
 from ..atomic import write_text
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
-from ..inventory import DEFAULT_PYTHON, DEFAULT_WORKDIR
+from ..inventory import DEFAULT_BACKEND, DEFAULT_PYTHON, DEFAULT_WORKDIR
 from ..launch import backends
 from . import app
 from .console import outcome_json, print_outcome, table
@@ -70,7 +70,7 @@ def exec_cmd(inventory_path, script, timeout, connect_timeout, cwd, strict_host_
 @click.option("--workdir", default=DEFAULT_WORKDIR, show_default=True, help="Where code and data land.")
 @click.option("--address", "addresses", multiple=True, metavar="IP",
               help="Data-plane IPv4 per host, in the same order as the names (repeat the option).")
-@click.option("--backend", type=click.Choice(backends.names()), default="mpi", show_default=True)
+@click.option("--backend", type=click.Choice(backends.names()), default=DEFAULT_BACKEND, show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init_cmd(names, output, user, port, identity_file, python, workdir, addresses, backend, force):
     """Write a starter inventory for the given hosts.

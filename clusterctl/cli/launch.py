@@ -12,6 +12,7 @@ import click
 from ..launch import backends
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
+from ..trainer_contract import RUNS_DIR
 from . import app
 from .console import one_line, size
 
@@ -264,7 +265,7 @@ class RunCommand(click.Command):
               help="Stop the job, with every rank's stacks, when no rank has made progress (output, metrics "
                    "lines) for S seconds; 0: never. Default: adaptive, from the first metrics line on "
                    "(docs/run.md#stalls).")
-@click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
+@click.option("--runs-dir", default=RUNS_DIR, show_default=True, help="Where runs/<id>/ (logs, launch.json) go.")
 @app.connect_timeout_option()
 @click.option("--launch-from", type=click.Choice(LAUNCH_FROM), default="auto", show_default=True,
               help="Where the launcher runs. auto: here when it is installed here (clusterctl's own always is), "
@@ -322,10 +323,14 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     another option that names the launch, is still taken as clusterctl's (mlx.launch-style lines), with a
     note; write `--` after SCRIPT or MODULE to give every following word to the program instead.
     """
+    from ..launch.attempts import AttemptSettings
     from ..launch.restart import RestartPolicy
     from ..launch.outcome import AttemptState
+    from ..launch.stall import StallPolicy
+    from ..launch.supervise import Settings
     from ..run import RunOptions, run
     from ..train.prelaunch import check_before_launch
+    from ..trainer_program import BundledTrainer
 
     words: RunWords = click.get_current_context().meta["clusterctl.run"]
     if words.trailing:
@@ -333,16 +338,16 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                    "(write `--` after the program to pass them to it)", err=True)
     # -m is taken by split_run_words (click's --module only documents it), so the module is the split's
     script, args, module = words.script, words.args, words.module
-    options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, dry_run=dry_run,
-                         preflight=not no_preflight, rank0_only=rank0_only, start_timeout=start_timeout,
-                         hang_timeout=hang_timeout, stall_timeout=stall_timeout, runs_dir=runs_dir,
-                         connect_timeout=connect_timeout,
-                         launch_from=launch_from, launcher=launcher, sync=not no_sync, fetch=not no_fetch,
+    attempts = AttemptSettings(runs_dir=runs_dir, launch_from=launch_from, dry_run=dry_run, preflight=not no_preflight,
+                               restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch),
+                               watch=Settings(rank0_only=rank0_only, start_timeout=start_timeout,
+                                              hang_timeout=hang_timeout, stall=StallPolicy.parse(stall_timeout)))
+    options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, launcher=launcher,
+                         attempts=attempts, connect_timeout=connect_timeout, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
-                         all_shards=all_shards,
-                         restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch),
-                         trainer_check=check_before_launch,
-                         stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer)
+                         all_shards=all_shards, stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer,
+                         # the bundled trainer's checks before a launch are the trainer's own (run imports no train/)
+                         kinds=(BundledTrainer(prelaunch=check_before_launch),))
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:

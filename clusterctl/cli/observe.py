@@ -8,10 +8,11 @@ import sys
 
 import click
 
+from ..trainer_contract import RUNS_DIR
 from . import app
 from .console import table
 
-runs_dir_option = click.option("--runs-dir", default="runs", show_default=True,
+runs_dir_option = click.option("--runs-dir", default=RUNS_DIR, show_default=True,
                                help="Where the project's runs/<id>/ directories are.")
 
 

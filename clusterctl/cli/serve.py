@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..trainer_contract import RUNS_DIR
 from . import app
 from .console import size
 from .launch import PrintedRun, print_tail
@@ -66,7 +67,7 @@ class PrintedServe(PrintedRun):
                    "time changed).")
 @click.option("--launch-from", type=click.Choice(["auto", "here", "first-host"]), default="auto", show_default=True,
               help="Where the launcher runs.")
-@click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
+@click.option("--runs-dir", default=RUNS_DIR, show_default=True, type=click.Path(file_okay=False),
               help="Where the run's logs go.")
 @app.connect_timeout_option()
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
@@ -81,14 +82,19 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     and the OpenAI-compatible endpoint is printed once it answers, by default at http://127.0.0.1:PORT on this
     machine, carried over SSH to rank 0's host, where the server listens only on the loopback.
     """
+    from ..launch.attempts import AttemptSettings
     from ..launch.outcome import AttemptState
     from ..launch.restart import RestartPolicy
+    from ..launch.stall import StallPolicy
+    from ..launch.supervise import Settings
     from ..serve.service import ServeOptions, describe_failure, serve
 
+    attempts = AttemptSettings(runs_dir=runs_dir, launch_from=launch_from,
+                               restart=RestartPolicy(max_restarts, restart_delay),
+                               watch=Settings(stall=StallPolicy.parse(stall_timeout)))
     options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,
-                           server_args=tuple(server_args), restart=RestartPolicy(max_restarts, restart_delay),
-                           stall_timeout=stall_timeout, method=method, verify=verify, runs_dir=runs_dir,
-                           connect_timeout=connect_timeout, launch_from=launch_from)
+                           server_args=tuple(server_args), attempts=attempts, method=method, verify=verify,
+                           connect_timeout=connect_timeout)
     result = serve(app.load(inventory_path) if inventory_path else None, options, PrintedServe())
     launch, outcome = result.run.launch, result.run.outcome
     if outcome.state is AttemptState.STOPPED:

@@ -16,6 +16,7 @@ import threading
 from typing import Mapping, Sequence
 
 from ..inventory import Cluster, Host
+from ..trainer_contract import RUNS_DIR
 from .fanout import GroupResult, run_all
 from .openssh import host_config_text, ssh_options
 from .ssh import SSHTransport
@@ -25,14 +26,14 @@ from .transport import DEFAULT_CONNECT_TIMEOUT_S, Transport
 
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.
 DEADLINE_SLACK_S = 5.0
-RUNS_DIR = "runs"          # the ranks' run directories, relative to a host's workdir
 # clusterctl's own files of a run on a host, relative to its workdir: the launcher's (a launch from the first
 # host) and the ranks' pid and stacks files (hosts/scripts/stackdump.py, which spells it too)
 RUN_FILES_DIR = ".clusterctl/runs"
 
 
 def ranks_run_dir(run_id: str) -> str:
-    """The ranks' run directory relative to a host's workdir (the bootstrap works in the workdir)."""
+    """The ranks' run directory relative to a host's workdir (the bootstrap works in the workdir): the project's
+    runs directory there, as here."""
     return f"{RUNS_DIR}/{run_id}"
 
 

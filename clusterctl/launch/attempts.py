@@ -1,7 +1,7 @@
 """The attempts of one job: the first, then, while it fails and the restart policy allows it
 (`run --max-restarts N [--elastic MIN]`), the next ones, each launched, supervised and told to the use case.
 
-    attempts = Attempts(backend, policy, settings, hooks, connector)
+    attempts = Attempts(backend, settings, hooks, connector, program, stdin)   # settings: AttemptSettings
     launch, outcome = attempts.first(plan, preflight)       # outcome None: a dry run, nothing started
     launch, outcome = attempts.restart_while_failing(launch, outcome)
     attempts.cluster, attempts.connector                    # the hosts the last attempt ran on
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from ..errors import ClusterctlError, RestartError, SignalReceived
 from ..hosts.connector import Connector
@@ -28,29 +29,33 @@ from .backends import Backend
 from .job import Launch, prepare
 from .launchers import choose_site, sweep
 from .plan import LaunchPlan, discover, discover_reachable, remember_plan
-from ..trainer_contract import STEP_GLOB, checkpoint_step, last_step
+from ..program import Program
+from ..trainer_contract import RUNS_DIR, STEP_GLOB, checkpoint_step, last_step
 from .restart import RestartPolicy
 from .site import LaunchSite
-from .stall import StallPolicy
 from .outcome import AttemptState, Outcome
 from .supervise import Settings, Status, Supervisor, signals_stop, stopped
 
 
 @dataclass(frozen=True)
 class AttemptSettings:
-    """How every attempt is launched and watched (run's options)."""
+    """How every attempt of a job is launched and watched: made once from the command line (`run`'s, `serve`'s)
+    and handed down as it is, the supervisor reading `watch` (torchrun's LaunchConfig is such an object)."""
 
-    runs_dir: str = "runs"
-    launch_from: str = "auto"
+    runs_dir: str = RUNS_DIR          # runs/<id>/ here: logs, launch.json, what comes home
+    launch_from: str = "auto"         # one of launchers.LAUNCH_FROM
     dry_run: bool = False             # prepare the first attempt, start nothing
-    preflight: bool = True            # re-check the hosts before a restart
-    rank0_only: bool = False
-    start_timeout: float | None = None
-    hang_timeout: float | None = None # --hang-timeout as given (the restart policy may watch anyway)
-    stall: StallPolicy = StallPolicy()   # --stall-timeout
-    script: str | None = None         # what the re-check looks for on every host: the user's script ...
-    module: str | None = None         # ... or module
-    stdin: StdinFeed | None = None    # what every rank reads (run's own stdin, read once for all attempts)
+    preflight: bool = True            # check the hosts (beside the first launch, or before it) and before a restart
+    restart: RestartPolicy = RestartPolicy()   # --max-restarts, --restart-delay, --elastic, --elastic-batch
+    watch: Settings = Settings()      # rank0_only, --start-timeout, --hang-timeout as given (the restart policy
+                                      # may watch anyway), --stall-timeout's StallPolicy
+
+    def with_progress(self, health: Callable[[], float | None]) -> AttemptSettings:
+        """These settings with a service's progress (when its endpoint last answered a health request) as what
+        the stall watchdog watches (launch/stall.py); with the watchdog off, as they are."""
+        if not self.watch.stall.enabled:
+            return self
+        return replace(self, watch=replace(self.watch, stall=replace(self.watch.stall, health=health)))
 
 
 class AttemptHooks:
@@ -82,9 +87,12 @@ class Attempts:
     """One job's attempts (one, or up to 1 + --max-restarts) and what they share: the run's id and
     directory (a restartable run is one run), the restarts used, the hosts of the latest attempt."""
 
-    def __init__(self, backend: Backend, policy: RestartPolicy, settings: AttemptSettings, hooks: AttemptHooks,
-                 whole: Connector):
-        self.backend, self.policy, self.settings, self.hooks = backend, policy, settings, hooks
+    def __init__(self, backend: Backend, settings: AttemptSettings, hooks: AttemptHooks, whole: Connector,
+                 program: Program, stdin: StdinFeed | None = None):
+        self.backend, self.settings, self.hooks = backend, settings, hooks
+        self.policy = settings.restart
+        self.program = program            # what the re-check looks for on every host: its script or module
+        self.stdin = stdin                # what every rank reads (run's own stdin, read once for all attempts)
         self.whole = whole                # the inventory's hosts, all of them
         self.cluster, self.connector = whole.cluster, whole
         self.restarts = 0
@@ -122,7 +130,7 @@ class Attempts:
             script, args, extra_env = hooks.ranks()
             launch = prepare(cluster, plan, script=script, args=args, backend=backend, runs_root=settings.runs_dir,
                              site=site, connector=self.connector, extra_env=extra_env,
-                             run_id=self.run_id, restart=attempt, stdin=settings.stdin)
+                             run_id=self.run_id, restart=attempt, stdin=self.stdin)
             if settings.dry_run:
                 return launch, None
             hooks.started(launch, cluster)
@@ -141,11 +149,10 @@ class Attempts:
         return launch, outcome
 
     def _supervise(self, launch: Launch, plan: LaunchPlan, preflight) -> Outcome:
-        settings = self.settings
         status = self.hooks.watching(launch)
         try:
-            watch = Settings(rank0_only=settings.rank0_only, start_timeout=settings.start_timeout,
-                             hang_timeout=self.policy.hang_timeout(settings.hang_timeout), stall=settings.stall)
+            given = self.settings.watch
+            watch = replace(given, hang_timeout=self.policy.hang_timeout(given.hang_timeout))
             return Supervisor(launch, self.connector, emit=self.hooks.output, settings=watch,
                               status=status).run(preflight, plan)
         finally:
@@ -176,9 +183,8 @@ class Attempts:
                 outcome = Outcome(e.exit_code, f"the pre-flight failed: {e}")
 
     def _recheck(self, whole: Connector, before: Cluster) -> tuple[Cluster, Connector, LaunchPlan]:
-        settings = self.settings
-        kwargs = {"script": settings.script, "module": settings.module, "needs_mpi": self.backend.needs_mpi}
-        if not settings.preflight:
+        kwargs = {"script": self.program.script, "module": self.program.module, "needs_mpi": self.backend.needs_mpi}
+        if not self.settings.preflight:
             return before, whole, LaunchPlan.from_inventory(before)
         if self.policy.elastic is None:
             plan = discover(whole, **kwargs)

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..atomic import write_text
-from ..errors import ConnectError, LaunchError, PreflightError
+from ..errors import ConnectError, LaunchError, NotOnHosts, PreflightError
 from ..hosts.connector import Connector
 from ..hosts.facts import choose_libmpi, host_memory, libmpi_env, shared_subnet
 from ..hosts.fanout import run_all
@@ -103,6 +103,28 @@ def discover_with_paths(connector: Connector, paths: list[str], timeout: float =
     probes = [o.value for o in group.values()]
     missing = {path: [p.host.name for p in probes if p.facts.get(f"path_{i}") != "yes"] for i, path in enumerate(paths)}
     return plan_from_probes(connector.cluster, probes), {path: hosts for path, hosts in missing.items() if hosts}
+
+
+def check_inputs_on_hosts(connector: Connector, uncopied: list[tuple[str, str]], synced: bool) -> None:
+    """The pre-flight's probe, run before anything is copied when the program reads paths `run` does not
+    copy (`uncopied`: (flag, path); `synced`: run copies the project at all): each must be a directory on every
+    host, or the run is refused with the hosts that lack it named (NotOnHosts, exit 2) instead of every rank
+    failing after the copy. The plan it finds is kept, so the launch's own pre-flight verifies it beside the
+    starting job instead of first."""
+    plan, missing = discover_with_paths(connector, [path for _, path in uncopied])
+    remember_plan(connector.cluster, plan)
+    for flag, path in uncopied:
+        hosts = missing.get(path)
+        if not hosts:
+            continue
+        names = ", ".join(hosts)
+        if not synced and not os.path.isabs(path):
+            why, fix = "--no-sync copies nothing", "drop --no-sync, or run `clusterctl sync` first"
+        else:
+            where = path if os.path.isabs(path) else f"{path} from the workdir"
+            why = "run copies only the project, and this path is outside it"
+            fix = f"put it in the project and give its path there, or copy it to {where} on {names}"
+        raise NotOnHosts(f"{flag} {path}: no such directory on {names} ({why}): {fix} (--no-preflight skips this check)")
 
 
 def discover_reachable(connector: Connector, timeout: float = 30.0, script: str | None = None,

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from ..hosts.local import LocalTransport
 from ..launch.launchers import sweep
 from ..launch.stop import ask_to_stop
+from ..trainer_contract import RUNS_DIR
 from .record import PID_FILE, SUMMARY
 from .runs import rank_placement, run_pid
 
@@ -203,7 +204,7 @@ def stop_supervisor(run_dir: str, wait_s: float = STOP_WAIT_S) -> bool:
 
 
 def kill_runs(connector, run_id: str | None, run_dirs: list[str] = (), wait_s: float = KILL_WAIT_S,
-              runs_dir: str = "runs") -> KillResult:
+              runs_dir: str = RUNS_DIR) -> KillResult:
     """Stop a run's processes (None: every clusterctl run's) on every host, then look again. `run_dirs`: the runs
     whose supervising process may be on this machine, stopped through it first (stop_supervisor, given `wait_s`
     more: it asks its ranks to stop with their work kept itself, docs/run.md#ctrl-c-and-sigterm). The ranks of

@@ -1,11 +1,11 @@
 """What `run` records about a run, beside the logs supervise writes (docs/observe.md#what-run-records).
 
     record = RunRecord.start(run_id, run_dir, world=2, backend="ring", hosts=[...], program="clusterctl.train",
-                             described=describe("clusterctl.train", ["--model", "models/m"]))
+                             described=program.kind.describe(program.args))
     ...                                   # the job runs; log-times.jsonl is sampled meanwhile
     record.end(exit_code=0, reason="all 2 ranks finished")          # stopped=True: the user stopped it
 
-What a run is comes from one function, describe(module, args, service): its kind (train, fine-tune, serve,
+What a run is comes from its program's kind (program.Capabilities.describe): its kind (train, fine-tune, serve,
 program: trainer_contract.TRAINER_KINDS for the bundled trainer's), its model and its strategy.
 
 In runs/<id>/:
@@ -46,11 +46,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Sequence
 
 from ..atomic import write_text
-from ..trainer_contract import (DEFAULT_STRATEGY, MODEL, STRATEGY, TRAINER_KINDS, TRAINER_MODULE, TRAINER_SUMMARY,
-                                flag_value)
+from ..program import ANY_PROGRAM
+from ..trainer_contract import TRAINER_SUMMARY
 
 SUMMARY = "summary.json"
 FACTS = "run.json"
@@ -58,20 +57,6 @@ PID_FILE = "clusterctl.pid"
 LOG_TIMES = "log-times.jsonl"
 INDEX_NAME = "runs.jsonl"
 SAMPLE_S = 0.25
-
-
-def describe(module: str | None, args: Sequence[str], service: dict | None = None) -> dict:
-    """What a run is, for its record and `runs` (pure): {"kind", "model", "strategy"}. A service (`clusterctl
-    serve`'s) is "serve", of the model it serves, its strategy its parallelism (tensor or pipeline); the bundled
-    trainer is the kind TRAINER_KINDS gives its flags, else "train", of its --model, with its --strategy (the
-    trainer's default when not given: its own choice, "auto" or a --config file's, replaces it in summary.json
-    once it has said); anything else is a "program" whose model and strategy clusterctl cannot know."""
-    if service is not None:
-        return {"kind": "serve", "model": service.get("model"), "strategy": service.get("strategy")}
-    if module == TRAINER_MODULE:
-        kind = next((kind for flag, kind in TRAINER_KINDS if flag_value(args, flag) is not None), "train")
-        return {"kind": kind, "model": flag_value(args, MODEL), "strategy": flag_value(args, STRATEGY) or DEFAULT_STRATEGY}
-    return {"kind": "program", "model": None, "strategy": None}
 
 
 def cache_dir() -> str:
@@ -166,10 +151,10 @@ class RunRecord:
     @classmethod
     def start(cls, run_id: str, run_dir: str, *, world: int, backend: str, hosts: list[str],
               program: str, described: dict | None = None, service: dict | None = None) -> "RunRecord":
-        """`described`: what describe() says the run is."""
+        """`described`: what its program's kind says the run is (program.Capabilities.describe)."""
         now = time.time()
         facts = {"world": world, "backend": backend, "hosts": hosts, "program": program,
-                 **(described or describe(None, ())), **({"service": service} if service else {})}
+                 **(described or ANY_PROGRAM.describe(())), **({"service": service} if service else {})}
         write_text(os.path.join(run_dir, PID_FILE), f"{os.getpid()} {socket.gethostname()}\n")
         write_text(os.path.join(run_dir, FACTS), json.dumps({"format": 1, "run_id": run_id, "started": iso(now),
                                                             **facts}, indent=2) + "\n")

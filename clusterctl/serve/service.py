@@ -11,9 +11,10 @@
    port of this machine's loopback is carried to it over the SSH connection to that host (hosts/forward.py):
    the URL is http://127.0.0.1:PORT here. With `listen`, rank 0 binds that address of its host instead.
    A port in use is refused before anything starts.
-4. Run: one rank per host runs mlx-lm's server (clusterctl.serve.rank) through `run` (run.py): the ranks'
-   stdin is /dev/null, only clusterctl itself is copied (not the current directory), restarts follow
-   --max-restarts, and the stall watchdog's progress is the endpoint answering /health (launch/stall.py).
+4. Run: one rank per host runs mlx-lm's server (clusterctl.serve.rank) through `run` (run/), a Service (what
+   this kind of program can do, program.Capabilities): the ranks' stdin is /dev/null, only clusterctl itself is
+   copied (not the current directory), its record says what it serves; restarts follow --max-restarts, and the
+   stall watchdog's progress is the endpoint answering /health (launch/stall.py).
 5. The endpoint (endpoint.py): each attempt is watched by a thread that says the URL once a one-token
    completion is answered, then asks /health every few seconds.
 It runs until Ctrl-C (or SIGTERM), a failure with no restart left, or a stall with none left.
@@ -32,8 +33,9 @@ from ..hosts.connector import Connector
 from ..hosts.facts import interfaces
 from ..hosts.forward import Forward
 from ..inventory import Cluster
-from ..launch.restart import RestartPolicy
-from ..run import DEFAULT_BACKEND, RunEvents, RunOptions, RunResult, run
+from ..launch.attempts import AttemptSettings
+from ..program import Capabilities
+from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, run
 from ..transfer import models as store
 from .check import check_model, stage_files
 from .endpoint import Endpoint, model_ids
@@ -57,13 +59,38 @@ class ServeOptions:
     backend: str | None = None                  # default: the inventory's
     pipeline: bool = False                      # mlx-lm's pipeline parallelism instead of tensor parallelism
     server_args: tuple[str, ...] = ()           # mlx-lm server options, after `--`
-    restart: RestartPolicy = RestartPolicy()
-    stall_timeout: float | None = None          # None: adaptive from the first health answer; 0: off
+    # runs_dir, launch_from, restart, and the watch: its stall policy (None: adaptive from the first health
+    # answer; 0: off), whose progress serve makes the endpoint's health answers
+    attempts: AttemptSettings = AttemptSettings()
     method: str = "auto"                        # how the model travels: rsync, else SFTP
     verify: bool = False                        # re-hash every stored file, not only changed ones
-    runs_dir: str = "runs"
     connect_timeout: float | None = None
-    launch_from: str = "auto"
+
+
+@dataclass(frozen=True)
+class Service(Capabilities):
+    """A served model as a kind of program `run` knows (program.Capabilities): every rank runs RANK_MODULE from the
+    copy of clusterctl run ships (the project is not copied), reads no stdin, and its run's record says what it
+    serves."""
+
+    url: str
+    model: str                                  # its id in /v1/models
+    model_dir: str
+    listen: str | None
+    strategy: str                               # "tensor" or "pipeline"
+
+    module = RANK_MODULE
+    reads_stdin = False
+    copies_project = False
+
+    def describe(self, args) -> dict:
+        """A service is "serve", of the model it serves, its strategy its parallelism."""
+        return {"kind": "serve", "model": self.model, "strategy": self.strategy}
+
+    @property
+    def service(self) -> dict:
+        return {"url": self.url, "model": self.model, "model_dir": self.model_dir, "listen": self.listen,
+                "strategy": self.strategy}
 
 
 class ServeEvents(RunEvents):
@@ -93,7 +120,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     _check_args(options)
     model_dir = os.path.abspath(options.model)
     summary = check_model(model_dir, world=len(cluster.hosts) if cluster else 1, pipeline=options.pipeline)
-    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=DEFAULT_BACKEND))
+    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=THIS_MACHINE_BACKEND))
     connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
     first = cluster.hosts[0]
     _check_listen(first, options.listen, options.port)
@@ -136,13 +163,9 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         endpoint = Endpoint(url, ready)
         args = [json.dumps({"name": name, "models": paths}), "--host", bind, "--port", str(port),
                 *(["--pipeline"] if options.pipeline else []), *options.server_args]
-        run_options = RunOptions(module=RANK_MODULE, args=tuple(args), backend=options.backend,
-                                 stall_timeout=options.stall_timeout, runs_dir=options.runs_dir,
-                                 launch_from=options.launch_from, fetch=False, project=False,
-                                 restart=options.restart, health=lambda: endpoint.answered,
-                                 service={"url": url, "model": name, "model_dir": model_dir,
-                                          "listen": options.listen,
-                                          "strategy": "pipeline" if options.pipeline else "tensor"},
+        service = Service(url, name, model_dir, options.listen, "pipeline" if options.pipeline else "tensor")
+        run_options = RunOptions(module=RANK_MODULE, args=tuple(args), backend=options.backend, fetch=False,
+                                 attempts=options.attempts.with_progress(lambda: endpoint.answered), kinds=(service,),
                                  **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
         try:
             result.run = run(cluster, run_options, _Watched(events, endpoint))

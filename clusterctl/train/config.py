@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from ..data.records import MAX_BLOCK_SIZE
 from ..errors import ConfigError
-from ..trainer_contract import DEFAULT_STRATEGY
+from ..trainer_contract import DEFAULT_STRATEGY, RUNS_DIR
 from . import presets
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
@@ -234,4 +234,4 @@ def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None,
 
 
 def default_out_dir(when: time.struct_time) -> str:
-    return os.path.join("runs", "train-" + time.strftime("%Y%m%d-%H%M%S", when))
+    return os.path.join(RUNS_DIR, "train-" + time.strftime("%Y%m%d-%H%M%S", when))

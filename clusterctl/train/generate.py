@@ -11,7 +11,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from ..errors import CheckpointError, ClusterctlError
+from ..errors import CheckpointError, UsageError
 from . import checkpoint
 from .model import ModelArgs, Transformer
 
@@ -68,7 +68,7 @@ def generate_text(checkpoint_dir: str, prompt: str, max_tokens: int = 200, tempe
     """The continuation of `prompt`, piece by piece (whole characters only). Loads the checkpoint before
     returning, so a bad checkpoint fails here rather than part-way through the output."""
     if max_tokens < 0:
-        raise ClusterctlError("--max-tokens must not be negative")
+        raise UsageError(f"--max-tokens {max_tokens}: give 0 or more tokens to generate")
     model, tokenizer, _ = load(checkpoint_dir)
     prompt_ids = [tokenizer.eos_id] + (tokenizer.encode(prompt) if prompt else [])  # documents follow an EOS
     return _decoded(sample_tokens(model, prompt_ids, max_tokens, temperature, seed, top_k), tokenizer)

@@ -8,19 +8,23 @@ from __future__ import annotations
 import functools
 import os
 
-from ..trainer_contract import flag_value
+from ..program import PlannedLaunch
+from ..trainer_contract import HOST_MEMORY, flag_value
 from . import memory
 
 
-def check_before_launch(args: list[str], world: int, sizes: dict[str, int], overrides: dict[str, str],
-                        first_os: str | None, project: str, data_dir: str | None = None) -> str | None:
+def check_before_launch(planned: PlannedLaunch) -> str | None:
     """Raises a one-line error for a --model or --data the ranks would refuse; then memory.check_before_launch
-    (the strategy that fits, or None when it cannot tell)."""
+    (the strategy that fits, or None when it cannot tell), each host's memory overridden by the inventory's
+    CLUSTERCTL_HOST_MEMORY. `run` calls it through trainer_program.BundledTrainer, which the CLI gives it."""
+    args, project, world = list(planned.args), planned.project, planned.world
     model = flag_value(args, "--model")
     if model and not flag_value(args, "--resume"):
         check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None,
                        world)
-    return memory.check_before_launch(args, world, sizes, overrides, first_os, project, data_dir)
+    overrides = {host: env[HOST_MEMORY] for host, env in planned.host_env.items() if env.get(HOST_MEMORY)}
+    return memory.check_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
+                                      planned.data_dir)
 
 
 def _in(project: str, path: str) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Callable
 
 import mlx.core as mx
 
-from ..errors import EXIT_INTERRUPTED, ClusterctlError
+from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import checkpoint, collectives, memory, presets
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
@@ -179,8 +179,8 @@ def open_data(config: TrainConfig, rank: int, world: int):
                              seed=config.seed)
     for name, tokens in (("training", train), ("held-out", val)):
         if len(tokens) <= config.block_size:
-            raise ClusterctlError(f"rank {rank}: only {len(tokens)} {name} tokens, fewer than --block-size "
-                                  f"{config.block_size} + 1")
+            raise DataError(f"rank {rank}: only {len(tokens)} {name} tokens, fewer than --block-size "
+                            f"{config.block_size} + 1: give more data, or a smaller --block-size")
     return tokenizer, vocab_size, train, val
 
 

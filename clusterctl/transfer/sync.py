@@ -33,12 +33,13 @@ from ..errors import SyncError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult, run_all
 from ..inventory import Host
+from ..trainer_contract import RUNS_DIR
 from . import remotefiles
 from .filelist import BUILTIN_EXCLUDES, Entry, exclusion_rules, ignored_by_project, select_files
 from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
 
 # kept on the host by --delete: clusterctl's own places in the workdir
-PROTECTED_TOP = ("data", "runs", ".clusterctl")
+PROTECTED_TOP = ("data", RUNS_DIR, ".clusterctl")
 PROTECTED_NAMES = tuple(p.strip("/") for p in BUILTIN_EXCLUDES if p.endswith("/") and not p.startswith("/"))
 
 Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total)

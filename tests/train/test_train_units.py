@@ -3,6 +3,7 @@ checkpoints, random state, metrics, generation. Real MLX throughout, tiny models
 import json
 import math
 import os
+import re
 import sys
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from mlx.utils import tree_flatten
 
 from clusterctl.cli import cli
+from clusterctl.errors import UsageError
 from clusterctl.train import checkpoint, presets
 from clusterctl.train.checkpoint import random_states, restore_random_state
 from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args, resolve
@@ -411,6 +413,20 @@ def test_trainer_refuses_to_overwrite_a_run_or_resume_past_its_end(tmp_path, cap
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl") if '"loss"' in line] == [1, 2, 3]
     assert main(["--resume", "latest"]) == 2
     assert capsys.readouterr().err.endswith("error: --resume latest needs --out DIR (the run to continue)\n")
+
+
+def test_data_too_short_for_a_block_and_a_negative_max_tokens_are_bad_input(tmp_path, capsys, monkeypatch):
+    """Bad input is exit 2, one line with the fix; both were a bare ClusterctlError (exit 1, as a crash is)."""
+    monkeypatch.setenv("CLUSTERCTL_BACKEND", "ring")
+    (tmp_path / "tiny.txt").write_text("Once upon a time.\n")
+    flags = ["--source", str(tmp_path / "tiny.txt"), "--n-layers", "1", "--dim", "16", "--n-heads", "2", "--mlp-dim",
+             "16", "--block-size", "32", "--steps", "1", "--out", str(tmp_path / "out")]
+    assert main(flags) == 2
+    assert re.fullmatch(r"error: rank 0: only \d+ training tokens, fewer than --block-size 32 \+ 1: give more data, or "
+                        r"a smaller --block-size\n", capsys.readouterr().err)
+    with pytest.raises(UsageError, match=r"^--max-tokens -1: give 0 or more tokens to generate$") as info:
+        generate_text(str(tmp_path), "", max_tokens=-1)
+    assert info.value.exit_code == 2
 
 
 def test_the_clock_and_the_stop_are_decided_from_what_every_rank_agrees_on():

@@ -11,14 +11,15 @@ Imports are read with ast, wherever they sit in a module (inside functions too).
 """
 import ast
 import os
+import re
 import sys
 
 import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
 
-BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
-        "inventory_edit"}
+BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
+        "inventory_yaml", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
@@ -37,9 +38,10 @@ ALLOWED = {
     "train": {"data"},
 }
 ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
-ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract"}  # base modules that import nothing but the standard library
-BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "resources", "inventory_yaml", "inventory",
-              "inventory_edit"]  # each may import the earlier
+# base modules that import nothing but the standard library
+ON_HOSTS_BASE = {"errors", "atomic", "digest", "progress", "trainer_contract", "program"}
+BASE_ORDER = ["errors", "atomic", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
+              "inventory_yaml", "inventory", "inventory_edit"]  # each may import the earlier
 
 
 def modules():
@@ -231,3 +233,144 @@ def test_an_attempts_outcome_is_a_frozen_value_of_its_own_module():
             setattr(outcome, name, None)
     assert outcome.state is AttemptState.FAILED and Outcome(0, "ok").state is AttemptState.SUCCEEDED
     assert Outcome(130, "x", ended_as=AttemptState.STOPPED).state is AttemptState.STOPPED
+
+# ---- run knows programs by what they can do (program.py's Capabilities), not by name -------------------
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def compared_names(path: str) -> list[tuple[int, str]]:
+    """(line, source) of every comparison in a module that tells programs apart by name: a module (`module`, `x.module`,
+    TRAINER_MODULE, a dotted module's name) equal, unequal or in something named or dotted, or `x.module.startswith`.
+    (`module is None`, `"/" in module`: a check of the value, not of which program it is.)"""
+    def names_a_program(node) -> bool:
+        return isinstance(node, ast.Name) and node.id in ("module", "TRAINER_MODULE", "BUNDLED_TRAINER") \
+            or isinstance(node, ast.Attribute) and node.attr in ("module", "TRAINER_MODULE") \
+            or isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(MODULE_NAME.fullmatch(node.value))
+
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+            operands = [node.left, *node.comparators]
+            if any(map(names_a_program, operands)) and all(
+                    names_a_program(o) or isinstance(o, (ast.Name, ast.Attribute, ast.Tuple, ast.List, ast.Set))
+                    for o in operands):
+                found.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith" \
+                and names_a_program(node.func.value):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_run_has_no_branch_on_a_programs_name():
+    """What the bundled trainer (or a service) needs, run asks its kind (program.Capabilities); the one place a
+    program's module picks its kind is program.kind_of, and only the trainer's kind and contract name its module."""
+    run_modules = [(m, p) for m, p in ALL if part(m) == "run"]
+    assert {m for m, _ in run_modules} >= {"clusterctl.run", "clusterctl.run.hooks"}
+    for module, path in run_modules:
+        assert compared_names(path) == [], module
+        assert "TRAINER_MODULE" not in open(path, encoding="utf-8").read(), module
+    naming = {m for m, p in ALL if re.search(r"\bTRAINER_MODULE\b", open(p, encoding="utf-8").read())}
+    assert naming == {"clusterctl.trainer_contract", "clusterctl.trainer_program"}, naming
+
+
+def test_the_name_check_catches_a_branch_on_the_trainer(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(program, options, module):\n    if program.module == BUNDLED_TRAINER:\n        return 1\n"
+                   "    if options.module != 'clusterctl.train':\n        return 2\n"
+                   "    if module is None or '/' in module:\n        return 3\n"     # checks of the value: not flagged
+                   "    if module in KNOWN:\n        return 4\n"
+                   "    return program.module.startswith('clusterctl.')\n")
+    assert [line for line, _ in compared_names(str(bad))] == [2, 4, 8, 10]
+
+
+# ---- one value, one place --------------------------------------------------------------------------------
+
+def literal_defaults(path: str, names: tuple[str, ...], values: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, source) wherever a string in `values` is given to something named in `names` (a parameter's
+    default, a field's, an assignment, a keyword argument, click's `default=` of an option so spelled), or passed
+    to os.path.join: a default written where it should be read from the one constant that holds it."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    found = []
+
+    def literal(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in values
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arguments):
+            positional = node.posonlyargs + node.args
+            pairs = list(zip(positional[len(positional) - len(node.defaults):], node.defaults))
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            found += [(d.lineno, a.arg) for a, d in pairs if a.arg in names and literal(d)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names:
+            if node.value is not None and literal(node.value):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Assign):
+            targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+            values_ = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            for target, value in zip(targets, values_ if len(values_) == len(targets) else [node.value] * len(targets)):
+                if isinstance(target, ast.Name) and target.id in names and literal(value):
+                    found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call):
+            found += [(k.value.lineno, ast.unparse(node)) for k in node.keywords if k.arg in names and literal(k.value)]
+            spelled = [a.value.lstrip("-").replace("-", "_") for a in node.args
+                       if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")]
+            if set(spelled) & set(names):
+                found += [(k.value.lineno, ast.unparse(node)) for k in node.keywords if k.arg == "default" and literal(k.value)]
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "join" and any(map(literal, node.args)):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_each_default_is_defined_once_and_named_for_what_it_is():
+    """The default backend is the inventory's (DEFAULT_BACKEND, "mpi") and, for a run on this machine without one,
+    run's THIS_MACHINE_BACKEND ("ring"); a project's runs directory is trainer_contract.RUNS_DIR. Nowhere else is
+    such a value written, and each constant is defined once."""
+    definitions = {"DEFAULT_BACKEND": "clusterctl.inventory", "THIS_MACHINE_BACKEND": "clusterctl.run",
+                   "RUNS_DIR": "clusterctl.trainer_contract"}
+    for name, home in definitions.items():
+        defined = [m for m, p in ALL if re.search(rf"^{name}\s*=", open(p, encoding="utf-8").read(), re.M)]
+        assert defined == [home], (name, defined)
+    for module, path in ALL:
+        if part(module) == "hosts" and ".scripts." in module:
+            continue        # what runs on the hosts stands alone (stackdump.py spells its own directory, cited)
+        # (the constants themselves are held above: one definition each, in its home)
+        assert literal_defaults(path, ("backend",), ("mpi", "ring")) == [], module
+        assert literal_defaults(path, ("runs_dir", "runs_root", "PROTECTED_TOP"), ("runs",)) == [], module
+
+
+def test_the_default_check_catches_a_default_written_again(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nimport click\nRUNS_DIR = 'runs'\ndef f(backend='ring', runs_dir='runs'):\n"
+                   "    backend, line = 'mpi', None\n    return os.path.join('runs', 'x')\n"
+                   "o = click.option('--runs-dir', default='runs')\ng(backend='mpi')\n")
+    assert sorted(line for line, _ in literal_defaults(str(bad), ("backend",), ("mpi", "ring"))) == [4, 5, 8]
+    assert sorted(line for line, _ in literal_defaults(str(bad), ("runs_dir", "RUNS_DIR"), ("runs",))) == [3, 4, 6, 7]
+
+
+# ---- errors keep their codes -------------------------------------------------------------------------------
+
+def test_the_trainer_and_the_data_raise_no_bare_clusterctl_error():
+    """What runs on the hosts says which error it is: bad input (a BadInput, exit 2: DataError, ConfigError,
+    UsageError, ...) or a failure of its own kind (WorldSizeMismatch, OutOfSync); a bare ClusterctlError is exit 1
+    with no class to say why (the trainer's too-short data was one)."""
+    for module, path in ALL:
+        if part(module) not in ON_HOSTS:
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                func = node.exc.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                assert name != "ClusterctlError", f"{path}:{node.lineno}"
+
+
+def test_every_package_of_the_tree_is_in_the_wheel():
+    """pyproject.toml lists the packages a wheel holds: a package left out (launch/backends/ was, when it became
+    one) is missing from every `pip install .` while an editable install works."""
+    text = open(os.path.join(os.path.dirname(PACKAGE), "pyproject.toml"), encoding="utf-8").read()
+    section = text.split("[tool.setuptools]", 1)[1]          # (tomllib is 3.11's; the package supports 3.10)
+    listed = set(re.findall(r'"([\w.]+)"', re.search(r"^packages = \[(.*?)\]", section, re.M | re.S).group(1)))
+    assert {"clusterctl", "clusterctl.templates"} <= listed
+    packages = {os.path.relpath(d, os.path.dirname(PACKAGE)).replace(os.sep, ".")
+                for d, _, files in os.walk(PACKAGE) if "__init__.py" in files}
+    assert packages - listed == set()

@@ -15,6 +15,10 @@ from clusterctl.observe.logs import LogLine, merge, read_logs, split_lines
 from clusterctl.observe.plot import MARKS, VAL_MARKS, Curves, render_text
 from clusterctl.observe.procs import etime_seconds, kind_of, parse_ps, run_processes
 from clusterctl.observe.runs import final_losses, latest_checkpoint, list_all, list_runs, read_index, resolve, run_info
+from clusterctl import trainer_program
+from clusterctl.run import program_for
+from clusterctl.serve.service import Service
+from clusterctl.trainer_program import BundledTrainer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "ps"
 
@@ -177,8 +181,16 @@ def test_the_trainers_own_summary_goes_into_summary_json_and_a_bad_one_is_left_o
 # ---- what a run is (issue 45: `runs` could not tell a dp run from a zero3 one, a fine-tune from training
 # from scratch, nor a serve job from training) -----------------------------------------------------------
 
+SERVED = Service("http://127.0.0.1:8080", "tiny", "/m/tiny", None, "tensor")
 SERVICE = {"url": "http://127.0.0.1:8080", "model": "tiny", "model_dir": "/m/tiny", "listen": None,
            "strategy": "tensor"}
+
+
+def describe(module, args, service=None):
+    """What the run of `module` (None: a script) with `args` is, as run knows its kind (program.Capabilities)."""
+    program = program_for(None if module else "s.py", tuple(args), module, (BundledTrainer(), SERVED))
+    assert program.kind.service == service
+    return program.kind.describe(program.args)
 
 
 @pytest.mark.parametrize("module, args, service, described", [
@@ -193,14 +205,14 @@ SERVICE = {"url": "http://127.0.0.1:8080", "model": "tiny", "model_dir": "/m/tin
     ("mlx_lm", ["lora", "--model", "x"], None, {"kind": "program", "model": None, "strategy": None}),
 ])
 def test_what_a_run_is_comes_from_its_program_and_arguments(module, args, service, described):
-    assert record.describe(module, args, service) == described
+    assert describe(module, args, service) == described
 
 
 def test_a_later_adapter_flag_is_one_entry_of_the_trainers_kinds(monkeypatch):
     """LoRA (not built yet) extends the mapping, nothing else: its flag decides before --model's."""
-    monkeypatch.setattr(record, "TRAINER_KINDS", (("--adapter", "LoRA"), *record.TRAINER_KINDS))
-    assert record.describe("clusterctl.train", ["--model", "m", "--adapter", "lora"])["kind"] == "LoRA"
-    assert record.describe("clusterctl.train", ["--model", "m"])["kind"] == "fine-tune"
+    monkeypatch.setattr(trainer_program, "TRAINER_KINDS", (("--adapter", "LoRA"), *trainer_program.TRAINER_KINDS))
+    assert describe("clusterctl.train", ["--model", "m", "--adapter", "lora"])["kind"] == "LoRA"
+    assert describe("clusterctl.train", ["--model", "m"])["kind"] == "fine-tune"
 
 
 def test_the_record_says_what_ran_while_it_runs_and_after_and_a_stop_is_no_failure(tmp_path, monkeypatch):
@@ -211,14 +223,14 @@ def test_the_record_says_what_ran_while_it_runs_and_after_and_a_stop_is_no_failu
         d.mkdir(parents=True)
     served = record.RunRecord.start(serve_dir.name, str(serve_dir), world=2, backend="ring", hosts=["h1", "h2"],
                                     program="clusterctl.serve.rank", service=SERVICE,
-                                    described=record.describe("clusterctl.serve.rank", [], SERVICE))
+                                    described=describe("clusterctl.serve.rank", [], SERVICE))
     running = run_info(str(serve_dir))           # no summary yet: run.json says what it is
     assert (running.status, running.kind, running.model, running.strategy) == ("running", "serve", "tiny", "tensor")
     served.end(143, "SIGTERM received: stopped every rank", stopped=True)
     (train_dir / "trainer.json").write_text('{"strategy": "zero3", "balance": {"mode": "off"}}')   # chose: auto
     trained = record.RunRecord.start(train_dir.name, str(train_dir), world=2, backend="mpi", hosts=["h1", "h2"],
                                      program="clusterctl.train",
-                                     described=record.describe("clusterctl.train", ["--model", "m", "--strategy", "auto"]))
+                                     described=describe("clusterctl.train", ["--model", "m", "--strategy", "auto"]))
     assert trained.end(1, "rank 1 on h2 exited 1")["strategy"] == "zero3"
     new, old = list_runs(str(runs))
     assert (old.status, old.outcome, old.exit_code) == ("stopped", "stopped: SIGTERM received: stopped every rank", 143)

@@ -9,8 +9,13 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.inventory import Cluster, parse
 from clusterctl.launch import backends
+from clusterctl.launch.attempts import AttemptSettings
+from clusterctl.launch.stall import StallPolicy
 from clusterctl.launch.outcome import Outcome
-from clusterctl.run import BUNDLED_TRAINER, Program, RunEvents, RunOptions, RunResult, program_for, run
+from clusterctl.launch.supervise import Settings
+from clusterctl.program import Program
+from clusterctl.run import RunEvents, RunOptions, RunResult, program_for, run
+from clusterctl.trainer_contract import TRAINER_MODULE as BUNDLED_TRAINER
 
 
 def test_the_program_is_a_script_a_module_or_the_bundled_trainer():
@@ -25,7 +30,7 @@ def test_the_program_is_a_script_a_module_or_the_bundled_trainer():
 
 
 def test_the_ranks_arguments_are_built_from_named_parts():
-    trainer, script = Program(None, BUNDLED_TRAINER, ("--steps", "5")), Program("s.py", None, ("a",))
+    trainer, script = program_for(None, ("--steps", "5"), None), Program("s.py", None, ("a",))
     assert trainer.rank_args() == [BUNDLED_TRAINER, "--steps", "5"]
     # the shards run staged (or re-staged for a new world) go to the bundled trainer first, to no other program
     assert trainer.rank_args("/w/data") == [BUNDLED_TRAINER, "--data", "/w/data", "--steps", "5"]
@@ -48,7 +53,7 @@ def test_resume_latest_names_the_newest_run_here_with_a_checkpoint_as_its_ranks_
     runs = tmp_path / "runs"
     here = Cluster.this_machine(str(tmp_path), slots=2, backend="ring")
     hosts = parse("hosts:\n  - name: h1\n    address: 10.0.0.1\n  - name: h2\n    address: 10.0.0.2\n", "inv.yaml")
-    resume = Program(None, BUNDLED_TRAINER, ("--steps", "50", "--resume", "latest"))
+    resume = program_for(None, ("--steps", "50", "--resume", "latest"), None)
     with pytest.raises(UsageError, match=r"^--resume latest: no run in .*runs/ holds a checkpoint"):
         _resume_latest(resume, hosts, str(runs), Notes())
     (runs / "20261101-100000-aaaaaa" / "checkpoints" / "step-000012").mkdir(parents=True)
@@ -61,8 +66,8 @@ def test_resume_latest_names_the_newest_run_here_with_a_checkpoint_as_its_ranks_
                            "(--resume runs/20261101-100000-aaaaaa)"]
     local = str(runs / "20261101-100000-aaaaaa")
     assert _resume_latest(resume, here, str(runs), Notes()).args[-1] == local
-    for same in (Program(None, BUNDLED_TRAINER, ("--resume", "latest", "--out", "mine")),
-                 Program(None, BUNDLED_TRAINER, ("--resume", "runs/x")), Program("t.py", None, ("--resume", "latest"))):
+    for same in (program_for(None, ("--resume", "latest", "--out", "mine"), None),
+                 program_for(None, ("--resume", "runs/x"), None), Program("t.py", None, ("--resume", "latest"))):
         assert _resume_latest(same, hosts, str(runs), Notes()) == same
 
 
@@ -108,8 +113,9 @@ def project(tmp_path):
 
 def test_a_dry_run_describes_the_launch_and_starts_nothing(tmp_path):
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="mpi")
-    result = run(cluster, RunOptions(script="job.py", args=("mpi", "0"), dry_run=True, preflight=False,
-                                     runs_dir=str(tmp_path / "runs"), project_dir=project(tmp_path)))
+    result = run(cluster, RunOptions(script="job.py", args=("mpi", "0"), project_dir=project(tmp_path),
+                                     attempts=AttemptSettings(dry_run=True, preflight=False,
+                                                              runs_dir=str(tmp_path / "runs"))))
     described = result.launch.describe()
     assert result.outcome is None and result.exit_code == 0
     assert described["rank_hosts"] == ["localhost", "localhost"] and described["backend"] == "mpi"
@@ -127,8 +133,9 @@ def test_a_dry_run_describes_the_launch_and_starts_nothing(tmp_path):
 
 def test_a_watchdog_turned_off_tells_the_ranks(tmp_path):
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="mpi")
-    result = run(cluster, RunOptions(script="job.py", dry_run=True, preflight=False, stall_timeout=0,
-                                     runs_dir=str(tmp_path / "runs"), project_dir=project(tmp_path)))
+    result = run(cluster, RunOptions(script="job.py", project_dir=project(tmp_path),
+                                     attempts=AttemptSettings(dry_run=True, preflight=False, runs_dir=str(tmp_path / "runs"),
+                                                              watch=Settings(stall=StallPolicy.parse(0)))))
     assert result.launch.describe()["rank_env"]["CLUSTERCTL_STALL"] == "off"
 
 
@@ -138,8 +145,8 @@ def test_a_job_on_this_machine_runs_every_rank_in_the_project(tmp_path, backend)
         pytest.skip(f"{backends.get(backend).launcher_name} is not installed here")
     events = Recorder()
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend=backend)
-    result = run(cluster, RunOptions(script="job.py", args=(backend, "0"), runs_dir=str(tmp_path / "runs"),
-                                     project_dir=project(tmp_path)), events)
+    result = run(cluster, RunOptions(script="job.py", args=(backend, "0"), project_dir=project(tmp_path),
+                                     attempts=AttemptSettings(runs_dir=str(tmp_path / "runs"))), events)
     assert result.exit_code == 0, result.outcome.reason
     assert ("started", "job.py", 2, backend) in events.events
     assert events.lines == ["[rank 0 localhost] 0 2 3.0 p", "[rank 1 localhost] 1 2 3.0 p"]
@@ -156,7 +163,7 @@ def test_an_error_in_the_first_attempt_still_writes_the_summary(tmp_path, monkey
     monkeypatch.setattr(attempts.Supervisor, "run", broken)
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="ring")
     with pytest.raises(RuntimeError):
-        run(cluster, RunOptions(script="job.py", args=("ring", "0"), runs_dir=str(tmp_path / "runs"),
+        run(cluster, RunOptions(script="job.py", args=("ring", "0"), attempts=AttemptSettings(runs_dir=str(tmp_path / "runs")),
                                 project_dir=project(tmp_path)), Recorder())
     [run_dir] = os.listdir(tmp_path / "runs")
     summary = json.loads((tmp_path / "runs" / run_dir / "summary.json").read_text())
@@ -165,8 +172,8 @@ def test_an_error_in_the_first_attempt_still_writes_the_summary(tmp_path, monkey
 
 def test_a_failing_rank_fails_the_run_with_its_exit_code_and_last_lines(tmp_path):
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend="ring")
-    result = run(cluster, RunOptions(script="job.py", args=("ring", "3"), runs_dir=str(tmp_path / "runs"),
-                                     project_dir=project(tmp_path)), Recorder())
+    result = run(cluster, RunOptions(script="job.py", args=("ring", "3"), project_dir=project(tmp_path),
+                                     attempts=AttemptSettings(runs_dir=str(tmp_path / "runs"))), Recorder())
     assert result.exit_code == 3 and result.outcome.failed_rank == 1
     assert "rank 1 on localhost exited 3" in result.outcome.reason and result.outcome.tail == ["1 2 3.0 p"]
 
@@ -175,7 +182,7 @@ def test_no_launcher_anywhere_is_a_usage_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(backends.get("mpi"), "launcher_here", lambda: None)
     with pytest.raises(UsageError, match="mpirun is not installed here"):
         run(Cluster.this_machine(str(tmp_path), slots=2, backend="mpi"),
-            RunOptions(script="job.py", preflight=False, dry_run=True, runs_dir=str(tmp_path / "runs")))
+            RunOptions(script="job.py", attempts=AttemptSettings(preflight=False, dry_run=True, runs_dir=str(tmp_path / "runs"))))
 
 
 def test_an_unknown_backend_is_bad_input_for_a_library_caller_too(tmp_path):
@@ -183,7 +190,7 @@ def test_an_unknown_backend_is_bad_input_for_a_library_caller_too(tmp_path):
     report as an internal error (exit 1): it is a UsageError (exit 2) naming the backends there are."""
     with pytest.raises(UsageError, match=r"^unknown backend 'nccl' \(one of mpi, ring, jaccl\)$") as info:
         run(Cluster.this_machine(str(tmp_path), slots=2, backend="mpi"),
-            RunOptions(script="job.py", backend="nccl", dry_run=True, runs_dir=str(tmp_path / "runs")))
+            RunOptions(script="job.py", backend="nccl", attempts=AttemptSettings(dry_run=True, runs_dir=str(tmp_path / "runs"))))
     assert info.value.exit_code == 2 and not (tmp_path / "runs").exists()      # refused before anything
 
 
@@ -193,7 +200,8 @@ def test_an_inventory_cluster_runs_through_the_same_function(tmp_path):
     cluster = parse(f"hosts: [{{name: box, local: true, slots: 3, workdir: {json.dumps(where)}}}]\n"
                     "launch: {backend: ring}\n", str(tmp_path / "inv.yaml"))
     events = Recorder()
-    result = run(cluster, RunOptions(script="job.py", args=("ring", "0"), runs_dir=str(tmp_path / "runs")), events)
+    result = run(cluster, RunOptions(script="job.py", args=("ring", "0"),
+                                     attempts=AttemptSettings(runs_dir=str(tmp_path / "runs"))), events)
     assert result.exit_code == 0 and [line.split()[:4] for line in events.lines] == \
         [["[rank", "0", "box]", "0"], ["[rank", "1", "box]", "1"], ["[rank", "2", "box]", "2"]]
     assert sys.executable == cluster.hosts[0].python

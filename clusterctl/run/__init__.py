@@ -1,0 +1,306 @@
+"""`clusterctl run`, the use case, callable without click:
+
+    stage -> plan / pre-flight -> launch site -> launch -> supervise -> fetch
+
+    result = run(cluster_or_None, RunOptions(script="train.py", args=("--lr", "3e-4")), events)
+    result.exit_code, result.outcome.reason, result.launch.run_dir
+
+What the program needs (inputs, stdin, how it resumes, its checks, what it is) its kind says (program.py; the
+bundled trainer's is trainer_program.py): run never asks a program's name. How each attempt is launched and
+watched is one AttemptSettings (launch/attempts.py), made by the caller and handed down as it is.
+
+1. Stage: copy the project (the current directory), clusterctl itself (for a clusterctl module such as the
+   bundled trainer) and each host's own dataset shards to the hosts, all at once (transfer/stage.py).
+2. Plan: launch at once from the plan the last verified launch on this cluster used, while the pre-flight
+   (every host reachable, with its python and the script or module in place) verifies it beside the
+   starting job; with no cached plan, the pre-flight runs first (launch/plan.py).
+3. Site: the launcher runs here when it is installed here, else on the first host (launch/launchers.py).
+4. Attempts (launch/attempts.py): launch and supervise (launch/job.py, launch/supervise.py); when the
+   pre-flight finds the hosts changed, the job is stopped and launched again from the fresh plan; with
+   --max-restarts, a failed attempt is followed by the next. run feeds and hears them (run/hooks.py).
+5. Fetch: what the job wrote in its run directory on the first host comes home (checkpoints, metrics),
+   and every `--fetch PATH` from rank 0's host, or from every host (transfer/fetch.py), whatever the outcome.
+6. Record: runs/<id>/summary.json (exit code, reason, times) and the runs index (observe/record.py), and,
+   for the bundled trainer, runs/<id>/loss.png when matplotlib is installed (observe/plot.py).
+
+Everything the user sees goes through a RunEvents object (the CLI prints it; tests record it).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import BinaryIO
+from concurrent.futures import wait
+from dataclasses import dataclass, replace
+
+from ..transfer.shards import MANIFEST
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, SignalReceived, UsageError
+from ..hosts.connector import Connector
+from ..hosts.fanout import GroupResult, in_background
+from ..hosts.stdinfeed import StdinFeed
+from ..hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
+from ..inventory import Cluster
+from ..launch import backends
+from ..launch.attempts import Attempts, AttemptSettings
+from ..launch.job import Launch, run_dir_of_ranks
+from ..launch.plan import LaunchPlan, cached_plan, check_inputs_on_hosts, discover, remember_plan
+from ..launch.outcome import AttemptState, Outcome
+from ..observe.live import LiveRun
+from ..observe.runs import latest_checkpoint
+from ..program import Capabilities, PlannedLaunch, Program, kind_of
+from ..transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
+from ..trainer_program import BundledTrainer
+from ..transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
+from .hooks import RunHooks, plot_losses
+
+# `clusterctl run` (and serve) without --hosts: this machine alone, over MLX's ring (no MPI needed), two ranks
+THIS_MACHINE_BACKEND = "ring"
+DEFAULT_SLOTS = 2
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    script: str | None = None         # a path (relative to the project, i.e. each host's workdir) ...
+    args: tuple[str, ...] = ()
+    module: str | None = None         # ... or a module; neither: the bundled trainer
+    backend: str | None = None        # default: the inventory's launch.backend
+    launcher: str | None = None       # what starts the ranks; default: the backend's own (backends.get)
+    # how every attempt is launched and watched (runs_dir, launch_from, dry_run: describe the launch, start and
+    # write nothing on any host; preflight, restart, the supervisor's watch): handed to the attempts as it is
+    attempts: AttemptSettings = AttemptSettings()
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    sync: bool = True                 # copy the project (and clusterctl, for its modules) first
+    fetch: bool = True                # bring the first host's run directory home afterwards
+    fetch_paths: tuple[str, ...] = () # and these (relative to rank 0's workdir, or absolute there)
+    fetch_all_ranks: bool = False     # fetch_paths from every host, into runs/<id>/host-<name>/
+    data_dir: str | None = None       # shards from `clusterctl data prepare`
+    all_shards: bool = False          # ... every shard to every host (the bundled trainer's balancing)
+    project_dir: str | None = None    # default: the current directory
+    # what every rank reads on its stdin, the same bytes to each, then EOF (docs/run.md#standard-input), when
+    # its kind reads stdin: the CLI gives its own stdin unless --no-stdin; None, the default here: EOF at once
+    stdin: BinaryIO | None = None
+    # the kinds of program run knows by the module they are (program.Capabilities): the bundled trainer (the CLI
+    # gives it its checks before a launch, train/prelaunch.py; run never imports train/), or serve's Service;
+    # any other program is a program of the user's (program.ANY_PROGRAM)
+    kinds: tuple[Capabilities, ...] = (BundledTrainer(),)
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def program_for(script: str | None, args: tuple[str, ...], module: str | None,
+                kinds: tuple[Capabilities, ...] = RunOptions.kinds) -> Program:
+    """SCRIPT, `-m MODULE` or the bundled trainer, from run's arguments (pure), of the kind `kinds` know its
+    module as. A module name is checked here, before anything starts: dotted Python identifiers, as `python -m`
+    takes them."""
+    if script is not None and script.startswith("-"):
+        args, script = (script, *args), None     # `run -- --steps 100`: arguments for the default program
+    if script is not None and module:
+        raise UsageError("give a SCRIPT or --module, not both")
+    if module is not None and not _MODULE_NAME.fullmatch(module):
+        hint = (f"; to run the file, write `clusterctl run {module}`" if module.endswith(".py") or "/" in module
+                else "")
+        raise UsageError(f"-m {module!r} is not a module name (dotted Python identifiers, like pkg.train){hint}")
+    if script is None:
+        module = module or BundledTrainer.module
+        return Program(None, module, tuple(args), kind_of(module, kinds))
+    return Program(script, None, tuple(args))
+
+
+class RunEvents:
+    """What `run` tells its user, one method per event; the base class says nothing."""
+
+    def launching_from(self, host: str, launcher: str) -> None: ...
+    def warning(self, text: str) -> None: ...
+    def note(self, text: str) -> None: ...
+    def staged(self, what: str, hosts: int, files: int, nbytes: int) -> None: ...
+    def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
+    def relaunching(self, launch: Launch, reason: str) -> None: ...
+    def output(self, text: str, is_err: bool) -> None: ...
+    def watching(self, launch: Launch, live: LiveRun) -> None: ...   # the ranks' live state, kept while supervised
+    def watched(self, launch: Launch) -> None: ...                   # supervision ended, whatever the way
+    def fetched(self, launch: Launch, host: str, remote_dir: str, files: int, nbytes: int) -> None: ...
+    def fetch_failed(self, launch: Launch, host: str, remote_dir: str, error: BaseException) -> None: ...
+    def outputs_fetched(self, launch: Launch, fetched: list[Fetched]) -> None: ...
+    def restarting(self, launch: Launch, restart: int, max_restarts: int, reason: str, delay_s: float) -> None: ...
+    def reshaped(self, hosts: list[str], world: int, lost: dict[str, str]) -> None: ...
+    def spread(self, step: str, holder: str, hosts: list[str]) -> None: ...
+
+
+@dataclass
+class RunResult:
+    launch: Launch
+    outcome: Outcome | None           # None for a dry run
+
+    @property
+    def exit_code(self) -> int:
+        if self.outcome is None:
+            return 0
+        code = self.outcome.exit_code
+        return code if 0 <= code < 256 else EXIT_FAILED
+
+
+def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEvents()) -> RunResult:
+    program = program_for(options.script, options.args, options.module, options.kinds)
+    settings = options.attempts
+    fetch_paths = check_fetch_paths(options.fetch_paths)          # a bad PATH: refused before anything starts
+    if options.fetch_all_ranks and not fetch_paths:
+        raise UsageError("--fetch-all-ranks says from where; --fetch PATH says what: give both")
+    project = os.path.abspath(options.project_dir or os.getcwd())
+    if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
+        cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=THIS_MACHINE_BACKEND)
+    program = _resume_latest(program, cluster, settings.runs_dir, events)
+    backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
+    backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
+    if backend.env_on_command_line and cluster.secrets:
+        events.warning(f"{backend.launcher_label} takes the ranks' environment on its command line: the inventory's "
+                       "secret env values are visible in `ps` on this machine and the hosts while the job runs "
+                       "(clusterctl's own launchers never do that: docs/security.md#where-secrets-go)")
+    policy = settings.restart
+    policy.check(world=cluster.world_size, backend=backend.name, preflight=settings.preflight,
+                 bundled_fsdp=program.kind.cannot_shrink(program.args))
+    connector = Connector(cluster, connect_timeout=options.connect_timeout)
+    checks = program.kind.checks_before_launch and not settings.dry_run
+    if checks:       # what is known before anything moves: the last plan's memory, the inventory's env
+        _check_program(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
+    uncopied = [(flag, path) for flag, path, copied in _program_inputs(program, options, project) if not copied]
+    if uncopied and settings.preflight and not settings.dry_run and not all(h.local for h in cluster.hosts):
+        check_inputs_on_hosts(connector, uncopied, synced=options.sync)
+    extra_env = {} if settings.dry_run else stage(connector, options, program, project, events)
+    if policy.elastic is not None:
+        extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
+    plan, preflight = _plan(cluster, connector, settings, program, needs_mpi=backend.needs_mpi)
+    if checks:       # and with what the pre-flight just found
+        _check_program(cluster, plan, program, project, options)
+    if not settings.watch.stall.enabled:
+        extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
+    hooks = RunHooks(options, program, backend, extra_env, events, connector)
+    # one reader of the controller's stdin for every attempt (hosts/stdinfeed.py)
+    stdin = StdinFeed.of(options.stdin) if program.kind.reads_stdin else None
+    attempts = Attempts(backend, settings, hooks, connector, program, stdin)
+    try:
+        launch, outcome = attempts.first(plan, preflight)
+        if outcome is None:
+            return RunResult(launch, None)
+        launch, outcome = attempts.restart_while_failing(launch, outcome)
+        # rank 0 runs on the first host and says whether it left anything in the run directory there
+        if options.fetch and not attempts.cluster.hosts[0].local and outcome.rank0_wrote is not False:
+            _fetch(attempts.connector, launch, events)
+        if fetch_paths:
+            events.outputs_fetched(launch, fetch_outputs(attempts.connector, fetch_paths, project, launch.run_dir,
+                                                         all_ranks=options.fetch_all_ranks))
+        if program.kind.pictures_loss:
+            plot_losses(launch)
+    except BaseException as e:
+        if hooks.record is not None:      # the run had started: its summary says how it ended, whatever that was
+            hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
+                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e),
+                             stopped=isinstance(e, (KeyboardInterrupt, SignalReceived)))
+        raise
+    result = RunResult(launch, outcome)
+    hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank,
+                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None,
+                     stopped=outcome.state is AttemptState.STOPPED)
+    return result
+
+
+def _resume_latest(program: Program, cluster: Cluster, runs_dir: str, events: RunEvents) -> Program:
+    """A program that asks for the latest checkpoint (the bundled trainer's `--resume latest` without `--out`):
+    under run every run has a directory of its own, so `latest` is the newest run here (in runs_dir) that holds a
+    checkpoint, as its ranks name its directory (docs/trainer.md#resume); no such run is one line, exit 2."""
+    if not program.kind.asks_latest(program.args):
+        return program
+    found = latest_checkpoint(runs_dir)
+    if found is None:
+        raise UsageError(f"--resume latest: no run in {runs_dir}/ holds a checkpoint (name one with --resume "
+                         f"{runs_dir}/<id>, or start afresh without --resume)")
+    run_id, step = found
+    there = run_dir_of_ranks(cluster, run_id, os.path.abspath(os.path.join(runs_dir, run_id)))
+    events.note(f"--resume latest: run {run_id}, from its {step} (--resume {there})")
+    return replace(program, args=tuple(program.kind.resuming_from(program.args, there)))
+
+
+def _check_program(cluster: Cluster, plan: LaunchPlan, program: Program, project: str, options: RunOptions) -> None:
+    """The program's own checks of the launch as planned, before any rank starts: the bundled trainer refuses a
+    run whose memory estimate exceeds the smallest host's (docs/trainer.md#memory-planning), or whose --model /
+    --data fine-tuning inputs the ranks would refuse (docs/finetune.md), in one line (exit 2)."""
+    program.kind.check(PlannedLaunch(program.args, cluster.world_size, plan.memory,
+                                     {h.name: h.env_dict for h in cluster.hosts}, plan.first_os, project,
+                                     options.data_dir))
+
+
+def _plan(cluster: Cluster, connector: Connector, settings: AttemptSettings, program: Program, needs_mpi: bool = False):
+    """(the plan to launch from, the pre-flight Future verifying it meanwhile or None). `needs_mpi`: every
+    host must have mpirun (the backend's daemons start there)."""
+    if not settings.preflight:
+        return LaunchPlan.from_inventory(cluster), None
+    if settings.dry_run:
+        return cached_plan(cluster) or discover(connector), None
+    plan = cached_plan(cluster)
+
+    def verify() -> LaunchPlan:
+        return discover(connector, script=program.script, module=program.module, needs_mpi=needs_mpi)
+
+    if plan is None:
+        plan = verify()
+        remember_plan(cluster, plan)
+        return plan, None
+    # Launch at once from the plan the last verified launch used; the pre-flight checks it meanwhile and
+    # stops the job with the failing host named, or launches again if the hosts changed.
+    return plan, in_background(verify)
+
+
+def stage(connector: Connector, options: RunOptions, program: Program, project: str, events: RunEvents) -> dict[str, str]:
+    """Copy what the job needs to the connector's hosts before launching, the project, clusterctl and the
+    shards at once (they are independent); returns the ranks' extra environment."""
+    if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, MANIFEST)):
+        # the trap of an option both accept: say whose --data this was (docs/run.md#the-command-line)
+        what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {MANIFEST} there"
+        raise ShardError(f"--data {options.data_dir}: {what}. This --data is clusterctl's, for shards from "
+                         f"`clusterctl data prepare`, because it came before the program; if it was meant for "
+                         f"{program.label}, write it after {program.label}")
+    jobs = {}
+    if options.sync and program.kind.copies_project:
+        needed = tuple(path for _, path, copied in _program_inputs(program, options, project) if copied)
+        jobs["project"] = in_background(stage_project, connector, project, needed)
+    if options.sync and program.ships_clusterctl:
+        jobs["clusterctl"] = in_background(ship_clusterctl, connector)
+    if options.data_dir:
+        jobs["data"] = in_background(stage_data, connector, options.data_dir, all_shards=options.all_shards)
+    wait(jobs.values())
+    for future in jobs.values():      # the first failure, after every copy has ended
+        future.result()
+    for what in ("project", "clusterctl"):
+        group: GroupResult | None = jobs[what].result() if what in jobs else None
+        if group is not None:
+            events.staged(what, len(group), sum(len(o.value.moved) for o in group.values()),
+                          sum(o.value.moved_bytes for o in group.values()))
+    return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
+
+
+def _program_inputs(program: Program, options: RunOptions, project: str) -> list[tuple[str, str, bool]]:
+    """(flag, path, whether run copies it with the project) for the directories the program reads (its kind's
+    inputs: the bundled trainer's --model, and its --data when run gives none). A relative path inside the
+    project is copied (unless --no-sync); an absolute one, or one that leads out of the project, must be on
+    every host already (the ranks read it as given, from their workdir)."""
+    root = os.path.realpath(project)
+    copies = options.sync and program.kind.copies_project
+    found = []
+    for flag, path in program.kind.inputs(program.args, run_gives_data=bool(options.data_dir)):
+        inside = not os.path.isabs(path) and \
+            not os.path.relpath(os.path.realpath(os.path.join(root, path)), root).startswith(os.pardir)
+        found.append((flag, path, inside and copies))
+    return found
+
+
+def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
+    """Bring home what the job left in its run directory on the first host (checkpoints, metrics)."""
+    host = connector.cluster.hosts[0]
+    remote_dir = connector.run_dir(host, launch.run_id) + "/"
+    try:
+        files, nbytes = fetch_run_dir(connector, launch.run_id, launch.run_dir)
+    except (OSError, EOFError, ClusterctlError) as e:   # reported; the files stay on the host
+        events.fetch_failed(launch, host.name, remote_dir, e)
+        return
+    if files:
+        events.fetched(launch, host.name, remote_dir, files, nbytes)

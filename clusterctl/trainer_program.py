@@ -1,0 +1,66 @@
+"""The bundled trainer (clusterctl.train) as a kind of program `run` knows (program.Capabilities): what it reads,
+how it resumes, what it brings home and what it checks before a launch, by its contract (trainer_contract.py).
+
+    kind = BundledTrainer(prelaunch=check)    # cli/launch.py gives train/prelaunch.check_before_launch
+    kind.inputs(["--model", "models/m", "--data", "d"], run_gives_data=False)   # [("--model", ...), ("--data", "d")]
+    kind.with_data(args, "/w/data")           # ["--data", "/w/data", *args]: a user's own later --data still wins
+    kind.describe(["--model", "m"])           # {"kind": "fine-tune", "model": "m", "strategy": "dp"}
+
+Its checks that need the trainer's own code (the memory plan, a --model mlx-lm can build) stay in train/prelaunch.py,
+reached through the CLI, which hands them over as `prelaunch`: run never imports train/. Standard library only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .program import Capabilities, PlannedLaunch
+from .trainer_contract import (DATA, DEFAULT_STRATEGY, MODEL, OUT, RESUME, STRATEGY, TRAINER_KINDS, TRAINER_MODULE,
+                               add_run_flag, flag_value, replace_flag)
+
+
+@dataclass(frozen=True)
+class BundledTrainer(Capabilities):
+    """`python -m clusterctl.train`: reads no stdin; reads --model (and its own --data when run gives none) from
+    directories run copies with the project when they are in it; continues a restart from its newest checkpoint;
+    pictures its loss; FSDP's optimizer state cannot shrink onto fewer ranks; `--resume latest` under run is the
+    newest run here with a checkpoint."""
+
+    # its checks before a launch (train/prelaunch.check_before_launch, given by the CLI); None: none
+    prelaunch: Callable[[PlannedLaunch], object] | None = None
+
+    module = TRAINER_MODULE
+    reads_stdin = False
+    resumes_from_checkpoints = True
+    pictures_loss = True
+
+    @property
+    def checks_before_launch(self) -> bool:
+        return self.prelaunch is not None
+
+    def inputs(self, args: Sequence[str], run_gives_data: bool) -> list[tuple[str, str]]:
+        flags = (MODEL,) if run_gives_data else (MODEL, DATA)
+        return [(flag, flag_value(args, flag)) for flag in flags if flag_value(args, flag)]
+
+    def with_data(self, args: Sequence[str], data_dir: str) -> list[str]:
+        return add_run_flag(list(args), DATA, data_dir)
+
+    def asks_latest(self, args: Sequence[str]) -> bool:
+        return flag_value(args, RESUME) == "latest" and not flag_value(args, OUT)
+
+    def resuming_from(self, args: Sequence[str], run_dir: str) -> list[str]:
+        return replace_flag(args, RESUME, run_dir)
+
+    def cannot_shrink(self, args: Sequence[str]) -> bool:
+        return flag_value(args, STRATEGY) == "fsdp"
+
+    def check(self, planned: PlannedLaunch) -> None:
+        if self.prelaunch is not None:
+            self.prelaunch(planned)
+
+    def describe(self, args: Sequence[str]) -> dict:
+        """Its kind is the one TRAINER_KINDS gives its flags, else "train", of its --model, with its --strategy
+        (the trainer's default when not given: its own choice, "auto" or a --config file's, replaces it in
+        summary.json once it has said)."""
+        kind = next((kind for flag, kind in TRAINER_KINDS if flag_value(args, flag) is not None), "train")
+        return {"kind": kind, "model": flag_value(args, MODEL), "strategy": flag_value(args, STRATEGY) or DEFAULT_STRATEGY}
