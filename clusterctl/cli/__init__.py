@@ -1,6 +1,6 @@
 """The command line. Only this package imports click: each command parses its options, calls the core
 once, and prints what comes back. No command loops over hosts, starts threads or processes: that is the
-core's work (run.py, doctor/, bench/, transfer/, hosts/).
+core's work (run/, doctor/, bench/, transfer/, hosts/).
 
     app.py      the click group, the options several commands share, MODULES (command -> module)
     console.py  tables, sizes, one-line errors, progress bars; panel.py  run's live panel (rich)

@@ -1,5 +1,5 @@
 """Restarting a failed job (`clusterctl run --max-restarts N [--elastic MIN]`): the decisions, as pure
-functions; run.py carries them out.
+functions; run/ carries them out.
 
     policy = RestartPolicy(max_restarts=2, delay_s=10, elastic=2)
     policy.check(...)                         # refuse combinations that cannot work, before anything starts
