@@ -25,6 +25,34 @@ def make_cluster(tmp_path_factory):
         cluster.stop_all()
 
 
+# ---- running side by side (tests/run.sh: pytest-xdist, CONTRIBUTING.md#running-side-by-side) -------------
+# Most tests start their own cluster (make_cluster) or none, and run anywhere. A module that builds something
+# once for all its tests (a module- or session-scoped fixture of its own: a trained checkpoint, a serve, a
+# cluster) keeps its tests on one worker, so it is built once (xdist_group, with --dist loadgroup). The tiers
+# that wait most (ssh, cli, train) are handed out first, the many short unit tests last, so they fill the end.
+
+TIER_ORDER = {"ssh": 0, "cli": 1, "train": 2, "unit": 3}
+
+
+def _shared_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::", 1)[0]
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for d in defs:
+            if d.scope in ("module", "package", "session") and d.baseid == module:
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _shared_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    tier = {item: TIER_ORDER.get(item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else "", 9)
+            for item in items}
+    items.sort(key=tier.__getitem__)          # stable: the order inside a tier stays as written
+
+
 # ---- tests skipped for want of `unshare -m` (sshcluster.requires_private_roots) -----------------
 # A -ra line among many is easy to miss, and on a machine where `unshare -m` works such a skip hides a
 # broken test cluster. So they are listed in a block of their own, and such a skip fails the run where

@@ -39,4 +39,6 @@ fi
 
 # the package is linted first (pyproject.toml [tool.ruff]); a lint error fails the run before the tests start
 .venv/bin/ruff check clusterctl
-exec .venv/bin/python -m pytest -ra --durations=40 "$@"
+# side by side (CONTRIBUTING.md#running-side-by-side): WORKERS processes, each module that builds something
+# once for all its tests kept on one of them (tests/conftest.py); `-n 0` (or CLUSTERCTL_TEST_WORKERS=0) runs one by one
+exec .venv/bin/python -m pytest -ra --durations=40 -n "${CLUSTERCTL_TEST_WORKERS:-4}" --dist loadgroup "$@"
