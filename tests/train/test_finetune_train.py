@@ -68,8 +68,9 @@ def test_thirty_steps_lower_the_loss_and_the_result_generates_in_mlx_lm(inputs, 
     assert "held out: 6 records (every 20th record of train.jsonl)" in r.stdout
     model_dir = out / "model"
     assert f"model: {model_dir} (an mlx-lm model directory" in r.stdout
-    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                          "tokenizer_config.json"]
+    # and the marker that lets a later export (or fine-tune) to the same place replace what this one wrote
+    assert sorted(p.name for p in model_dir.iterdir()) == [".clusterctl-export.json", "config.json",
+                                                          "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     model, tokenizer = load(str(model_dir))
     text = generate(model, tokenizer, "Tom found", max_tokens=12)
     assert len(tokenizer.encode(text)) >= 4, text

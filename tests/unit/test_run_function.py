@@ -105,6 +105,12 @@ sys.exit(int(sys.argv[2]) if g.rank() == 1 else 0)
 """
 
 
+def _logs(run_dir):
+    """Every log of a run, for a failing assertion's message (the run directory is gone by the time one reads it)."""
+    return {n: open(os.path.join(run_dir, n), errors="replace").read()[-2000:]
+            for n in sorted(os.listdir(run_dir)) if n.endswith(".log")}
+
+
 def project(tmp_path):
     (tmp_path / "p").mkdir(exist_ok=True)
     (tmp_path / "p" / "job.py").write_text(SCRIPT)
@@ -147,7 +153,7 @@ def test_a_job_on_this_machine_runs_every_rank_in_the_project(tmp_path, backend)
     cluster = Cluster.this_machine(project(tmp_path), slots=2, backend=backend)
     result = run(cluster, RunOptions(script="job.py", args=(backend, "0"), project_dir=project(tmp_path),
                                      attempts=AttemptSettings(runs_dir=str(tmp_path / "runs"))), events)
-    assert result.exit_code == 0, result.outcome.reason
+    assert result.exit_code == 0, (result.outcome.reason, _logs(result.launch.run_dir))
     assert ("started", "job.py", 2, backend) in events.events
     assert events.lines == ["[rank 0 localhost] 0 2 3.0 p", "[rank 1 localhost] 1 2 3.0 p"]
     assert open(os.path.join(result.launch.run_dir, "rank-1.log")).read() == "1 2 3.0 p\n"
