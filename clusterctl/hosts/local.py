@@ -26,6 +26,14 @@ from .stdinfeed import StdinFeed
 from .transport import Process, Result, Transport
 
 
+def environment() -> dict[str, str]:
+    """What a local command inherits: os.environ, never the C environment beneath it. MLX's MPI backend, once
+    initialised in this process (a notebook's `mx.distributed.init()`, a world of one), adds an MPI singleton's
+    identity there with putenv (PMIX_*, OMPI_MCA_ess=singleton, ...), and an mpirun started with it exits 1
+    without a word (docs/facts/launchers.md#mpirun-under-an-mpi-singleton)."""
+    return dict(os.environ)
+
+
 class LocalTransport(Transport):
     """This machine: /bin/sh in a new session, so a timeout can kill the whole process group."""
 
@@ -37,7 +45,8 @@ class LocalTransport(Transport):
     def run(self, command, timeout, env=None, cwd=None) -> Result:
         script = shell_command(command, cwd)
         proc = subprocess.Popen(["/bin/sh", "-c", reading_env(script)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                env=environment())
         with _LIVE_LOCK:
             _LIVE.add(proc)
         try:
@@ -78,7 +87,7 @@ class LocalProcess(Process):
         self.proc = subprocess.Popen(["/bin/sh", "-c", remote_command(shlex.join(argv), env=True,
                                                                       stdin=stdin not in (None, False))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, env=environment())
         self.proc.stdin.write(env_input(env))
         self.proc.stdin.flush()
         if isinstance(stdin, StdinFeed):

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from clusterctl.launch.backends.rankstarter import free_port_block
+
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,7 +104,9 @@ def test_ring_reduce_scatter_with_send_and_recv_sums_like_all_sum(world):
     it must give every rank its block of the all_sum (to float rounding: the sums are added in another
     order; bfloat16 rounds each partial sum), on an even and an odd number of ranks."""
     launch = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
-    r = subprocess.run([launch, "-n", str(world), "--backend", "ring", sys.executable,
+    # ports of its own: mlx.launch's default block (32323 up) is every local mlx.launch's, and tests run side by side
+    port = free_port_block(world)
+    r = subprocess.run([launch, "-n", str(world), "--backend", "ring", "--starting-port", str(port), sys.executable,
                         os.path.join(os.path.dirname(WORKER), "reduce_scatter_worker.py")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -4,6 +4,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -187,3 +188,27 @@ def test_read_until_gives_a_command_that_keeps_printing_more_time_up_to_a_cap(ca
     began = time.monotonic()
     out, _, done = read_until(proc, lines, 0.5, progress_s=1.0, cap=10.0)
     assert (out, done) == (["1"], False) and time.monotonic() - began < 3
+
+
+def test_a_local_mpirun_starts_after_mlx_formed_an_mpi_world_of_one_in_this_process(tmp_path):
+    """mx.distributed.init() in a process mpirun did not start leaves an MPI singleton's identity in the C
+    environment, where os.environ does not see it; an mpirun that inherits it exits 1 without a word
+    (docs/facts/launchers.md#mpirun-under-an-mpi-singleton). Local commands get os.environ, so it starts."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun is not installed here")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    probe = f"""
+import subprocess, sys
+import mlx.core as mx
+from clusterctl.hosts.local import LocalTransport
+assert mx.distributed.init().size() == 1
+line = {shlex.join([mpirun, *root, "--oversubscribe", "-np", "2", "echo", "hi"])!r}
+bare = subprocess.run(line, shell=True, capture_output=True, text=True)
+ours = LocalTransport().run(line, timeout=60)
+print(bare.returncode, ours.exit_code, ours.stdout.split())
+"""
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    # the inherited environment fails mpirun (the fact this guards against); ours runs both ranks
+    assert r.stdout.split("\n")[0] == "1 0 ['hi', 'hi']", r.stdout + r.stderr
