@@ -11,6 +11,7 @@ catches any real error (a wrong shard or a missing 1/N is off by 1e-2 or more) w
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -106,9 +107,18 @@ def test_ring_reduce_scatter_with_send_and_recv_sums_like_all_sum(world):
     launch = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
     # ports of its own: mlx.launch's default block (32323 up) is every local mlx.launch's, and tests run side by side
     port = free_port_block(world)
-    r = subprocess.run([launch, "-n", str(world), "--backend", "ring", "--starting-port", str(port), sys.executable,
-                        os.path.join(os.path.dirname(WORKER), "reduce_scatter_worker.py")],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    # in a session of its own: a timeout ends mlx.launch's ranks too (they would spin on, orphaned, for ever)
+    proc = subprocess.Popen([launch, "-n", str(world), "--backend", "ring", "--starting-port", str(port), sys.executable,
+                             os.path.join(os.path.dirname(WORKER), "reduce_scatter_worker.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert sorted(rep["rank"] for rep in reports) == list(range(world))
