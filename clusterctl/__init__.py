@@ -2,14 +2,11 @@
 
 
 def __getattr__(name: str):
-    # Looked up on demand: importlib.metadata costs tens of milliseconds at every start of the CLI (and of
-    # every rank of the bundled trainer), and only --version needs it.
+    # Looked up on demand, from the one place it is written (pyproject.toml reads it there too): no
+    # importlib.metadata, which costs tens of milliseconds at every start of the CLI and of every launch.
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            return version("clusterctl")
-        except PackageNotFoundError:  # running from a source tree that was never installed
-            return "0.0.0+source"
+        from ._version import __version__
+        return __version__
     if name == "report":     # `from clusterctl import report`: the live panel's metrics line (progress.py)
         from .progress import report
         return report

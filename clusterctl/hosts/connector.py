@@ -9,9 +9,11 @@ takes one object instead of threading loose settings through every layer:
     connector.ssh_options()                           # what an OpenSSH client started here is given
     connector.run_dir(host, run_id)                   # where the ranks' run directory is on a host
     connector.rank_files_dir(host, run_id)            # where clusterctl's own files of a run are there
+    connector.run_shared(host, command, timeout)      # one command over the OpenSSH connection runs share
 """
 from __future__ import annotations
 
+import shutil
 import threading
 from typing import Mapping, Sequence
 
@@ -19,10 +21,11 @@ from ..inventory import Cluster, Host
 from ..trainer_contract import RUNS_DIR
 from .fanout import GroupResult, run_all
 from .openssh import host_config_text, ssh_options
+from .sharedssh import SSH_FAILED, master_alive, run_shared
 from .ssh import SSHTransport
 from .sshconfig import SSHTarget, resolve_cluster
 from .local import LocalTransport
-from .transport import DEFAULT_CONNECT_TIMEOUT_S, Transport
+from .transport import DEFAULT_CONNECT_TIMEOUT_S, Result, Transport
 
 # Extra time the fan-out deadline allows beyond connect + command timeouts, for the kill grace period.
 DEADLINE_SLACK_S = 5.0
@@ -75,6 +78,19 @@ class Connector:
         if host.local:
             return LocalTransport(host.name)
         return SSHTransport(self.targets[host.name], self.host_key_checking, self.connect_timeout)
+
+    def run_shared(self, host: Host, command: str | Sequence[str], timeout: float,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None) -> Result:
+        """`command` on `host` through OpenSSH over the master connection the run's copies and launcher use
+        (hosts/sharedssh.py: no login, no key exchange here) when one is up; through the host's transport
+        otherwise, and when ssh itself failed (exit 255), so that the failure is named as ever."""
+        ssh = None if host.local else shutil.which("ssh")
+        if ssh is not None and master_alive(ssh, self.ssh_options(), host.name):
+            result = run_shared(ssh, self.ssh_options(), host.name, command, timeout, env=env, cwd=cwd)
+            if result.exit_code != SSH_FAILED:
+                return result
+        with self.transport(host) as t:
+            return t.run(command, timeout, env=env, cwd=cwd)
 
     def ssh_options(self) -> list[str]:
         """`-F` and this machine's rendering of the inventory, for ssh, rsync -e and the launchers."""

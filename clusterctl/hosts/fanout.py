@@ -97,15 +97,42 @@ def run_all(hosts: Sequence[Host], fn: Callable[[Host], T], deadline: float) -> 
 def in_background(fn: Callable[..., T], *args, **kwargs) -> "Future[T]":
     """fn(*args, **kwargs) in a daemon thread, as a Future. Unlike ThreadPoolExecutor's workers, which
     the interpreter joins at exit, it never holds up an exit (Ctrl-C while an SSH probe or a copy runs)."""
-    future: Future = Future()
-
-    def work() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(e)
-
-    threading.Thread(target=work, name=f"background-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    future = Deferred(fn, *args, **kwargs)
+    future.start()
     return future
+
+
+class Deferred(Future):
+    """fn(*args, **kwargs) as a Future that runs, in a daemon thread as in_background's, once started: by
+    start(), or by the first wait for its result. `started` says whether it has been."""
+
+    def __init__(self, fn: Callable[..., T], *args, **kwargs):
+        super().__init__()
+        self._call = (fn, args, kwargs)
+        self._start_lock = threading.Lock()
+        self.started = False
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self.started:
+                return
+            self.started = True
+        fn = self._call[0]
+        threading.Thread(target=self._work, name=f"background-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+
+    def _work(self) -> None:
+        if not self.set_running_or_notify_cancel():
+            return
+        fn, args, kwargs = self._call
+        try:
+            self.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            self.set_exception(e)
+
+    def result(self, timeout: float | None = None) -> T:
+        self.start()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.start()
+        return super().exception(timeout)

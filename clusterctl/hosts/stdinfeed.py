@@ -41,10 +41,12 @@ class StdinFeed:
 
     @classmethod
     def of(cls, source: BinaryIO | None) -> StdinFeed | None:
-        """A feed of `source`; None where it holds nothing to send (None, /dev/null, an empty regular file):
-        every rank then gets EOF at once, with no relay or frames started for it."""
+        """A feed of `source`; None where it holds nothing to send (None, /dev/null, an empty regular file, a
+        pipe or socket already at its end): every rank then gets EOF at once, with no relay or frames started
+        for it. A pipe whose writer has written, or not yet, is a feed (what was read to look stays first)."""
         if source is None:
             return None
+        first = b""
         try:
             fd = source.fileno()
             st = os.fstat(fd)
@@ -52,9 +54,17 @@ class StdinFeed:
                 return None
             if stat.S_ISREG(st.st_mode) and st.st_size <= os.lseek(fd, 0, os.SEEK_CUR):
                 return None
+            if (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)) and select.select([fd], [], [], 0)[0]:
+                first = os.read(fd, 65536)     # ready now: the writer has written, or closed its end
+                if not first:
+                    return None                # `true | clusterctl run`, `clusterctl run <&-`-like: nothing, ever
         except (AttributeError, OSError, ValueError):
             pass                 # not a file of the system's (click's test runner): read it
-        return cls(source)
+        feed = cls(source)
+        if first:
+            feed._chunks.append(first)
+            feed._held = len(first)
+        return feed
 
     def attach(self, send: Callable[[bytes], None]) -> threading.Thread:
         """Retire the earlier attempt's pump, then start this attempt's: it sends what the earlier ones did

@@ -142,7 +142,9 @@ class Attempts:
             hooks.relaunching(launch, outcome, self.policy.enabled)
             plan, preflight = outcome.fresh_plan, None
             remember_plan(cluster, plan)
-        if preflight is not None and preflight.exception() is None:   # waits for it: a short, bounded probe
+        # waits for it: a short, bounded probe; one the job never needed started (it ended well before the
+        # ranks were all up: supervise.py _Preflight) is not run now: the plan it would check just worked
+        if preflight is not None and getattr(preflight, "started", True) and preflight.exception() is None:
             remember_plan(cluster, preflight.result())
         if self.policy.enabled:
             hooks.attempted(attempt, cluster, launch, outcome, started)

@@ -173,8 +173,9 @@ def _probe_all(connector: Connector, timeout: float, script: str | None, module:
             text += f"\nif [ -f {quote_path(where)} ]; then j script yes; else j script no; fi\n"
         if module is not None:
             text += module_check(host, module)
-        with connector.transport(host) as t:
-            facts = parse_probe(t.run(text, timeout=timeout, env=module_env(host) if module else None).stdout)
+        # over the connection the run's copies and launcher share: beside a starting job, a login of its own
+        # per host would take this machine's CPU from the launch (hosts/sharedssh.py)
+        facts = parse_probe(connector.run_shared(host, text, timeout, env=module_env(host) if module else None).stdout)
         if script is not None or module is not None:
             # found the way a rank's launcher finds it: on the non-interactive PATH (docs/facts/ssh.md#non-interactive-path)
             if not facts.get("python_path"):

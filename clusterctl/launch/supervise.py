@@ -45,7 +45,6 @@ from .launchers import sweep
 from .outcome import AttemptState, Outcome
 from .plan import LaunchPlan
 from .ranklines import Emit, RankLines, Status, no_status
-from .stacks import collect as collect_stacks
 from .stall import StallPolicy
 from .stop import ask_to_stop, ranks_by_host
 
@@ -55,6 +54,7 @@ FINISH_TIMEOUT_S = 30.0
 # that failed after losing it.
 CAUSE_WAIT_S = 0.5
 PREFLIGHT_WAIT_S = 30.0
+PREFLIGHT_DEFER_S = 1.0   # a pre-flight beside the launch starts once the ranks are up, or this long after it
 CHECK_S = 0.2             # how often the timeouts and the stall watch are read, whatever the ranks print
 
 
@@ -109,15 +109,27 @@ def on_failure(phase: Running | Failing, failure: Outcome, now: float) -> Failin
 
 
 class _Preflight:
-    """The pre-flight running beside a launch that started from the cached plan. If it fails, the job
-    is stopped and its error raised (a missing script or python is named, not just a rank's exit); if it
-    finds the hosts changed, the job is stopped and launched again with the fresh plan."""
+    """The pre-flight beside a launch that started from the cached plan. If it fails, the job is stopped and
+    its error raised (a missing script or python is named, not just a rank's exit); if it finds the hosts
+    changed, the job is stopped and launched again with the fresh plan.
+
+    A pre-flight not yet started (a Deferred) is started once the ranks are up (every one has reported its
+    world, or one has exited), or PREFLIGHT_DEFER_S after the launch, whichever comes first, or when the job
+    ends: its probes then do not take the CPU the launcher and the ranks' start-up need (on the hosts, and,
+    through SSH, here)."""
 
     def __init__(self, future, plan: LaunchPlan | None):
         self.future, self.plan = future, plan
 
+    def begin(self, lines: RankLines, since: float, now: float) -> None:
+        if self.future is None or getattr(self.future, "started", True):
+            return
+        ranks_up = len(lines.world.reports) >= lines.world.expected or any(r.exit_code is not None for r in lines.ranks)
+        if ranks_up or now - since >= PREFLIGHT_DEFER_S:
+            self.future.start()
+
     def verdict(self, wait: float = 0.0) -> Outcome | None:
-        if self.future is None:
+        if self.future is None or (wait == 0.0 and not getattr(self.future, "started", True)):
             return None
         try:
             fresh = self.future.result(timeout=wait)
@@ -212,6 +224,7 @@ class Supervisor:
     def _checks(self, phase: Running, lines: RankLines, proc, queued: queue.Queue, check: _Preflight) -> Phase:
         """The periodic checks: the launcher's end, the pre-flight, the world check, the timeouts, the stall."""
         now = time.monotonic()
+        check.begin(lines, phase.since, now)
         lines.heard()
         lines.lagging(now)
         if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
@@ -262,6 +275,7 @@ class Supervisor:
         failed, folder = None, None
         if self.connector is not None:
             try:
+                from .stacks import collect as collect_stacks      # a stall only: not on every launch
                 taken = collect_stacks(self.connector, self.launch.run_id)
                 folder = taken.save(self.launch.run_dir)
             except (OSError, ClusterctlError) as e:     # the stall is reported (and stopped) all the same

@@ -33,10 +33,9 @@ from typing import BinaryIO
 from concurrent.futures import wait
 from dataclasses import dataclass, replace
 
-from ..transfer.shards import MANIFEST
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, ShardError, SignalReceived, UsageError
 from ..hosts.connector import Connector
-from ..hosts.fanout import GroupResult, in_background
+from ..hosts.fanout import Deferred, GroupResult, in_background
 from ..hosts.stdinfeed import StdinFeed
 from ..hosts.transport import DEFAULT_CONNECT_TIMEOUT_S
 from ..inventory import Cluster
@@ -159,7 +158,11 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     policy = settings.restart
     policy.check(world=cluster.world_size, backend=backend.name, preflight=settings.preflight,
                  bundled_fsdp=program.kind.cannot_shrink(program.args))
-    connector = Connector(cluster, connect_timeout=options.connect_timeout)
+    # hosts are resolved (`ssh -G`, a process each) when first needed: a launch from a cached plan that the
+    # pre-flight verifies through OpenSSH's own connections may never need them; a first launch resolves them
+    # now, so that a host ssh cannot use is named before anything moves
+    warm = settings.preflight and not settings.dry_run and cached_plan(cluster) is not None
+    connector = Connector(cluster, connect_timeout=options.connect_timeout, lazy=warm)
     checks = program.kind.checks_before_launch and not settings.dry_run
     if checks:       # what is known before anything moves: the last plan's memory, the inventory's env
         _check_program(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
@@ -176,7 +179,8 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
     hooks = RunHooks(options, program, backend, extra_env, events, connector)
     # one reader of the controller's stdin for every attempt (hosts/stdinfeed.py)
-    stdin = StdinFeed.of(options.stdin) if program.kind.reads_stdin else None
+    # (a dry run reads none of it: StdinFeed.of looks into a pipe)
+    stdin = StdinFeed.of(options.stdin) if program.kind.reads_stdin and not settings.dry_run else None
     attempts = Attempts(backend, settings, hooks, connector, program, stdin)
     try:
         launch, outcome = attempts.first(plan, preflight)
@@ -245,17 +249,18 @@ def _plan(cluster: Cluster, connector: Connector, settings: AttemptSettings, pro
         plan = verify()
         remember_plan(cluster, plan)
         return plan, None
-    # Launch at once from the plan the last verified launch used; the pre-flight checks it meanwhile and
-    # stops the job with the failing host named, or launches again if the hosts changed.
-    return plan, in_background(verify)
+    # Launch at once from the plan the last verified launch used; the pre-flight checks it once the ranks are up
+    # (the supervisor starts it: launch/supervise.py _Preflight) and stops the job with the failing host named,
+    # or launches again if the hosts changed.
+    return plan, Deferred(verify)
 
 
 def stage(connector: Connector, options: RunOptions, program: Program, project: str, events: RunEvents) -> dict[str, str]:
     """Copy what the job needs to the connector's hosts before launching, the project, clusterctl and the
     shards at once (they are independent); returns the ranks' extra environment."""
-    if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, MANIFEST)):
+    if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, _manifest())):
         # the trap of an option both accept: say whose --data this was (docs/run.md#the-command-line)
-        what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {MANIFEST} there"
+        what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {_manifest()} there"
         raise ShardError(f"--data {options.data_dir}: {what}. This --data is clusterctl's, for shards from "
                          f"`clusterctl data prepare`, because it came before the program; if it was meant for "
                          f"{program.label}, write it after {program.label}")
@@ -276,6 +281,11 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
             events.staged(what, len(group), sum(len(o.value.moved) for o in group.values()),
                           sum(o.value.moved_bytes for o in group.values()))
     return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
+
+
+def _manifest() -> str:
+    from ..data.shards import MANIFEST        # here: not every run loads the data package (8 ms)
+    return MANIFEST
 
 
 def _program_inputs(program: Program, options: RunOptions, project: str) -> list[tuple[str, str, bool]]:

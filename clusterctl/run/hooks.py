@@ -18,12 +18,10 @@ from ..launch.job import Launch
 from ..launch.site import LaunchSite
 from ..launch.outcome import AttemptState, Outcome
 from ..observe.live import LiveRun
-from ..observe.plot import plot_run
 from ..observe.record import RunRecord, iso
 from ..observe.runs import read_metrics
 from ..program import Program
 from ..trainer_contract import step_dir_name
-from ..transfer.stage import spread_checkpoint, stage_data
 
 if TYPE_CHECKING:
     from . import RunEvents, RunOptions
@@ -92,6 +90,7 @@ class RunHooks(AttemptHooks):
         hosts stays the same."""
         self.events.reshaped(cluster.names, cluster.world_size, lost)
         if self.options.data_dir:
+            from ..transfer.stage import stage_data
             self.extra_env["CLUSTERCTL_DATA_DIR"] = stage_data(
                 self.whole.narrowed(cluster), self.options.data_dir,
                 reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"), all_shards=self.options.all_shards)
@@ -111,6 +110,7 @@ class RunHooks(AttemptHooks):
             holder = next(h for h in connector.cluster.hosts if steps.get(h.name) == step)
             scratch = tempfile.mkdtemp(prefix=".spread-", dir=launch.run_dir)
             try:
+                from ..transfer.stage import spread_checkpoint
                 spread_checkpoint(connector, launch.run_id, step_dir_name(step), holder, lacking, scratch)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -135,6 +135,7 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
 def plot_losses(launch: Launch) -> None:
     """runs/<id>/loss.png when matplotlib is installed; a plot never fails the run it pictures."""
     try:
+        from ..observe.plot import plot_run
         plot_run(launch.run_dir, read_metrics(launch.run_dir), launch.run_id)
     except (OSError, ValueError, RuntimeError, ImportError, ClusterctlError):
         pass      # a picture of the run is a convenience (matplotlib broken, disk full): not the run's failure

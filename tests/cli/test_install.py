@@ -20,6 +20,10 @@ def test_wheel_install_in_a_fresh_venv_has_the_cli_and_every_template(tmp_path):
     version = subprocess.run([str(venv / "bin" / "clusterctl"), "--version"], capture_output=True, text=True,
                              cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("clusterctl "), version.stderr
+    # the version is written once (clusterctl/_version.py): the wheel's metadata says the same
+    meta = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('clusterctl'))"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert version.stdout.split()[-1] == meta.stdout.strip() != "", (version.stdout, meta.stdout, meta.stderr)
     expected = sorted(f for f in os.listdir(os.path.join(REPO, "templates"))
                       if not f.endswith(".py") and not f.startswith("__"))
     probe = ("import json, clusterctl.resources as r, clusterctl.templates as t;"

@@ -175,5 +175,26 @@ def test_nothing_to_carry_is_no_feed(tmp_path):
         assert StdinFeed.of(f) is None
     read_end, write_end = os.pipe()
     with os.fdopen(read_end, "rb") as pipe:
-        assert isinstance(StdinFeed.of(pipe), StdinFeed)
+        assert isinstance(StdinFeed.of(pipe), StdinFeed)      # its writer may write yet: a feed, nothing read
+        os.write(write_end, b"later\n")
+        assert os.read(read_end, 100) == b"later\n"
     os.close(write_end)
+    # a pipe at its end already (`true | clusterctl run`): nothing to carry, no relay
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        assert StdinFeed.of(pipe) is None
+
+
+def test_a_pipe_already_written_keeps_what_was_read_to_look_first():
+    """StdinFeed.of reads a pipe that is ready, to tell written from ended: those bytes are the feed's first."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"first\n")
+    with os.fdopen(read_end, "rb", buffering=0) as source:
+        feed = StdinFeed.of(source)
+        assert isinstance(feed, StdinFeed)
+        os.write(write_end, b"second\n")
+        os.close(write_end)
+        attempt = Attempt()
+        feed.attach(attempt.send).join(20)
+    assert attempt.data() == (b"first\nsecond\n", True)

@@ -5,11 +5,16 @@ esc() { case "$1" in
   *[\"\\]*|*[[:cntrl:]]*) printf '%s' "$1" | tr '\n\t\r' '   ' | tr -d '\000-\037' | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g';;
   *) printf '%s' "$1";;
 esac; }
-j() { printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")"; }
+# a value that needs no escaping is printed as it is: no command substitution, so no fork per line
+j() { case "$2" in
+  *[\"\\]*|*[[:cntrl:]]*) printf '{"key":"%s","value":"%s"}\n' "$1" "$(esc "$2")";;
+  *) printf '{"key":"%s","value":"%s"}\n' "$1" "$2";;
+esac; }
+OS=$(uname -s)
 j time "$(date +%s)"
 j home "$HOME"
 # memory in bytes, for the bundled trainer's memory plan (docs/trainer.md#memory-planning); Linux: a cgroup's limit too
-if [ "$(uname -s)" = Darwin ]; then j mem_total "$(sysctl -n hw.memsize 2>/dev/null)"
+if [ "$OS" = Darwin ]; then j mem_total "$(sysctl -n hw.memsize 2>/dev/null)"
 else
   j mem_total "$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 }' /proc/meminfo 2>/dev/null)"
   j mem_limit "$(cat /sys/fs/cgroup/memory.max 2>/dev/null)"
@@ -37,7 +42,7 @@ for peer in "$@"; do
     printf '{"key":"mesh","peer":"%s","rc":%d,"value":"%s"}\n' "$(esc "$peer")" "$rc" "$(esc "$o" | cut -c1-2000)" ) &
   n=$((n + 1))
 done
-j os "$(uname -s)"
+j os "$OS"
 j arch "$(uname -m)"
 j release "$(uname -r)"
 # the non-interactive PATH mpirun and the ranks will get (docs/facts/ssh.md#non-interactive-path)
@@ -89,10 +94,10 @@ while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 j disk "$(df -Pk "$d" 2>/dev/null | tail -n 1)"
 # a Mac: ifconfig even when iproute2mac's `ip` exists, whose listing has no bridge members
 # (docs/facts/macos.md#ifconfig-not-ip-on-macos)
-if [ "$(uname -s)" = Darwin ]; then ifconfig -a 2>/dev/null
+if [ "$OS" = Darwin ]; then ifconfig -a 2>/dev/null
 else ip -o -4 addr show 2>/dev/null || ifconfig -a 2>/dev/null; fi | while IFS= read -r line; do j iface "$line"; done
 # SIP strips DYLD_* variables (docs/facts/macos.md#sip-strips-dyld)
-if [ "$(uname -s)" = Darwin ]; then
+if [ "$OS" = Darwin ]; then
   j sip "$(csrutil status 2>&1)"
   j macos_version "$(sw_vers -productVersion 2>/dev/null)"
   # will it sleep? sleep settings per power source, and whether it has a battery (a laptop: its lid sleeps it)
