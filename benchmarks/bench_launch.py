@@ -11,7 +11,15 @@ argv `run` generated (from its launch.json, bootstrap included); and the plain l
 alone (no bootstrap). Two more: the manual recipe `run` replaces (one plain `rsync -a -e 'ssh -F <the
 cluster's ssh_config>'` per host, in parallel, then the generated argv), and `clusterctl run --no-sync` right
 after `clusterctl ssh-close` (no live SSH master: clusterctl's own runs otherwise find one, kept 90 s).
-Medians and ratios are from the same interleaved runs. Writes benchmarks/results/launch.json.
+Medians and ratios are from the same interleaved runs.
+
+Then launch's fixed cost (issue 39's target: at most 0.25 s), on its own cluster of --fixed-hosts (3) hosts: a
+one-second MPI program (init, all_sum, sleep 1) launched, in turn, by the mpirun line `clusterctl hostfile
+--print-command` prints (run by /bin/sh, as a user pastes it), by `clusterctl run` as users type it (its
+project copy, nothing changed: one rsync round trip per host; stdin at its default, here /dev/null), by
+`run --no-sync` (the copy skipped: what the printed line assumes, the project already there), and by `run` with
+an empty pipe for stdin; each warm (run twice before). The figures: each one's median minus the printed
+line's. Writes benchmarks/results/launch.json.
 """
 from __future__ import annotations
 
@@ -56,6 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--fixed-hosts", type=int, default=3)
+    parser.add_argument("--fixed-repeat", type=int, default=7)
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
@@ -115,8 +125,76 @@ def main() -> None:
         print(f"{backend}: run + sync / manual recipe {m['run + sync (no change)'] / m['manual recipe']:.2f} "
               f"({m['manual recipe']:.2f}s); run with no live master {m['run, no master']:.2f}s, "
               f"{m['run, no master'] / m['generated argv']:.2f}x the generated argv")
+    fixed = fixed_cost(args.fixed_hosts, args.fixed_repeat)
+    print(f"\nlaunch's fixed cost, {args.fixed_hosts} hosts, a one-second mpi program, median of {args.fixed_repeat} "
+          f"(seconds over the printed mpirun line, {fixed['mpirun line']:.2f} s abs.):")
+    for what, median in fixed.items():
+        if what != "mpirun line":
+            print(f"  {what:<28} {median - fixed['mpirun line']:+.3f} s   ({median:.2f} s abs.)")
     write_record("launch", hosts=args.hosts, repeat=args.repeat,
-                 results={b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()})
+                 results={b: {k: round(v, 3) for k, v in m.items()} for b, m in results.items()},
+                 fixed_cost={"hosts": args.fixed_hosts, "repeat": args.fixed_repeat,
+                             "medians": {k: round(v, 3) for k, v in fixed.items()},
+                             "over_printed_line": {k: round(v - fixed["mpirun line"], 3) for k, v in fixed.items()
+                                                   if k != "mpirun line"}})
+
+
+ONE_SECOND = """\
+import time
+import mlx.core as mx
+g = mx.distributed.init(backend="mpi", strict=True)
+mx.eval(mx.distributed.all_sum(mx.ones(4), group=g))
+time.sleep(1)
+print("world", g.size())
+"""
+
+
+def fixed_cost(hosts: int, repeat: int) -> dict[str, float]:
+    """Medians (s) of the printed mpirun line and of `clusterctl run` three ways, interleaved (module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="bench-fixed-") as tmp:
+        cluster = SSHCluster(os.path.join(tmp, "cluster"), hosts).start()
+        try:
+            project = os.path.join(tmp, "project")
+            os.makedirs(project)
+            with open(os.path.join(project, "job.py"), "w") as f:
+                f.write(ONE_SECOND)
+            env = {"XDG_CACHE_HOME": os.path.join(tmp, "cache")}
+            clusterctl = [sys.executable, "-m", "clusterctl"]
+            run = clusterctl + ["run", "--hosts", str(cluster.inventory), "--backend", "mpi", "job.py"]
+
+            def timed_run(argv, stdin=subprocess.DEVNULL) -> float:
+                start = time.monotonic()
+                r = subprocess.run(argv, stdin=stdin, capture_output=True, text=True, cwd=project,
+                                   env={**os.environ, **env}, timeout=300)
+                if r.returncode != 0 or r.stdout.count(f"world {hosts}") < hosts:
+                    raise RuntimeError(f"{argv[:4]} failed: {r.stdout[-500:]} {r.stderr[-1500:]}")
+                return time.monotonic() - start
+
+            def piped() -> float:       # an empty pipe for stdin: the writer is gone before run looks
+                read_end, write_end = os.pipe()
+                os.close(write_end)
+                try:
+                    return timed_run(run, stdin=read_end)
+                finally:
+                    os.close(read_end)
+
+            printed = subprocess.run(clusterctl + ["hostfile", "--hosts", str(cluster.inventory), "--print-command",
+                                                   "-o", os.path.join(project, "hostfile"), "job.py"],
+                                     capture_output=True, text=True, cwd=project, env={**os.environ, **env}, check=True)
+            line = [x for x in printed.stdout.splitlines() if "mpirun" in x][-1]
+            timed_run(run)
+            timed_run(run)             # warm: the plan cached, the SSH masters up, nothing left to copy
+            ways = {"mpirun line": lambda: timed_run(["/bin/sh", "-c", line]),
+                    "run": lambda: timed_run(run),
+                    "run --no-sync": lambda: timed_run(run[:4] + ["--no-sync"] + run[4:]),
+                    "run, stdin an empty pipe": piped}
+            times: dict[str, list[float]] = {k: [] for k in ways}
+            for _ in range(repeat):
+                for what, way in ways.items():
+                    times[what].append(way())
+            return {k: statistics.median(v) for k, v in times.items()}
+        finally:
+            cluster.stop_all()
 
 
 def cluster_python() -> str:

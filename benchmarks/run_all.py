@@ -70,6 +70,11 @@ def _doctor(r: dict) -> str:
 def _launch(r: dict) -> str:
     parts = [f"{b}: run {m['clusterctl run']:.2f} s abs., {m['clusterctl run'] / m['generated argv']:.2f}x the "
              f"generated launcher argv" for b, m in r["results"].items()]
+    fixed = r.get("fixed_cost")
+    if fixed:       # launch's fixed cost: seconds over the printed mpirun line
+        over = fixed["over_printed_line"]
+        parts.append(f"fixed cost over the printed mpirun line ({fixed['hosts']} hosts, 1 s program): run "
+                     f"+{over['run']:.2f} s, --no-sync +{over['run --no-sync']:.2f} s")
     return f"{r.get('hosts', '?')} hosts; " + "; ".join(parts)
 
 

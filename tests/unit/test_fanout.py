@@ -65,3 +65,21 @@ def test_in_background_hands_back_the_result_or_the_error_and_never_holds_up_exi
     assert thread.daemon and not slow.done()       # a daemon: the interpreter does not join it at exit
     release.set()
     assert slow.result(timeout=5) is True
+
+
+def test_a_deferred_runs_only_once_started_or_waited_for_and_in_background_at_once():
+    from clusterctl.hosts.fanout import Deferred, in_background
+
+    ran = []
+    later = Deferred(lambda: ran.append("later") or 1)
+    time.sleep(0.1)
+    assert ran == [] and not later.started and not later.done()
+    later.start()
+    later.start()                               # once, however often it is started
+    assert later.result(timeout=5) == 1 and ran == ["later"]
+    waited = Deferred(lambda: 2)
+    assert waited.result(timeout=5) == 2 and waited.started      # the first wait starts it
+    failing = Deferred(lambda: 1 / 0)
+    assert isinstance(failing.exception(timeout=5), ZeroDivisionError)
+    now = in_background(lambda: "now")
+    assert now.started and now.result(timeout=5) == "now"

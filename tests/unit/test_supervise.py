@@ -59,3 +59,32 @@ def test_the_loop_ends_in_the_state_its_phases_lead_to(tmp_path):
     assert (cause.state, cause.failed_rank, cause.reason) == (AttemptState.LOST, 0, "rank 0 on h1 was killed by SIGKILL")
     gone = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=1))
     assert gone.reason.startswith("the launcher exited 1 before rank 1 on h2 reported an exit") and gone.failed_rank == 1
+
+
+def test_a_deferred_preflight_starts_once_the_ranks_are_up_or_a_second_after_the_launch():
+    """The pre-flight beside a launch from the cached plan waits for the ranks' start-up (its probes would take
+    the CPU it needs): it starts when every rank has reported its world, when one has exited, or
+    PREFLIGHT_DEFER_S after the launch; a verdict asked meanwhile (no wait) does not start it."""
+    from types import SimpleNamespace
+
+    from clusterctl.hosts.fanout import Deferred
+    from clusterctl.launch.supervise import PREFLIGHT_DEFER_S
+
+    def lines(reported, exited=()):
+        world = SimpleNamespace(reports={r: ("h", 2, "mpi") for r in reported}, expected=2)
+        return SimpleNamespace(world=world, ranks=[SimpleNamespace(exit_code=0 if r in exited else None) for r in (0, 1)])
+
+    def check():
+        return _Preflight(Deferred(lambda: None), None)
+
+    c = check()
+    c.begin(lines([0]), since=100.0, now=100.5)
+    assert c.verdict() is None and not c.future.started            # one rank up of two, half a second in
+    c.begin(lines([0, 1]), since=100.0, now=100.5)
+    assert c.future.started                                          # every rank reported its world
+    c = check()
+    c.begin(lines([], exited=[1]), since=100.0, now=100.1)
+    assert c.future.started                                          # a rank exited (a program with no init)
+    c = check()
+    c.begin(lines([]), since=100.0, now=100.0 + PREFLIGHT_DEFER_S)
+    assert c.future.started                                          # the time is up
