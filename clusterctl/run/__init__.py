@@ -284,7 +284,7 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
 
 
 def _manifest() -> str:
-    from ..data.shards import MANIFEST        # here: not every run loads the data package (8 ms)
+    from ..transfer.shards import MANIFEST    # here: not every run loads the shards' code (30 ms)
     return MANIFEST
 
 

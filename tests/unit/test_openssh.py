@@ -131,4 +131,6 @@ def test_every_openssh_command_line_in_clusterctl_is_one_that_reads_the_renderin
         ("hosts/openssh.py", "rsh_agent"),               # mpirun: ssh + ssh_options (-F <rendering>)
         ("transfer/rsync.py", "ssh_command"),            # rsync -e: ssh + ssh_options
         ("launch/backends/mlxlaunch.py", "ssh_shim"),    # mlx.launch: ssh + where.ssh_options
+        ("hosts/sharedssh.py", "master_alive"),          # ssh + Connector.ssh_options (-F <rendering>) -O check
+        ("hosts/sharedssh.py", "run_shared"),            # ssh + Connector.ssh_options: a command over the master
     }, sites
