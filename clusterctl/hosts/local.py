@@ -26,12 +26,21 @@ from .stdinfeed import StdinFeed
 from .transport import Process, Result, Transport
 
 
+# An MPI process's identity in an environment: what Open MPI puts there for a singleton (a process that called
+# MPI_Init with no mpirun: MLX's mx.distributed.init() in a notebook) or for a rank of an outer job. An mpirun
+# started with it believes it is part of that job and exits 1 without a word.
+_MPI_IDENTITY_PREFIXES = ("PMIX_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX_", "OMPI_MCA_ess", "OMPI_MCA_orte_ess_")
+_MPI_IDENTITY = {"OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports", "OMPI_MCA_pmix",
+                 "ORTE_SCHIZO_DETECTION"}
+
+
 def environment() -> dict[str, str]:
-    """What a local command inherits: os.environ, never the C environment beneath it. MLX's MPI backend, once
-    initialised in this process (a notebook's `mx.distributed.init()`, a world of one), adds an MPI singleton's
-    identity there with putenv (PMIX_*, OMPI_MCA_ess=singleton, ...), and an mpirun started with it exits 1
-    without a word (docs/facts/launchers.md#mpirun-under-an-mpi-singleton)."""
-    return dict(os.environ)
+    """What a local command inherits: os.environ, never the C environment beneath it, and without an MPI
+    process's identity (docs/facts/launchers.md#mpirun-under-an-mpi-singleton). MLX's MPI backend, initialised
+    in this process, puts a singleton's identity in the C environment with putenv, where os.environ does not
+    see it; a process started by one that had done so (a notebook's `!clusterctl run`) has it in os.environ."""
+    return {k: v for k, v in os.environ.items()
+            if not (k.startswith(_MPI_IDENTITY_PREFIXES) or k in _MPI_IDENTITY)}
 
 
 class LocalTransport(Transport):

@@ -1,4 +1,5 @@
 """LocalTransport and the shell-quoting builders, run through a real /bin/sh."""
+import json
 import os
 import shlex
 import shutil
@@ -190,25 +191,38 @@ def test_read_until_gives_a_command_that_keeps_printing_more_time_up_to_a_cap(ca
     assert (out, done) == (["1"], False) and time.monotonic() - began < 3
 
 
-def test_a_local_mpirun_starts_after_mlx_formed_an_mpi_world_of_one_in_this_process(tmp_path):
+def test_a_local_mpirun_starts_after_mlx_formed_an_mpi_world_of_one_in_this_process_or_its_parent(tmp_path):
     """mx.distributed.init() in a process mpirun did not start leaves an MPI singleton's identity in the C
-    environment, where os.environ does not see it; an mpirun that inherits it exits 1 without a word
-    (docs/facts/launchers.md#mpirun-under-an-mpi-singleton). Local commands get os.environ, so it starts."""
+    environment, where os.environ does not see it, and a process it starts has it in os.environ; an mpirun
+    that inherits it exits 1 without a word (docs/facts/launchers.md#mpirun-under-an-mpi-singleton). Local
+    commands get os.environ less that identity: mpirun starts from both."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("mpirun is not installed here")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    line = shlex.join([mpirun, *root, "--oversubscribe", "-np", "2", "echo", "hi"])
+    child = f"""
+from clusterctl.hosts.local import LocalTransport
+r = LocalTransport().run({line!r}, timeout=60)
+print(r.exit_code, r.stdout.split())
+"""
     probe = f"""
-import subprocess, sys
+import json, subprocess, sys
 import mlx.core as mx
 from clusterctl.hosts.local import LocalTransport
 assert mx.distributed.init().size() == 1
-line = {shlex.join([mpirun, *root, "--oversubscribe", "-np", "2", "echo", "hi"])!r}
-bare = subprocess.run(line, shell=True, capture_output=True, text=True)
-ours = LocalTransport().run(line, timeout=60)
-print(bare.returncode, ours.exit_code, ours.stdout.split())
+bare = subprocess.run({line!r}, shell=True, capture_output=True, text=True)
+ours = LocalTransport().run({line!r}, timeout=60)
+inherited = dict(x.split("=", 1) for x in subprocess.run(["env"], capture_output=True, text=True).stdout.splitlines() if "=" in x)
+assert inherited.get("OMPI_MCA_ess") == "singleton", sorted(inherited)
+below = subprocess.run([sys.executable, "-c", {child!r}], capture_output=True, text=True, env=inherited)
+print(json.dumps([bare.returncode, ours.exit_code, ours.stdout.split(), below.stdout.strip(), below.stderr[-500:]]))
 """
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "OMPI_"))}   # whatever ran before here
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=clean)
     assert r.returncode == 0, r.stderr
-    # the inherited environment fails mpirun (the fact this guards against); ours runs both ranks
-    assert r.stdout.split("\n")[0] == "1 0 ['hi', 'hi']", r.stdout + r.stderr
+    bare, ours, ours_out, below, below_err = json.loads(r.stdout)
+    # the inherited environment fails mpirun (the fact this guards against); ours runs both ranks, here and below
+    assert (bare, ours, ours_out) == (1, 0, ["hi", "hi"]), r.stdout
+    assert below == "0 ['hi', 'hi']", (below, below_err)

@@ -3,6 +3,7 @@ rank writes on fd 1 and 2 (C extensions included) goes out as MARK + "<rank> <ou
 redraws as `bar` lines (lines.py), and a heartbeat from a thread of the rank itself: a stopped or wedged process
 stops beating, a busy one does not (nor one blocked in a collective: docs/facts/mlx-distributed.md#ring-all-sum-can-deadlock)."""
 import os
+import select
 import sys
 import threading
 import time
@@ -13,7 +14,7 @@ from .lines import BAR_EVERY_S, Lines
 class Tagged:
     def __init__(self, rank):
         self.tag = ("\x1eclusterctl %s " % rank).encode()
-        self.real_out = os.fdopen(os.dup(1), "wb", buffering=0)
+        self.out_fd = os.dup(1)
         self.lock = threading.Lock()
         self.split_lock = threading.Lock()  # feed / tick and their emits in order: a bar update never trails its line
         self.splitters = {}
@@ -22,7 +23,7 @@ class Tagged:
 
     def emit(self, kind, payload=b""):
         with self.lock:
-            self.real_out.write(self.tag + kind.encode() + b" " + payload.replace(b"\r", b"") + b"\n")
+            write_all(self.out_fd, self.tag + kind.encode() + b" " + payload.replace(b"\r", b"") + b"\n")
 
     def send(self, kind, items):
         for what, text in items:
@@ -70,3 +71,17 @@ class Tagged:
             os.dup2(orig, fd)
         for t in self.pumps:
             t.join(2)
+
+
+def write_all(fd, data):
+    """Every byte of `data` to `fd`, in order. One write() to a pipe may take part of a long line (a signal
+    arriving mid-write, a pipe someone made non-blocking), and an unbuffered file's write() returns that count
+    and leaves the rest unwritten: a 64 KiB piece would run into the next line."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [])
+        except InterruptedError:
+            pass
