@@ -77,8 +77,11 @@ def main() -> None:
             with open(script, "w") as f:
                 f.write(JOB)
             for backend in ("mpi", "ring"):
+                # ring through mlx.launch: the launcher whose raw argv there is to compare with (run's own rank
+                # starter, ring's default since 2026-11-24, has no argv of a launcher a user would type)
+                launcher = ["--launcher", "mlx.launch"] if backend == "ring" else []
                 synced = [sys.executable, "-m", "clusterctl", "run", script, backend, "--hosts",
-                          str(cluster.inventory), "--backend", backend, "--runs-dir", os.path.join(tmp, "runs")]
+                          str(cluster.inventory), "--backend", backend, *launcher, "--runs-dir", os.path.join(tmp, "runs")]
                 run = synced + ["--no-sync"]
                 cache = {"XDG_CACHE_HOME": os.path.join(tmp, "cache")}
                 timed(synced, env=cache, cwd=project)                           # warm-up (host keys, caches)
