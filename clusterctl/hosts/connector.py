@@ -85,8 +85,9 @@ class Connector:
         (hosts/sharedssh.py: no login, no key exchange here) when one is up; through the host's transport
         otherwise, and when ssh itself failed (exit 255), so that the failure is named as ever."""
         ssh = None if host.local else shutil.which("ssh")
-        if ssh is not None and master_alive(ssh, self.ssh_options(), host.name):
-            result = run_shared(ssh, self.ssh_options(), host.name, command, timeout, env=env, cwd=cwd)
+        options = self.ssh_options() if ssh is not None else []
+        if ssh is not None and master_alive(ssh, options, host.name):
+            result = run_shared(ssh, options, host.name, command, timeout, env=env, cwd=cwd)
             if result.exit_code != SSH_FAILED:
                 return result
         with self.transport(host) as t:
