@@ -16,9 +16,9 @@ Medians and ratios are from the same interleaved runs.
 Then launch's fixed cost (issue 39's target: at most 0.25 s), on its own cluster of --fixed-hosts (3) hosts: a
 one-second MPI program (init, all_sum, sleep 1) launched, in turn, by the mpirun line `clusterctl hostfile
 --print-command` prints (run by /bin/sh, as a user pastes it), by `clusterctl run` as users type it (its
-project copy, nothing changed: one rsync round trip per host; stdin at its default, here /dev/null), by
-`run --no-sync` (the copy skipped: what the printed line assumes, the project already there), and by `run` with
-an empty pipe for stdin; each warm (run twice before). The figures: each one's median minus the printed
+project copy, nothing changed: one rsync round trip per host, beside the launch; stdin at its default, here
+/dev/null), by `run --no-sync` (the copy skipped: what the printed line assumes, the project already there),
+and by `run` with an empty pipe for stdin; each warm (run twice before). The figures: each one's median minus the printed
 line's. Writes benchmarks/results/launch.json.
 """
 from __future__ import annotations

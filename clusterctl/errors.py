@@ -131,8 +131,12 @@ class RsyncMissing(ClusterctlError):
 class RsyncFailed(ClusterctlError):
     def __init__(self, host: str, code: int, stderr: str):
         self.host, self.code, self.stderr = host, code, stderr
-        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-        super().__init__(f"{host}: rsync exited {code}: {lines[-1] if lines else 'no message'}")
+        lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+        # rsync's own last line ("rsync error: some files/attrs were not transferred (see previous errors)")
+        # names no cause: the lines before it do
+        causes = [ln for ln in lines if not ln.startswith("rsync error:")]
+        said = "; ".join(dict.fromkeys(causes[:2])) if causes else (lines[-1] if lines else "no message")
+        super().__init__(f"{host}: rsync exited {code}: {said}")
 
 
 class StageError(ClusterctlError):

@@ -99,9 +99,10 @@ class Attempts:
         self.run_id: str | None = None
         self.run_dir = ""
 
-    def first(self, plan: LaunchPlan, preflight) -> tuple[Launch, Outcome | None]:
-        """The first attempt, to its end; `preflight` (a Future, or None) verifies the plan meanwhile."""
-        return self._attempt(plan, preflight)
+    def first(self, plan: LaunchPlan, preflight, copy=None) -> tuple[Launch, Outcome | None]:
+        """The first attempt, to its end; `preflight` (a Future, or None) verifies the plan meanwhile; `copy` (a
+        Deferred, or None) copies the project beside its launch, the ranks waiting for it (supervise.py _Copy)."""
+        return self._attempt(plan, preflight, copy)
 
     def restart_while_failing(self, launch: Launch, outcome: Outcome) -> tuple[Launch, Outcome]:
         """Restart while the policy says so; the last attempt's (launch, outcome). A stop by the user
@@ -117,7 +118,7 @@ class Attempts:
             launch, outcome = self._attempt(plan, None)
         return launch, outcome
 
-    def _attempt(self, plan: LaunchPlan, preflight) -> tuple[Launch, Outcome | None]:
+    def _attempt(self, plan: LaunchPlan, preflight, copy=None) -> tuple[Launch, Outcome | None]:
         """Launch and supervise one attempt to its end, launching again at once when the pre-flight finds the
         hosts changed since the cached plan. (launch, outcome), outcome None for a dry run."""
         settings, backend, cluster, hooks = self.settings, self.backend, self.cluster, self.hooks
@@ -136,7 +137,8 @@ class Attempts:
             hooks.started(launch, cluster)
             if self.policy.enabled:        # every attempt of a restartable run is one run, with one id
                 self.run_id, self.run_dir = launch.run_id, launch.run_dir
-            outcome = self._supervise(launch, plan, preflight)
+            outcome = self._supervise(launch, plan, preflight, copy)
+            copy = None            # ended with the launch it was beside
             if outcome.state is not AttemptState.REPLAN:
                 break
             hooks.relaunching(launch, outcome, self.policy.enabled)
@@ -150,13 +152,13 @@ class Attempts:
             hooks.attempted(attempt, cluster, launch, outcome, started)
         return launch, outcome
 
-    def _supervise(self, launch: Launch, plan: LaunchPlan, preflight) -> Outcome:
+    def _supervise(self, launch: Launch, plan: LaunchPlan, preflight, copy=None) -> Outcome:
         status = self.hooks.watching(launch)
         try:
             given = self.settings.watch
             watch = replace(given, hang_timeout=self.policy.hang_timeout(given.hang_timeout))
             return Supervisor(launch, self.connector, emit=self.hooks.output, settings=watch,
-                              status=status).run(preflight, plan)
+                              status=status).run(preflight, plan, copy)
         finally:
             self.hooks.watched(launch)
 

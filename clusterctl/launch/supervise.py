@@ -149,6 +149,28 @@ class _Preflight:
         return outcome
 
 
+class _Copy:
+    """The project's copy beside a launch (run's warm launch: docs/run.md#the-project-copy), a Deferred started
+    as soon as the launcher is; the ranks wait for it (the rank bootstrap's gate). A copy that failed stops the
+    job and its error is raised; the watch does not end before the copy has (no rsync outlives `run`)."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def start(self) -> None:
+        if self.future is not None:
+            self.future.start()
+
+    def check(self) -> None:
+        """Its error, raised, once it has failed."""
+        if self.future is not None and self.future.done() and self.future.exception() is not None:
+            raise self.future.exception()
+
+    def wait(self) -> None:
+        if self.future is not None and getattr(self.future, "started", True):
+            self.future.exception()
+
+
 class Supervisor:
     """Watches one launch to its end: `run()` starts it and returns its Outcome, whose state says how it
     ended (what `run` does next follows from that state: launch/restart.py)."""
@@ -157,36 +179,44 @@ class Supervisor:
                  status: Status = no_status):
         self.launch, self.connector, self.emit, self.settings, self.status = launch, connector, emit, settings, status
 
-    def run(self, preflight=None, plan: LaunchPlan | None = None) -> Outcome:
+    def run(self, preflight=None, plan: LaunchPlan | None = None, copy=None) -> Outcome:
         """Run the launcher and watch every rank until the job ends one way or another. `preflight` (a
-        Future of discover()) verifies, while the job starts, the cached `plan` it was launched from. The
-        `status` hook given at construction hears every rank's events (observe/live.py lists them)."""
-        check = _Preflight(preflight, plan)
+        Future of discover()) verifies, while the job starts, the cached `plan` it was launched from; `copy`
+        (a Deferred, started with the launcher) copies the project the ranks wait for. The `status` hook given
+        at construction hears every rank's events (observe/live.py lists them)."""
+        check, copying = _Preflight(preflight, plan), _Copy(copy)
         lines = RankLines.open(self.launch, self.emit, self.status, rank0_only=self.settings.rank0_only,
                                stall=self.settings.stall)
         queued: queue.Queue = queue.Queue()
         proc = self.launch.start(queued)
+        copying.start()
         outcome: Outcome | None = None
         try:
             with signals_stop():
                 try:
-                    outcome = self._watch(lines, proc, queued, check)
+                    outcome = self._watch(lines, proc, queued, check, copying)
                 except (KeyboardInterrupt, SignalReceived) as e:
                     outcome = self._stop_asked(lines, proc, queued, getattr(e, "signum", signal.SIGINT))
         except (KeyboardInterrupt, SignalReceived) as e:     # as the handlers were being put back
             outcome = _stopped_now(getattr(e, "signum", signal.SIGINT), "stopped every rank")
-        finally:  # also when the pre-flight failed (ClusterctlError): the job is stopped, then its error raised
+        finally:  # also when the pre-flight or the copy failed (ClusterctlError): the job is stopped, then the error raised
             outcome = self._stop(proc, outcome)
             lines.close()
+            copying.wait()
+        if outcome.state is not AttemptState.STOPPED:    # a stop by the user also stops the copy: not its fault
+            copying.check()   # a copy that failed is why the ranks did not run
         tail = lines.ranks[outcome.failed_rank].tail if outcome.failed_rank is not None else outcome.tail
         return replace(outcome, tail=list(tail), rank0_wrote=lines.ranks[0].wrote if lines.ranks else None)
 
-    def _watch(self, lines: RankLines, proc, queued: queue.Queue, check: _Preflight) -> Outcome:
+    def _watch(self, lines: RankLines, proc, queued: queue.Queue, check: _Preflight,
+               copying: _Copy | None = None) -> Outcome:
+        copying = copying or _Copy(None)
         now = time.monotonic()
         phase: Phase = Running(since=now, checked=now)
         while True:
             match phase:
                 case Running():
+                    copying.check()
                     phase = self._running(phase, lines, proc, queued, check)
                 case Failing():
                     phase = self._failing(phase, lines, proc, queued)

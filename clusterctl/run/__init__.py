@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from typing import BinaryIO
 from concurrent.futures import wait
 from dataclasses import dataclass, replace
@@ -49,7 +50,7 @@ from ..observe.runs import latest_checkpoint
 from ..program import Capabilities, PlannedLaunch, Program, kind_of
 from ..transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
 from ..trainer_program import BundledTrainer
-from ..transfer.stage import fetch_run_dir, ship_clusterctl, stage_data, stage_project
+from ..transfer.stage import fetch_run_dir, project_copy, ship_clusterctl, stage_data, stage_project
 from .hooks import RunHooks, plot_losses
 
 # `clusterctl run` (and serve) without --hosts: this machine alone, over MLX's ring (no MPI needed), two ranks
@@ -169,7 +170,10 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     uncopied = [(flag, path) for flag, path, copied in _program_inputs(program, options, project) if not copied]
     if uncopied and settings.preflight and not settings.dry_run and not all(h.local for h in cluster.hosts):
         check_inputs_on_hosts(connector, uncopied, synced=options.sync)
-    extra_env = {} if settings.dry_run else stage(connector, options, program, project, events)
+    # a warm launch does not wait for the project's copy: it starts beside the launcher, each rank waiting for
+    # its host's copy to end before its program runs (the copy's token: the bootstrap's gate)
+    extra_env, copy = ({}, None) if settings.dry_run else stage(connector, options, program, project, events,
+                                                              beside=warm)
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, settings, program, needs_mpi=backend.needs_mpi)
@@ -177,13 +181,13 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         _check_program(cluster, plan, program, project, options)
     if not settings.watch.stall.enabled:
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
-    hooks = RunHooks(options, program, backend, extra_env, events, connector)
+    hooks = RunHooks(options, program, backend, extra_env, events, connector, copy)
     # one reader of the controller's stdin for every attempt (hosts/stdinfeed.py)
     # (a dry run reads none of it: StdinFeed.of looks into a pipe)
     stdin = StdinFeed.of(options.stdin) if program.kind.reads_stdin and not settings.dry_run else None
     attempts = Attempts(backend, settings, hooks, connector, program, stdin)
     try:
-        launch, outcome = attempts.first(plan, preflight)
+        launch, outcome = attempts.first(plan, preflight, copy.future if copy is not None else None)
         if outcome is None:
             return RunResult(launch, None)
         launch, outcome = attempts.restart_while_failing(launch, outcome)
@@ -255,9 +259,23 @@ def _plan(cluster: Cluster, connector: Connector, settings: AttemptSettings, pro
     return plan, Deferred(verify)
 
 
-def stage(connector: Connector, options: RunOptions, program: Program, project: str, events: RunEvents) -> dict[str, str]:
+@dataclass(frozen=True)
+class BesideCopy:
+    """The project's copy, started with the launcher rather than before it (a warm launch: the plan cached,
+    the copy most often one rsync round trip that moves nothing): `future` (a Deferred) copies, marking each
+    host's copy as ended (transfer/stage.py project_copy), and says so (RunEvents.staged); the ranks of the
+    launch it is beside wait for the mark of `token` (COPY_GATE_ENV) before their program runs."""
+
+    token: str
+    future: Deferred
+
+
+def stage(connector: Connector, options: RunOptions, program: Program, project: str, events: RunEvents,
+          beside: bool = False) -> tuple[dict[str, str], BesideCopy | None]:
     """Copy what the job needs to the connector's hosts before launching, the project, clusterctl and the
-    shards at once (they are independent); returns the ranks' extra environment."""
+    shards at once (they are independent); returns the ranks' extra environment, and, with `beside`, the
+    project's copy to start with the launcher (BesideCopy: what the project's ignore rules leave out of it
+    is refused here all the same, before anything moves)."""
     if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, _manifest())):
         # the trap of an option both accept: say whose --data this was (docs/run.md#the-command-line)
         what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {_manifest()} there"
@@ -265,9 +283,13 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
                          f"`clusterctl data prepare`, because it came before the program; if it was meant for "
                          f"{program.label}, write it after {program.label}")
     jobs = {}
+    copy = None
     if options.sync and program.kind.copies_project:
         needed = tuple(path for _, path, copied in _program_inputs(program, options, project) if copied)
-        jobs["project"] = in_background(stage_project, connector, project, needed)
+        if beside:
+            copy = _beside_copy(connector, project, needed, events)
+        else:
+            jobs["project"] = in_background(stage_project, connector, project, needed)
     if options.sync and program.ships_clusterctl:
         jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:
@@ -280,7 +302,22 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
         if group is not None:
             events.staged(what, len(group), sum(len(o.value.moved) for o in group.values()),
                           sum(o.value.moved_bytes for o in group.values()))
-    return {"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}
+    return ({"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}), copy
+
+
+def _beside_copy(connector: Connector, project: str, needed: tuple[str, ...], events: RunEvents) -> BesideCopy | None:
+    token = secrets.token_hex(8)
+    send = project_copy(connector, project, needed, gate=token)       # its refusals now, before anything starts
+    if send is None:
+        return None
+
+    def copy() -> GroupResult:
+        group = send()
+        events.staged("project", len(group), sum(len(o.value.moved) for o in group.values()),
+                      sum(o.value.moved_bytes for o in group.values()))
+        return group
+
+    return BesideCopy(token, Deferred(copy))
 
 
 def _manifest() -> str:

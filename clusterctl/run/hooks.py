@@ -22,9 +22,10 @@ from ..observe.record import RunRecord, iso
 from ..observe.runs import read_metrics
 from ..program import Program
 from ..trainer_contract import step_dir_name
+from ..transfer.stage import COPY_GATE_ENV
 
 if TYPE_CHECKING:
-    from . import RunEvents, RunOptions
+    from . import BesideCopy, RunEvents, RunOptions
 
 
 class RunHooks(AttemptHooks):
@@ -32,17 +33,21 @@ class RunHooks(AttemptHooks):
     restart continues from), tells them (its events) and records them (runs/<id>/summary.json)."""
 
     def __init__(self, options: RunOptions, program: Program, backend, extra_env: dict[str, str], events: RunEvents,
-                 whole: Connector):
+                 whole: Connector, copy: BesideCopy | None = None):
         self.options, self.program, self.backend, self.events = options, program, backend, events
         self.whole = whole                  # the inventory's hosts, all of them: a re-stage narrows it
         self.extra_env = extra_env          # CLUSTERCTL_DATA_DIR: where stage() (or a re-stage) put the shards
         self.policy = options.attempts.restart
         self.record: RunRecord | None = None
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
+        self.copy = copy                    # the project's copy beside the first launch, its ranks waiting for it
 
     def ranks(self) -> tuple[str, list[str], dict[str, str]]:
         script, _ = self.program.argv
-        return script, self.program.rank_args(self.extra_env.get("CLUSTERCTL_DATA_DIR")), self.extra_env
+        env = self.extra_env
+        if self.copy is not None and not self.copy.future.done():      # a launch beside it: its ranks wait for it
+            env = {**env, COPY_GATE_ENV: self.copy.token}
+        return script, self.program.rank_args(self.extra_env.get("CLUSTERCTL_DATA_DIR")), env
 
     def launching_from(self, site: LaunchSite) -> None:
         self.events.launching_from(site.name, self.backend.launcher_label)

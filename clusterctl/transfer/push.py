@@ -72,16 +72,18 @@ def rsync_target(connector: Connector, host: Host, dest: str) -> RsyncTarget:
 
 def rsync_push(rsync: str, src_root: str, items: Sequence[str], to: RsyncTarget, *, excludes: bool = False,
                checksum: bool = False, dry_run: bool = False, bwlimit_kbps: int | None = None,
-               on_bytes: Callable[[int], None] | None = None, extra: Sequence[str] = ()) -> RsyncSummary:
+               on_bytes: Callable[[int], None] | None = None, extra: Sequence[str] = (),
+               then: str | None = None) -> RsyncSummary:
     """rsync `items` (paths relative to src_root, or with `excludes` exclusion rules for a recursive walk)
-    into to.dest, with `extra` options. Raises RsyncMissing when the host has no rsync."""
+    into to.dest, with `extra` options; `then`, on a remote host: a command it runs in to.dest once rsync
+    has ended well (rsync.remote_rsync_path). Raises RsyncMissing when the host has no rsync."""
     if to.target is None and not dry_run:
         os.makedirs(to.dest, exist_ok=True)
 
     def argv(list_file: str) -> list[str]:
         return rsync_argv(rsync, src_root, list_file, to.dest, target=to.target, rsh=to.rsh, checksum=checksum,
                           dry_run=dry_run, bwlimit_kbps=bwlimit_kbps, progress=supports_progress2(rsync),
-                          excludes=excludes, extra=extra)
+                          excludes=excludes, extra=extra, then=then)
 
     return run_rsync(to.host, argv, items, on_bytes)
 

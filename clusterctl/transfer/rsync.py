@@ -33,12 +33,16 @@ PARTIAL_OK = (24,)                 # "some source files vanished": the rest was 
 
 # ---- pure: argv ---------------------------------------------------------------------------------
 
-def remote_rsync_path(dest: str, create: bool = True) -> str:
+def remote_rsync_path(dest: str, create: bool = True, then: str | None = None) -> str:
     """What the host runs instead of plain `rsync`: create (unless pulling from it) and enter the
-    destination, check for rsync."""
+    destination, check for rsync; with `then`, a POSIX sh command run there, in the destination, once rsync
+    has ended well (rsync appends its own arguments: a function takes them, as sh, bash and zsh all allow)."""
     d = quote_path(dest)
-    return (f"{f'mkdir -p {d} && ' if create else ''}cd {d} && {{ command -v rsync >/dev/null 2>&1 || "
-            f"{{ echo {shlex.quote(MISSING_MARK)} >&2; exit 127; }}; }} && rsync")
+    body = (f"{f'mkdir -p {d} && ' if create else ''}cd {d} && {{ command -v rsync >/dev/null 2>&1 || "
+            f"{{ echo {shlex.quote(MISSING_MARK)} >&2; exit 127; }}; }} && ")
+    if then is None:
+        return body + "rsync"
+    return f"clusterctl_rsync() {{ rsync \"$@\" && {then}; }}; {body}clusterctl_rsync"
 
 
 def ssh_command(ssh_options: Sequence[str], ssh: str = "ssh") -> str:
@@ -50,13 +54,13 @@ def ssh_command(ssh_options: Sequence[str], ssh: str = "ssh") -> str:
 def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str | None = None,
                rsh: str | None = None, checksum: bool = False, dry_run: bool = False,
                bwlimit_kbps: int | None = None, progress: bool = False, excludes: bool = False,
-               pull: bool = False, extra: Sequence[str] = ()) -> list[str]:
+               pull: bool = False, extra: Sequence[str] = (), then: str | None = None) -> list[str]:
     """Push the files named (NUL-separated, relative to src) in list_file to dest on target (or to the
     local directory dest when target is None); with `excludes`, list_file holds exclude rules instead and
     the tree is walked recursively (filelist.exclusion_rules). With `pull`, the other way round: src is
     the directory on target, dest the one here. -l -p -t: symlinks, permissions, times; never owners (the
     user on the host may not exist here). `extra`: more options of the caller's (the model store's
-    --partial-dir)."""
+    --partial-dir). `then`: a command the host runs in dest once rsync has ended well (remote_rsync_path)."""
     selection = ["-r", "--exclude-from", list_file] if excludes else ["--files-from", list_file]
     # --from0 first: rsync reads --exclude-from when it meets it on the command line
     argv = [rsync, "-lpt", "--from0", *selection, f"--out-format={OUT_FORMAT}", "--stats",
@@ -75,7 +79,7 @@ def rsync_argv(rsync: str, src: str, list_file: str, dest: str, *, target: str |
     if pull:
         return argv + ["-e", rsh or "ssh", f"--rsync-path={remote_rsync_path(src, create=False)}", "--",
                        f"{target}:./", dest.rstrip("/") + "/"]
-    return argv + ["-e", rsh or "ssh", f"--rsync-path={remote_rsync_path(dest)}", "--",
+    return argv + ["-e", rsh or "ssh", f"--rsync-path={remote_rsync_path(dest, then=then)}", "--",
                    src.rstrip("/") + "/", f"{target}:."]
 
 

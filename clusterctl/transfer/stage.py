@@ -1,6 +1,8 @@
 """What `run` puts on the hosts before it launches, so a job needs nothing copied by hand:
 
     stage_project(connector, root)      the project directory (`clusterctl sync`) into every host's workdir
+                                        (project_copy: checked now, copied later, its end marked for
+                                        ranks that started beside it)
     ship_clusterctl(connector)          clusterctl itself into <workdir>/.clusterctl/lib on every other
                                         machine, for the bundled trainer (the rank bootstrap puts that
                                         directory on sys.path), so hosts need only python and mlx
@@ -13,12 +15,17 @@ Each is incremental (a second run moves nothing) and raises StageError naming ev
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from ..errors import StageError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult
 
 LIB_DIR = ".clusterctl/lib"          # relative to each host's workdir
+COPIES_DIR = ".clusterctl/copies"    # relative to each host's workdir: the marks of copies that ended (project_copy)
+# a launch that starts beside the project's copy gives its ranks this (the copy's token): the rank bootstrap waits
+# for the mark of that token on its host before it runs the program (hosts/scripts/bootstrap.py)
+COPY_GATE_ENV = "CLUSTERCTL_COPY_GATE"
 
 
 def _is_here(host, root: str) -> bool:
@@ -45,6 +52,17 @@ def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = ())
     a home directory or `/`: run from the project, or pass --no-sync. `needed`: paths in the project the
     program reads (the bundled trainer's --model and --data), refused before anything moves when the
     project's ignore rules leave them out of the copy (a .gitignore'd models/ is common)."""
+    send = project_copy(connector, root, needed)
+    return send() if send is not None else None
+
+
+def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (),
+                 gate: str | None = None) -> Callable[[], GroupResult] | None:
+    """stage_project in two: what is checked here and now (the refusals above, the files to send: no host is
+    asked), and the copy itself, returned to be called (None: no host needs one). With `gate` (a token), the
+    copy's end is marked on every host for ranks that wait for it (COPY_GATE_ENV): an empty file of that name in
+    <workdir>/.clusterctl/copies/, made in the SSH session rsync used; on the hosts whose workdir is the project
+    itself, here, before the copy starts."""
     from .sync import SyncOptions, plan_sync, sync_tree
 
     root = os.path.realpath(root)
@@ -53,7 +71,7 @@ def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = ())
         return None
     if root in (os.path.realpath(os.path.expanduser("~")), "/"):
         raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
-    options = SyncOptions()
+    options = SyncOptions(done_mark=f"{COPIES_DIR}/{gate}" if gate else None)
     plan = plan_sync(root, options)
     shipped = {e.rel for e in plan.entries}
     for path in needed:
@@ -64,7 +82,16 @@ def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = ())
             raise UsageError(f"{path}: the program reads it, but the project's ignore rules (.gitignore, "
                              f"{plan.selection}) leave it out of what run copies to the hosts: un-ignore it "
                              "(a `!path` line), or give an absolute path that exists on every host")
-    return _check(sync_tree(targets, plan, options), f"the project {root}")
+
+    def send() -> GroupResult:
+        for host in connector.cluster.hosts:
+            if gate and _is_here(host, root):
+                mark = os.path.join(root, COPIES_DIR, gate)
+                os.makedirs(os.path.dirname(mark), exist_ok=True)
+                open(mark, "ab").close()
+        return _check(sync_tree(targets, plan, options), f"the project {root}")
+
+    return send
 
 
 def ship_clusterctl(connector: Connector) -> GroupResult | None:

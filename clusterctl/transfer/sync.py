@@ -32,6 +32,7 @@ from ..digest import file_sha256
 from ..errors import SyncError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult, run_all
+from ..hosts.quoting import quote_path
 from ..inventory import Host
 from ..trainer_contract import RUNS_DIR
 from . import remotefiles
@@ -55,6 +56,10 @@ class SyncOptions:
     checksum: bool = False                # compare content instead of size + mtime (rsync)
     bwlimit_kbps: int | None = None
     timeout: float = 3600.0               # per host, the whole transfer
+    # a file (relative to the destination) made on each host once its copy has ended, in the same SSH session
+    # as rsync (run's copy beside a launch, whose ranks wait for it: transfer/stage.py); its siblings older
+    # than an hour are removed
+    done_mark: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,9 @@ def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progr
     result.note = note
     if options.delete:
         result.deleted = _delete_extra(session, host, dest)
+    made_by_rsync = result.method == "rsync" and not host.local       # in its own SSH session
+    if options.done_mark and not options.dry_run and not made_by_rsync:
+        _make_mark(session, host, dest)
     report(host.name, total, total)
     result.elapsed_s = time.monotonic() - start
     return result
@@ -158,8 +166,31 @@ def _rsync_host(session: _Session, host: Host, rsync: str, dest: str, on_bytes) 
     rules = session.exclusion_rules()
     summary = rsync_push(rsync, plan.root, rules if rules is not None else [e.rel for e in plan.entries], to,
                          excludes=rules is not None, checksum=options.checksum, dry_run=options.dry_run,
-                         bwlimit_kbps=options.bwlimit_kbps, on_bytes=on_bytes)
+                         bwlimit_kbps=options.bwlimit_kbps, on_bytes=on_bytes,
+                         then=mark_script(options.done_mark) if options.done_mark and not options.dry_run else None)
     return HostSync(host.name, dest, "rsync", summary.moved, summary.moved_bytes, wire_bytes=summary.wire_bytes)
+
+
+def mark_script(mark: str) -> str:
+    """The POSIX sh that makes the file `mark` (relative to the current directory) and removes its siblings
+    older than an hour (find -mmin: GNU's and BSD's)."""
+    folder = quote_path(posixpath.dirname(mark) or ".")
+    return (f"mkdir -p {folder} && : > {quote_path(mark)} && "
+            f"{{ find {folder} -type f -mmin +60 -exec rm -f {{}} + 2>/dev/null; true; }}")
+
+
+def _make_mark(session: _Session, host: Host, dest: str) -> None:
+    """SyncOptions.done_mark, where rsync's session did not make it: this machine, or a copy over SFTP."""
+    mark = session.options.done_mark
+    if host.local:
+        path = os.path.join(os.path.expanduser(dest), mark)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "ab").close()
+        return
+    result = session.connector.run_shared(host, mark_script(mark), 30.0, cwd=dest)
+    if result.exit_code != 0:
+        raise SyncError(f"{host.name}: could not make {posixpath.join(dest, mark)}: "
+                        f"{(result.stderr or result.stdout).strip() or f'exit {result.exit_code}'}")
 
 
 def _parents(entries) -> list[str]:

@@ -40,6 +40,57 @@ def test_run_copies_the_project_to_every_host_first(make_cluster, tmp_path):
     assert r.returncode == 0 and "sync:" not in r.stderr                 # the hosts' copy, untouched
 
 
+def test_a_warm_run_copies_beside_its_launch_and_every_rank_runs_the_new_copy(make_cluster, tmp_path):
+    """With the plan cached, run starts the project's copy with the launcher, not before it; each rank waits
+    for its host's copy to end before its program runs (docs/run.md#the-project-copy): a file changed since the
+    last run is what every rank reads, even one rsync sends after 16 MB that changed too."""
+    cluster = make_cluster(2)
+    requires_private_roots(cluster, "each host needs its own working root")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "job.py").write_text("print('version', open('z_version.txt').read(), len(open('a_big.bin', 'rb').read()))\n")
+    (project / "z_version.txt").write_text("old")
+    (project / "a_big.bin").write_bytes(os.urandom(1 << 20))
+    r = run("job.py", "--hosts", str(cluster.inventory), cwd=project)      # the first: copy, then launch
+    assert r.returncode == 0 and r.stdout.count("version old 1048576") == 2, r.stdout + r.stderr
+    (project / "a_big.bin").write_bytes(os.urandom(16 << 20))
+    (project / "z_version.txt").write_text("newer")
+    r = run("job.py", "--hosts", str(cluster.inventory), cwd=project)      # warm: beside the launch
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(l for l in r.stdout.splitlines() if "version" in l) == \
+        ["[rank 0 h1] version newer 16777216", "[rank 1 h2] version newer 16777216"]
+    assert "sync: project to 2 host(s): 4 file(s)" in r.stderr
+    for i in (1, 2):      # the copy's mark, for the ranks that waited on it
+        marks = cluster.ssh(i, f"ls {cluster.workdir}/.clusterctl/copies").stdout.split()
+        assert len(marks) == 1 and re.fullmatch(r"[0-9a-f]{16}", marks[0])
+
+
+def test_a_copy_beside_the_launch_that_fails_stops_the_job_before_its_program_runs(make_cluster, tmp_path):
+    """A warm run whose copy to one host fails: the job is stopped, its error is the copy's, in one line, and
+    that host's rank never ran its program; nothing of the run is left on any host."""
+    cluster = make_cluster(2)
+    requires_private_roots(cluster, "each host needs its own working root")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text("print('program-started')\n")
+    r = run("main.py", "--hosts", str(cluster.inventory), cwd=project)
+    assert r.returncode == 0 and r.stdout.count("program-started") == 2, r.stdout + r.stderr
+    (project / "conf").write_text("x = 1\n")
+    # a folder that is not empty where the file must go: rsync does not delete it (--force is not ours to give)
+    assert cluster.ssh(2, f"mkdir -p {cluster.workdir}/conf/own && : > {cluster.workdir}/conf/own/f").returncode == 0
+    r = run("main.py", "--hosts", str(cluster.inventory), cwd=project)
+    assert r.returncode == 1, r.stdout + r.stderr
+    # the line names the cause rsync gave, not its "some files/attrs were not transferred (see previous errors)"
+    assert re.search(r"could not copy the project .*h2: rsync exited 23: .*(non-empty directory|make way).*: conf",
+                     r.stderr) and "Traceback" not in r.stderr, r.stderr
+    # no rank ran its program on a copy that failed (h1's copy was whole: its rank may have started)
+    assert "[rank 1 h2] program-started" not in r.stdout
+    run_id = re.search(r"run (\d{8}-\d{6}-[0-9a-f]{6})", r.stderr).group(1)
+    for i in (1, 2):
+        ps = cluster.ssh(i, "ps -eo args")
+        assert ps.returncode == 0 and f"clusterctl-run-{run_id}" not in ps.stdout
+
+
 def test_a_clusterctl_module_runs_on_hosts_without_clusterctl(make_cluster, tmp_path):
     """The hosts' python has no clusterctl installed (Debian's own python3): run ships the running
     clusterctl into <workdir>/.clusterctl/lib and the ranks import it from there."""

@@ -260,3 +260,32 @@ def test_a_rank_started_before_its_host_s_stdin_relay_waits_for_its_fifo(tmp_pat
     out, err = rank.communicate(timeout=30)
     assert (out, err) == ("for this attempt\n", "")
     assert sorted(os.listdir(folder)) == ["rank-0.oldtag.stdin"]        # its own FIFO removed once opened
+
+
+def test_a_rank_launched_beside_the_copy_runs_its_program_only_once_its_hosts_copy_is_marked(tmp_path):
+    """run's warm launch copies the project beside the launcher: every rank's bootstrap waits for the mark of
+    the copy's token (CLUSTERCTL_COPY_GATE) in <workdir>/.clusterctl/copies/ before the program starts, while its
+    start line and heartbeats already flow (the supervisor sees a live rank)."""
+    from clusterctl.inventory import parse
+    from clusterctl.launch.job import rank_program
+    from clusterctl.transfer.stage import COPIES_DIR, COPY_GATE_ENV
+
+    (tmp_path / "job.py").write_text("print('ran', open('version.txt').read())\n")
+    (tmp_path / "version.txt").write_text("old")
+    cluster = parse(f"hosts: [{{name: h1, python: {sys.executable}, workdir: {tmp_path}}}]\n", "i.yaml")
+    argv = rank_program(cluster, "1-x", "job.py", [])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, COPY_GATE_ENV: "t0k3n", "PYTHONUNBUFFERED": "1"})
+    try:
+        first = proc.stdout.readline()
+        assert " start " in first
+        time.sleep(1.5)       # a heartbeat a second, nothing of the program's: it waits
+        assert proc.poll() is None
+        (tmp_path / "version.txt").write_text("new")       # the copy lands, then its end is marked
+        (tmp_path / COPIES_DIR).mkdir(parents=True)
+        (tmp_path / COPIES_DIR / "t0k3n").write_text("")
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert [line.split(" ", 3)[3] for line in out.splitlines() if " out " in line] == ["ran new"]

@@ -163,7 +163,7 @@ def test_an_error_in_the_first_attempt_still_writes_the_summary(tmp_path, monkey
     """Issue 25 item 5: the first attempt ran outside the record's try, so its crash left no summary.json."""
     from clusterctl.launch import attempts
 
-    def broken(self, preflight=None, plan=None):
+    def broken(self, preflight=None, plan=None, copy=None):
         raise RuntimeError("the supervisor broke")
 
     monkeypatch.setattr(attempts.Supervisor, "run", broken)

@@ -4,7 +4,11 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 
+import pytest
+
+from clusterctl.transfer.sync import mark_script
 from clusterctl.transfer.rsync import (
     MISSING_MARK,
     RsyncSummary,
@@ -116,3 +120,38 @@ def test_parse_a_mac_controllers_openrsync_output():
     # openrsync marks every file it logs as sent, a permissions-only change included (its log.c)
     assert s.moved == ["pkg/model.py", "latest", "train.py", "run.sh", "name with spaces.txt"]
     assert s.moved_bytes == 1843 + 2301 + 120 + 11 and s.wire_bytes == 4496
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "dash", "bash", "zsh"])
+def test_a_command_after_rsync_runs_in_the_destination_only_when_rsync_ended_well(tmp_path, shell):
+    """run's copy beside a launch marks its end in the SSH session rsync used: --rsync-path becomes a function
+    that takes rsync's own arguments, then runs the command in the destination (remote_rsync_path's `then`),
+    in any login shell a host may have (zsh is macOS's)."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell} here")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "rsync"         # records its arguments; fails when asked to
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$HOME/args"\n[ "$1" != --fail ]\n')
+    fake.chmod(0o755)
+    then = mark_script(".clusterctl/copies/t0k3n")
+    dest = str(tmp_path / "work dir")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = subprocess.run([shell, "-c", remote_rsync_path(dest, then=then) + " --server -lpt . ."], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "args").read_text().split("\n")[:4] == ["--server", "-lpt", ".", "."]
+    assert (tmp_path / "work dir" / ".clusterctl" / "copies" / "t0k3n").is_file()
+    (tmp_path / "work dir" / ".clusterctl" / "copies" / "t0k3n").unlink()
+    r = subprocess.run([shell, "-c", remote_rsync_path(dest, then=then) + " --fail"], capture_output=True, env=env)
+    assert r.returncode != 0 and not (tmp_path / "work dir" / ".clusterctl" / "copies" / "t0k3n").exists()
+
+
+def test_the_mark_removes_its_siblings_older_than_an_hour(tmp_path):
+    folder = tmp_path / ".clusterctl" / "copies"
+    folder.mkdir(parents=True)
+    (folder / "old").write_text("")
+    (folder / "recent").write_text("")
+    os.utime(folder / "old", (time.time() - 2 * 3600,) * 2)
+    r = subprocess.run(["/bin/sh", "-c", mark_script(".clusterctl/copies/new")], cwd=tmp_path, capture_output=True)
+    assert r.returncode == 0 and sorted(os.listdir(folder)) == ["new", "recent"]

@@ -12,7 +12,8 @@ docs/facts/macos.md#sip-strips-dyld). It:
     every HEARTBEAT seconds;
   - changes to its host's working directory (one per rank when the hosts' workdirs differ; ~ expanded on
     the host; created if missing), puts <workdir>/.clusterctl/lib (where `run` ships clusterctl itself for
-    the bundled trainer) on sys.path when it exists, runs the script as __main__ with its arguments (or, when
+    the bundled trainer) on sys.path when it exists, waits for the project's copy to its host when the launch
+    started beside it (wait_for_copy), runs the script as __main__ with its arguments (or, when
     the script is "-m", the module named by the first argument, as `python -m` would, with the working
     directory first on sys.path), and reports the exit code (the launcher's own cannot be trusted:
     docs/facts/launchers.md#mlx-launch-exit-status);
@@ -128,6 +129,20 @@ def relayed_stdin(workdir, rank, wait=RELAY_WAIT_S):
     os.close(fd)
 
 
+def wait_for_copy(workdir):
+    """A launch that started beside the project's copy (run's warm launch, docs/run.md#the-project-copy) gives
+    its ranks the copy's token in CLUSTERCTL_COPY_GATE: the program starts once the copy to this host has
+    ended, which `run` marks by an empty file of that name in <workdir>/.clusterctl/copies/
+    (transfer/stage.py mark_copied). No deadline of its own: `run` stops the job if the copy fails, and the
+    watchdog if `run` goes."""
+    token = os.environ.pop("CLUSTERCTL_COPY_GATE", "")
+    if not token:
+        return
+    path = os.path.join(os.path.expanduser(workdir), ".clusterctl", "copies", token)
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
 def main(argv):
     workdir, beat, script, *args = argv[1:]     # the run id is the comment on our first line
     raise_nofile()
@@ -142,6 +157,7 @@ def main(argv):
     out.emit("start", socket.gethostname().encode())
     out.capture()
     out.heartbeat(float(beat))
+    wait_for_copy(workdir)
     watch_world(lambda size, backend: out.emit("world", ("%d %s" % (size, backend)).encode()))
     awake, why_not = keep_awake(os.getpid())      # before the program: no fork once MPI is up
     if why_not:
