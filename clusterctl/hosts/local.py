@@ -22,6 +22,7 @@ from ..errors import CommandTimeout
 from .files import FileSession, LocalFiles
 from .quoting import shell_command, short
 from .remote import KILL_GRACE_S, env_input, reading_env, remote_command
+from .scripts.writeall import write_all
 from .stdinfeed import StdinFeed
 from .transport import Process, Result, Transport
 
@@ -120,8 +121,8 @@ class LocalProcess(Process):
         return self.proc.returncode
 
     def feed(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        # os.write in a loop, not the BufferedWriter: a signal mid-write must not lose frames (scripts/writeall.py)
+        write_all(self.proc.stdin.fileno(), data)
 
     def stop(self) -> None:
         stop_process_group(self.proc)

@@ -11,10 +11,12 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     holds.py        modelstore.py's piece: a push's lock on its own directory; the processes that use an entry (ps)
     helperbase.py   what those two share (a file's sha256, the request), inlined into each by program()
     ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, program("ranks.py"),
-                    run by path), with its piece frames.py (standard input in frames, also hosts/stdinfeed.py's)
+                    run by path), with its pieces frames.py (standard input in frames, also hosts/stdinfeed.py's)
+                    and writeall.py (every byte of a write to a pipe, signals or not; also tagged.py's and the
+                    controller's stdin feed's)
     bootstrap.py    what every rank runs before the user's script, sent as program("bootstrap.py"), from its
                     pieces: tagged.py, lines.py, envfiles.py, worldwatch.py, awake.py, nofile.py, mpiworld.py,
-                    stackdump.py, stdinpump.py
+                    stackdump.py, stdinpump.py, writeall.py
     stdinrelay.py   an mpi job's stdin on one host: a FIFO per rank, the same bytes to each (launch/stdinrelay.py)
     stacks.py       asks a run's ranks on one host for their stacks (stackdump.py's files) and reads them
     stopranks.py    asks a run's ranks on one host to stop with their work kept (a signal to each rank's own pid)

@@ -133,7 +133,7 @@ def wait_for_copy(workdir):
     """A launch that started beside the project's copy (run's warm launch, docs/run.md#the-project-copy) gives
     its ranks the copy's token in CLUSTERCTL_COPY_GATE: the program starts once the copy to this host has
     ended, which `run` marks by an empty file of that name in <workdir>/.clusterctl/copies/
-    (transfer/stage.py mark_copied). No deadline of its own: `run` stops the job if the copy fails, and the
+    (transfer/stage.py project_copy). No deadline of its own: `run` stops the job if the copy fails, and the
     watchdog if `run` goes."""
     token = os.environ.pop("CLUSTERCTL_COPY_GATE", "")
     if not token:

@@ -32,6 +32,7 @@ import sys
 import time
 
 from .frames import STDIN_END, stdin_frames
+from .writeall import write_all
 
 GRACE_S = 2.0           # after closing a rank's pipe, how long before its starter process is killed
 DRAIN_S = 2.0           # after every rank exited, how long a pipe a grandchild still holds is read
@@ -124,7 +125,7 @@ class Starter:
         for entry in entries:
             r = Rank(entry)
             self.ranks.append(r)
-            for stream, out in ((r.proc.stdout, sys.stdout.buffer), (r.proc.stderr, sys.stderr.buffer)):
+            for stream, out in ((r.proc.stdout, 1), (r.proc.stderr, 2)):      # fds: write_all, not a BufferedWriter
                 self.sel.register(stream.fileno(), selectors.EVENT_READ, (r, out))
         try:
             self.sel.register(0, selectors.EVENT_READ, "stdin")
@@ -190,16 +191,14 @@ class Starter:
             self.sel.unregister(fd)
             tail = r.rest.pop(fd, b"")
             if tail:
-                out.write(tail + b"\n")
-                out.flush()
+                write_all(out, tail + b"\n")
             r.open -= 1
             return
         *lines, r.rest[fd] = (r.rest.get(fd, b"") + data).split(b"\n")
         if lines:
             text = b"\n".join(lines) + b"\n"
             r.reported = r.reported or r.exit_tag in text
-            out.write(text)
-            out.flush()
+            write_all(out, text)
 
     def reap(self, r):
         """Note a rank that exited; the first failure stops the others, and is told `lost` if it never reported."""
@@ -207,14 +206,12 @@ class Starter:
             r.code = r.proc.returncode
             if r.code != 0 and self.stopping_since is None:
                 r.first = True
-                sys.stderr.write(describe(r, r.code) + "; stopping every rank\n")
-                sys.stderr.flush()
+                write_all(2, (describe(r, r.code) + "; stopping every rank\n").encode())
                 self.status = r.code if 0 < r.code < 256 else 1
                 self.stop_all()
         if r.first and r.open == 0 and not r.reported and not r.told:    # its output is all read
             r.told = True
-            sys.stdout.buffer.write(b"\x1eclusterctl %d lost %d\n" % (r.rank, r.code))
-            sys.stdout.flush()
+            write_all(1, b"\x1eclusterctl %d lost %d\n" % (r.rank, r.code))
 
     def done(self, now):
         """Kill what outlived the grace period; True once every rank exited and its pipes are read (or drained)."""

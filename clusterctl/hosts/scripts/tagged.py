@@ -3,12 +3,12 @@ rank writes on fd 1 and 2 (C extensions included) goes out as MARK + "<rank> <ou
 redraws as `bar` lines (lines.py), and a heartbeat from a thread of the rank itself: a stopped or wedged process
 stops beating, a busy one does not (nor one blocked in a collective: docs/facts/mlx-distributed.md#ring-all-sum-can-deadlock)."""
 import os
-import select
 import sys
 import threading
 import time
 
 from .lines import BAR_EVERY_S, Lines
+from .writeall import write_all
 
 
 class Tagged:
@@ -71,17 +71,3 @@ class Tagged:
             os.dup2(orig, fd)
         for t in self.pumps:
             t.join(2)
-
-
-def write_all(fd, data):
-    """Every byte of `data` to `fd`, in order. One write() to a pipe may take part of a long line (a signal
-    arriving mid-write, a pipe someone made non-blocking), and an unbuffered file's write() returns that count
-    and leaves the rest unwritten: a 64 KiB piece would run into the next line."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BlockingIOError:
-            select.select([], [fd], [])
-        except InterruptedError:
-            pass
