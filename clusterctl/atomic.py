@@ -56,6 +56,19 @@ def write_text(path: str, text: str, mode: int | None = None, durable: bool = Fa
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+def replace_dir(staging: str, final: str) -> None:
+    """Put the directory `staging` (written whole beside `final`) in `final`'s place: an earlier `final` is
+    renamed aside first and removed after, so `final` is always one whole directory or the other."""
+    if os.path.isdir(final) and not os.path.islink(final):
+        old = f"{os.path.join(os.path.dirname(final), '.' + os.path.basename(final))}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(staging, final)
+        import shutil
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
 def fsync_dir(path: str) -> None:
     """Flush a directory's entries (a rename into it) to disk."""
     fd = os.open(path, os.O_RDONLY)

@@ -26,10 +26,10 @@ DATA = "--data"
 MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
 STRATEGY = "--strategy"
 DEFAULT_STRATEGY = "dp"                # --strategy left out (train/config.py's default)
+ADAPTER = "--adapter"                  # lora or dora: adapters on --model, the base frozen (train/adapters.py)
 # What a run of the bundled trainer is, by the flag that makes it so: the first of these its arguments give
-# decides; none of them, "train" (from scratch). Adapters (LoRA), once the trainer takes them, are one entry
-# before MODEL's: (ADAPTER, "LoRA").
-TRAINER_KINDS = ((MODEL, "fine-tune"),)
+# decides; none of them, "train" (from scratch).
+TRAINER_KINDS = ((ADAPTER, "adapters"), (MODEL, "fine-tune"))
 RESUME = "--resume"                    # `latest` under run: the newest run here with a checkpoint (run/)
 OUT = "--out"
 HOST_MEMORY = "CLUSTERCTL_HOST_MEMORY"  # a host's memory for the trainer's memory plan, in its env ("16G")

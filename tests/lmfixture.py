@@ -79,6 +79,15 @@ def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: i
     return dest
 
 
+def quantize(src, dest, bits: int = 4, group_size: int = 32, mode: str = "affine") -> Path:
+    """`src` quantized into `dest` as `mlx_lm.convert -q` writes it (mlx-lm's own convert), the tokenizer with it."""
+    from mlx_lm import convert
+
+    dest = Path(dest)
+    convert(str(src), mlx_path=str(dest), quantize=True, q_bits=bits, q_group_size=group_size, q_mode=mode)
+    return dest
+
+
 def split_weights(dest: Path, files: int, layers: int) -> None:
     """model.safetensors as `files` files, the layers in order (the embedding with the first, the rest with the
     last), and model.safetensors.index.json mapping each weight to its file."""

@@ -39,12 +39,16 @@ def generate_cmd(checkpoint_dir, prompt, max_tokens, temperature, top_k, seed):
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The model directory to write (replaced if it is an earlier export). Default: RUN's model/.")
 @click.option("--runs-dir", default=RUNS_DIR, show_default=True, help="Where the project's runs/<id>/ directories are.")
-def export_cmd(run_ref, out_dir, runs_dir):
+@click.option("--dequantize", is_flag=True,
+              help="An adapter run of a quantized base: write the fused model in the base's float dtype instead of "
+                   "quantizing its layers again.")
+def export_cmd(run_ref, out_dir, runs_dir, dequantize):
     """Write a run's latest checkpoint as an mlx-lm model directory.
 
     RUN: `latest`, a run id (or a unique prefix), a run directory, or a checkpoint directory. The result loads
     in `mlx_lm.generate --model DIR`, `mlx_lm.server` and `mlx_lm.convert -q`: a fine-tuned model (--model)
-    with its source's config and tokenizer, a model trained from scratch as a llama with its tokenizer.
+    with its source's config and tokenizer, a model trained from scratch as a llama with its tokenizer, an
+    adapter run's (--adapter) base with its adapters fused in, as mlx_lm.fuse writes it.
     """
     import os
 
@@ -59,7 +63,8 @@ def export_cmd(run_ref, out_dir, runs_dir):
         source = resolve(runs_dir, run_ref).dir
     ckpt = checkpoint_of(source, None)                     # <run>/checkpoints/step-N: the run is two up
     dest = out_dir or os.path.join(ckpt.parent.parent, "model")
-    path = export(str(ckpt), dest, search=[os.getcwd(), os.path.dirname(os.path.abspath(runs_dir))])
+    path = export(str(ckpt), dest, search=[os.getcwd(), os.path.dirname(os.path.abspath(runs_dir))],
+                  dequantize=dequantize)
     click.echo(f"wrote {path}: mlx_lm.generate --model {shlex.quote(str(path))} --prompt \"...\"")
 
 

@@ -112,9 +112,15 @@ class PrintedRun:
         click.echo(f"run {launch.run_id}: copied {files} file(s), {size(nbytes)} from {host}:{remote_dir} "
                    f"into {launch.run_dir}", err=True)
         model = os.path.join(launch.run_dir, "model")
+        adapters = os.path.join(launch.run_dir, "adapters")
         if os.path.isfile(os.path.join(model, "config.json")):       # the bundled trainer's --model export
             click.echo(f"run {launch.run_id}: the trained model is {model} (mlx_lm.generate --model "
                        f"{shlex.quote(model)})", err=True)
+        elif os.path.isfile(os.path.join(adapters, "adapter_config.json")):     # an --adapter run's adapters
+            base = _adapted_base(adapters)
+            click.echo(f"run {launch.run_id}: the trained adapters are {adapters} (mlx_lm.generate --model "
+                       f"{shlex.quote(base or 'BASE')} --adapter-path {shlex.quote(adapters)}; `clusterctl export "
+                       f"{launch.run_id}` fuses them into a model)", err=True)
 
     def fetch_failed(self, launch, host, remote_dir, error):
         click.secho(f"run {launch.run_id}: could not copy {remote_dir} from {host} ({one_line(error)}); it is "
@@ -370,3 +376,14 @@ def print_tail(launch, outcome) -> None:
         click.echo(f"last lines of {os.path.join(launch.log_dir, f'rank-{outcome.failed_rank}.log')}:", err=True)
         for line in outcome.tail:
             click.echo(f"  {line}", err=True)
+
+
+def _adapted_base(adapters: str) -> str | None:
+    """The --model an adapter run adapted, as its adapter_config.json records it (relative to the project)."""
+    import json
+    try:
+        with open(os.path.join(adapters, "adapter_config.json"), encoding="utf-8") as f:
+            model = json.load(f).get("model")
+    except (OSError, ValueError):
+        return None
+    return model if isinstance(model, str) else None

@@ -269,7 +269,7 @@ def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block
     `out_dir` (replaced whole if it holds a dataset); returns the manifest."""
     from pathlib import Path
 
-    from ..atomic import fsync_tree, write_text
+    from ..atomic import fsync_tree, replace_dir, write_text
     from ..digest import file_sha256
 
     if world < 1 or not 1 <= block_size <= MAX_BLOCK_SIZE:
@@ -318,12 +318,7 @@ def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block
             shutil.rmtree(staging, ignore_errors=True)
             raise SourceError(f"{out_dir} exists and holds {other}, which an earlier `data prepare` did not write: "
                               "give a new --out (it is replaced whole)")
-        old = f"{out}.old-{os.getpid()}"
-        os.replace(out, old)
-        os.replace(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, out)
+    replace_dir(staging, out)
     return manifest
 
 

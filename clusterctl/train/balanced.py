@@ -196,9 +196,10 @@ class BalancedSteps:
 
 
 def digest(model) -> mx.array:
-    """A small fingerprint of every parameter: its sum and sum of squares, in float32."""
+    """A small fingerprint of every trained parameter (all of them, but for an adapter run's frozen base): its sum
+    and sum of squares, in float32."""
     parts = []
-    for _, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
+    for _, p in sorted(tree_flatten(model.trainable_parameters()), key=lambda kv: kv[0]):
         p = p.astype(mx.float32)
         parts += [p.sum(), (p * p).sum()]
     return mx.stack(parts)

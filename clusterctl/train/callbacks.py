@@ -165,6 +165,9 @@ class Checkpointing(Callback):
                            else ModelArgs.from_config(config, self.vocab_size).__dict__)}
         if self.rows is not None:
             state["balance"] = {"rows": self.rows}
+        if config.adapter:
+            from .adapters import described
+            state["adapter"] = described(config, self.model)
         path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
         if group.rank() == 0:
             print(f"step {step} | checkpoint {path}", flush=True)

@@ -1,5 +1,9 @@
 """Checkpoints: <out>/checkpoints/step-000123/{model.safetensors, optimizer.safetensors, state.json}.
 
+An adapter run (--adapter) writes adapters.safetensors and adapter_config.json (mlx-lm's adapter layout:
+adapters.py) in place of model.safetensors: the frozen base is the --model directory's, and a step directory
+is then an adapter path mlx-lm takes as it is.
+
 FSDP writes optimizer-rank-K.safetensors per rank instead of optimizer.safetensors (each rank holds only
 its slices of the optimizer state). ZeRO-3 writes no full model: each rank writes
 zero3-rank-K.safetensors (its slices of the parameters' flat groups and of the optimizer state) and
@@ -92,7 +96,11 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
     elif strategy == "fsdp":
         _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
     if writer and strategy != "zero3":
-        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+        if state.get("adapter"):    # the adapters alone, in mlx-lm's layout: the base is the model directory's
+            from .adapters import save as save_adapters
+            save_adapters(tmp, model, state["adapter"])
+        else:
+            mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
         if strategy != "fsdp":
             _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
     barrier(group)                 # every shard is on disk before the directory becomes visible
@@ -311,6 +319,10 @@ def load_model(ckpt: Path, model) -> None:
     """The full parameters into `model` (one process: generation, DP and FSDP resume)."""
     if (ckpt / ZERO3_MANIFEST).is_file():
         model.update(tree_unflatten(list(_zero3_full(ckpt).items())))
+        return
+    from .adapters import ADAPTER_FILE, load as load_adapters
+    if (ckpt / ADAPTER_FILE).is_file():          # an adapter run's: into a model wrapped as it was (adapters.apply)
+        load_adapters(ckpt, model)
         return
     model.load_weights(str(ckpt / "model.safetensors"))
 

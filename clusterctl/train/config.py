@@ -39,6 +39,18 @@ class TrainConfig:
                                      "gradients in bfloat16 (half the memory, and bfloat16 compute where the device has "
                                      "it), AdamW's moments in float32 and each update computed in float32, then rounded "
                                      "to the weight (docs/finetune.md#precision).", choices=("float32", "bfloat16"))
+    adapter: str | None = _opt(None, "With --model: train low-rank adapters instead of every weight, lora or dora "
+                                     "(mlx-lm's own layers): the base stays frozen, and may be quantized (4-bit, 8-bit, "
+                                     "mxfp4, ...); the run writes mlx-lm's adapter layout, <run>/adapters "
+                                     "(docs/finetune.md#lora-and-dora).", choices=("lora", "dora"), metavar="lora|dora")
+    lora_rank: int = _opt(8, "--adapter: the adapters' rank (mlx-lm's lora_parameters.rank).")
+    lora_scale: float = _opt(20.0, "--adapter: the scale of the adapters' output (mlx-lm's lora_parameters.scale).")
+    lora_dropout: float = _opt(0.0, "--adapter: dropout on the adapters' input (mlx-lm's lora_parameters.dropout).")
+    lora_layers: int | None = _opt(None, "--adapter: how many blocks, from the top, get adapters; -1: all (mlx-lm's "
+                                         "--num-layers; default: 16, or all of a model with fewer).", metavar="N")
+    lora_keys: str | None = _opt(None, "--adapter: which projections get adapters, comma-separated names inside a block "
+                                       "(self_attn.q_proj,self_attn.v_proj); default: every linear layer of the block, "
+                                       "as mlx-lm does.", metavar="NAMES")
     mask_prompt: str = _opt("on", "With --model: on trains only on the answers of chat and prompt/completion records "
                                   "(as mlx-lm's --mask-prompt), off on every token.", choices=("on", "off"))
     n_layers: int = _opt(4, "Transformer blocks.")
@@ -115,7 +127,7 @@ class TrainConfig:
             raise ConfigError(f"--dim {self.dim} must split into --n-heads {self.n_heads} heads of even size")
         for f in fields(self):          # a --config file or a checkpoint is not checked by argparse
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
+            if choices and getattr(self, f.name) not in choices and not (f.default is None and getattr(self, f.name) is None):
                 raise ConfigError(f"--{flag(f.name)} must be one of {', '.join(choices)}, not {getattr(self, f.name)!r}")
         if not 0 <= self.dropout < 1:
             raise ConfigError("--dropout must be in [0, 1)")
@@ -132,6 +144,18 @@ class TrainConfig:
                               "zero3 splits the batch evenly (docs/trainer.md#zero3)")
         if self.preset is not None:
             presets.get(self.preset)
+        if self.adapter and not self.model:
+            raise ConfigError(f"--adapter {self.adapter} adapts a model: give it with --model DIR (an mlx-lm model "
+                              "directory, quantized or not; docs/finetune.md#lora-and-dora)")
+        if self.adapter and self.strategy == "zero3":
+            raise ConfigError("--adapter trains with --strategy dp or fsdp: zero3 does not yet shard a frozen base "
+                              "(docs/finetune.md#lora-and-dora)")
+        if self.lora_rank < 1:
+            raise ConfigError(f"--lora-rank must be at least 1, not {self.lora_rank}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError("--lora-dropout must be in [0, 1)")
+        if self.lora_layers is not None and (self.lora_layers == 0 or self.lora_layers < -1):
+            raise ConfigError(f"--lora-layers must be -1 (every block) or at least 1, not {self.lora_layers}")
         if self.model and self.balance not in ("auto", "off"):
             raise ConfigError("--balance with fixed weights is not available with --model: fine-tuning splits each "
                               "step's rows evenly over the ranks (docs/finetune.md)")

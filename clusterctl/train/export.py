@@ -23,7 +23,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..atomic import write_text
+from ..atomic import replace_dir, write_text
 from ..errors import CheckpointError, DestinationRefused
 from ..trainer_contract import EXPORT_MARKER
 from . import checkpoint
@@ -214,12 +214,19 @@ def check_destination(dest: str, keep: dict[str, str]) -> None:
         raise DestinationRefused(f"{dest} holds files no export wrote (it has no {MARKER}): {fix}")
 
 
-def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> Path:
+def export(checkpoint_dir: str, dest: str, search: list[str] | None = None, dequantize: bool = False) -> Path:
     """Write the checkpoint (a step directory, a run directory or its checkpoints/) to `dest` as an mlx-lm model
     directory, replacing an earlier export there (check_destination). `search`: where a fine-tuned run's
-    relative --model path may be."""
+    relative --model path may be. An adapter run's adapters are fused into its base, as mlx_lm.fuse does: a
+    quantized base's layers quantized again, or, with `dequantize`, the whole model in the base's float dtype."""
+    from .adapters import ADAPTER_FILE
+
     ckpt = checkpoint.resolve(checkpoint_dir, None)
     state = checkpoint.read_state(ckpt)
+    adapted = (ckpt / ADAPTER_FILE).is_file()
+    if dequantize and not adapted:
+        raise CheckpointError(f"--dequantize is for an adapter run (--adapter), whose base may be quantized: {ckpt} "
+                              "holds every weight of its model, as trained")
     model_dir = state["config"].get("model")
     src = source_dir(model_dir, search or [os.getcwd()]) if model_dir else None
     keep = {"the current directory": os.getcwd(),
@@ -233,30 +240,62 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None) -> P
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        params = full_parameters(ckpt)
-        if src:
-            from .lm import weights_dtype
-
-            for item in sorted(os.listdir(src)):
-                path = os.path.join(src, item)
-                if (os.path.isfile(path) and item != MARKER
-                        and not any(fnmatch.fnmatch(item, p) for p in WEIGHT_FILES)):
-                    shutil.copyfile(path, tmp / item)
-            write_weights(params, tmp, getattr(mx, weights_dtype(src)))
+        if adapted:
+            _write_fused(ckpt, src, tmp, dequantize)
         else:
-            eos = _write_scratch_tokenizer(state, tmp)
-            config = llama_config(state["model"], eos)
-            config["torch_dtype"] = str(next(iter(params.values())).dtype).removeprefix("mlx.core.")
-            write_text(str(tmp / "config.json"), json.dumps(config, indent=1))
-            write_weights({llama_name(k): v for k, v in params.items()}, tmp)
+            _write_trained(ckpt, state, src, tmp)
         write_text(str(tmp / MARKER), json.dumps(export_record(ckpt, state), indent=1) + "\n")
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(str(tmp), str(final))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Path(dest)
+
+
+def _copy_model_files(src: str, tmp: Path) -> None:
+    """The source model directory's files but its weights (config, tokenizer, chat template, README)."""
+    for item in sorted(os.listdir(src)):
+        path = os.path.join(src, item)
+        if (os.path.isfile(path) and item != MARKER
+                and not any(fnmatch.fnmatch(item, p) for p in WEIGHT_FILES)):
+            shutil.copyfile(path, tmp / item)
+
+
+def _write_fused(ckpt: Path, src: str | None, tmp: Path, dequantize: bool) -> None:
+    """The base with the checkpoint's adapters fused in (mlx-lm's own loader, adapter loader and fuse())."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.tuner.utils import load_adapters
+    from mlx_lm.utils import dequantize_model, load_model
+
+    from .lm import weights_dtype
+
+    if src is None:
+        raise CheckpointError(f"{ckpt} holds adapters, but the run recorded no --model they adapt")
+    model, config = load_model(Path(src), lazy=True)
+    load_adapters(model, str(ckpt))
+    fused = [(name, m.fuse(dequantize=dequantize)) for name, m in model.named_modules() if hasattr(m, "fuse")]
+    model.update_modules(tree_unflatten(fused))
+    _copy_model_files(src, tmp)
+    if dequantize:
+        model = dequantize_model(model)
+        with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
+            written = json.load(f)
+        for key in ("quantization", "quantization_config"):
+            written.pop(key, None)
+        write_text(str(tmp / "config.json"), json.dumps(written, indent=1))
+    write_weights(dict(tree_flatten(model.parameters())), tmp, getattr(mx, weights_dtype(src)))
+
+
+def _write_trained(ckpt: Path, state: dict, src: str | None, tmp: Path) -> None:
+    """Every weight as the checkpoint holds it: a fine-tune's in its source's dtype, a scratch model as a llama."""
+    params = full_parameters(ckpt)
+    if src:
+        from .lm import weights_dtype
+
+        _copy_model_files(src, tmp)
+        write_weights(params, tmp, getattr(mx, weights_dtype(src)))
+    else:
+        eos = _write_scratch_tokenizer(state, tmp)
+        config = llama_config(state["model"], eos)
+        config["torch_dtype"] = str(next(iter(params.values())).dtype).removeprefix("mlx.core.")
+        write_text(str(tmp / "config.json"), json.dumps(config, indent=1))
+        write_weights({llama_name(k): v for k, v in params.items()}, tmp)

@@ -56,9 +56,10 @@ def read_config(path: str) -> dict:
     return config
 
 
-def check_model_dir(path: str) -> dict:
+def check_model_dir(path: str, adapter: str | None = None) -> dict:
     """Everything that can be told before loading: config, weights, tokenizer, and (with mlx-lm installed)
-    that mlx-lm has the architecture. Returns the config."""
+    that mlx-lm has the architecture. A quantized model is for adapters only (`adapter`: --adapter's value).
+    Returns the config."""
     config = read_config(path)
     if not glob.glob(os.path.join(path, "model*.safetensors")):
         raise ConfigError(f"--model {path}: no model*.safetensors weights (mlx-lm reads only safetensors; convert "
@@ -66,18 +67,31 @@ def check_model_dir(path: str) -> dict:
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ConfigError(f"--model {path}: no tokenizer (tokenizer.json or tokenizer.model); copy the model's "
                           "tokenizer files into the directory")
-    if config.get("quantization") or config.get("quantization_config"):
-        # the one kind of training there is today updates every weight, which quantized weights cannot take;
-        # mlx-lm dequantizes a copy (convert -d) and quantizes the result afterwards (convert -q)
+    if quantization(config) and not adapter:
+        # full fine-tuning updates every weight, which quantized weights cannot take; adapters leave them frozen
         copy = path.rstrip("/") + "-dequantized"
-        raise ConfigError(f"--model {path}: the weights are quantized, and the trainer fine-tunes every weight, which "
-                          "needs them unquantized (adapters, which could train on quantized weights, are not supported "
-                          f"yet): train the original model, or an unquantized copy made with `mlx_lm.convert --hf-path "
-                          f"{shlex.quote(path)} --mlx-path {shlex.quote(copy)} -d`; quantize the result afterwards "
-                          "with mlx_lm.convert -q")
+        raise ConfigError(f"--model {path}: the weights are quantized ({quantization(config)}), and full fine-tuning "
+                          "updates every weight: train adapters on it with --adapter lora (or dora), which leave "
+                          "the base frozen (docs/finetune.md#lora-and-dora); or fine-tune every weight of an "
+                          f"unquantized copy made with `mlx_lm.convert --hf-path {shlex.quote(path)} --mlx-path "
+                          f"{shlex.quote(copy)} -d`")
     require_mlx_lm()
     architecture(config, path)
     return config
+
+
+def quantization(config: dict) -> str | None:
+    """How the model directory's weights are quantized, in words ("4-bit affine, groups of 64"), or None."""
+    q = config.get("quantization") or config.get("quantization_config")
+    if not q:
+        return None
+    if not isinstance(q, dict):
+        return "quantized"
+    if q.get("quant_method") and "bits" not in q:
+        return str(q["quant_method"])
+    mode = q.get("mode", "affine")
+    bits, group = q.get("bits"), q.get("group_size")
+    return f"{bits}-bit {mode}" + (f", groups of {group}" if group else "")
 
 
 def architecture(config: dict, path: str) -> str:
@@ -93,16 +107,17 @@ def architecture(config: dict, path: str) -> str:
     return model_class.__module__.rsplit(".", 1)[-1]
 
 
-def load(path: str, dtype=None):
-    """(model, tokenizer, config): mlx-lm's loader, the weights cast to `dtype` (float32 by default; --precision), lazily
-    (zero3 slices a group at a time; dp evaluates them when it starts)."""
+def load(path: str, dtype=None, adapter: str | None = None):
+    """(model, tokenizer, config): mlx-lm's loader, the floating-point weights cast to `dtype` (float32 by default;
+    --precision; a quantized model's packed weights stay as they are), lazily (zero3 slices a group at a time; dp
+    evaluates them when it starts). `adapter`: --adapter's value (a quantized model is refused without it)."""
     import mlx.core as mx
     from mlx_lm.utils import load_model, load_tokenizer
     from pathlib import Path
 
     from .step import cast_model
 
-    check_model_dir(path)
+    check_model_dir(path, adapter)
     try:
         model, config = load_model(Path(path), lazy=True)
     except (ValueError, KeyError, TypeError) as e:
@@ -110,6 +125,14 @@ def load(path: str, dtype=None):
     cast_model(model, str(dtype or mx.float32).removeprefix("mlx.core."))
     tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
     return model, tokenizer, config
+
+
+def total_parameters(model) -> int:
+    """The model's parameter count, a quantized weight counted as the values it packs (mlx-lm's count)."""
+    if hasattr(model, "num_parameters"):          # zero3's ShardedModel
+        return model.num_parameters()
+    from mlx_lm.utils import get_total_parameters
+    return get_total_parameters(model)
 
 
 def weights_dtype(path: str) -> str:

@@ -18,10 +18,14 @@ def check_before_launch(planned: PlannedLaunch) -> str | None:
     (the strategy that fits, or None when it cannot tell), each host's memory overridden by the inventory's
     CLUSTERCTL_HOST_MEMORY. `run` calls it through trainer_program.BundledTrainer, which the CLI gives it."""
     args, project, world = list(planned.args), planned.project, planned.world
-    model = flag_value(args, "--model")
+    model, adapter = flag_value(args, "--model"), flag_value(args, "--adapter")
+    if adapter and not model and not flag_value(args, "--resume") and not flag_value(args, "--config"):
+        from .config import ConfigError
+        raise ConfigError(f"--adapter {adapter} adapts a model: give it with --model DIR (an mlx-lm model directory, "
+                          "quantized or not; docs/finetune.md#lora-and-dora)")
     if model and not flag_value(args, "--resume"):
         check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None,
-                       world)
+                       world, adapter)
     overrides = {host: env[HOST_MEMORY] for host, env in planned.host_env.items() if env.get(HOST_MEMORY)}
     return memory.check_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
                                       planned.data_dir)
@@ -31,12 +35,12 @@ def _in(project: str, path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(project, path)
 
 
-def check_finetune(model_dir: str, data_dir: str | None, world: int) -> None:
+def check_finetune(model_dir: str, data_dir: str | None, world: int, adapter: str | None = None) -> None:
     from ..data import records
     from .config import ConfigError
     from .lm import check_model_dir
 
-    check_model_dir(model_dir)
+    check_model_dir(model_dir, adapter)
     if not data_dir:
         raise ConfigError(f"--model {model_dir} needs --data DIR: a directory of train.jsonl (and valid.jsonl) records")
     prepared = records.read_prepared(data_dir)

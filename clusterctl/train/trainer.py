@@ -36,7 +36,7 @@ import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import STEP_GLOB, step_dir_name
-from . import checkpoint, collectives, memory, presets
+from . import adapters, checkpoint, collectives, memory, presets
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
                         announce_quiet, watched)
@@ -145,7 +145,7 @@ def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict 
         where = (f"; the smallest host has {memory.gb(host)}, {memory.gb(memory.usable(host))} usable"
                  if host is not None else "")
         others = ", ".join(f"{s} {memory.gb(memory.estimate(shape, s, group.size()).total)}"
-                           for s in memory.ORDER if s != strategy)
+                           for s in memory.strategies(shape) if s != strategy)
         print(f"memory: about {memory.gb(est.total)} per rank under {chose} at world {group.size()} ({others}){where}",
               flush=True)
     return dataclasses.replace(config, strategy=strategy)
@@ -209,7 +209,7 @@ def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
         raise ConfigError(f"--data {config.data}: with --model, a directory holding train.jsonl (mlx-lm's layout) "
                           "is needed" + (" (this one holds shards from `data prepare` for the bundled model)"
                                          if os.path.isfile(os.path.join(config.data, "manifest.json")) else ""))
-    model, tokenizer, model_config = lm.load(config.model, getattr(mx, config.precision))
+    model, tokenizer, model_config = lm.load(config.model, getattr(mx, config.precision), config.adapter)
     if prepared is not None:
         return FineTune(model, tokenizer, model_config, *prepared_rows(config, prepared, rank, world))
     train_records, val_records, given = records.read_dir(config.data)
@@ -458,6 +458,9 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     config = plan_memory(config, lm.vocab_size(model_config), group, model_config)
     ft = open_finetune(config, rank, world)
     model = ft.model
+    if config.adapter:              # the base frozen, the adapters made the same on every rank
+        mx.random.seed(config.seed)
+        adapters.apply(model, config)
     if config.strategy == "zero3":
         if not lm.zero3_units_known(ft.config["model_type"]):
             raise ConfigError(f"--strategy zero3 knows how to shard {', '.join(lm.ZERO3_TYPES)} models, not "
@@ -469,10 +472,18 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
     data = TrainData(train=ft.train, val=ft.val, group=group, start=start)
     spec = {"type": "mlx-lm", "path": os.path.abspath(config.model)}
-    described = (f"model {config.model} ({ft.config['model_type']}, {parameters(model) / 1e6:.2f}M parameters, "
-                 f"trained in {config.precision}), {config.steps} steps at lr {config.lr:g}")
+    base = lm.quantization(ft.config)
+    trained = (f"{config.adapter} adapters of rank {config.lora_rank}, {adapters.count_trainable(model) / 1e6:.3f}M "
+               f"parameters trained, the base frozen{f' ({base})' if base else ''}" if config.adapter
+               else f"trained in {config.precision}")
+    described = (f"model {config.model} ({ft.config['model_type']}, {lm.total_parameters(model) / 1e6:.2f}M parameters, "
+                 f"{trained}), {config.steps} steps at lr {config.lr:g}")
     run_fit(model, optimizer, data, config, out_dir, (spec, lm.vocab_size(ft.config)), described, ft.summary, ckpt)
-    if rank == 0:
+    if rank == 0 and config.adapter:
+        path = adapters.publish(out_dir)
+        print(f"adapters: {path} (mlx-lm's adapter layout: mlx_lm.generate --model {shlex.quote(config.model)} "
+              f"--adapter-path {shlex.quote(str(path))}; clusterctl export fuses them into a model)", flush=True)
+    elif rank == 0:
         path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()])
         print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {shlex.quote(str(path))})", flush=True)
 

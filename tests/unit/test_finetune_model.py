@@ -61,8 +61,8 @@ def test_without_mlx_lm_the_error_names_the_install_command(monkeypatch, model_d
 
 def test_a_quantized_model_is_refused_with_the_command_that_makes_a_copy_it_trains(model_dir, tmp_path):
     """Issue 45: the refusal said to train from the original, which a user holding only the quantized download
-    does not have. Now it names mlx-lm's own dequantizing command, and that command, run as printed, makes a
-    directory the trainer takes."""
+    does not have. Now it names adapters (which train on it as it is) and mlx-lm's own dequantizing command, and
+    that command, run as printed, makes a directory a full fine-tune takes."""
     import shlex
 
     d = tmp_path / "my model"
@@ -73,7 +73,8 @@ def test_a_quantized_model_is_refused_with_the_command_that_makes_a_copy_it_trai
     with pytest.raises(ConfigError) as e:
         lm.check_model_dir(str(d))
     message = str(e.value)
-    assert "the weights are quantized" in message and "adapters" in message and "not supported yet" in message
+    assert "the weights are quantized (4-bit affine, groups of 32)" in message and "--adapter lora" in message
+    assert lm.check_model_dir(str(d), "lora")["model_type"] == "llama"      # adapters train on it as it is
     command = shlex.split(message.split("`")[1])
     assert command[0] == "mlx_lm.convert" and "\n" not in message
     undone = subprocess.run([convert, *command[1:]], capture_output=True, text=True, timeout=300)

@@ -102,3 +102,40 @@ def test_run_leaves_to_the_ranks_what_it_cannot_tell(tmp_path):
     assert check([*ARGS, "--dim", "385"], 1, tiny, {}, "Linux", str(tmp_path)) is None          # the trainer refuses it
     assert check([*ARGS, "--data", "nowhere"], 1, tiny, {}, "Linux", str(tmp_path)) is None     # vocabulary unknown
     assert check(ARGS, 1, {}, {}, "Linux", str(tmp_path)) is None                               # hosts unknown
+
+
+# an 8-block llama of width 512 (the shape docs/finetune.md#lora-and-dora measured), as config.json says it
+LLAMA = {"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1536,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 323, "tie_word_embeddings": False}
+
+
+def adapter_shape(quantization=None, **flags):
+    from clusterctl.train.config import TrainConfig
+
+    config = TrainConfig(model="m", adapter="lora", batch_size=4, block_size=128, **flags)
+    model_config = {**LLAMA, **({"quantization": quantization} if quantization else {})}
+    return Shape.of(config, LLAMA["vocab_size"], model_config)
+
+
+def test_an_adapter_run_counts_the_frozen_base_as_stored_and_the_adapters_alone_as_trained():
+    float32, four_bit = adapter_shape(), adapter_shape({"bits": 4, "group_size": 64, "mode": "affine"})
+    # rank 8 x (in + out) for q, k, v, o, gate, up, down of each of the 8 blocks
+    assert float32.adapter_params == four_bit.adapter_params == 8 * 8 * (1024 + 768 + 768 + 1024 + 3 * 2048)
+    assert four_bit.base_bytes < 0.2 * float32.base_bytes          # half a byte a weight, and the groups' scales
+    assert adapter_shape(lora_layers=2).adapter_params == float32.adapter_params // 4
+    assert adapter_shape(lora_keys="self_attn.q_proj,self_attn.v_proj").adapter_params == 8 * 8 * (1024 + 768)
+    # the measured peaks (MB): 247 with the 4-bit base, 323 with the float32 one; the plan within 5 % of each
+    for shape, peak in ((four_bit, 247), (float32, 323)):
+        assert abs(estimate(shape, "dp", 1).total / MB - peak) < 0.05 * peak
+    # a full fine-tune of the same model needs far more: its gradients and AdamW state are the model's size
+    full = Shape.of(type("C", (), {"block_size": 128, "batch_size": 4, "accum": 1})(), 323, LLAMA)
+    assert estimate(full, "dp", 1).total > 2 * estimate(float32, "dp", 1).total
+
+
+def test_an_adapter_run_is_planned_over_dp_and_fsdp_and_refused_without_naming_zero3():
+    shape = adapter_shape({"bits": 4, "group_size": 64})
+    assert memory.strategies(shape) == ("dp", "fsdp")
+    assert choose(shape, "auto", 2, 16 * 2 ** 30) == "dp"
+    with pytest.raises(MemoryRefused, match="every host holds the whole frozen base under dp and fsdp") as e:
+        choose(shape, "auto", 2, 100 * MB)
+    assert "zero3" not in str(e.value)

@@ -208,10 +208,10 @@ def test_what_a_run_is_comes_from_its_program_and_arguments(module, args, servic
     assert describe(module, args, service) == described
 
 
-def test_a_later_adapter_flag_is_one_entry_of_the_trainers_kinds(monkeypatch):
-    """LoRA (not built yet) extends the mapping, nothing else: its flag decides before --model's."""
-    monkeypatch.setattr(trainer_program, "TRAINER_KINDS", (("--adapter", "LoRA"), *trainer_program.TRAINER_KINDS))
-    assert describe("clusterctl.train", ["--model", "m", "--adapter", "lora"])["kind"] == "LoRA"
+def test_an_adapter_run_is_its_own_kind_whatever_the_order_of_its_flags():
+    assert describe("clusterctl.train", ["--model", "m", "--adapter", "lora"])["kind"] == "adapters"
+    assert describe("clusterctl.train", ["--adapter=dora", "--model", "m"]) == \
+        {"kind": "adapters", "model": "m", "strategy": "dp"}
     assert describe("clusterctl.train", ["--model", "m"])["kind"] == "fine-tune"
 
 

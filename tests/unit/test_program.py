@@ -83,6 +83,8 @@ def test_the_trainers_checks_before_a_launch_see_the_planned_launch_and_the_inve
     assert isinstance(info.value, BadInput) and info.value.exit_code == 2
     with pytest.raises(BadInput, match=f"^--model {tmp_path}/m: "):      # a fine-tune's inputs, read in the project
         kind.check(PlannedLaunch(("--model", "m"), 1, {}, {}, "Linux", str(tmp_path), None))
+    with pytest.raises(BadInput, match="^--adapter lora adapts a model: give it with --model DIR"):   # nothing starts
+        kind.check(PlannedLaunch(("--adapter", "lora", "--data", "d"), 1, {}, {}, "Linux", str(tmp_path), None))
 
 
 def test_a_service_copies_no_project_reads_no_stdin_and_is_recorded_as_what_it_serves():

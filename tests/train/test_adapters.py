@@ -1,0 +1,157 @@
+"""Adapters (`--adapter lora|dora` with `--model DIR`) on quantized and float bases, in real runs on this machine:
+small llama and qwen3 models made with mlx-lm's classes and quantized to 4 bits by mlx-lm's own convert
+(tests/lmfixture.py), chat / text records. The base stays frozen; the adapters train, checkpoint, resume and
+come out in mlx-lm's adapter layout, which mlx-lm loads; export fuses them as mlx_lm.fuse does.
+
+Tolerances as tests/train/test_finetune_train.py's: 2 ranks against 1 rank with --accum 2 is the same mean
+gradient summed in another order."""
+import hashlib
+import json
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import lmfixture  # noqa: E402
+from test_train_multiprocess import ENV, losses, mpirun, ring, run  # noqa: E402
+
+STEPS = ["--batch-size", "4", "--block-size", "64", "--lr", "1e-2", "--warmup", "3", "--report-every", "1",
+         "--eval-every", "0", "--ckpt-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    llama = lmfixture.make_model(root / "llama", "llama")
+    qwen3 = lmfixture.make_model(root / "qwen3", "qwen3", tied=True)
+    return {"llama": llama, "llama-4bit": lmfixture.quantize(llama, root / "llama-4bit", bits=4, group_size=32),
+            "qwen3-4bit": lmfixture.quantize(qwen3, root / "qwen3-4bit", bits=4, group_size=32),
+            "chat": lmfixture.make_data(root / "chat", "chat"),
+            "text": lmfixture.make_data(root / "text", "text", valid=False)}
+
+
+def adapt(inputs, model, data, *args):
+    return [sys.executable, "-m", "clusterctl.train", "--model", str(inputs[model]), "--data", str(inputs[data]),
+            *STEPS, *args]
+
+
+def adapter_weights(path):
+    return dict(mx.load(str(path / "adapters.safetensors")))
+
+
+def max_diff(a, b):
+    assert set(a) == set(b)
+    return max(mx.abs(a[k] - b[k]).max().item() for k in a)
+
+
+def digest(directory):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_thirty_lora_steps_on_a_4bit_qwen3_lower_the_loss_and_mlx_lm_takes_the_adapters(inputs, tmp_path):
+    from mlx_lm import generate, load
+
+    base = digest(inputs["qwen3-4bit"])
+    out = tmp_path / "run"
+    r = run(adapt(inputs, "qwen3-4bit", "text", "--adapter", "lora", "--steps", "30", "--out", str(out)))
+    curve = losses(out)
+    assert curve[30][0] < 0.7 * curve[1][0], curve
+    assert "lora adapters of rank 8" in r.stdout and "the base frozen (4-bit affine, groups of 32)" in r.stdout
+    adapters = out / "adapters"
+    assert f"adapters: {adapters} (mlx-lm's adapter layout" in r.stdout
+    assert sorted(p.name for p in adapters.iterdir()) == ["adapter_config.json", "adapters.safetensors"]
+    config = json.loads((adapters / "adapter_config.json").read_text())
+    assert config["fine_tune_type"] == "lora" and config["num_layers"] == 2
+    assert config["lora_parameters"] == {"rank": 8, "scale": 20.0, "dropout": 0.0}
+    # only the adapters were trained and written: the checkpoint holds no base, the base directory is as it was
+    weights = adapter_weights(adapters)
+    assert weights and all(k.rsplit(".", 1)[-1] in ("lora_a", "lora_b") for k in weights)
+    step = out / "checkpoints" / "step-000030"
+    assert not (step / "model.safetensors").exists() and (step / "adapters.safetensors").is_file()
+    assert digest(inputs["qwen3-4bit"]) == base
+    model, tokenizer = load(str(inputs["qwen3-4bit"]), adapter_path=str(adapters))
+    plain, _ = load(str(inputs["qwen3-4bit"]))
+    ids = mx.array([tokenizer.encode("Tom found a red")])
+    assert mx.abs(model(ids) - plain(ids)).max().item() > 1e-3       # the adapters change what the model says
+    assert len(tokenizer.encode(generate(model, tokenizer, "Tom found", max_tokens=8))) >= 2
+
+
+@pytest.fixture(scope="module")
+def one_rank_accum_2(inputs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    run(adapt(inputs, "llama-4bit", "chat", "--adapter", "lora", "--steps", "8", "--accum", "2", "--out", str(out)))
+    return out
+
+
+@pytest.mark.parametrize("strategy, launcher", [("dp", "mpi"), ("fsdp", "ring")])
+def test_two_ranks_train_the_adapters_one_rank_with_accum_2_does(inputs, one_rank_accum_2, strategy, launcher,
+                                                                   tmp_path):
+    out = tmp_path / "run"
+    program = adapt(inputs, "llama-4bit", "chat", "--adapter", "lora", "--steps", "8", "--strategy", strategy,
+                    "--out", str(out))
+    run(mpirun(2) + program if launcher == "mpi" else ring(program, tmp_path), world=2)
+    assert max_diff(adapter_weights(out / "adapters"), adapter_weights(one_rank_accum_2 / "adapters")) < 5e-5
+    ref, got = losses(one_rank_accum_2), losses(out)
+    assert ref.keys() == got.keys()
+    for step in ref:
+        assert got[step][0] == pytest.approx(ref[step][0], rel=1e-5), step
+
+
+def test_dora_with_dropout_resumes_exactly_from_a_checkpoint(inputs, tmp_path):
+    """The adapters, their AdamW state, the data position and every rank's random state (dropout) come back:
+    steps 6..10 of a run resumed from step 5 are the uninterrupted run's, to the bit."""
+    common = ["--adapter", "dora", "--lora-dropout", "0.1", "--steps", "10", "--ckpt-every", "5"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run(adapt(inputs, "qwen3-4bit", "text", *common, "--out", str(whole)))
+    run(adapt(inputs, "qwen3-4bit", "text", *common, "--out", str(resumed),
+              "--resume", str(whole / "checkpoints" / "step-000005")))
+    want, got = losses(whole), losses(resumed)
+    assert [got[s] for s in range(6, 11)] == [want[s] for s in range(6, 11)]
+    assert max_diff(adapter_weights(resumed / "adapters"), adapter_weights(whole / "adapters")) == 0.0
+
+
+def test_export_fuses_the_adapters_into_the_base_quantized_again_or_dequantized(inputs, one_rank_accum_2, tmp_path):
+    from mlx_lm import load
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "clusterctl", "export", str(one_rank_accum_2), *args],
+                              capture_output=True, text=True, env=ENV, timeout=120, cwd=tmp_path)
+
+    r = export("-o", str(tmp_path / "fused"))
+    assert r.returncode == 0, r.stderr
+    r = export("-o", str(tmp_path / "float"), "--dequantize")
+    assert r.returncode == 0, r.stderr
+    fused, _ = load(str(tmp_path / "fused"))
+    dense, tokenizer = load(str(tmp_path / "float"))
+    adapted, _ = load(str(inputs["llama-4bit"]), adapter_path=str(one_rank_accum_2 / "adapters"))
+    assert "quantization" in json.loads((tmp_path / "fused" / "config.json").read_text())
+    assert "quantization" not in json.loads((tmp_path / "float" / "config.json").read_text())
+    ids = mx.array([tokenizer.encode("What is the capital")])
+    want = adapted(ids)
+    assert mx.abs(dense(ids) - want).max().item() < 1e-3              # fused exactly, in float
+    assert mx.abs(fused(ids) - want).max().item() < 0.5 * mx.abs(want).max().item()   # and quantized again
+    r = subprocess.run([sys.executable, "-m", "clusterctl", "export", str(tmp_path / "nothing"), "--dequantize"],
+                       capture_output=True, text=True, env=ENV, timeout=60, cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--adapter", "lora"], "--adapter lora adapts a model: give it with --model DIR"),
+    (["--model", "{llama-4bit}"], "the weights are quantized (4-bit affine, groups of 32), and full fine-tuning "
+                                  "updates every weight: train adapters on it with --adapter lora"),
+    (["--model", "{llama-4bit}", "--adapter", "lora", "--strategy", "zero3"],
+     "--adapter trains with --strategy dp or fsdp"),
+    (["--model", "{llama}", "--adapter", "lora", "--lora-keys", "self_attn.q_proj,attn.qkv"],
+     "--lora-keys: the model's blocks have no attn.qkv; their linear layers are "),
+    (["--model", "{llama}", "--adapter", "lora", "--lora-layers", "5"], "--lora-layers 5: the model has 2 blocks"),
+])
+def test_what_cannot_be_adapted_is_one_line_exit_2_before_training(inputs, tmp_path, args, says):
+    args = [a.format(**{k: str(v) for k, v in inputs.items()}) for a in args]
+    r = subprocess.run([sys.executable, "-m", "clusterctl.train", "--data", str(inputs["chat"]), "--steps", "2",
+                        "--out", str(tmp_path / "out"), *args], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()
