@@ -77,8 +77,10 @@ def ours(project: str, inventory: str, backend: str, args: list[str]) -> dict:
             "peak_mb": max(x["peak_mem_mb"] for x in reports)}
 
 
-def mlx_lm_lora(project: str, inventory: str, backend: str, steps: int) -> dict:
-    program = ["lora_metrics.py", "--model", "models/m1", "--train", "--data", "data/text", "--fine-tune-type", "full",
+def mlx_lm_lora(project: str, inventory: str, backend: str, steps: int, kind: str = "full",
+                model: str = "models/m1") -> dict:
+    """`mlx_lm lora --fine-tune-type KIND` of `model` on 2 ranks through `clusterctl run`, its own figures."""
+    program = ["lora_metrics.py", "--model", model, "--train", "--data", "data/text", "--fine-tune-type", kind,
                "--num-layers", "-1", "--batch-size", str(2 * BATCH), "--iters", str(steps), "--max-seq-length",
                str(SEQ), "--learning-rate", "1e-3", "--steps-per-report", "1", "--steps-per-eval", "100000",
                "--val-batches", "1", "--adapter-path", "adapters", "--save-every", "100000"]
@@ -88,6 +90,20 @@ def mlx_lm_lora(project: str, inventory: str, backend: str, steps: int) -> dict:
     steady = [x["tokens_per_s"] for x in rank0[2:]] or [x["tokens_per_s"] for x in rank0]
     return {"wall_s": wall, "tokens_per_s": statistics.median(steady), "final_loss": rank0[-1]["loss"],
             "peak_mb": max(x["peak_mb"] for x in reports)}
+
+
+def over_mlx_lm(rows: list[dict], backends: list[str], theirs: str, strategies: tuple[str, ...]) -> dict:
+    """Per backend and strategy, our tokens/s and peak over mlx-lm's row `theirs`, printed as they are made."""
+    ratios = {}
+    for backend in backends:
+        mine = {r["trainer"]: r for r in rows if r["backend"] == backend}
+        ref = mine[theirs]
+        ratios[backend] = {s: {"tokens_over_mlx_lm": mine[f"clusterctl {s}"]["tokens_per_s"] / ref["tokens_per_s"],
+                               "peak_over_mlx_lm": mine[f"clusterctl {s}"]["peak_mb"] / ref["peak_mb"]}
+                           for s in strategies}
+        print(f"{backend} world 2: " + ", ".join(f"{s} tok/s {v['tokens_over_mlx_lm']:.2f}x mlx-lm, peak "
+                                                 f"{v['peak_over_mlx_lm']:.2f}x" for s, v in ratios[backend].items()))
+    return ratios
 
 
 def main() -> int:
@@ -125,15 +141,7 @@ def main() -> int:
         finally:
             cluster.stop_all()
 
-    ratios = {}
-    for backend in args.backends.split(","):
-        mine = {r["trainer"]: r for r in rows if r["backend"] == backend}
-        lora = mine["mlx_lm lora --fine-tune-type full"]
-        ratios[backend] = {s: {"tokens_over_mlx_lm": mine[f"clusterctl {s}"]["tokens_per_s"] / lora["tokens_per_s"],
-                               "peak_over_mlx_lm": mine[f"clusterctl {s}"]["peak_mb"] / lora["peak_mb"]}
-                           for s in ("dp", "fsdp", "zero3")}
-        print(f"{backend} world 2: " + ", ".join(f"{s} tok/s {v['tokens_over_mlx_lm']:.2f}x mlx-lm, peak "
-                                                 f"{v['peak_over_mlx_lm']:.2f}x" for s, v in ratios[backend].items()))
+    ratios = over_mlx_lm(rows, args.backends.split(","), "mlx_lm lora --fine-tune-type full", ("dp", "fsdp", "zero3"))
     dp, z3 = big
     world4 = {"zero3_peak_over_dp": z3["peak_mb"] / dp["peak_mb"], "zero3_loss_vs_dp": z3["final_loss"] / dp["final_loss"] - 1}
     print(f"ring world 4: zero3 peak / dp {world4['zero3_peak_over_dp']:.3f}, final loss "

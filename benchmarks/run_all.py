@@ -154,6 +154,12 @@ def _finetune(r: dict) -> str:
                                f"loss {w4['zero3_loss_vs_dp'] * 100:+.2f}%")
 
 
+def _qlora(r: dict) -> str:
+    return "; ".join(f"{backend} world 2, LoRA on a 4-bit base, against mlx_lm lora: tok/s " + ", ".join(
+        f"{s} {x['tokens_over_mlx_lm']:.2f}x" for s, x in v.items()) + "; peak per rank " + ", ".join(
+        f"{s} {x['peak_over_mlx_lm']:.2f}x" for s, x in v.items()) for backend, v in r["ratios"].items())
+
+
 def _serve(r: dict) -> str:
     ready, push, gen = r["ready"], r["push"], r["generation"]
     return (f"ready cold {ready['cold']['after_serve_s']:.1f}s, warm {ready['warm']['after_serve_s']:.1f}s "
@@ -162,7 +168,7 @@ def _serve(r: dict) -> str:
             f"({gen['two_over_one']:.2f}x)")
 
 
-SUMMARIES = {"serve": _serve, "finetune": _finetune, "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
+SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3}
 

@@ -55,9 +55,11 @@ def runs_cmd(runs_dir, everywhere, as_json):
              "duration": _duration(i.duration_s), "hosts": _short(",".join(i.hosts) or "-", 30), "world": i.world or "-",
              "backend": i.backend or "-", "outcome": _short(i.outcome),
              "loss": f"{i.final_loss:.4f}" if i.final_loss is not None else "-",
+             "test_ppl": f"{i.test_perplexity:.3f}" if i.test_perplexity is not None else "-",
              **({"dir": i.dir} if everywhere else {})} for i in infos]
+    tested = ["test_ppl"] if any(i.test_perplexity is not None for i in infos) else []   # a fine-tune's test.jsonl
     table(rows, ["id", "kind", "model", "strategy", "start", "duration", "hosts", "world", "backend", "outcome", "loss"]
-          + (["dir"] if everywhere else []))
+          + tested + (["dir"] if everywhere else []))
 
 
 @app.command("clusterctl logs latest --rank 0 --grep loss")

@@ -42,6 +42,8 @@ class RunInfo:
     final_loss: float | None
     final_val_loss: float | None
     restarts: int = 0               # run --max-restarts: attempts after the first (runs/<id>/attempt-K/)
+    test_loss: float | None = None  # a fine-tune's test.jsonl, scored at its end (train/testset.py)
+    test_perplexity: float | None = None
     kind: str | None = None         # record.describe: train, fine-tune, serve, program (None: an older record)
     model: str | None = None
     strategy: str | None = None
@@ -93,6 +95,13 @@ def read_metrics(run_dir: str) -> list[dict]:
     except OSError:
         pass
     return records
+
+
+def test_scores(records: list[dict]) -> dict:
+    """The test.jsonl scores a fine-tune's end added to metrics.jsonl, as RunInfo's fields (none: {})."""
+    last = next((r for r in reversed(records) if _number(r.get("test_loss")) is not None), None)
+    return {} if last is None else {"test_loss": _number(last["test_loss"]),
+                                    "test_perplexity": _number(last.get("test_perplexity"))}
 
 
 def final_losses(records: list[dict]) -> tuple[float | None, float | None]:
@@ -186,14 +195,16 @@ def run_info(run_dir: str) -> RunInfo:
     summary = _read_json(os.path.join(run_dir, SUMMARY))
     ranks = _names(launch.get("rank_hosts"))
     hosts = list(dict.fromkeys(ranks))
-    loss, val = final_losses(read_metrics(run_dir))
+    metrics = read_metrics(run_dir)
+    loss, val = final_losses(metrics)
+    tested = test_scores(metrics)
     if summary is not None:
         code = _int(summary.get("exit_code"))
         return RunInfo(run_id, run_dir, _text(summary.get("started")), _number(summary.get("duration_s")),
                        _names(summary.get("hosts")) or hosts, _int(summary.get("world")) or len(ranks) or None,
                        _text(summary.get("backend")) or _text(launch.get("backend")),
                        _status(summary), code, _text(summary.get("reason")), loss, val,
-                       max(_int(summary.get("restarts")) or 0, 0), **_described(summary))
+                       max(_int(summary.get("restarts")) or 0, 0), **tested, **_described(summary))
     facts = _read_json(os.path.join(run_dir, FACTS)) or {}
     start = id_time(run_id)
     alive = run_alive(run_dir)
@@ -203,7 +214,7 @@ def run_info(run_dir: str) -> RunInfo:
     return RunInfo(run_id, run_dir, iso(start) if start is not None else None, duration, hosts,
                    len(ranks) or _int(facts.get("world")), _text(launch.get("backend")),
                    "running" if alive else "unknown", None, None, loss, val, max(len(attempts(run_dir)) - 1, 0),
-                   **_described(facts))
+                   **tested, **_described(facts))
 
 
 def _run_dirs(runs_dir: str) -> list[str]:

@@ -36,7 +36,7 @@ import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import STEP_GLOB, step_dir_name
-from . import adapters, checkpoint, collectives, memory, presets
+from . import adapters, checkpoint, collectives, memory, presets, testset
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
                         announce_quiet, watched)
@@ -479,6 +479,9 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     described = (f"model {config.model} ({ft.config['model_type']}, {lm.total_parameters(model) / 1e6:.2f}M parameters, "
                  f"{trained}), {config.steps} steps at lr {config.lr:g}")
     run_fit(model, optimizer, data, config, out_dir, (spec, lm.vocab_size(ft.config)), described, ft.summary, ckpt)
+    tested = testset.score(model, config, ft.tokenizer, group)       # test.jsonl beside the data: every rank
+    if rank == 0 and tested is not None:
+        testset.record(out_dir, config.steps, tested)
     if rank == 0 and config.adapter:
         path = adapters.publish(out_dir)
         print(f"adapters: {path} (mlx-lm's adapter layout: mlx_lm.generate --model {shlex.quote(config.model)} "

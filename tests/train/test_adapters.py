@@ -27,10 +27,13 @@ def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
     llama = lmfixture.make_model(root / "llama", "llama")
     qwen3 = lmfixture.make_model(root / "qwen3", "qwen3", tied=True)
+    chat = lmfixture.make_data(root / "chat", "chat")
+    # a test set, scored at the end as mlx_lm lora --test scores it: 13 records, an odd number of rows
+    test = lmfixture.make_data(root / "chat-test", "chat", records=130, valid=True, seed=7)
+    (chat / "test.jsonl").write_text((test / "valid.jsonl").read_text())
     return {"llama": llama, "llama-4bit": lmfixture.quantize(llama, root / "llama-4bit", bits=4, group_size=32),
             "qwen3-4bit": lmfixture.quantize(qwen3, root / "qwen3-4bit", bits=4, group_size=32),
-            "chat": lmfixture.make_data(root / "chat", "chat"),
-            "text": lmfixture.make_data(root / "text", "text", valid=False)}
+            "chat": chat, "text": lmfixture.make_data(root / "text", "text", valid=False)}
 
 
 def adapt(inputs, model, data, *args):
@@ -98,6 +101,31 @@ def test_two_ranks_train_the_adapters_one_rank_with_accum_2_does(inputs, one_ran
     assert ref.keys() == got.keys()
     for step in ref:
         assert got[step][0] == pytest.approx(ref[step][0], rel=1e-5), step
+
+
+def test_a_test_set_is_scored_once_at_the_end_whatever_the_number_of_ranks(inputs, one_rank_accum_2, tmp_path):
+    """test.jsonl beside the data: the mean loss over its trained targets and the perplexity, in the output,
+    metrics.jsonl and trainer.json; two ranks (each scoring its share, one all_sum) give what one rank gives for
+    the same adapters. A full fine-tune under zero3 scores it too (every rank the same number of gathers)."""
+    import math
+
+    from clusterctl.observe.runs import run_info
+
+    ref = json.loads((one_rank_accum_2 / "trainer.json").read_text())["test"]
+    assert ref["records"] == 13 and ref["targets"] > 0 and ref["perplexity"] == pytest.approx(math.exp(ref["loss"]))
+    out = tmp_path / "run"
+    r = run(mpirun(2) + adapt(inputs, "llama-4bit", "chat", "--adapter", "lora", "--steps", "8", "--out", str(out)),
+            world=2)
+    got = json.loads((out / "trainer.json").read_text())["test"]
+    assert f"test: loss {got['loss']:.4f}, perplexity {got['perplexity']:.3f} over 13 records of test.jsonl" in r.stdout
+    assert (got["records"], got["targets"]) == (ref["records"], ref["targets"])
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+    info = run_info(str(out))
+    assert (info.test_loss, info.test_perplexity) == (got["loss"], got["perplexity"])
+    zero3 = tmp_path / "zero3"
+    r = run(ring(adapt(inputs, "llama", "chat", "--steps", "2", "--strategy", "zero3", "--out", str(zero3)), tmp_path),
+            world=2)
+    assert "test: loss " in r.stdout and json.loads((zero3 / "trainer.json").read_text())["test"]["records"] == 13
 
 
 def test_dora_with_dropout_resumes_exactly_from_a_checkpoint(inputs, tmp_path):
