@@ -104,3 +104,22 @@ def add_run_flag(args: list[str], flag: str, value: str) -> list[str]:
     """`args` (the trainer's, after its module name) with run's own `flag value` first, so that a user's own
     later one still wins."""
     return [flag, value, *args]
+
+
+# An adapter run's adapters (train/adapters.py), in mlx-lm's layout: in <run>/adapters and in each checkpoint.
+# adapter_config.json also records, under "base", what the trained base was (mlx-lm ignores the key), which
+# `serve --adapter` compares with the model it is given (serve/adapted.py)
+ADAPTER_FILE = "adapters.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_BASE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+
+
+def adapter_mismatch(adapters_config: dict, model_config: dict) -> str | None:
+    """How the base the adapters were trained on differs from `model_config` (a config.json), or None (pure; none
+    told: mlx-lm's own adapters say nothing of their base)."""
+    base = adapters_config.get("base")
+    if not isinstance(base, dict):
+        return None
+    m = {**(model_config.get("text_config") or {}), **model_config}
+    differ = [f"{k} {base[k]} there, {m.get(k)} here" for k in ADAPTER_BASE_KEYS if k in base and m.get(k) != base[k]]
+    return "; ".join(differ) or None

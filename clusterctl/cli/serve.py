@@ -18,6 +18,10 @@ class PrintedServe(PrintedRun):
     def checked(self, model, kind, nbytes):
         click.echo(f"serve: {os.path.basename(model)}, a {kind} model with {size(nbytes)} of weights", err=True)
 
+    def fused(self, base, adapters, path, cached):
+        how = "fused before: reused" if cached else "fused into it now"
+        click.echo(f"serve: the adapters {adapters} on {base} ({how}, {path})", err=True)
+
     def pushed(self, host, entry):
         if entry is None:
             click.echo(f"store: {host} is this machine: it reads the model where it is", err=True)
@@ -67,12 +71,15 @@ class PrintedServe(PrintedRun):
                    "time changed).")
 @click.option("--launch-from", type=click.Choice(["auto", "here", "first-host"]), default="auto", show_default=True,
               help="Where the launcher runs.")
+@click.option("--adapter", "adapter_ref", metavar="RUN|DIR",
+              help="Serve MODEL with these adapters (an --adapter run of the bundled trainer: its id, latest, its "
+                   "directory, or a directory in mlx-lm's adapter layout), fused into it on this machine once.")
 @click.option("--runs-dir", default=RUNS_DIR, show_default=True, type=click.Path(file_okay=False),
-              help="Where the run's logs go.")
+              help="Where the run's logs go (and where --adapter finds a run).")
 @app.connect_timeout_option()
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_restarts, restart_delay, stall_timeout,
-              method, verify, launch_from, runs_dir, connect_timeout, server_args):
+              method, verify, launch_from, adapter_ref, runs_dir, connect_timeout, server_args):
     """Serve MODEL (an mlx-lm model directory) from every host, until Ctrl-C.
 
     \b
@@ -87,6 +94,7 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     from ..launch.restart import RestartPolicy
     from ..launch.stall import StallPolicy
     from ..launch.supervise import Settings
+    from ..serve.adapted import adapter_dir
     from ..serve.service import ServeOptions, describe_failure, serve
 
     attempts = AttemptSettings(runs_dir=runs_dir, launch_from=launch_from,
@@ -94,7 +102,9 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
                                watch=Settings(stall=StallPolicy.parse(stall_timeout)))
     options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,
                            server_args=tuple(server_args), attempts=attempts, method=method, verify=verify,
-                           connect_timeout=connect_timeout)
+                           connect_timeout=connect_timeout,
+                           adapter=adapter_dir(adapter_ref, runs_dir) if adapter_ref else None,
+                           fuse=_fuse if adapter_ref else None)
     result = serve(app.load(inventory_path) if inventory_path else None, options, PrintedServe())
     launch, outcome = result.run.launch, result.run.outcome
     if outcome.state is AttemptState.STOPPED:
@@ -105,3 +115,8 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     if cause is None:
         print_tail(launch, outcome)
     sys.exit(result.exit_code or 1)
+
+
+def _fuse(base, adapters, into):
+    from ..train.export import fuse_into       # imports mlx and mlx-lm: only a serve --adapter pays for it
+    fuse_into(base, adapters, into)

@@ -27,6 +27,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..errors import ClusterctlError, PortTaken, ServeError, UsageError
 from ..hosts.connector import Connector
@@ -37,7 +38,7 @@ from ..launch.attempts import AttemptSettings
 from ..program import Capabilities
 from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, run
 from ..transfer import models as store
-from .check import check_model, stage_files
+from .check import check_model, served_name, stage_files
 from .endpoint import Endpoint, model_ids
 
 RANK_MODULE = "clusterctl.serve.rank"
@@ -65,6 +66,8 @@ class ServeOptions:
     method: str = "auto"                        # how the model travels: rsync, else SFTP
     verify: bool = False                        # re-hash every stored file, not only changed ones
     connect_timeout: float | None = None
+    adapter: str | None = None                  # a directory of adapters (adapted.adapter_dir): fused into MODEL
+    fuse: Callable | None = None                # ... by this (train/export.py fuse_into, which the CLI gives)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class ServeEvents(RunEvents):
     """What `serve` tells its user: run's events and these."""
 
     def checked(self, model: str, kind: str, size: int) -> None: ...
+    def fused(self, base: str, adapters: str, path: str, cached: bool) -> None: ...
     def pushed(self, host: str, entry: store.StoreEntry | None) -> None: ...     # None: this machine, in place
     def ready(self, url: str, model_id: str, seconds: float, since_start: float) -> None: ...
     def listening(self, url: str, exposed: bool) -> None: ...
@@ -119,6 +123,17 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     events = events or ServeEvents()
     _check_args(options)
     model_dir = os.path.abspath(options.model)
+    name = options.name
+    if options.adapter is not None:      # mlx-lm serves no adapters across hosts: fused into the base, cached here
+        from . import adapted
+
+        check_model(model_dir, world=1)                    # the base itself, as it is, before the fuse reads it
+        base = model_dir
+        if options.fuse is None:
+            raise UsageError("--adapter needs the trainer's fuse (clusterctl's CLI gives it)")
+        model_dir, cached = adapted.fused_model(base, options.adapter, options.fuse)
+        events.fused(base, options.adapter, model_dir, cached)
+        name = name or f"{served_name(base)}+{adapted.label(options.adapter)}"
     summary = check_model(model_dir, world=len(cluster.hosts) if cluster else 1, pipeline=options.pipeline)
     cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=THIS_MACHINE_BACKEND))
     connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
@@ -140,7 +155,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         for host in cluster.hosts:
             events.pushed(host.name, entries.get(host.name))
         paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
-        name = options.name or summary.name
+        name = name or summary.name
         if forward is not None:
             bind, port = LOOPBACK, _free_loopback_port(connector, first)
             forward.point(connector.transport(first), LOOPBACK, port)

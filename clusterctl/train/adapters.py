@@ -20,8 +20,7 @@ from pathlib import Path
 from ..atomic import replace_dir, write_text
 from .config import ConfigError
 
-ADAPTER_FILE = "adapters.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
+from ..trainer_contract import ADAPTER_BASE_KEYS, ADAPTER_CONFIG, ADAPTER_FILE
 KINDS = ("lora", "dora")
 
 
@@ -53,8 +52,13 @@ def blocks_adapted(config, blocks: int) -> int:
 
 
 def described(config, model) -> dict:
-    """The adapter_config.json of the adapters apply() put on `model` with `config`."""
-    return adapter_config(config, blocks_adapted(config, len(model.layers)))
+    """The adapter_config.json of the adapters apply() put on `model` with `config`, with what the base is
+    ("base": its config.json's model_type and shape; mlx-lm ignores the key), which `serve --adapter` compares
+    with the model it is given."""
+    args = getattr(model, "args", None)
+    base = {k: getattr(args, k, None) for k in ADAPTER_BASE_KEYS}
+    return {**adapter_config(config, blocks_adapted(config, len(model.layers))),
+            "base": {k: v for k, v in base.items() if v is not None}}
 
 
 def apply(model, config) -> dict:
@@ -126,14 +130,6 @@ def save(directory, model, config: dict) -> None:
 def load(directory, model) -> None:
     """The adapters' weights from `directory` into a model apply() wrapped the same way."""
     model.load_weights(str(Path(directory) / ADAPTER_FILE), strict=False)
-
-
-def read_config(directory) -> dict | None:
-    path = os.path.join(directory, ADAPTER_CONFIG)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def count(shape_config: dict, num_layers: int, rank: int, keys: list[str] | None) -> int:

@@ -261,17 +261,23 @@ def _copy_model_files(src: str, tmp: Path) -> None:
 
 
 def _write_fused(ckpt: Path, src: str | None, tmp: Path, dequantize: bool) -> None:
-    """The base with the checkpoint's adapters fused in (mlx-lm's own loader, adapter loader and fuse())."""
+    if src is None:
+        raise CheckpointError(f"{ckpt} holds adapters, but the run recorded no --model they adapt")
+    fuse_into(src, str(ckpt), tmp, dequantize)
+
+
+def fuse_into(src: str, adapters: str, tmp: Path, dequantize: bool = False) -> None:
+    """The model directory `src` with the adapters of directory `adapters` (mlx-lm's layout) fused in, written
+    into `tmp` (which exists): mlx-lm's own loader, adapter loader and each layer's fuse(), as mlx_lm.fuse does.
+    ValueError (mlx-lm's own words) when the adapters do not fit the model."""
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.tuner.utils import load_adapters
     from mlx_lm.utils import dequantize_model, load_model
 
     from .lm import weights_dtype
 
-    if src is None:
-        raise CheckpointError(f"{ckpt} holds adapters, but the run recorded no --model they adapt")
-    model, config = load_model(Path(src), lazy=True)
-    load_adapters(model, str(ckpt))
+    model, _ = load_model(Path(src), lazy=True)
+    load_adapters(model, adapters)
     fused = [(name, m.fuse(dequantize=dequantize)) for name, m in model.named_modules() if hasattr(m, "fuse")]
     model.update_modules(tree_unflatten(fused))
     _copy_model_files(src, tmp)

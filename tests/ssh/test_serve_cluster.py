@@ -201,6 +201,54 @@ def test_served_on_two_hosts_answers_comes_back_after_a_rank_dies_and_stops_clea
     assert (row["status"], row["kind"], row["exit_code"]) == ("stopped", "serve", 143), row
 
 
+def completion(url: str, model: str) -> str:
+    status, answer = http(url + "/v1/completions", {"model": model, "prompt": "What is the capital", "max_tokens": 8,
+                                                    "temperature": 0, "seed": 0})
+    assert status == 200
+    return answer["choices"][0]["text"]
+
+
+def test_adapters_a_run_trained_are_served_on_their_base_fused_once(make_cluster, model, tmp_path):
+    """`serve BASE --adapter RUN`: the run's adapters fused into BASE on this machine (mlx-lm's distributed server
+    loads none), served on two hosts: the same prompt and seed get another completion than BASE alone; a second
+    serve fuses nothing and moves no model bytes; adapters trained on another model are refused in one line."""
+    import subprocess
+    import sys
+
+    cluster = make_cluster(2, inventory_only=True)
+    env = cluster.client_env()
+    data = lmfixture.make_data(tmp_path / "data", "text", valid=False)
+    trained = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--plain", "--", "--model", str(model),
+                              "--adapter", "lora", "--data", str(data), "--steps", "20", "--batch-size", "4",
+                              "--block-size", "64", "--lr", "2e-2", "--warmup", "2", "--eval-every", "0"],
+                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_id = clirun.TOKEN.search(trained.stderr).group(1)
+    port = free_port("127.0.0.1")
+    answers = {}
+    for what in (["--adapter", run_id], [], ["--adapter", "latest"]):
+        served = Served(str(model), "--hosts", str(cluster.inventory), "--backend", "ring", "--port", str(port), *what,
+                        cwd=tmp_path, env=env)
+        try:
+            url, model_id = served.ready().groups()
+            answers.setdefault(model_id, []).append(completion(url, model_id))
+            assert served.interrupt() == 130
+        finally:
+            served.kill()
+        if what:
+            assert model_id == f"tiny+{run_id}"
+            assert ("fused into it now" if what[1] == run_id else "fused before: reused") in served.text
+        if what[1:] == ["latest"]:          # the same fused model: already in both hosts' stores
+            assert served.text.count("has it already") == 2, served.text[-3000:]
+    adapted, plain = answers[f"tiny+{run_id}"], answers["tiny"]
+    assert adapted[0] == adapted[1] and adapted[0] != plain[0], answers
+    other = lmfixture.make_model(tmp_path / "other", "qwen3")
+    r = clirun.clusterctl("serve", str(other), "--adapter", run_id, "--hosts", str(cluster.inventory), "--port",
+                          str(port), cwd=tmp_path, env=env, own_cache=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "was trained on another model than" in r.stderr and "model_type llama there, qwen3 here" in r.stderr
+
+
 def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_cluster, model, tmp_path):
     cluster = make_cluster(2, inventory_only=True)
     (tmp_path / "odd").mkdir()
