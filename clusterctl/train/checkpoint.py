@@ -91,14 +91,15 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
         except FileExistsError:
             pass
     barrier(group)
-    if strategy == "zero3":
+    adapters = bool(state.get("adapter"))    # the adapters alone, whole on every rank: the base is --model's
+    if strategy == "zero3" and not adapters:
         _save_zero3(tmp, model, optimizer, group, writer)
     elif strategy == "fsdp":
         _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
-    if writer and strategy != "zero3":
-        if state.get("adapter"):    # the adapters alone, in mlx-lm's layout: the base is the model directory's
+    if writer and (strategy != "zero3" or adapters):
+        if adapters:                # in mlx-lm's layout (zero3's ShardedModel holds them whole in its model)
             from .adapters import save as save_adapters
-            save_adapters(tmp, model, state["adapter"])
+            save_adapters(tmp, getattr(model, "model", model) if strategy == "zero3" else model, state["adapter"])
         else:
             mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
         if strategy != "fsdp":

@@ -147,9 +147,6 @@ class TrainConfig:
         if self.adapter and not self.model:
             raise ConfigError(f"--adapter {self.adapter} adapts a model: give it with --model DIR (an mlx-lm model "
                               "directory, quantized or not; docs/finetune.md#lora-and-dora)")
-        if self.adapter and self.strategy == "zero3":
-            raise ConfigError("--adapter trains with --strategy dp or fsdp: zero3 does not yet shard a frozen base "
-                              "(docs/finetune.md#lora-and-dora)")
         if self.lora_rank < 1:
             raise ConfigError(f"--lora-rank must be at least 1, not {self.lora_rank}")
         if not 0 <= self.lora_dropout < 1:

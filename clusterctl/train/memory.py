@@ -50,6 +50,9 @@ ZERO3_ACT_BLOCKS = 2.5      # the block being recomputed: its forward's activati
 # 8 on every block: 247 MB peak with a 4-bit base, 323 MB with a float32 one (MLX 0.32.4, CPU); the estimate
 # with 1.4 gives 248 and 330 MB
 ADAPTER_ACT = 1.4
+# zero3 with adapters: the frozen base's units held whole at once (the one computing, the next one prefetched,
+# the last block's kept for the backward pass)
+ZERO3_ADAPTER_UNITS = 3.0
 
 
 class MemoryRefused(BadInput):
@@ -140,9 +143,8 @@ def base_bytes(shape: Shape, model_config: dict, float_bytes: int) -> int:
 
 
 def strategies(shape: Shape) -> tuple[str, ...]:
-    """What --strategy auto tries for this run, in turn: an adapter run has no zero3 (its frozen base is not
-    sharded yet)."""
-    return ORDER if not shape.adapter_params else ("dp", "fsdp")
+    """What --strategy auto tries for this run, in turn."""
+    return ORDER
 
 
 def estimate(shape: Shape, strategy: str, world: int) -> Estimate:
@@ -180,11 +182,18 @@ def _adapter_estimate(shape: Shape, strategy: str, world: int) -> Estimate:
     """An adapter run: the frozen base once (no gradient, no optimizer state), the adapters with their gradients
     and AdamW state as dp's parameters are (fsdp shards that state: it is small either way), and the activations
     of every block, which the adapters' gradients still need."""
-    if strategy not in ("dp", "fsdp"):
+    if strategy not in ORDER:
         raise ValueError(f"no estimate for an adapter run under {strategy!r}")
     a4 = shape.adapter_params * BYTES
     per_block, logits = _activations(shape)
-    state = shape.base_bytes + DP_PARAM * a4 + (shape.accum > 1) * a4
+    adapters = DP_PARAM * a4 + (shape.accum > 1) * a4
+    if strategy == "zero3":     # 1/N of the base, a few units' base whole while they compute, zero3's activations
+        unit = shape.base_bytes * shape.largest_unit / shape.params
+        state = shape.base_bytes / world + ZERO3_ADAPTER_UNITS * unit + adapters
+        act = ADAPTER_ACT * (shape.n_layers * BYTES * shape.batch_size * shape.block_size * shape.dim
+                             + ZERO3_ACT_BLOCKS * per_block + logits)
+        return Estimate(strategy, world, int(state), int(act))
+    state = shape.base_bytes + adapters
     act = ADAPTER_ACT * (FSDP_ACT if strategy == "fsdp" else 1.0) * (shape.n_layers * per_block + logits)
     return Estimate(strategy, world, int(state), int(act))
 
@@ -211,9 +220,6 @@ def choose(shape: Shape, strategy: str, world: int, host_bytes: int | None) -> s
         other = estimate(shape, fits[0], world).total
         hint = (f"{fits[0]} at world {world} needs {gb(other)}: pass --strategy {fits[0]} "
                 f"(or --strategy auto)")
-    elif shape.adapter_params:      # no strategy of an adapter run shards its frozen base yet
-        hint = ("every host holds the whole frozen base under dp and fsdp: use a more quantized base (4-bit), a "
-                "smaller --batch-size or --block-size, or hosts with more memory")
     else:
         more = next((n for n in range(world + 1, 257) if estimate(shape, "zero3", n).total <= budget), None)
         least = estimate(shape, "zero3", world).total

@@ -276,7 +276,11 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
     """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
-    if isinstance(model, ShardedModel):
+    if isinstance(model, ShardedModel) and model.frozen:      # an adapter run's: its adapters whole, as dp's
+        checkpoint.load_model(ckpt, model.model)
+        model.adopt_trained()
+        checkpoint.load_optimizer(ckpt, optimizer, "dp", rank)
+    elif isinstance(model, ShardedModel):
         checkpoint.load_zero3(ckpt, model, optimizer, rank, world)
     else:
         checkpoint.load_model(ckpt, model)
@@ -465,7 +469,7 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
         if not lm.zero3_units_known(ft.config["model_type"]):
             raise ConfigError(f"--strategy zero3 knows how to shard {', '.join(lm.ZERO3_TYPES)} models, not "
                               f"{ft.config['model_type']!r}: use --strategy fsdp or dp (docs/finetune.md#strategies)")
-        model = ShardedModel(model, group, config.zero3_gather)
+        model = ShardedModel(model, group, config.zero3_gather, dropout=config.lora_dropout > 0 if config.adapter else None)
     else:
         mx.eval(model.parameters())
     optimizer = make_optimizer(config)

@@ -83,25 +83,32 @@ def lm_units(model) -> list[Unit]:
     tied = not hasattr(model, "lm_head")
     if getattr(inner, "swa_idx", None) is not None:
         raise ValueError("zero3: sliding-window attention layers are not cut into units")
-    embed_key = "model.embed_tokens.weight"
+    every = [k for k, _ in tree_flatten(model.parameters())]
+
+    def under(prefix: str) -> tuple[str, ...]:       # a module's parameters (a quantized one's scales and biases too)
+        return tuple(k for k in every if k.startswith(prefix))
+
+    def load(module, params, prefix):
+        module.update(tree_unflatten([(k[len(prefix):], v) for k, v in params.items() if k.startswith(prefix)]))
 
     def embed(params, tokens):
-        inner.embed_tokens.weight = params[embed_key]
+        load(inner.embed_tokens, params, "model.embed_tokens.")
         return inner.embed_tokens(tokens)
 
     def head(params, x, targets):
-        inner.norm.weight = params["model.norm.weight"]
+        load(inner.norm, params, "model.norm.")
         if tied:
-            inner.embed_tokens.weight = params[embed_key]
+            load(inner.embed_tokens, params, "model.embed_tokens.")
             logits = inner.embed_tokens.as_linear(inner.norm(x))
         else:
-            model.lm_head.weight = params["lm_head.weight"]
+            load(model.lm_head, params, "lm_head.")
             logits = model.lm_head(inner.norm(x))
         return masked_cross_entropy(logits, targets)
 
-    return _units(model, Unit("embedding", (embed_key,), embed), "model.layers.", inner.layers,
+    embedding = under("model.embed_tokens.")
+    return _units(model, Unit("embedding", embedding, embed), "model.layers.", inner.layers,
                   lambda layer, x: layer(x, "causal" if x.shape[1] > 1 else None),
-                  Unit("head", ("model.norm.weight", embed_key if tied else "lm_head.weight"), head))
+                  Unit("head", under("model.norm.") + (embedding if tied else under("lm_head.")), head))
 
 
 def _units(model, embed: Unit, prefix: str, layers, call_layer: Callable, head: Unit) -> list[Unit]:
@@ -113,7 +120,7 @@ def _units(model, embed: Unit, prefix: str, layers, call_layer: Callable, head: 
             return call_layer(layer, x)
         return call
 
-    keys = [k for k, _ in tree_flatten(model.trainable_parameters())]
+    keys = [k for k, _ in tree_flatten(model.parameters())]     # trained and frozen (an adapter run's base)
     units = [embed]
     for i, layer in enumerate(layers):
         mine = f"{prefix}{i}."
@@ -166,17 +173,25 @@ class ShardedModel:
     not evaluated yet (MLX is lazy): one group at a time is evaluated, sliced and dropped, so the full model
     never exists on a rank."""
 
-    def __init__(self, model, group, gather: str = "prefetch"):
+    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None):
         if gather not in GATHER_MODES:
             raise ValueError(f"zero3 gather mode {gather!r}: one of {', '.join(GATHER_MODES)}")
         self.model, self.group = model, group
         self.prefetch, self.keep = gather != "plain", gather == "keep"
         self.world, self.rank = group.size(), group.rank()
-        params = dict(tree_flatten(model.trainable_parameters()))
+        # whether the forward pass draws random numbers (its recomputation must draw the same)
+        self.dropout = getattr(getattr(model, "args", None), "dropout", 0.0) > 0 if dropout is None else dropout
+        params = dict(tree_flatten(model.parameters()))
+        trained = {k for k, _ in tree_flatten(model.trainable_parameters())}
+        # an adapter run (--adapter): the frozen base is what is sharded, gathered unit by unit and never updated;
+        # the adapters stay whole on every rank (`replicated`), their gradients averaged over the ranks as dp's
+        self.frozen = len(trained) < len(params)
+        self.replicated: dict[str, mx.array] = {k: params.pop(k) for k in trained} if self.frozen else {}
         self.shapes = {k: tuple(v.shape) for k, v in params.items()}
         self.dtypes = {k: v.dtype for k, v in params.items()}
         self.units = transformer_units(model) if hasattr(model, "embedding") else lm_units(model)
-        self.groups = flat_groups(self.units, self.shapes, self.dtypes)
+        self.groups = flat_groups([Unit(u.name, tuple(k for k in u.keys if k in params), u.call) for u in self.units],
+                                  self.shapes, self.dtypes)
         self.group_of = {k: g for g in self.groups for k in g.keys}
         self.shards: dict[str, mx.array] = {}
         for g in self.groups:
@@ -191,7 +206,7 @@ class ShardedModel:
     # --- what fit and the checkpoints see -------------------------------------------------------------
     @property
     def state(self):
-        return self.shards
+        return [self.shards, self.replicated]
 
     def parameters(self):
         return self.shard_tree()
@@ -200,7 +215,24 @@ class ShardedModel:
         return tree_unflatten(list(self.shards.items()))
 
     def num_parameters(self) -> int:
-        return sum(math.prod(s) for s in self.shapes.values())
+        return sum(math.prod(s) for s in self.shapes.values()) + sum(v.size for v in self.replicated.values())
+
+    def trainable_parameters(self):
+        """An adapter run's adapters (whole on every rank); a full fine-tune's are all in `shards`."""
+        return tree_unflatten(list(self.replicated.items()))
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    @property
+    def args(self):
+        return getattr(self.model, "args", None)
+
+    def adopt_trained(self) -> None:
+        """The adapters the model holds now (loaded from a checkpoint) as the replicated ones."""
+        if self.frozen:
+            self.replicated = {k: v for k, v in tree_flatten(self.model.trainable_parameters())}
 
     def train(self):
         self.model.train()
@@ -210,12 +242,12 @@ class ShardedModel:
 
     # --- gathering and scattering -----------------------------------------------------------------------
     def _groups(self, keys) -> list[FlatGroup]:
-        return list(dict.fromkeys(self.group_of[k] for k in keys))
+        return list(dict.fromkeys(self.group_of[k] for k in keys if k in self.group_of))
 
     def _gather(self, keys) -> dict[str, mx.array]:
         """The full parameters `keys` (and the rest of their groups): one all_gather per group, each parameter
-        a view of the gathered vector."""
-        out = {}
+        a view of the gathered vector; an adapter run's adapters as they are."""
+        out = {k: self.replicated[k] for k in keys if k in self.replicated}
         for g in self._groups(keys):
             shard = self.shards[g.name]
             flat = shard if self.world == 1 else mx.distributed.all_gather(shard[None], group=self.group).reshape(-1)
@@ -245,7 +277,8 @@ class ShardedModel:
         self._release_keys(unit.keys)
 
     def _release_keys(self, keys) -> None:
-        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in keys]))
+        self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in keys
+                                          if k not in self.replicated]))
 
     def _compiled(self, unit: Unit, kind: str):
         """The unit's forward ("run": weights, inputs -> output) or its vector-Jacobian product ("vjp": weights,
@@ -255,14 +288,18 @@ class ShardedModel:
         if key not in self._fns:
             n = len(unit.keys)
             keys = list(unit.keys)
+            diff, fixed = self._split(unit)
+            nd, nf = len(diff), len(fixed)
 
             def run(*args):
                 return unit.call(dict(zip(keys, args[:n])), *args[n:])
 
             def vjp(n_inputs, *args):
-                primals, const, cotangent = args[:n + n_inputs], args[n + n_inputs:-1], args[-1]
-                out, grads = mx.vjp(lambda *a: unit.call(dict(zip(keys, a[:n])), *a[n:], *const), list(primals),
-                                    [cotangent])
+                # the trained parameters and the inputs are differentiated; a frozen base's are constants
+                primals, rest, cotangent = args[:nd + n_inputs], args[nd + n_inputs:-1], args[-1]
+                base, const = dict(zip(fixed, rest[:nf])), rest[nf:]
+                out, grads = mx.vjp(lambda *a: unit.call({**base, **dict(zip(diff, a[:nd]))}, *a[nd:], *const),
+                                    list(primals), [cotangent])
                 return (out[0], *grads)
 
             state = [mx.random.state]
@@ -276,15 +313,34 @@ class ShardedModel:
         self._release(unit)
         return out
 
+    def _lowest_trained(self) -> int:
+        """The first unit with a trained parameter: the backward pass stops there (below an adapter run's lowest
+        adapted block nothing is trained, and the tokens need no gradient)."""
+        return next(i for i, u in enumerate(self.units) if self._split(u)[0])
+
+    def _split(self, unit: Unit) -> tuple[list[str], list[str]]:
+        """(the unit's parameters that are trained, those that are a frozen base's)."""
+        if not self.frozen:
+            return list(unit.keys), []
+        return [k for k in unit.keys if k in self.replicated], [k for k in unit.keys if k not in self.replicated]
+
     def _vjp(self, unit: Unit, params: dict, inputs: list, const: list, cotangent: mx.array, acc: dict):
         """(output, cotangents of `inputs`) of `unit` at inputs + const (const: not differentiated), its weight
-        gradients reduce-scattered into acc, everything evaluated and the full weights and gradients dropped."""
-        keys = list(unit.keys)
+        gradients reduce-scattered into acc (an adapter run's: its adapters' gradients added into acc whole),
+        everything evaluated and the full weights and gradients dropped."""
+        diff, fixed = self._split(unit)
         fn = self._compiled(unit, f"vjp{len(inputs)}")
-        out, *grads = fn(*(params[k] for k in keys), *inputs, *const, cotangent)
-        self._scatter_into(dict(zip(keys, grads[:len(keys)])), acc)
-        back = grads[len(keys):]
-        mx.eval(out, back, *(acc[g.name] for g in self._groups(keys)))
+        out, *grads = fn(*(params[k] for k in diff), *inputs, *(params[k] for k in fixed), *const, cotangent)
+        mine = dict(zip(diff, grads[:len(diff)]))
+        if self.frozen:
+            for k, g in mine.items():
+                acc[k] = g if acc.get(k) is None else acc[k] + g
+            held = [acc[k] for k in mine]
+        else:
+            self._scatter_into(mine, acc)
+            held = [acc[g.name] for g in self._groups(diff)]
+        back = grads[len(diff):]
+        mx.eval(out, back, *held)
         self._release(unit)
         return out, back
 
@@ -304,7 +360,7 @@ class ShardedModel:
     def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array]) -> mx.array:
         """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
         gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's)."""
-        units, dropout = self.units, getattr(self.model.args, "dropout", 0.0) > 0
+        units, dropout = self.units, self.dropout
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
         keys_before: list = [None] * n
@@ -324,11 +380,12 @@ class ShardedModel:
         after = _random_key() if dropout else None        # where the next micro-batch's masks continue from
         loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc)
         del params
-        for i in range(n - 2, -1, -1):        # blocks and embedding, backward
+        lowest = self._lowest_trained()
+        for i in range(n - 2, lowest - 1, -1):        # blocks and embedding, backward (to the lowest trained unit)
             params = following if following is not None else self._gather(units[i].keys)
             held[i] = None
             following = (held[i - 1] if self.keep else self._start(units[i - 1]) if self.prefetch else None
-                         ) if i > 0 else None
+                         ) if i > lowest else None
             if dropout:
                 restore_random_state(keys_before[i])
             if i == 0:                        # the tokens are not differentiable
@@ -350,6 +407,8 @@ class ShardedModel:
         for i in range(accum):
             loss = loss + self.micro_batch(x[i], y[i], scale, acc)
             mx.eval(loss)
+        if self.frozen:
+            return self._adapter_step(optimizer, acc, loss / accum, max_norm)
         grad_tree = tree_unflatten([(k, acc.pop(k)) for k in self.shards])
         grad_tree, norm = clip_by_global_norm(grad_tree, max_norm, self.group)
         mx.eval(norm)
@@ -362,6 +421,29 @@ class ShardedModel:
             mx.eval(new, *(v for k, v in state if k.startswith(name + ".")))
             self.shards[name] = new
         loss = loss / accum
+        if self.world > 1:
+            loss = mx.distributed.all_sum(loss, group=self.group) / self.world
+        return loss, norm
+
+
+    def _adapter_step(self, optimizer, acc: dict[str, mx.array], loss: mx.array, max_norm: float):
+        """An adapter run's update: the adapters' gradients (each rank's share of the mean) summed over the ranks,
+        clipped by their global norm, AdamW on the adapters every rank holds whole, as dp updates them."""
+        import mlx.optimizers as optim
+
+        from .step import global_norm
+
+        grads = tree_unflatten(list(acc.items()))
+        if self.world > 1:
+            grads = tree_unflatten([(k, mx.distributed.all_sum(v, group=self.group)) for k, v in tree_flatten(grads)])
+        if math.isfinite(max_norm):
+            grads, norm = optim.clip_grad_norm(grads, max_norm)
+        else:
+            norm = global_norm(grads)
+        updated = optimizer.apply_gradients(grads, tree_unflatten(list(self.replicated.items())))
+        self.replicated = dict(tree_flatten(updated))
+        self.model.update(updated)
+        mx.eval(self.replicated, optimizer.state, norm)
         if self.world > 1:
             loss = mx.distributed.all_sum(loss, group=self.group) / self.world
         return loss, norm

@@ -91,6 +91,40 @@ def test_lora_on_a_4bit_model_on_two_hosts_brings_the_adapters_home(make_cluster
         [("adapters", "models/llama-4bit", strategy, "ok")]
 
 
+def test_a_4bit_base_too_big_for_dp_is_refused_naming_zero3_and_adapted_under_zero3_at_world_4(make_cluster, made,
+                                                                                              tmp_path):
+    """The hosts' memory (CLUSTERCTL_HOST_MEMORY in the inventory) set between what LoRA on a 4-bit base needs per rank
+    under dp and under zero3 at world 4 (2 hosts, 2 ranks each): dp is refused on the controller in one line naming
+    zero3, before any host starts; zero3, each rank holding a quarter of the frozen base, trains and brings the
+    adapters home."""
+    from clusterctl.train import memory
+    from clusterctl.train.config import TrainConfig
+
+    cluster = make_cluster(2)
+    lmfixture.quantize(made["llama"], tmp_path / "models" / "llama-4bit", bits=4, group_size=32)
+    shutil.copytree(made["chat"], tmp_path / "data" / "chat")
+    model_config = json.loads((tmp_path / "models" / "llama-4bit" / "config.json").read_text())
+    shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=4, block_size=64),
+                            model_config["vocab_size"], model_config)
+    dp, zero3 = (memory.estimate(shape, s, 4).total for s in ("dp", "zero3"))
+    host = int((dp + zero3) / 2 / memory.BUDGET)
+    inventory = cluster.write_inventory(env={"CLUSTERCTL_HOST_MEMORY": str(host)})
+    inventory.write_text(inventory.read_text().replace("defaults:\n", "defaults:\n  slots: 2\n", 1))
+    lora = ["--model", "models/llama-4bit", "--adapter", "lora", "--data", "data/chat", *STEPS[2:], "--steps", "8"]
+    r = clusterctl("run", "--hosts", str(inventory), "--backend", "ring", "--plain", "--", *lora, "--strategy", "dp",
+                   cwd=tmp_path)
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert "under dp at world 4" in errors[0] and "pass --strategy zero3" in errors[0]
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/rank-0.log"))
+    r = clusterctl("run", "--hosts", str(inventory), "--backend", "ring", "--plain", "--", *lora, "--strategy", "zero3",
+                   cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "zero3 on 4 rank(s)" in r.stdout
+    run_dir = tmp_path / "runs" / TOKEN.search(r.stderr).group(1)
+    assert (run_dir / "adapters" / "adapters.safetensors").is_file()
+
+
 def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_cluster, made, tmp_path):
     cluster = make_cluster(2)
     project(tmp_path, made, "llama", "chat")
