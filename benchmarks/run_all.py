@@ -155,9 +155,12 @@ def _finetune(r: dict) -> str:
 
 
 def _qlora(r: dict) -> str:
-    return "; ".join(f"{backend} world 2, LoRA on a 4-bit base, against mlx_lm lora: tok/s " + ", ".join(
+    text = "; ".join(f"{backend} world 2, LoRA on a 4-bit base, against mlx_lm lora: tok/s " + ", ".join(
         f"{s} {x['tokens_over_mlx_lm']:.2f}x" for s, x in v.items()) + "; peak per rank " + ", ".join(
         f"{s} {x['peak_over_mlx_lm']:.2f}x" for s, x in v.items()) for backend, v in r["ratios"].items())
+    w4 = r.get("world4_ratios")
+    return text + (f"; ring world 4, 16-block 4-bit base: peak zero3/dp {w4['zero3_peak_over_dp']:.2f}, loss "
+                   f"{w4['zero3_loss_vs_dp'] * 100:+.2f}%" if w4 else "")
 
 
 def _serve(r: dict) -> str:
@@ -168,7 +171,8 @@ def _serve(r: dict) -> str:
             f"({gen['two_over_one']:.2f}x)")
 
 
-SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
+SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora,
+             "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3}
 

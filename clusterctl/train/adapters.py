@@ -18,10 +18,8 @@ import os
 from pathlib import Path
 
 from ..atomic import replace_dir, write_text
-from .config import ConfigError
-
 from ..trainer_contract import ADAPTER_BASE_KEYS, ADAPTER_CONFIG, ADAPTER_FILE
-KINDS = ("lora", "dora")
+from .config import ConfigError
 
 
 def lora_parameters(config) -> dict:

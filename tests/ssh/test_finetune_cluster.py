@@ -101,16 +101,22 @@ def test_a_4bit_base_too_big_for_dp_is_refused_naming_zero3_and_adapted_under_ze
     from clusterctl.train.config import TrainConfig
 
     cluster = make_cluster(2)
-    lmfixture.quantize(made["llama"], tmp_path / "models" / "llama-4bit", bits=4, group_size=32)
+    # a base that outweighs the activations and the adapters (8 blocks of width 256, one row of 16 tokens a rank,
+    # rank-2 adapters on two projections), as a big model's does
+    base = lmfixture.make_model(tmp_path / "made" / "base", "llama", layers=8, dim=256, mlp=1024)
+    lmfixture.quantize(base, tmp_path / "models" / "llama-4bit", bits=4, group_size=64)
     shutil.copytree(made["chat"], tmp_path / "data" / "chat")
     model_config = json.loads((tmp_path / "models" / "llama-4bit" / "config.json").read_text())
-    shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=4, block_size=64),
+    small = {"lora_rank": 2, "lora_keys": "self_attn.q_proj,self_attn.v_proj"}      # small adapters, as QLoRA's are
+    shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=1, block_size=16, **small),
                             model_config["vocab_size"], model_config)
     dp, zero3 = (memory.estimate(shape, s, 4).total for s in ("dp", "zero3"))
-    host = int((dp + zero3) / 2 / memory.BUDGET)
+    assert zero3 < 0.6 * dp, (dp, zero3)
+    host = int((dp * zero3) ** 0.5 / memory.BUDGET)
     inventory = cluster.write_inventory(env={"CLUSTERCTL_HOST_MEMORY": str(host)})
     inventory.write_text(inventory.read_text().replace("defaults:\n", "defaults:\n  slots: 2\n", 1))
-    lora = ["--model", "models/llama-4bit", "--adapter", "lora", "--data", "data/chat", *STEPS[2:], "--steps", "8"]
+    lora = ["--model", "models/llama-4bit", "--adapter", "lora", "--data", "data/chat", *STEPS[2:], "--steps", "3",
+            "--batch-size", "1", "--block-size", "16", "--lora-rank", "2", "--lora-keys", small["lora_keys"]]
     r = clusterctl("run", "--hosts", str(inventory), "--backend", "ring", "--plain", "--", *lora, "--strategy", "dp",
                    cwd=tmp_path)
     errors = [line for line in r.stderr.splitlines() if line.strip()]
