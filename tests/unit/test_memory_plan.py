@@ -132,10 +132,12 @@ def test_an_adapter_run_counts_the_frozen_base_as_stored_and_the_adapters_alone_
     assert estimate(full, "dp", 1).total > 2 * estimate(float32, "dp", 1).total
 
 
-def test_an_adapter_run_is_planned_over_dp_and_fsdp_and_refused_without_naming_zero3():
-    shape = adapter_shape({"bits": 4, "group_size": 64})
-    assert memory.strategies(shape) == ("dp", "fsdp")
-    assert choose(shape, "auto", 2, 16 * 2 ** 30) == "dp"
-    with pytest.raises(MemoryRefused, match="every host holds the whole frozen base under dp and fsdp") as e:
-        choose(shape, "auto", 2, 100 * MB)
-    assert "zero3" not in str(e.value)
+def test_an_adapter_run_too_big_for_dp_is_refused_naming_zero3_which_shards_its_frozen_base():
+    shape = adapter_shape({"bits": 4, "group_size": 64}, lora_rank=2, lora_keys="self_attn.q_proj")
+    assert memory.strategies(shape) == ("dp", "fsdp", "zero3")
+    dp, zero3 = estimate(shape, "dp", 4).total, estimate(shape, "zero3", 4).total
+    assert zero3 < dp and estimate(shape, "zero3", 8).total < zero3       # 1/N of the base per rank
+    host = int((dp + zero3) / 2 / memory.BUDGET)
+    assert choose(shape, "auto", 4, host) == "zero3"
+    with pytest.raises(MemoryRefused, match="under dp at world 4.* pass --strategy zero3"):
+        choose(shape, "dp", 4, host)
