@@ -62,7 +62,7 @@ def test_thirty_steps_on_two_hosts_lower_the_loss_and_the_model_comes_home(make_
         [{"kind": "fine-tune", "model": f"models/{model}", "strategy": strategy, "world": 2, "status": "ok"}]
 
 
-@pytest.mark.parametrize("backend, strategy", [("mpi", "dp"), ("ring", "fsdp")])
+@pytest.mark.parametrize("backend, strategy", [("mpi", "dp")])     # ring: the zero3 test below
 def test_lora_on_a_4bit_model_on_two_hosts_brings_the_adapters_home(make_cluster, made, tmp_path, backend, strategy):
     """QLoRA as users run it: a 4-bit model in the project, `run -- --model models/M --adapter lora`; the adapters
     (mlx-lm's layout) come home in runs/<id>/adapters and load in mlx-lm on the base; `runs` lists an adapter run."""

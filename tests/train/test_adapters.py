@@ -89,7 +89,8 @@ def one_rank_accum_2(inputs, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("strategy, launcher", [("dp", "mpi"), ("fsdp", "ring"), ("zero3", "ring"), ("zero3", "mpi")])
+# each strategy on one launcher (each on both would cost the suite half a minute more)
+@pytest.mark.parametrize("strategy, launcher", [("dp", "mpi"), ("fsdp", "ring"), ("zero3", "ring")])
 def test_two_ranks_train_the_adapters_one_rank_with_accum_2_does(inputs, one_rank_accum_2, strategy, launcher,
                                                                    tmp_path):
     out = tmp_path / "run"
@@ -128,7 +129,7 @@ def test_a_test_set_is_scored_once_at_the_end_whatever_the_number_of_ranks(input
     assert "test: loss " in r.stdout and json.loads((zero3 / "trainer.json").read_text())["test"]["records"] == 13
 
 
-@pytest.mark.parametrize("strategy", ["dp", "zero3"])
+@pytest.mark.parametrize("strategy", ["zero3"])     # dp's restore is zero3's with the adapters loaded the same way
 def test_dora_with_dropout_resumes_exactly_from_a_checkpoint(inputs, tmp_path, strategy):
     """The adapters, their AdamW state, the data position and every rank's random state (dropout) come back:
     steps 6..10 of a run resumed from step 5 are the uninterrupted run's, to the bit; under zero3 too (the
