@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from bench_finetune import BATCH, SEQ, make_project, mlx_lm_lora, ours, over_mlx_lm  # noqa: E402
+from bench_finetune import BATCH, SEQ, make_project, mlx_lm_lora, ours, over_mlx_lm, zero3_over_dp  # noqa: E402
 from bench_zero3 import subset_inventory  # noqa: E402
 from record import write_record  # noqa: E402
 
@@ -80,11 +80,7 @@ def main() -> int:
         finally:
             cluster.stop_all()
     ratios = over_mlx_lm(rows, args.backends.split(","), "mlx_lm lora", ("dp", "fsdp"))
-    dp, z3 = world4
-    wide = {"zero3_peak_over_dp": z3["peak_mb"] / dp["peak_mb"], "zero3_loss_vs_dp": z3["final_loss"] / dp["final_loss"] - 1,
-            "zero3_tokens_over_dp": z3["tokens_per_s"] / dp["tokens_per_s"]}
-    print(f"ring world 4: zero3 peak / dp {wide['zero3_peak_over_dp']:.3f}, final loss {wide['zero3_loss_vs_dp'] * 100:+.2f}%, "
-          f"tok/s {wide['zero3_tokens_over_dp']:.2f}x")
+    wide = zero3_over_dp(*world4)
     write_record("qlora", steps=args.steps, flags=OURS, rows=rows, ratios=ratios, world4_flags=WIDE, world4=world4,
                  world4_ratios=wide)
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..atomic import replace_dir, write_text
-from ..errors import ModelError
+from ..errors import ModelError, UsageError
 from ..trainer_contract import ADAPTER_CONFIG, ADAPTER_FILE, STEP_GLOB, adapter_mismatch, checkpoint_step
 
 DONE = ".clusterctl-fused"                       # in a fused directory that was written whole
@@ -48,7 +48,7 @@ def adapter_dir(ref: str, runs_dir: str) -> str:
 
         try:
             run = resolve(runs_dir, ref).dir
-        except Exception as e:     # noqa: BLE001 - its one line, whatever it was
+        except UsageError as e:    # no such run, several: its one line
             raise ModelError(f"--adapter {ref}: not a directory of adapters, nor a run in {runs_dir}/ ({e})") from None
     if holds(os.path.join(run, "adapters")):
         return os.path.abspath(os.path.join(run, "adapters"))
@@ -73,8 +73,8 @@ def label(adapters: str) -> str:
 
 def _key(base: str, adapters: str) -> str:
     digest = hashlib.sha256()
-    for root, name in ((base, n) for n in sorted(os.listdir(base))):
-        st = os.stat(os.path.join(root, name))
+    for name in sorted(os.listdir(base)):
+        st = os.stat(os.path.join(base, name))
         digest.update(f"base {name} {st.st_size} {st.st_mtime_ns}\n".encode())
     for name in (ADAPTER_CONFIG, ADAPTER_FILE):
         with open(os.path.join(adapters, name), "rb") as f:
