@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass, field, fields
@@ -21,6 +22,7 @@ from . import presets
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
 RUN_OPTIONS = ("out", "resume", "config")
 STRATEGIES = ("dp", "fsdp", "zero3")
+MAX_LORA_RANK = 65536        # beyond any projection's width: a rank is at most min(in, out) to be of use
 
 
 def _opt(default, help: str, **extra):
@@ -147,8 +149,10 @@ class TrainConfig:
         if self.adapter and not self.model:
             raise ConfigError(f"--adapter {self.adapter} adapts a model: give it with --model DIR (an mlx-lm model "
                               "directory, quantized or not; docs/finetune.md#lora-and-dora)")
-        if self.lora_rank < 1:
-            raise ConfigError(f"--lora-rank must be at least 1, not {self.lora_rank}")
+        if not 1 <= self.lora_rank <= MAX_LORA_RANK:
+            raise ConfigError(f"--lora-rank must be from 1 to {MAX_LORA_RANK}, not {str(self.lora_rank)[:20]}")
+        if not math.isfinite(self.lora_scale):
+            raise ConfigError("--lora-scale must be a finite number")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError("--lora-dropout must be in [0, 1)")
         if self.lora_layers is not None and (self.lora_layers == 0 or self.lora_layers < -1):

@@ -176,6 +176,8 @@ def test_export_fuses_the_adapters_into_the_base_quantized_again_or_dequantized(
     (["--model", "{llama}", "--adapter", "lora", "--lora-keys", "self_attn.q_proj,attn.qkv"],
      "--lora-keys: the model's blocks have no attn.qkv; their linear layers are "),
     (["--model", "{llama}", "--adapter", "lora", "--lora-layers", "5"], "--lora-layers 5: the model has 2 blocks"),
+    (["--model", "{llama}", "--adapter", "lora", "--lora-rank", "9" * 400], "--lora-rank must be from 1 to 65536, not "),
+    (["--model", "{llama}", "--adapter", "lora", "--lora-scale", "9" * 400], "--lora-scale must be a finite number"),
 ])
 def test_what_cannot_be_adapted_is_one_line_exit_2_before_training(inputs, tmp_path, args, says):
     args = [a.format(**{k: str(v) for k, v in inputs.items()}) for a in args]
