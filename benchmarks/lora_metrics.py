@@ -15,6 +15,7 @@ class Metrics(TrainingCallback):
         rank = mx.distributed.init().rank()
         print("LORA_METRICS " + json.dumps({"rank": rank, "iteration": info["iteration"],
                                              "loss": info["train_loss"], "tokens_per_s": info["tokens_per_second"],
+                                             "trained_tokens": info["trained_tokens"],
                                              "peak_mb": mx.get_peak_memory() / 2**20}), flush=True)
 
 

@@ -163,6 +163,13 @@ def _qlora(r: dict) -> str:
                    f"{w4['zero3_loss_vs_dp'] * 100:+.2f}%" if w4 else "")
 
 
+def _qlora_gpu(r: dict) -> str:
+    return f"{r['device']['gpu'].split(',')[0]}, one process, LoRA on a 4-bit base against mlx_lm lora: " + "; ".join(
+        f"{size}: tok/s {x['tokens_over_mlx_lm']:.2f}x, peak {x['peak_over_mlx_lm']:.2f}x with "
+        f"{x['tokens_per_step_over_mlx_lm']:.1f}x the tokens a step"
+        for size, x in r["ratios"].items())
+
+
 def _serve(r: dict) -> str:
     ready, push, gen = r["ready"], r["push"], r["generation"]
     return (f"ready cold {ready['cold']['after_serve_s']:.1f}s, warm {ready['warm']['after_serve_s']:.1f}s "
@@ -171,7 +178,7 @@ def _serve(r: dict) -> str:
             f"({gen['two_over_one']:.2f}x)")
 
 
-SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora,
+SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3}

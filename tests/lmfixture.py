@@ -44,7 +44,7 @@ def make_tokenizer(dest: Path, vocab: int = 320) -> None:
 
 
 def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: int = 128, tied: bool = False,
-               dtype: str = "float32", seed: int = 0, files: int = 1) -> Path:
+               dtype: str = "float32", seed: int = 0, files: int = 1, heads: int = 4, kv_heads: int = 2) -> Path:
     """An mlx-lm model directory at `dest`: config.json, model.safetensors (or `files` weight files, layers in
     order, with their index, as mlx-lm writes a big model), tokenizer (llama, qwen3 or qwen2)."""
     import mlx.core as mx
@@ -56,11 +56,11 @@ def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: i
     make_tokenizer(dest)
     vocab = json.loads((dest / "tokenizer.json").read_text())["model"]["vocab"]
     config = {"model_type": kind, "hidden_size": dim, "num_hidden_layers": layers, "intermediate_size": mlp,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-5,
               "vocab_size": len(vocab) + 3, "rope_theta": 10000.0, "tie_word_embeddings": tied,
               "max_position_embeddings": 512, "torch_dtype": dtype}
     if kind == "qwen3":
-        config.update(head_dim=dim // 4, architectures=["Qwen3ForCausalLM"])
+        config.update(head_dim=dim // heads, architectures=["Qwen3ForCausalLM"])
         from mlx_lm.models import qwen3 as arch
     elif kind == "qwen2":         # mlx-lm pipelines it (and shards it)
         config.update(architectures=["Qwen2ForCausalLM"])
