@@ -77,7 +77,8 @@ def memory_worker(mode: str, data_dir: str, steps: int, out_dir: str) -> None:
     from clusterctl.data.shards import read_manifest
     from clusterctl.train.config import parse_args
     from clusterctl.train.model import ModelArgs, Transformer
-    from clusterctl.train.step import make_optimizer, make_step
+    from clusterctl.train.step import make_optimizer
+    from clusterctl.train.strategies import get
     from clusterctl.train.trainer import init_world, micro_batches
 
     group = init_world()
@@ -93,7 +94,7 @@ def memory_worker(mode: str, data_dir: str, steps: int, out_dir: str) -> None:
     mx.random.seed(0)
     model = Transformer(ModelArgs.from_config(config, manifest.vocab_size))
     optimizer = make_optimizer(config)
-    step = make_step(model, optimizer, config, group)
+    step = get(config.strategy).make_step(model, optimizer, config, group)
     loader = BatchLoader(tokens, config.batch_size, config.block_size, 0, rank)
     for s in range(steps):
         mx.eval(step(*micro_batches(loader, s, 1)), model.state, optimizer.state)

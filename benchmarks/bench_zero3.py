@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from record import run_trainer, write_record  # noqa: E402
 
-from clusterctl.train.memory import Shape, estimate  # noqa: E402
+from clusterctl.train.memory import Shape  # noqa: E402
+from clusterctl.train.strategies import estimate  # noqa: E402
 
 MODEL = ["--n-layers", "4", "--dim", "384", "--n-heads", "4", "--mlp-dim", "1536", "--block-size", "16",
          "--batch-size", "2", "--balance", "off", "--check-sync", "0", "--eval-every", "0", "--ckpt-every", "0",

@@ -59,10 +59,10 @@ class Capabilities:
         """Its arguments resuming from the checkpoints in `run_dir` (as its ranks name it)."""
         return list(args)
 
-    def cannot_shrink(self, args: Sequence[str]) -> bool:
-        """Whether its state is sharded over the ranks that wrote it, so that an --elastic restart cannot
-        continue on fewer."""
-        return False
+    def shrink_refusal(self, args: Sequence[str]) -> str | None:
+        """Why an --elastic restart cannot continue it on fewer ranks (its state sharded over the ranks that
+        wrote it), as one line; None: it can."""
+        return None
 
     def check(self, planned: PlannedLaunch) -> None:
         """Raise a one-line BadInput for a launch its ranks would refuse (when checks_before_launch)."""

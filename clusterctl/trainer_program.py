@@ -1,13 +1,14 @@
 """The bundled trainer (clusterctl.train) as a kind of program `run` knows (program.Capabilities): what it reads,
 how it resumes, what it brings home and what it checks before a launch, by its contract (trainer_contract.py).
 
-    kind = BundledTrainer(prelaunch=check)    # cli/launch.py gives train/prelaunch.check_before_launch
+    kind = BundledTrainer(prelaunch=check, strategy_shrink=refusal)   # cli/launch.py gives train/'s
     kind.inputs(["--model", "models/m", "--data", "d"], run_gives_data=False)   # [("--model", ...), ("--data", "d")]
     kind.with_data(args, "/w/data")           # ["--data", "/w/data", *args]: a user's own later --data still wins
     kind.describe(["--model", "m"])           # {"kind": "fine-tune", "model": "m", "strategy": "dp"}
 
 Its checks that need the trainer's own code (the memory plan, a --model mlx-lm can build) stay in train/prelaunch.py,
-reached through the CLI, which hands them over as `prelaunch`: run never imports train/. Standard library only.
+reached through the CLI, which hands them over as `prelaunch`, and which strategy cannot continue on fewer ranks in
+train/strategies.py, handed over as `strategy_shrink`: run never imports train/. Standard library only.
 """
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ from .trainer_contract import (DATA, DEFAULT_STRATEGY, MODEL, OUT, RESUME, STRAT
 class BundledTrainer(Capabilities):
     """`python -m clusterctl.train`: reads no stdin; reads --model (and its own --data when run gives none) from
     directories run copies with the project when they are in it; continues a restart from its newest checkpoint;
-    pictures its loss; FSDP's optimizer state cannot shrink onto fewer ranks; `--resume latest` under run is the
-    newest run here with a checkpoint."""
+    pictures its loss; a strategy whose checkpoints are sharded over the ranks cannot shrink onto fewer (fsdp);
+    `--resume latest` under run is the newest run here with a checkpoint."""
 
     # its checks before a launch (train/prelaunch.check_before_launch, given by the CLI); None: none
     prelaunch: Callable[[PlannedLaunch], object] | None = None
+    # why a run of --strategy NAME (None: the default) cannot shrink under --elastic, or None
+    # (train/strategies.shrink_refusal, given by the CLI: the strategies are the trainer's registry)
+    strategy_shrink: Callable[[str | None], str | None] | None = None
 
     module = TRAINER_MODULE
     reads_stdin = False
@@ -51,8 +55,8 @@ class BundledTrainer(Capabilities):
     def resuming_from(self, args: Sequence[str], run_dir: str) -> list[str]:
         return replace_flag(args, RESUME, run_dir)
 
-    def cannot_shrink(self, args: Sequence[str]) -> bool:
-        return flag_value(args, STRATEGY) == "fsdp"
+    def shrink_refusal(self, args: Sequence[str]) -> str | None:
+        return self.strategy_shrink(flag_value(args, STRATEGY)) if self.strategy_shrink is not None else None
 
     def check(self, planned: PlannedLaunch) -> None:
         if self.prelaunch is not None:

@@ -336,6 +336,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     from ..launch.supervise import Settings
     from ..run import RunOptions, run
     from ..train.prelaunch import check_before_launch
+    from ..train.strategies import shrink_refusal
     from ..trainer_program import BundledTrainer
 
     words: RunWords = click.get_current_context().meta["clusterctl.run"]
@@ -353,7 +354,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
                          all_shards=all_shards, stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer,
                          # the bundled trainer's checks before a launch are the trainer's own (run imports no train/)
-                         kinds=(BundledTrainer(prelaunch=check_before_launch),))
+                         kinds=(BundledTrainer(prelaunch=check_before_launch, strategy_shrink=shrink_refusal),))
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:

@@ -35,8 +35,9 @@ class RestartPolicy:
     def enabled(self) -> bool:
         return self.max_restarts > 0
 
-    def check(self, *, world: int, backend: str, preflight: bool, bundled_fsdp: bool) -> None:
-        """UsageError for what cannot work, before anything starts (pure)."""
+    def check(self, *, world: int, backend: str, preflight: bool, shrink_refusal: str | None = None) -> None:
+        """UsageError for what cannot work, before anything starts (pure). `shrink_refusal`: the program's own
+        reason it cannot continue on fewer ranks (program.Capabilities.shrink_refusal), if it has one."""
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if self.delay_s < 0:
@@ -55,10 +56,8 @@ class RestartPolicy:
         refusal = get(backend).shrink_refusal
         if refusal:
             raise UsageError(refusal)
-        if bundled_fsdp:
-            raise UsageError("--elastic with --strategy fsdp: FSDP's optimizer state is sharded over the ranks "
-                             "that wrote it, so it cannot continue on another world size (use --strategy dp, or "
-                             "drop --elastic: --max-restarts alone restarts on the same hosts)")
+        if shrink_refusal:
+            raise UsageError(shrink_refusal)
 
     def should_restart(self, state: AttemptState, restarts: int) -> bool:
         """After an attempt: restart one that failed (a rank lost, or the job stalled), not one that succeeded or that the user

@@ -158,7 +158,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
                        "(clusterctl's own launchers never do that: docs/security.md#where-secrets-go)")
     policy = settings.restart
     policy.check(world=cluster.world_size, backend=backend.name, preflight=settings.preflight,
-                 bundled_fsdp=program.kind.cannot_shrink(program.args))
+                 shrink_refusal=program.kind.shrink_refusal(program.args))
     # hosts are resolved (`ssh -G`, a process each) when first needed: a launch from a cached plan that the
     # pre-flight verifies through OpenSSH's own connections may never need them; a first launch resolves them
     # now, so that a host ssh cannot use is named before anything moves

@@ -21,9 +21,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import ClusterctlError, ConfigError
-from . import balance
+from . import balance, strategies
 from .callbacks import announce_quiet
-from .step import _mean_over_ranks, dp_update
 
 SLOWDOWN = "CLUSTERCTL_TRAIN_SLOWDOWN"
 PERTURB = "CLUSTERCTL_TRAIN_PERTURB"
@@ -101,21 +100,7 @@ class BalancedSteps:
         model, optimizer, config, group = self.model, self.optimizer, self.config, self.group
         state = [model.state, mx.random.state]
         self.grads_of = mx.compile(partial(weighted_grads, model), inputs=state, outputs=state)
-        if config.strategy == "fsdp":
-            from .fsdp import fsdp_apply_gradients
-
-            def apply(loss, grads):
-                parameters, norm = fsdp_apply_gradients(grads, model.trainable_parameters(), optimizer,
-                                                        fsdp_group=group, max_norm=config.max_norm or math.inf)
-                model.update(parameters)
-                return _mean_over_ranks(loss, group), norm
-            self.apply = apply
-        else:
-            optimizer.init(model.trainable_parameters())
-            applied = [model.state, optimizer.state]
-
-            self.apply = mx.compile(partial(dp_update, model, optimizer, config, group), inputs=applied,
-                                    outputs=applied)
+        self.apply = strategies.get(config.strategy).update(model, optimizer, config, group)
 
     def batch(self, step: int) -> tuple[mx.array, mx.array, mx.array]:
         """This rank's micro-batches of optimizer step `step` as (m, B, L) inputs and targets and (m, B) weights."""

@@ -35,7 +35,7 @@ import mlx.core as mx
 from ..atomic import write_text
 from ..progress import report
 from ..trainer_contract import TRAINER_SUMMARY
-from . import checkpoint
+from . import checkpoint, strategies
 from .metrics import Reporter
 from .model import ModelArgs
 
@@ -203,8 +203,9 @@ class TrainerSummary(Callback):
     def __init__(self, out_dir: str, group, config):
         self.path = os.path.join(out_dir, TRAINER_SUMMARY)
         self.main = group.rank() == 0
+        balanced = group.size() > 1 and strategies.get(config.strategy).replicated
         self.doc = {"strategy": config.strategy,
-                    "balance": {"mode": config.balance if group.size() > 1 and config.strategy != "zero3" else "off"},
+                    "balance": {"mode": config.balance if balanced else "off"},
                     "check_sync": {"every": config.check_sync, "last_checked_step": None, "out_of_sync": None}}
         self.every = config.check_sync
         self.pending: int | None = None       # a step whose check comes after on_step; passed if fit goes on

@@ -37,12 +37,9 @@ from ..atomic import fsync_tree, write_text
 from ..errors import CheckpointError
 from ..trainer_contract import STEP_GLOB, checkpoint_step, step_dir_name
 from .fsdp import chunk_size
+from .strategies import get
 
 FORMAT = 1
-
-
-def optimizer_file(strategy: str, rank: int) -> str:
-    return f"optimizer-rank-{rank}.safetensors" if strategy == "fsdp" else "optimizer.safetensors"
 
 
 def barrier(group) -> None:
@@ -72,7 +69,7 @@ def restore_random_state(key: list[int]) -> None:
 
 def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: int = 0) -> Path:
     """Every rank calls this at the same step. `state` is the JSON part (config, rng, data position...)."""
-    rank, strategy = group.rank(), state["strategy"]
+    rank, strategy = group.rank(), state["strategy"]     # what each strategy writes: its entry's `write`
     root = Path(out_dir) / "checkpoints"
     final = root / step_dir_name(step)
     nonce = int_from_rank0(int.from_bytes(os.urandom(3), "little"), group)
@@ -91,19 +88,7 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
         except FileExistsError:
             pass
     barrier(group)
-    adapters = bool(state.get("adapter"))    # the adapters alone, whole on every rank: the base is --model's
-    if strategy == "zero3" and not adapters:
-        _save_zero3(tmp, model, optimizer, group, writer)
-    elif strategy == "fsdp":
-        _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
-    if writer and (strategy != "zero3" or adapters):
-        if adapters:                # in mlx-lm's layout (zero3's ShardedModel holds them whole in its model)
-            from .adapters import save as save_adapters
-            save_adapters(tmp, getattr(model, "model", model) if strategy == "zero3" else model, state["adapter"])
-        else:
-            mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
-        if strategy != "fsdp":
-            _save_tree(tmp / optimizer_file(strategy, rank), optimizer.state)
+    get(strategy).write(tmp, model, optimizer, group, writer, state.get("adapter"))
     barrier(group)                 # every shard is on disk before the directory becomes visible
     if writer:
         write_text(str(tmp / "state.json"), json.dumps({"format": FORMAT, "step": step, **state}, indent=1))
@@ -125,7 +110,7 @@ def zero3_file(rank: int) -> str:
     return f"zero3-rank-{rank}.safetensors"
 
 
-def _save_zero3(tmp: Path, sharded, optimizer, group, writer: bool) -> None:
+def save_zero3(tmp: Path, sharded, optimizer, group, writer: bool) -> None:
     rank, world = group.rank(), group.size()
     arrays = {f"param:{k}": v for k, v in sharded.shards.items()}
     arrays.update({f"opt:{k}": v for k, v in tree_flatten(optimizer.state)})
@@ -246,8 +231,18 @@ def _zero3_full(ckpt: Path) -> dict[str, mx.array]:
     return out
 
 
-def _save_tree(path: Path, tree) -> None:
+def save_tree(path: Path, tree) -> None:
     mx.save_safetensors(str(path), dict(tree_flatten(tree)))
+
+
+def write_model(tmp: Path, model, adapter: dict | None) -> None:
+    """The trained parameters whole: an adapter run's adapters in mlx-lm's layout (`adapter`: their
+    adapter_config.json's settings; the base is --model's), else every parameter."""
+    if adapter:
+        from .adapters import save as save_adapters
+        save_adapters(tmp, model, adapter)
+    else:
+        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
 
 
 def _prune(root: Path, keep: int, newest: str) -> None:
@@ -308,14 +303,6 @@ def read_state(ckpt: Path) -> dict:
     return state
 
 
-def check_compatible(state: dict, strategy: str, world: int, ckpt: Path) -> None:
-    if state["strategy"] != strategy:
-        raise CheckpointError(f"{ckpt} was written with --strategy {state['strategy']}; resume with the same")
-    if strategy == "fsdp" and state["world_size"] != world:     # zero3 re-shards on load (load_zero3)
-        raise CheckpointError(f"{ckpt} holds FSDP optimizer shards for {state['world_size']} ranks; "
-                              f"cannot resume on {world} (use the same world size)")
-
-
 def load_model(ckpt: Path, model) -> None:
     """The full parameters into `model` (one process: generation, DP and FSDP resume)."""
     if (ckpt / ZERO3_MANIFEST).is_file():
@@ -328,8 +315,7 @@ def load_model(ckpt: Path, model) -> None:
     model.load_weights(str(ckpt / "model.safetensors"))
 
 
-def load_optimizer(ckpt: Path, optimizer, strategy: str, rank: int) -> None:
-    path = ckpt / optimizer_file(strategy, rank)
+def load_optimizer(path: Path, optimizer) -> None:
     if not path.is_file():
         raise CheckpointError(f"{path} is missing")
     optimizer.state = tree_unflatten(list(mx.load(str(path)).items()))

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field, fields
 from ..data.records import MAX_BLOCK_SIZE
 from ..errors import ConfigError
 from ..trainer_contract import DEFAULT_STRATEGY, RUNS_DIR
-from . import presets
+from . import presets, strategies
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
 RUN_OPTIONS = ("out", "resume", "config")
-STRATEGIES = ("dp", "fsdp", "zero3")
 MAX_LORA_RANK = 65536        # beyond any projection's width: a rank is at most min(in, out) to be of use
 
 
@@ -79,11 +78,7 @@ class TrainConfig:
                         metavar="auto|off|W1,W2,...")
     check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "
                                 "the rank that differs, if a replica drifted (0: never).", metavar="N")
-    strategy: str = _opt(DEFAULT_STRATEGY, "dp: replicated model, averaged gradients; fsdp: optimizer state and "
-                               "gradients sharded over the ranks; zero3: the parameters too, each block's "
-                               "weights gathered only while it computes (docs/trainer.md#zero3); auto: the "
-                               "first of dp, fsdp, zero3 whose memory estimate fits the hosts.",
-                         choices=STRATEGIES + ("auto",))
+    strategy: str = _opt(DEFAULT_STRATEGY, strategies.help_text(), choices=strategies.names() + (strategies.AUTO,))
     zero3_gather: str = _opt("prefetch", "zero3: prefetch (gather the next unit's weights while this one computes), "
                                          "plain (no overlap, least memory) or keep (the forward pass's weights kept "
                                          "for the backward pass: no second gather, the full model in memory).",
@@ -141,9 +136,13 @@ class TrainConfig:
             raise ConfigError("--ckpt-minutes must not be negative")
         from .balance import parse_balance
         parse_balance(self.balance)
-        if self.strategy in ("zero3", "auto") and self.balance not in ("auto", "off"):
-            raise ConfigError(f"--balance with fixed weights needs --strategy dp or fsdp, not {self.strategy}: "
-                              "zero3 splits the batch evenly (docs/trainer.md#zero3)")
+        if self.strategy != strategies.AUTO:
+            strategies.get(self.strategy)                  # a --config file's strategy is not argparse's choice
+        if self.balance not in ("auto", "off") and (
+                self.strategy == strategies.AUTO or not strategies.get(self.strategy).replicated):
+            replicated = " or ".join(n for n in strategies.names() if strategies.get(n).replicated)
+            raise ConfigError(f"--balance with fixed weights needs --strategy {replicated}, not {self.strategy}: "
+                              "a strategy that shards the weights splits the batch evenly (docs/trainer.md#zero3)")
         if self.preset is not None:
             presets.get(self.preset)
         if self.adapter and not self.model:

@@ -1,5 +1,6 @@
-"""How much memory a rank of the bundled trainer needs, per strategy, before anything is allocated; which
-strategy fits the hosts (`--strategy auto`); the refusal of a run that fits nowhere, with the numbers.
+"""How much memory a rank of the bundled trainer needs, before anything is allocated: the model's shape, the
+activations' terms and the measured coefficients each strategy's estimate is written with (strategies.py holds
+the estimates, one per entry, and `choose`: which strategy fits the hosts, the refusal of a run that fits nowhere).
 
 Pure arithmetic on the model's shape and the batch (no MLX import), so `clusterctl run` can plan on the
 controller as the trainer does on each rank. The model is the bundled Transformer (model.py) in float32:
@@ -18,6 +19,10 @@ at worlds 1, 2 and 4: benchmarks/bench_zero3.py checks them, docs/trainer.md#mem
                                                               activations, forward and backward + the logits
     accum > 1 adds a running sum of the gradients: 4P (dp, fsdp) or 4P / N (zero3).
 
+An adapter run (--adapter): the frozen base as stored (base_bytes: packed when quantized), the adapters with
+their gradients and state (adapter_state), ADAPTER_ACT x the activations; under zero3 1/N of the base and
+ZERO3_ADAPTER_UNITS units of it whole.
+
 What counts against it is BUDGET of the smallest host's memory (macOS lets the GPU wire about that much by
 default; the rest is the system's), or CLUSTERCTL_HOST_MEMORY where it is set (a test aid and an override:
 "16G", "300M": this host has that much).
@@ -33,7 +38,6 @@ from ..trainer_contract import HOST_MEMORY
 
 BYTES = 4                 # float32
 BUDGET = 0.75
-ORDER = ("dp", "fsdp", "zero3")     # cheapest (least communication) first: what auto tries in turn
 
 # measured (see the module docstring): peaks in units of 4P and 4U from the issue's parameter-dominated
 # model (4 layers, dim 384, mlp 1536, block 16, batch 2) at worlds 1, 2, 4; activations from an
@@ -142,35 +146,7 @@ def base_bytes(shape: Shape, model_config: dict, float_bytes: int) -> int:
     return int(matrices * per_weight + norms * float_bytes)
 
 
-def strategies(shape: Shape) -> tuple[str, ...]:
-    """What --strategy auto tries for this run, in turn."""
-    return ORDER
-
-
-def estimate(shape: Shape, strategy: str, world: int) -> Estimate:
-    if shape.adapter_params:
-        return _adapter_estimate(shape, strategy, world)
-    p4, u4 = shape.params * BYTES, shape.largest_unit * BYTES
-    tokens = shape.batch_size * shape.block_size
-    per_block = BYTES * (tokens * (ACT_DIM * shape.dim + ACT_MLP * shape.mlp_dim)
-                         + ACT_ATTN * shape.batch_size * shape.n_heads * shape.block_size ** 2)
-    logits = BYTES * ACT_LOGITS * tokens * shape.vocab
-    running = shape.accum > 1
-    if strategy == "dp":
-        state = DP_PARAM * p4 + running * p4
-        act = shape.n_layers * per_block + logits
-    elif strategy == "fsdp":
-        state = (FSDP_ONE if world == 1 else FSDP_FULL + FSDP_SHARD / world) * p4 + running * p4
-        act = FSDP_ACT * (shape.n_layers * per_block + logits)
-    elif strategy == "zero3":
-        state = ZERO3_SHARD * p4 / world + ZERO3_UNITS * u4 + running * p4 / world
-        act = shape.n_layers * BYTES * tokens * shape.dim + ZERO3_ACT_BLOCKS * per_block + logits
-    else:
-        raise ValueError(f"no estimate for strategy {strategy!r}")
-    return Estimate(strategy, world, int(state), int(act))
-
-
-def _activations(shape: Shape) -> tuple[float, float]:
+def activations(shape: Shape) -> tuple[float, float]:
     """(per block, the logits) in bytes: what dp keeps for the backward pass."""
     tokens = shape.batch_size * shape.block_size
     per_block = BYTES * (tokens * (ACT_DIM * shape.dim + ACT_MLP * shape.mlp_dim)
@@ -178,56 +154,15 @@ def _activations(shape: Shape) -> tuple[float, float]:
     return per_block, BYTES * ACT_LOGITS * tokens * shape.vocab
 
 
-def _adapter_estimate(shape: Shape, strategy: str, world: int) -> Estimate:
-    """An adapter run: the frozen base once (no gradient, no optimizer state), the adapters with their gradients
-    and AdamW state as dp's parameters are (fsdp shards that state: it is small either way), and the activations
-    of every block, which the adapters' gradients still need."""
-    if strategy not in ORDER:
-        raise ValueError(f"no estimate for an adapter run under {strategy!r}")
+def adapter_state(shape: Shape) -> float:
+    """An adapter run's adapters with their gradients and AdamW state, as dp's parameters are (and the running
+    sum of the gradients under --accum)."""
     a4 = shape.adapter_params * BYTES
-    per_block, logits = _activations(shape)
-    adapters = DP_PARAM * a4 + (shape.accum > 1) * a4
-    if strategy == "zero3":     # 1/N of the base, a few units' base whole while they compute, zero3's activations
-        unit = shape.base_bytes * shape.largest_unit / shape.params
-        state = shape.base_bytes / world + ZERO3_ADAPTER_UNITS * unit + adapters
-        act = ADAPTER_ACT * (shape.n_layers * BYTES * shape.batch_size * shape.block_size * shape.dim
-                             + ZERO3_ACT_BLOCKS * per_block + logits)
-        return Estimate(strategy, world, int(state), int(act))
-    state = shape.base_bytes + adapters
-    act = ADAPTER_ACT * (FSDP_ACT if strategy == "fsdp" else 1.0) * (shape.n_layers * per_block + logits)
-    return Estimate(strategy, world, int(state), int(act))
+    return DP_PARAM * a4 + (shape.accum > 1) * a4
 
 
 def usable(host_bytes: int) -> int:
     return int(BUDGET * host_bytes)
-
-
-def choose(shape: Shape, strategy: str, world: int, host_bytes: int | None) -> str:
-    """The strategy to train with: `strategy` itself when it fits (or nothing is known of the hosts), the
-    cheapest that fits for 'auto'; MemoryRefused, with the numbers and what would fit, otherwise."""
-    if host_bytes is None:
-        return "dp" if strategy == "auto" else strategy
-    budget = usable(host_bytes)
-    fits = [s for s in strategies(shape) if estimate(shape, s, world).total <= budget]
-    if strategy != "auto" and strategy in fits:
-        return strategy
-    if strategy == "auto" and fits:
-        return fits[0]
-    asked = "dp" if strategy == "auto" else strategy
-    need = estimate(shape, asked, world).total
-    have = f"the smallest host has {gb(host_bytes)} ({gb(budget)} usable: {BUDGET:.0%})"
-    if fits:
-        other = estimate(shape, fits[0], world).total
-        hint = (f"{fits[0]} at world {world} needs {gb(other)}: pass --strategy {fits[0]} "
-                f"(or --strategy auto)")
-    else:
-        more = next((n for n in range(world + 1, 257) if estimate(shape, "zero3", n).total <= budget), None)
-        least = estimate(shape, "zero3", world).total
-        hint = (f"zero3 at world {world} needs {gb(least)}; " +
-                (f"zero3 would fit on {more} such hosts" if more else "no number of such hosts fits it") +
-                ", or make the model or --batch-size smaller")
-    raise MemoryRefused(f"this run needs about {gb(need)} per rank under {asked} at world {world}; {have}; {hint} "
-                        "(docs/trainer.md#memory-planning)")
 
 
 def gb(n: float) -> str:
@@ -269,58 +204,3 @@ def host_memory() -> int | None:
     except OSError:
         pass
     return total
-
-
-def check_before_launch(args: list[str], world: int, memory: dict[str, int], overrides: dict[str, str],
-                        first_os: str | None, project: str, data_dir: str | None = None) -> str | None:
-    """`clusterctl run`'s early refusal, on the controller before any rank starts: the bundled trainer's
-    `args` resolved as rank 0 will resolve them (its preset by rank 0's host: a Mac's GPU or a CPU), against
-    the smallest host's memory as the pre-flight probed it (`memory`, host -> bytes) or as the inventory's
-    env overrides it (`overrides`, host -> CLUSTERCTL_HOST_MEMORY). Raises MemoryRefused; returns the
-    strategy that fits, or None when it cannot tell (resuming: the checkpoint holds the settings; a flag
-    the trainer will refuse itself; an unknown vocabulary or host). The ranks check again as they start."""
-    from ..trainer_contract import flag_value
-    from .config import ConfigError, resolve
-
-    if flag_value(args, "--resume") or flag_value(args, "--config"):
-        return None
-    try:
-        config, _ = resolve(list(args), device="gpu" if first_os == "Darwin" else "cpu")
-    except (ConfigError, SystemExit):
-        return None
-    if config.memory_check == "off":
-        return None
-    sizes = dict(memory)
-    for host, text in overrides.items():
-        try:
-            sizes[host] = parse_size(text)
-        except ValueError:
-            return None
-    if config.model:             # an mlx-lm model's own shape (prelaunch.py has checked the directory)
-        from .lm import read_config, vocab_size
-
-        model_config = read_config(config.model if os.path.isabs(config.model) else os.path.join(project, config.model))
-        shape = Shape.of(config, vocab_size(model_config), model_config)
-    else:
-        vocab = _vocab(config, project, data_dir)
-        shape = Shape.of(config, vocab) if vocab is not None else None
-    if not sizes or shape is None:
-        return None
-    return choose(shape, config.strategy, world, min(sizes.values()))
-
-
-def _vocab(config, project: str, data_dir: str | None) -> int | None:
-    from ..data.shards import read_manifest
-    from ..data.tokenizer import load_tokenizer
-    from ..errors import ClusterctlError
-
-    try:
-        if data_dir or config.data:
-            path = data_dir or os.path.join(project, config.data)
-            return read_manifest(path).vocab_size
-        spec = config.tokenizer
-        if spec and spec != "byte" and not os.path.isabs(spec):
-            spec = os.path.join(project, spec)
-        return load_tokenizer(spec).vocab_size
-    except (ClusterctlError, OSError, ValueError):
-        return None

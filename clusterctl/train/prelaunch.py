@@ -1,6 +1,7 @@
 """What `clusterctl run` checks on the controller before any host starts a bundled-trainer run: the fine-tuning
 inputs (`--model DIR`: an mlx-lm model directory mlx-lm can build; `--data DIR`: its jsonl records, every line)
-and the memory plan (memory.py). Each failure is one line (exit 2); the ranks check again as they start.
+and the memory plan (plan_before_launch: strategies.choose on memory.py's shapes). Each failure is one line
+(exit 2); the ranks check again as they start.
 
 No MLX import: the controller may plan a cluster of Macs from a machine without MLX's backend loaded."""
 from __future__ import annotations
@@ -10,11 +11,12 @@ import os
 
 from ..program import PlannedLaunch
 from ..trainer_contract import HOST_MEMORY, flag_value
-from . import memory
+from . import strategies
+from .memory import Shape, parse_size
 
 
 def check_before_launch(planned: PlannedLaunch) -> str | None:
-    """Raises a one-line error for a --model or --data the ranks would refuse; then memory.check_before_launch
+    """Raises a one-line error for a --model or --data the ranks would refuse; then plan_before_launch
     (the strategy that fits, or None when it cannot tell), each host's memory overridden by the inventory's
     CLUSTERCTL_HOST_MEMORY. `run` calls it through trainer_program.BundledTrainer, which the CLI gives it."""
     args, project, world = list(planned.args), planned.project, planned.world
@@ -27,7 +29,7 @@ def check_before_launch(planned: PlannedLaunch) -> str | None:
         check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None,
                        world, adapter)
     overrides = {host: env[HOST_MEMORY] for host, env in planned.host_env.items() if env.get(HOST_MEMORY)}
-    return memory.check_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
+    return plan_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
                                       planned.data_dir)
 
 
@@ -61,3 +63,58 @@ def _records_ok(path: str, mtime_ns: int, size: int) -> int:
     """Every line of a jsonl file parsed and checked once per version of the file (run checks twice)."""
     from ..data.records import read_records
     return len(read_records(path))
+
+
+def plan_before_launch(args: list[str], world: int, memory: dict[str, int], overrides: dict[str, str],
+                       first_os: str | None, project: str, data_dir: str | None = None) -> str | None:
+    """`clusterctl run`'s early refusal, on the controller before any rank starts: the bundled trainer's
+    `args` resolved as rank 0 will resolve them (its preset by rank 0's host: a Mac's GPU or a CPU), against
+    the smallest host's memory as the pre-flight probed it (`memory`, host -> bytes) or as the inventory's
+    env overrides it (`overrides`, host -> CLUSTERCTL_HOST_MEMORY). Raises MemoryRefused; returns the
+    strategy that fits, or None when it cannot tell (resuming: the checkpoint holds the settings; a flag
+    the trainer will refuse itself; an unknown vocabulary or host). The ranks check again as they start."""
+    from ..trainer_contract import flag_value
+    from .config import ConfigError, resolve
+
+    if flag_value(args, "--resume") or flag_value(args, "--config"):
+        return None
+    try:
+        config, _ = resolve(list(args), device="gpu" if first_os == "Darwin" else "cpu")
+    except (ConfigError, SystemExit):
+        return None
+    if config.memory_check == "off":
+        return None
+    sizes = dict(memory)
+    for host, text in overrides.items():
+        try:
+            sizes[host] = parse_size(text)
+        except ValueError:
+            return None
+    if config.model:             # an mlx-lm model's own shape (prelaunch.py has checked the directory)
+        from .lm import read_config, vocab_size
+
+        model_config = read_config(config.model if os.path.isabs(config.model) else os.path.join(project, config.model))
+        shape = Shape.of(config, vocab_size(model_config), model_config)
+    else:
+        vocab = _vocab(config, project, data_dir)
+        shape = Shape.of(config, vocab) if vocab is not None else None
+    if not sizes or shape is None:
+        return None
+    return strategies.choose(shape, config.strategy, world, min(sizes.values()))
+
+
+def _vocab(config, project: str, data_dir: str | None) -> int | None:
+    from ..data.shards import read_manifest
+    from ..data.tokenizer import load_tokenizer
+    from ..errors import ClusterctlError
+
+    try:
+        if data_dir or config.data:
+            path = data_dir or os.path.join(project, config.data)
+            return read_manifest(path).vocab_size
+        spec = config.tokenizer
+        if spec and spec != "byte" and not os.path.isabs(spec):
+            spec = os.path.join(project, spec)
+        return load_tokenizer(spec).vocab_size
+    except (ClusterctlError, OSError, ValueError):
+        return None

@@ -1,4 +1,4 @@
-"""The optimizer, its learning-rate schedule, and the one compiled training step for each strategy.
+"""The optimizer, its learning-rate schedule, and the training steps the strategies make (strategies.py).
 
 A step takes the micro-batches of one optimizer step stacked as (accum, B, L) token arrays, sums their
 gradients, combines them across ranks (DP: `nn.average_gradients`, bucketed all_sum; FSDP: the sharded
@@ -111,24 +111,36 @@ def dp_update(model, optimizer, config, group, loss, grads):
     return _mean_over_ranks(loss, group), norm
 
 
-def make_fsdp_step(model, optimizer, config, group):
-    """Sharded optimizer state: the gradient computation is compiled; fsdp_apply_gradients reduce-scatters
-    the gradients, updates this rank's slices and gathers the parameters back. It stays outside
-    mx.compile because on mpi its reduce-scatter goes through mpi4py, which evaluates eagerly."""
+def dp_apply(model, optimizer, config, group):
+    """dp's update alone, (loss, grads) -> (mean loss over the ranks, the norm), compiled over the model's and the
+    optimizer's state: for steps that compute their gradients themselves (balanced.BalancedSteps)."""
+    optimizer.init(model.trainable_parameters())
+    applied = [model.state, optimizer.state]
+    return mx.compile(partial(dp_update, model, optimizer, config, group), inputs=applied, outputs=applied)
+
+
+def fsdp_apply(model, optimizer, config, group):
+    """fsdp's update alone: fsdp_apply_gradients reduce-scatters the gradients, updates this rank's slices and
+    gathers the parameters back. It stays outside mx.compile because on mpi its reduce-scatter goes through
+    mpi4py, which evaluates eagerly."""
     from .fsdp import fsdp_apply_gradients
 
-    state = [model.state, mx.random.state]
-    grads_of = mx.compile(partial(accumulated_grads, model), inputs=state, outputs=state)
-
-    def step(x, y):
-        loss, grads = grads_of(x, y)
+    def apply(loss, grads):
         parameters, norm = fsdp_apply_gradients(grads, model.trainable_parameters(), optimizer,
                                                 fsdp_group=group, max_norm=config.max_norm or math.inf)
         model.update(parameters)
         return _mean_over_ranks(loss, group), norm
 
+    return apply
+
+
+def make_fsdp_step(model, optimizer, config, group):
+    """Sharded optimizer state: the gradient computation is compiled, the update is fsdp_apply's."""
+    state = [model.state, mx.random.state]
+    grads_of = mx.compile(partial(accumulated_grads, model), inputs=state, outputs=state)
+    apply = fsdp_apply(model, optimizer, config, group)
+
+    def step(x, y):
+        return apply(*grads_of(x, y))
+
     return step
-
-
-def make_step(model, optimizer, config, group):
-    return (make_fsdp_step if config.strategy == "fsdp" else make_dp_step)(model, optimizer, config, group)

@@ -22,8 +22,7 @@ def score(model, config, tokenizer, group) -> dict | None:
     import mlx.core as mx
 
     from ..data import records
-    from .model import masked_cross_entropy
-    from .zero3 import ShardedModel
+    from .strategies import get
 
     test = records.read_records(os.path.join(config.data, TEST))
     packed = records.rows_of(test, tokenizer, config.block_size, config.mask_prompt == "on")
@@ -32,13 +31,14 @@ def score(model, config, tokenizer, group) -> dict | None:
     rank, world, batch = group.rank(), group.size(), config.batch_size
     batches = -(-len(packed.rows) // (world * batch))
     total, count = mx.array(0.0), mx.array(0.0)
+    loss_of = get(config.strategy).loss
     model.eval()
     for b in range(batches):
         first = (b * world + rank) * batch
         mine = list(range(first, min(first + batch, len(packed.rows))))
         x, y = (rows[mx.array(mine)][:, :-1], labels[mx.array(mine)][:, 1:]) if mine else \
             (rows[:1, :-1], mx.full(labels[:1, 1:].shape, records.IGNORE, dtype=mx.int32))     # nothing of ours
-        mean = model.loss(x, y) if isinstance(model, ShardedModel) else masked_cross_entropy(model(x), y)
+        mean = loss_of(model, x, y)
         targets = (y >= 0).sum().astype(mx.float32)
         total, count = total + mean * targets, count + targets
         mx.eval(total, count)

@@ -36,16 +36,15 @@ import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import STEP_GLOB, step_dir_name
-from . import adapters, checkpoint, collectives, memory, presets, testset
+from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
                         announce_quiet, watched)
 from .config import ConfigError, TrainConfig, default_out_dir, resolve
 from .metrics import Reporter
-from .model import ModelArgs, Transformer, count_parameters, loss_fn
-from .step import cast_model, make_optimizer, make_step
+from .model import ModelArgs, Transformer, loss_fn
+from .step import cast_model, make_optimizer
 from .stopping import Stopped, Stopping, ignore_stop_signals
-from .zero3 import ShardedModel, make_zero3_step
 
 if TYPE_CHECKING:
     from ..data.loader import BatchLoader
@@ -84,9 +83,9 @@ def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, de
     ckpt = checkpoint.resolve(config.resume, out_dir)
     resumed = checkpoint.read_state(ckpt)
     config, how = resolve(argv, resumed["config"], device)     # flags still win over the checkpoint
-    if config.strategy == "auto":                              # the strategy the checkpoint was written with
+    if config.strategy == strategies.AUTO:                     # the strategy the checkpoint was written with
         config = dataclasses.replace(config, strategy=resumed["strategy"])
-    checkpoint.check_compatible(resumed, config.strategy, group.size(), ckpt)
+    strategies.check_resume(resumed, config.strategy, group.size(), ckpt)
     config = elastic_batch(config, resumed, group.size(), os.environ.get("CLUSTERCTL_ELASTIC_BATCH", "rank"))
     if not config.out and config.resume != "latest" and not os.environ.get("CLUSTERCTL_RUN_DIR"):
         out_dir = str(ckpt.parent.parent)                      # keep writing into the run that was resumed
@@ -132,20 +131,20 @@ def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict 
     host = smallest * 2**20 if smallest >= 0 else None
     shape = memory.Shape.of(config, vocab_size, model_config)
     try:
-        strategy = memory.choose(shape, config.strategy, group.size(), host)
+        strategy = strategies.choose(shape, config.strategy, group.size(), host)
     except memory.MemoryRefused as e:
         if config.memory_check == "on":
             raise
-        strategy = "dp" if config.strategy == "auto" else config.strategy
+        strategy = strategies.choose(shape, config.strategy, group.size(), None)
         if group.rank() == 0:
             print(f"warning (--memory-check off): {e}", flush=True)
     if group.rank() == 0:
-        est = memory.estimate(shape, strategy, group.size())
-        chose = f"{strategy} (chosen by --strategy auto)" if config.strategy == "auto" else strategy
+        est = strategies.estimate(shape, strategy, group.size())
+        chose = f"{strategy} (chosen by --strategy auto)" if config.strategy == strategies.AUTO else strategy
         where = (f"; the smallest host has {memory.gb(host)}, {memory.gb(memory.usable(host))} usable"
                  if host is not None else "")
-        others = ", ".join(f"{s} {memory.gb(memory.estimate(shape, s, group.size()).total)}"
-                           for s in memory.strategies(shape) if s != strategy)
+        others = ", ".join(f"{s} {memory.gb(strategies.estimate(shape, s, group.size()).total)}"
+                           for s in strategies.names() if s != strategy)
         print(f"memory: about {memory.gb(est.total)} per rank under {chose} at world {group.size()} ({others}){where}",
               flush=True)
     return dataclasses.replace(config, strategy=strategy)
@@ -256,13 +255,14 @@ def micro_batches(loader, step: int, accum: int) -> tuple[mx.array, mx.array]:
     return mx.stack([x for x, _ in pairs]), mx.stack([y for _, y in pairs])
 
 
-def evaluate(model, loader, batches: int, group) -> float:
-    """Mean held-out loss over `batches` fixed batches per rank, averaged over the ranks."""
+def evaluate(model, loader, batches: int, group, loss=loss_fn) -> float:
+    """Mean held-out loss over `batches` fixed batches per rank, averaged over the ranks (`loss`: the strategy's,
+    strategies.Strategy.loss)."""
     model.eval()
     total = mx.array(0.0)
     for i in range(batches):
         x, y = loader.batch(i)
-        total = total + (model.loss(x, y) if isinstance(model, ShardedModel) else loss_fn(model, x, y))
+        total = total + loss(model, x, y)
     model.train()
     if group.size() > 1:
         total = mx.distributed.all_sum(total, group=group)
@@ -276,15 +276,7 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:
     """Load parameters, optimizer state and this rank's random key; returns the step to continue from."""
-    if isinstance(model, ShardedModel) and model.frozen:      # an adapter run's: its adapters whole, as dp's
-        checkpoint.load_model(ckpt, model.model)
-        model.adopt_trained()
-        checkpoint.load_optimizer(ckpt, optimizer, "dp", rank)
-    elif isinstance(model, ShardedModel):
-        checkpoint.load_zero3(ckpt, model, optimizer, rank, world)
-    else:
-        checkpoint.load_model(ckpt, model)
-        checkpoint.load_optimizer(ckpt, optimizer, config.strategy, rank)
+    strategies.get(config.strategy).read(ckpt, model, optimizer, rank, world)
     keys = resumed["rng"]
     if len(keys) == world:
         checkpoint.restore_random_state(keys[rank])
@@ -320,15 +312,14 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     group, rank = data.group, data.group.rank()
     drift = perturbation()                   # a test aid: (rank, step) or None
     balanced = None
-    sharded = isinstance(model, ShardedModel)       # zero3: no replicas to balance or compare
-    if sharded:
-        step_fn = make_zero3_step(model, optimizer, config)
-    elif group.size() > 1 and (config.balance != "off" or slowdown() > 1):   # the test aid slows the even split too
+    entry = strategies.get(config.strategy)
+    # the test aid slows the even split too
+    if entry.replicated and group.size() > 1 and (config.balance != "off" or slowdown() > 1):
         balanced = BalancedSteps(model, optimizer, config, group, data.shards or _own_shard(data), data.start,
                                  data.rows)
         callbacks.on_shares(data.start, balanced.info())
     else:
-        step_fn = make_step(model, optimizer, config, group)
+        step_fn = entry.make_step(model, optimizer, config, group)
     stopping = Stopping(config.ckpt_minutes * 60, group)
     with stopping.request:                   # SIGINT / SIGTERM: finish the step, checkpoint, stop (stopping.py)
         for step in range(data.start, config.steps):
@@ -341,7 +332,7 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
             mx.eval(loss, grad_norm, model.state, optimizer.state)
             done = step + 1
             last = done == config.steps
-            if drift == (rank, done) and not sharded:
+            if drift == (rank, done) and entry.replicated:
                 perturb(model)
             if balanced is not None and balanced.exchanged == done:
                 callbacks.on_shares(done, balanced.info())
@@ -352,7 +343,7 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
             if done % config.report_every == 0 or last or step == data.start or stop:   # the first step shows the start
                 callbacks.on_report(done, optimizer.learning_rate.item())
             # before a checkpoint keeps a drift
-            if config.check_sync and not sharded and (done % config.check_sync == 0 or last):
+            if config.check_sync and entry.replicated and (done % config.check_sync == 0 or last):
                 try:
                     check_sync(model, group, done)
                 except OutOfSync as e:
@@ -361,7 +352,8 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
             with callbacks.paused():
                 if (config.eval_every and done % config.eval_every == 0 and not stop) or last:
                     callbacks.on_quiet(done, "evaluation")
-                    callbacks.on_eval(done, evaluate(model, data.val, config.eval_batches, data.group))
+                    callbacks.on_eval(done, evaluate(model, data.val, config.eval_batches, data.group,
+                                                              entry.loss))
                 if (config.ckpt_every and done % config.ckpt_every == 0) or last or due or stop:
                     started = time.monotonic()
                     callbacks.on_quiet(done, "checkpoint")
@@ -432,8 +424,7 @@ def train(argv: list[str] | None = None) -> None:
     model = Transformer(ModelArgs.from_config(config, vocab_size))
     if config.precision != "float32":
         cast_model(model, config.precision)
-    if config.strategy == "zero3":                             # each rank keeps 1/N of every parameter
-        model = ShardedModel(model, group, config.zero3_gather)
+    model = strategies.get(config.strategy).wrap(model, group, config)     # zero3: each rank keeps 1/N of it
     optimizer = make_optimizer(config)
     start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
 
@@ -444,7 +435,7 @@ def train(argv: list[str] | None = None) -> None:
                      val=BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, rank),
                      group=group, start=start, shards=shard_loaders(config, rank, world, own, tokenizer),
                      rows=resumed.get("balance", {}).get("rows") if resumed else None)
-    described = presets.describe(config.training_dict(), how, parameters(model))
+    described = presets.describe(config.training_dict(), how, strategies.get(config.strategy).count(model))
     run_fit(model, optimizer, data, config, out_dir, (portable_spec(tokenizer), vocab_size), described,
             f"{len(train_tokens):,} training tokens on rank 0", ckpt)
 
@@ -465,13 +456,7 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     if config.adapter:              # the base frozen, the adapters made the same on every rank
         mx.random.seed(config.seed)
         adapters.apply(model, config)
-    if config.strategy == "zero3":
-        if not lm.zero3_units_known(ft.config["model_type"]):
-            raise ConfigError(f"--strategy zero3 knows how to shard {', '.join(lm.ZERO3_TYPES)} models, not "
-                              f"{ft.config['model_type']!r}: use --strategy fsdp or dp (docs/finetune.md#strategies)")
-        model = ShardedModel(model, group, config.zero3_gather, dropout=config.lora_dropout > 0 if config.adapter else None)
-    else:
-        mx.eval(model.parameters())
+    model = strategies.get(config.strategy).wrap(model, group, config, ft.config["model_type"])
     optimizer = make_optimizer(config)
     start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
     data = TrainData(train=ft.train, val=ft.val, group=group, start=start)
@@ -493,10 +478,6 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     elif rank == 0:
         path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()])
         print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {shlex.quote(str(path))})", flush=True)
-
-
-def parameters(model) -> int:
-    return model.num_parameters() if isinstance(model, ShardedModel) else count_parameters(model)
 
 
 def start_step(ckpt, resumed, model, optimizer, config: TrainConfig, rank: int, world: int) -> int:

@@ -97,7 +97,7 @@ def test_a_4bit_base_too_big_for_dp_is_refused_naming_zero3_and_adapted_under_ze
     under dp and under zero3 at world 4 (2 hosts, 2 ranks each): dp is refused on the controller in one line naming
     zero3, before any host starts; zero3, each rank holding a quarter of the frozen base, trains and brings the
     adapters home."""
-    from clusterctl.train import memory
+    from clusterctl.train import memory, strategies
     from clusterctl.train.config import TrainConfig
 
     cluster = make_cluster(2)
@@ -110,7 +110,7 @@ def test_a_4bit_base_too_big_for_dp_is_refused_naming_zero3_and_adapted_under_ze
     small = {"lora_rank": 2, "lora_keys": "self_attn.q_proj,self_attn.v_proj"}      # small adapters, as QLoRA's are
     shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=1, block_size=16, **small),
                             model_config["vocab_size"], model_config)
-    dp, zero3 = (memory.estimate(shape, s, 4).total for s in ("dp", "zero3"))
+    dp, zero3 = (strategies.estimate(shape, s, 4).total for s in ("dp", "zero3"))
     assert zero3 < 0.6 * dp, (dp, zero3)
     host = int((dp * zero3) ** 0.5 / memory.BUDGET)
     inventory = cluster.write_inventory(env={"CLUSTERCTL_HOST_MEMORY": str(host)})

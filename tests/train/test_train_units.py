@@ -252,7 +252,7 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     fresh = Transformer(ModelArgs.from_config(config, VOCAB))
     fresh_opt = make_optimizer(config)
     checkpoint.load_model(path, fresh)
-    checkpoint.load_optimizer(path, fresh_opt, "dp", 0)
+    checkpoint.load_optimizer(path / "optimizer.safetensors", fresh_opt)
     for k, v in flat(model.parameters()).items():
         assert mx.array_equal(v, flat(fresh.parameters())[k]).item()
     assert fresh_opt.state["step"].item() == 3
@@ -305,12 +305,16 @@ def test_resolve_finds_the_latest_whole_checkpoint(tmp_path):
 
 
 def test_fsdp_checkpoint_refuses_another_world_size():
+    from clusterctl.train.strategies import check_resume
+
     state = {"strategy": "fsdp", "world_size": 2}
-    with pytest.raises(checkpoint.CheckpointError, match="shards for 2 ranks; cannot resume on 1"):
-        checkpoint.check_compatible(state, "fsdp", 1, "ckpt")
+    with pytest.raises(checkpoint.CheckpointError, match=r"sharded over the ranks that wrote it \(2 ranks\), so it "
+                                                         "cannot resume on 1"):
+        check_resume(state, "fsdp", 1, "ckpt")
     with pytest.raises(checkpoint.CheckpointError, match="--strategy fsdp"):
-        checkpoint.check_compatible(state, "dp", 2, "ckpt")
-    checkpoint.check_compatible({"strategy": "dp", "world_size": 2}, "dp", 1, "ckpt")   # DP may change size
+        check_resume(state, "dp", 2, "ckpt")
+    check_resume({"strategy": "dp", "world_size": 2}, "dp", 1, "ckpt")         # DP may change size
+    check_resume({"strategy": "zero3", "world_size": 2}, "zero3", 3, "ckpt")   # zero3 re-shards on load
 
 
 def test_random_state_restores_exactly():

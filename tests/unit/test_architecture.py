@@ -374,3 +374,43 @@ def test_every_package_of_the_tree_is_in_the_wheel():
     packages = {os.path.relpath(d, os.path.dirname(PACKAGE)).replace(os.sep, ".")
                 for d, _, files in os.walk(PACKAGE) if "__init__.py" in files}
     assert packages - listed == set()
+
+
+# ---- the trainer knows strategies by their registry entry (train/strategies.py), not by name --------------
+
+STRATEGY_NAMES = ("dp", "fsdp", "zero3")
+
+
+def compared_strategies(path: str) -> list[tuple[int, str]]:
+    """(line, source) of every comparison (==, !=, in, not in) with a strategy's name written out, alone or in a
+    tuple, list or set, and of every dict keyed by one: a branch on a strategy's name."""
+    def names_one(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in STRATEGY_NAMES
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(map(names_one, node.elts))
+
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Compare) and any(map(names_one, [node.left, *node.comparators])):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Dict) and any(k is not None and names_one(k) for k in node.keys):
+            found.append((node.lineno, ast.unparse(node)[:80]))
+    return found
+
+
+def test_nothing_but_the_strategy_registry_branches_on_a_strategys_name():
+    from clusterctl.train.strategies import names
+
+    assert names() == STRATEGY_NAMES       # the registry, in --strategy auto's order
+    for module, path in ALL:
+        if module != "clusterctl.train.strategies":
+            assert compared_strategies(path) == [], module
+
+
+def test_the_strategy_check_catches_a_branch_on_a_name(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(config, s):\n    if config.strategy == 'fsdp':\n        return 1\n"
+                   "    if s in ('zero3', 'auto'):\n        return 2\n"
+                   "    if s == 'auto' or config.balance == 'off':\n        return 3\n"      # not a strategy's name
+                   "    return {'dp': 1}[s]\n")
+    assert [line for line, _ in compared_strategies(str(bad))] == [2, 4, 8]

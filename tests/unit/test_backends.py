@@ -213,7 +213,7 @@ def test_restarts_hints_and_doctor_follow_a_new_entrys_capabilities_not_its_name
     monkeypatch.setitem(REGISTRY, "jaccl-ring", RankStarterBackend(MLXLaunchBackend("jaccl-ring", rdma="ring")))
     monkeypatch.setitem(REGISTRY, "tcp", RankStarterBackend(MLXLaunchBackend(
         "tcp", neighbours_only=True, smoke=SmokeTest(("data-plane",)))))
-    elastic = {"world": 4, "preflight": True, "bundled_fsdp": False}
+    elastic = {"world": 4, "preflight": True}
     with pytest.raises(UsageError, match="--elastic cannot shrink a jaccl-ring world: its rdma table"):
         RestartPolicy(1, elastic=2).check(backend="jaccl-ring", **elastic)
     RestartPolicy(1, elastic=2).check(backend="tcp", **elastic)

@@ -1,4 +1,5 @@
-"""The memory planner (clusterctl.train.memory): the estimate's arithmetic, what --strategy auto picks, and
+"""The memory planner (clusterctl.train.memory's shapes, each strategy's estimate in clusterctl.train.strategies): the
+estimate's arithmetic, what --strategy auto picks, and
 the one-line refusal of a run that does not fit. Pure: the figures here are the formula's; how close the
 formula is to measured peaks is tests/train/test_train_multiprocess.py's estimate test and
 benchmarks/bench_zero3.py."""
@@ -6,7 +7,9 @@ import pytest
 
 from clusterctl.errors import BadInput
 from clusterctl.train import memory
-from clusterctl.train.memory import MemoryRefused, Shape, choose, estimate, parse_size
+from clusterctl.train.memory import MemoryRefused, Shape, parse_size
+from clusterctl.train.prelaunch import plan_before_launch
+from clusterctl.train.strategies import choose, estimate, names
 
 # the issue's parameter-dominated model: 4 layers, dim 384, mlp 1536, block 16, batch 2, byte tokenizer
 ISSUE = Shape(vocab=257, n_layers=4, dim=384, n_heads=4, mlp_dim=1536, block_size=16, batch_size=2)
@@ -84,7 +87,7 @@ ARGS = ["--n-layers", "4", "--dim", "384", "--n-heads", "4", "--mlp-dim", "1536"
 
 
 def test_run_refuses_on_the_controller_with_the_smallest_hosts_memory(tmp_path):
-    check = memory.check_before_launch
+    check = plan_before_launch
     big, small = 16 * 2 ** 30, 200 * MB
     assert check(ARGS, 2, {"h1": big, "h2": big}, {}, "Linux", str(tmp_path)) == "dp"
     with pytest.raises(MemoryRefused, match="under dp at world 2; the smallest host has 200 MB .* pass --strategy zero3"):
@@ -96,7 +99,7 @@ def test_run_refuses_on_the_controller_with_the_smallest_hosts_memory(tmp_path):
 
 
 def test_run_leaves_to_the_ranks_what_it_cannot_tell(tmp_path):
-    check = memory.check_before_launch
+    check = plan_before_launch
     tiny = {"h1": 10 * MB}
     assert check([*ARGS, "--resume", "runs/x"], 1, tiny, {}, "Linux", str(tmp_path)) is None    # the checkpoint's settings
     assert check([*ARGS, "--dim", "385"], 1, tiny, {}, "Linux", str(tmp_path)) is None          # the trainer refuses it
@@ -134,7 +137,7 @@ def test_an_adapter_run_counts_the_frozen_base_as_stored_and_the_adapters_alone_
 
 def test_an_adapter_run_too_big_for_dp_is_refused_naming_zero3_which_shards_its_frozen_base():
     shape = adapter_shape({"bits": 4, "group_size": 64}, lora_rank=2, lora_keys="self_attn.q_proj")
-    assert memory.strategies(shape) == ("dp", "fsdp", "zero3")
+    assert names() == ("dp", "fsdp", "zero3")
     dp, zero3 = estimate(shape, "dp", 4).total, estimate(shape, "zero3", 4).total
     assert zero3 < dp and estimate(shape, "zero3", 8).total < zero3       # 1/N of the base per rank
     host = int((dp + zero3) / 2 / memory.BUDGET)

@@ -13,6 +13,7 @@ from clusterctl.run import RunOptions, program_for
 from clusterctl.serve.service import RANK_MODULE, Service
 from clusterctl.train.memory import MemoryRefused
 from clusterctl.train.prelaunch import check_before_launch
+from clusterctl.train.strategies import shrink_refusal
 from clusterctl.trainer_program import BundledTrainer
 
 SERVED = Service("http://127.0.0.1:8080", "tiny", "/m/tiny", None, "pipeline")
@@ -41,7 +42,7 @@ def test_any_program_is_asked_nothing_and_given_its_arguments_as_they_are():
             kind.checks_before_launch) == (True, True, False, False, False)
     assert kind.inputs(args, run_gives_data=False) == [] and kind.with_data(args, "/w/d") == list(args)
     assert not kind.asks_latest(args) and kind.resuming_from(args, "runs/x") == list(args)
-    assert not kind.cannot_shrink(args) and kind.service is None
+    assert kind.shrink_refusal(args) is None and kind.service is None
     assert kind.describe(args) == {"kind": "program", "model": None, "strategy": None}
     kind.check(PlannedLaunch(args, 1, {}, {}, None, "/p", None))          # nothing to refuse
     assert Program("s.py", None, ("a",)).rank_args("/w/d") == ["a"] and not Program("s.py", None, ()).ships_clusterctl
@@ -59,8 +60,11 @@ def test_the_bundled_trainer_says_what_it_reads_how_it_resumes_and_what_cannot_s
     assert kind.asks_latest(("--resume", "latest")) and not kind.asks_latest(("--resume", "latest", "--out", "mine"))
     assert not kind.asks_latest(("--resume", "runs/x"))
     assert kind.resuming_from(("--resume", "latest", "--steps", "9"), "runs/a") == ["--resume", "runs/a", "--steps", "9"]
-    assert kind.cannot_shrink(("--strategy", "fsdp")) and not kind.cannot_shrink(("--strategy", "fsdp", "--strategy=dp"))
-    assert not kind.cannot_shrink(("--strategy", "zero3"))
+    assert kind.shrink_refusal(("--strategy", "fsdp")) is None     # the CLI gives it the trainer's registry
+    kind = BundledTrainer(strategy_shrink=shrink_refusal)
+    assert "FSDP's optimizer state is sharded" in kind.shrink_refusal(("--strategy", "fsdp"))
+    assert kind.shrink_refusal(("--strategy", "fsdp", "--strategy=dp")) is None
+    assert kind.shrink_refusal(("--strategy", "zero3")) is None and kind.shrink_refusal(("--steps", "5")) is None
     assert kind.describe(("--model", "m", "--strategy", "zero3")) == {"kind": "fine-tune", "model": "m", "strategy": "zero3"}
     program = program_for(None, ("--steps", "5"), None)
     assert program.rank_args("/w/d") == ["clusterctl.train", "--data", "/w/d", "--steps", "5"] and program.ships_clusterctl

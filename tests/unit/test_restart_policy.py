@@ -50,20 +50,20 @@ def test_the_policy_restarts_failures_until_used_up_but_never_a_users_stop():
     (RestartPolicy(1, elastic=5), {}, "between 1 and the cluster's 4"),
     (RestartPolicy(1, elastic=2), {"preflight": False}, "drop --no-preflight"),
     (RestartPolicy(1, elastic=2), {"backend": "jaccl"}, "cannot shrink a jaccl world"),
-    (RestartPolicy(1, elastic=2), {"bundled_fsdp": True}, "FSDP's optimizer state is sharded"),
+    (RestartPolicy(1, elastic=2), {"shrink_refusal": "the program's own reason"}, "the program's own reason"),
     (RestartPolicy(1, batch="both"), {}, "one of rank, global"),
     (RestartPolicy(-1), {}, "give 0 or more"),
 ])
 def test_combinations_that_cannot_work_are_refused_before_anything_starts(policy, kwargs, message):
-    args = {"world": 4, "backend": "ring", "preflight": True, "bundled_fsdp": False, **kwargs}
+    args = {"world": 4, "backend": "ring", "preflight": True, **kwargs}
     with pytest.raises(UsageError, match=message):
         policy.check(**args)
 
 
 def test_what_works_passes_the_check():
-    RestartPolicy(1, elastic=2).check(world=4, backend="mpi", preflight=True, bundled_fsdp=False)
-    RestartPolicy(3).check(world=4, backend="jaccl", preflight=False, bundled_fsdp=True)   # same world: fine
-    RestartPolicy().check(world=1, backend="ring", preflight=True, bundled_fsdp=False)
+    RestartPolicy(1, elastic=2).check(world=4, backend="mpi", preflight=True)
+    RestartPolicy(3).check(world=4, backend="jaccl", preflight=False, shrink_refusal="sharded")   # same world: fine
+    RestartPolicy().check(world=1, backend="ring", preflight=True)
 
 
 def test_restart_variables_only_for_a_restartable_run():
