@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -129,19 +130,60 @@ def test_a_test_set_is_scored_once_at_the_end_whatever_the_number_of_ranks(input
     assert "test: loss " in r.stdout and json.loads((zero3 / "trainer.json").read_text())["test"]["records"] == 13
 
 
-@pytest.mark.parametrize("strategy", ["zero3"])     # dp's restore is zero3's with the adapters loaded the same way
-def test_dora_with_dropout_resumes_exactly_from_a_checkpoint(inputs, tmp_path, strategy):
-    """The adapters, their AdamW state, the data position and every rank's random state (dropout) come back:
-    steps 6..10 of a run resumed from step 5 are the uninterrupted run's, to the bit; under zero3 too (the
-    frozen base sharded, its units recomputed with the forward pass's dropout masks)."""
-    common = ["--adapter", "dora", "--lora-dropout", "0.1", "--steps", "10", "--ckpt-every", "5", "--strategy", strategy]
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run(adapt(inputs, "qwen3-4bit", "text", *common, "--out", str(whole)))
-    run(adapt(inputs, "qwen3-4bit", "text", *common, "--out", str(resumed),
-              "--resume", str(whole / "checkpoints" / "step-000005")))
-    want, got = losses(whole), losses(resumed)
-    assert [got[s] for s in range(6, 11)] == [want[s] for s in range(6, 11)]
-    assert max_diff(adapter_weights(resumed / "adapters"), adapter_weights(whole / "adapters")) == 0.0
+def test_a_killed_rank_restarts_and_the_adapters_resume_exactly_and_on_another_world_size(inputs, tmp_path):
+    """DoRA with dropout on a 4-bit qwen3 under zero3, 2 ranks over ring through `clusterctl run --max-restarts 1`:
+    one rank is killed with kill -9 after a checkpoint; run restarts the job, which resumes from its newest
+    checkpoint (the adapters, their AdamW state, the data position, every rank's random state: the dropout masks),
+    and the curve is the uninterrupted run's to the bit. The finished run then continues on 1 rank (the frozen
+    base re-sharded as it loads, the adapters whole)."""
+    import glob
+    import os
+    import signal
+    import time
+
+    from test_train_multiprocess import rank_processes
+
+    steps = 60
+    common = ["--adapter", "dora", "--lora-dropout", "0.1", "--accum", "2", "--strategy", "zero3", "--ckpt-every", "5"]
+    program = adapt(inputs, "qwen3-4bit", "text", *common, "--steps", str(steps))
+    whole = tmp_path / "whole"
+    run(ring(program + ["--out", str(whole)], tmp_path), world=2)
+
+    launcher = ring(program, tmp_path)
+    launcher[launcher.index("--"):launcher.index("--")] = ["--max-restarts", "1", "--restart-delay", "0"]
+    before = set(glob.glob(str(tmp_path / "runs" / "*")))        # the whole run's logs
+    job = subprocess.Popen(launcher, env={**ENV, "CLUSTERCTL_WORLD_SIZE": "2"}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline, killed = time.monotonic() + 120, None
+    try:
+        while killed is None:
+            assert job.poll() is None, "the run ended before a rank could be killed: " + job.stdout.read()
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            found = [d for d in glob.glob(str(tmp_path / "runs" / "*")) if d not in before]
+            out = found[0] if found else None
+            latest = os.path.join(out, "checkpoints", "latest") if out else None
+            if latest and os.path.exists(latest) and os.path.exists(os.path.join(out, "metrics.jsonl")):
+                at = int(open(latest).read().strip().split("-")[1])
+                if max(losses(out), default=0) >= at + 2:
+                    killed = rank_processes(job.pid)[-1]
+                    os.kill(killed, signal.SIGKILL)
+            time.sleep(0.02)
+        output, _ = job.communicate(timeout=150)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, output[-3000:]
+    assert "restart" in output.lower(), output[-3000:]
+    want, got = losses(whole), losses(out)
+    assert sorted(got) == list(range(1, steps + 1)) and got == want
+    assert max_diff(adapter_weights(Path(out) / "adapters"), adapter_weights(whole / "adapters")) == 0.0
+
+    more = tmp_path / "more"
+    r = run(adapt(inputs, "qwen3-4bit", "text", *common, "--steps", str(steps + 5), "--out", str(more),
+                  "--resume", str(whole)))
+    assert f"steps {steps + 1}..{steps + 5}" in r.stdout and "written by 2 rank(s), this run has 1" in r.stdout
+    assert sorted(losses(more)) == list(range(steps + 1, steps + 6))
 
 
 def test_export_fuses_the_adapters_into_the_base_quantized_again_or_dequantized(inputs, one_rank_accum_2, tmp_path):
