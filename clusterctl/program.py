@@ -41,6 +41,15 @@ class Capabilities:
     pictures_loss = False              # afterwards, runs/<id>/loss.png from its metrics (observe/plot.py)
     checks_before_launch = False       # check() looks at the planned launch (False: run skips planning one)
 
+    def store_model(self, args: Sequence[str]) -> str | None:
+        """The model it reads (a directory here or a Hugging Face id), which run puts into every host's model store
+        before the launch, its ranks finding their host's copy in MODEL_DIR_ENV; None: none."""
+        return None
+
+    def with_store_model(self, args: Sequence[str], model: str) -> list[str]:
+        """Its arguments with the model given as `model` (a hub id resolved to its snapshot here)."""
+        return list(args)
+
     def inputs(self, args: Sequence[str], run_gives_data: bool) -> list[tuple[str, str]]:
         """(flag, path) of the directories it reads that run may copy with the project, or must find on every
         host when it cannot (`run_gives_data`: run's own --data was given)."""

@@ -23,7 +23,9 @@ TRAINER_MODULE = "clusterctl.train"    # the bundled trainer, as run starts it (
 RUNS_DIR = "runs"
 TRAINER_SUMMARY = "trainer.json"       # in the run directory: what the trainer adds to summary.json ("trainer")
 DATA = "--data"
-MODEL = "--model"                      # an mlx-lm model directory the trainer fine-tunes (run ships it with the project)
+MODEL = "--model"                      # an mlx-lm model directory (or hub id) the trainer fine-tunes
+# where a rank reads --model from: its host's model-store copy, which run pushed there (run/ sets it per host)
+MODEL_DIR_ENV = "CLUSTERCTL_MODEL_DIR"
 STRATEGY = "--strategy"
 DEFAULT_STRATEGY = "dp"                # --strategy left out (train/config.py's default)
 ADAPTER = "--adapter"                  # lora or dora: adapters on --model, the base frozen (train/adapters.py)

@@ -42,9 +42,14 @@ class BundledTrainer(Capabilities):
     def checks_before_launch(self) -> bool:
         return self.prelaunch is not None
 
+    def store_model(self, args: Sequence[str]) -> str | None:
+        return flag_value(args, MODEL)
+
+    def with_store_model(self, args: Sequence[str], model: str) -> list[str]:
+        return replace_flag(args, MODEL, model)
+
     def inputs(self, args: Sequence[str], run_gives_data: bool) -> list[tuple[str, str]]:
-        flags = (MODEL,) if run_gives_data else (MODEL, DATA)
-        return [(flag, flag_value(args, flag)) for flag in flags if flag_value(args, flag)]
+        return [] if run_gives_data or not flag_value(args, DATA) else [(DATA, flag_value(args, DATA))]
 
     def with_data(self, args: Sequence[str], data_dir: str) -> list[str]:
         return add_run_flag(list(args), DATA, data_dir)

@@ -302,6 +302,10 @@ class SSHCluster:
     def write_inventory(self, env: dict[str, str] | None = None, **defaults: str) -> Path:
         """The inventory, with `defaults` (strings) and `env` (every host's environment) under defaults."""
         d = {"python": sys.executable, "workdir": self.workdir, **defaults}
+        if not self.inventory_only and "model_store" not in defaults:
+            # each host's model store in its own root (the user's ~/.cache is never a test's); the inventory-only
+            # hosts' HOME is an empty directory of their own already
+            d["model_store"] = str(self.host_root / "model-store")
         if self.inventory_only:     # the issue's own example: hosts by address, the rest in defaults
             d = {"user": "root", "port": str(self.hosts[0].port), "identity_file": str(self.client_key),
                  "mesh_identity_file": str(self.client_key), **d}

@@ -33,6 +33,16 @@ def size(n: float) -> str:
     return str(n)
 
 
+def stored_line(prefix: str, host: str, entry, path: str) -> str:
+    """What a host's model store did with a model a command pushed (`entry`: transfer.models.StoreEntry; None for
+    this machine, which reads the model where it is)."""
+    if entry is None:
+        return f"{prefix}: {host} is this machine: it reads the model where it is ({path})"
+    if entry.reused:
+        return f"{prefix}: {host} has it already in its store ({entry.path}): no model bytes moved"
+    return f"{prefix}: {host}: {size(entry.sent_bytes)} sent, verified, in its store ({entry.path})"
+
+
 def one_line(error: BaseException) -> str:
     text = str(error)
     # ConnectError / CommandTimeout already name the host; the prefix does too.

@@ -14,7 +14,7 @@ from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
 from ..trainer_contract import RUNS_DIR
 from . import app
-from .console import one_line, size
+from .console import one_line, size, stored_line
 
 
 @app.command("clusterctl hostfile --hosts inventory.yaml -o hosts.txt --print-command -- /path/train.py")
@@ -71,6 +71,9 @@ class PrintedRun:
 
     def staged(self, what, hosts, files, nbytes):
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
+
+    def model_stored(self, host, entry, path):
+        click.echo(stored_line("model", host, entry, path), err=True)
 
     def started(self, launch, program, world, backend):
         click.echo(f"run {launch.run_id}: {program} on {world} rank{'s' * (world != 1)} over {backend}; logs in {launch.log_dir}",

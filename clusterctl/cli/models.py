@@ -75,12 +75,14 @@ def models_cmd(ctx, inventory_path, connect_timeout, strict_host_keys, as_json):
 @app.json_option
 def models_push_cmd(model_dir, inventory_path, method, verify, bwlimit, connect_timeout, timeout, strict_host_keys,
                     as_json):
-    """Put MODEL_DIR (an mlx-lm model: config.json, *.safetensors) into every host's store, verified by sha256
-    there; a model already there moves nothing, a cut-off push continues where it stopped."""
+    """Put MODEL_DIR (an mlx-lm model: config.json, *.safetensors; or a Hugging Face model id, ORG/NAME, from the
+    hub's cache here, downloaded into it first if need be) into every host's store, verified by sha256 there; a
+    model already there moves nothing, a cut-off push continues where it stopped."""
+    from ..transfer.hub import resolve
     from ..transfer.models import describe, push
 
     cluster = app.load(inventory_path)
-    model = describe(model_dir)
+    model = describe(resolve(model_dir))
     bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
     group = push(app.connector(cluster, connect_timeout, strict_host_keys), None, model, method=method, verify=verify,
                  progress=bars.update if bars else None, bwlimit_kbps=bwlimit, timeout=timeout)

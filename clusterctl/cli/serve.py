@@ -8,7 +8,7 @@ import click
 
 from ..trainer_contract import RUNS_DIR
 from . import app
-from .console import size
+from .console import size, stored_line
 from .launch import PrintedRun, print_tail
 
 
@@ -22,13 +22,8 @@ class PrintedServe(PrintedRun):
         how = "fused before: reused" if cached else "fused into it now"
         click.echo(f"serve: the adapters {adapters} on {base} ({how}, {path})", err=True)
 
-    def pushed(self, host, entry):
-        if entry is None:
-            click.echo(f"store: {host} is this machine: it reads the model where it is", err=True)
-        elif entry.reused:
-            click.echo(f"store: {host} has it already ({entry.path}): no model bytes moved", err=True)
-        else:
-            click.echo(f"store: {host}: {size(entry.sent_bytes)} sent, verified, in {entry.path}", err=True)
+    def pushed(self, host, entry, path):
+        click.echo(stored_line("store", host, entry, path), err=True)
 
     def listening(self, url, exposed):
         if exposed:
@@ -41,7 +36,7 @@ class PrintedServe(PrintedRun):
 
 
 @app.command("clusterctl serve models/Qwen3-8B --hosts inventory.yaml --port 8080")
-@click.argument("model", type=click.Path(file_okay=False))
+@click.argument("model")
 @click.option("--hosts", "inventory_path", type=click.Path(dir_okay=False), metavar="INVENTORY",
               help="The inventory YAML file (default: this machine alone).")
 @app.backend_option()
@@ -80,7 +75,8 @@ class PrintedServe(PrintedRun):
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_restarts, restart_delay, stall_timeout,
               method, verify, launch_from, adapter_ref, runs_dir, connect_timeout, server_args):
-    """Serve MODEL (an mlx-lm model directory) from every host, until Ctrl-C.
+    """Serve MODEL (an mlx-lm model directory, or a Hugging Face model id such as mlx-community/Qwen3-4B-4bit,
+    from the hub's cache here) from every host, until Ctrl-C.
 
     \b
     clusterctl serve MODEL --hosts inventory.yaml [OPTIONS] [-- MLX_LM_SERVER_OPTIONS]

@@ -67,6 +67,11 @@ class AttemptHooks:
         "-m"; its arguments; the ranks' extra environment)."""
         raise NotImplementedError
 
+    def host_env(self) -> dict[str, dict[str, str]]:
+        """Each host's own extra environment for its ranks (host name -> values), besides ranks()' for every
+        rank: where a host keeps what the job reads (run's model, in that host's model store)."""
+        return {}
+
     def watching(self, launch: Launch) -> Status:
         """What hears the ranks' events while the launch is supervised (supervise's `status`)."""
         return lambda rank, kind, value, now: None
@@ -131,7 +136,7 @@ class Attempts:
             script, args, extra_env = hooks.ranks()
             launch = prepare(cluster, plan, script=script, args=args, backend=backend, runs_root=settings.runs_dir,
                              site=site, connector=self.connector, extra_env=extra_env,
-                             run_id=self.run_id, restart=attempt, stdin=self.stdin)
+                             run_id=self.run_id, restart=attempt, stdin=self.stdin, host_env=hooks.host_env())
             if settings.dry_run:
                 return launch, None
             hooks.started(launch, cluster)

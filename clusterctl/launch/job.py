@@ -17,7 +17,7 @@ import secrets
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..atomic import write_text
 from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
@@ -84,10 +84,12 @@ def run_dir_of_ranks(cluster: Cluster, run_id: str, run_dir: str) -> str:
 
 
 def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: str,
-                     extra_env: dict[str, str] | None = None, restart: int | None = None) -> dict[str, str]:
+                     extra_env: dict[str, str] | None = None, restart: int | None = None,
+                     host_env: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
     """What every rank finds in its environment: the plan's (libmpi, the inventory's env), clusterctl's
-    own CLUSTERCTL_* variables, unbuffered output, and the caller's extras. A restartable run (`restart`
-    not None) adds CLUSTERCTL_RESTART (0 for the first attempt, then 1, 2, ...) and, on a restart,
+    own CLUSTERCTL_* variables, unbuffered output, and the caller's extras; `host_env`: values of each host's own
+    (host name -> values), which its ranks get through the bootstrap as they get the inventory's per-host env.
+    A restartable run (`restart` not None) adds CLUSTERCTL_RESTART (0 for the first attempt, then 1, 2, ...) and, on a restart,
     CLUSTERCTL_RESUME_DIR: the run directory the earlier attempts wrote their checkpoints into."""
     rank_run_dir = run_dir_of_ranks(cluster, run_id, run_dir)
     env = {**plan.env, "CLUSTERCTL_WORLD_SIZE": str(cluster.world_size), "CLUSTERCTL_RUN_DIR": rank_run_dir,
@@ -97,9 +99,20 @@ def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: s
         if restart:
             env["CLUSTERCTL_RESUME_DIR"] = rank_run_dir
     differ = host_env_overrides(cluster)
+    extra = dict(extra_env or {})
+    if host_env:
+        first = dict(host_env.get(cluster.hosts[0].name, {}))
+        extra.update(first)                                    # every rank gets the first host's, as launched
+        rank = 0
+        for host in cluster.hosts:
+            mine = {k: v for k, v in host_env.get(host.name, {}).items() if first.get(k) != v}
+            for _ in range(host.slots):
+                if mine:
+                    differ.setdefault(str(rank), {}).update(mine)
+                rank += 1
     if differ:
         env[HOST_ENV] = json.dumps(differ, separators=(",", ":"))
-    return {**env, **(extra_env or {})}
+    return {**env, **extra}
 
 
 HOST_ENV = "CLUSTERCTL_HOST_ENV"     # read (and removed) by the rank bootstrap: hosts/scripts/bootstrap.py
@@ -138,7 +151,8 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
 
 def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str], backend: Backend, runs_root: str,
             site: LaunchSite, connector: Connector, extra_env: dict[str, str] | None = None,
-            run_id: str | None = None, restart: int | None = None, stdin: StdinFeed | None = None) -> Launch:
+            run_id: str | None = None, restart: int | None = None, stdin: StdinFeed | None = None,
+            host_env: Mapping[str, Mapping[str, str]] | None = None) -> Launch:
     """Make the local run directory and build the launch. On the first host (site.host, reached by
     site.transport) the launcher's files go to <workdir>/.clusterctl/runs/<id>/ there, copied when the
     launch starts. The launcher's ssh is given the connector's settings.
@@ -157,7 +171,7 @@ def prepare(cluster: Cluster, plan: LaunchPlan, *, script: str, args: list[str],
     relay = secrets.token_hex(4) if stdin is not None and backend.stdin_to_rank0_only else None
     rank_env = rank_environment(cluster, plan, run_id, run_dir, {"CLUSTERCTL_BACKEND": backend.name, **(extra_env or {}),
                                                                  **({RELAY_ENV: relay} if relay else {})},
-                                restart=restart)
+                                restart=restart, host_env=host_env)
     program = rank_program(cluster, run_id, script, args)
     if site.host is None:
         launch = _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector,

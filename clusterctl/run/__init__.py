@@ -48,8 +48,10 @@ from ..launch.outcome import AttemptState, Outcome
 from ..observe.live import LiveRun
 from ..observe.runs import latest_checkpoint
 from ..program import Capabilities, PlannedLaunch, Program, kind_of
-from ..transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
+from ..trainer_contract import MODEL_DIR_ENV
 from ..trainer_program import BundledTrainer
+from ..transfer import hub
+from ..transfer.fetch import Fetched, check_fetch_paths, fetch_outputs
 from ..transfer.stage import fetch_run_dir, project_copy, ship_clusterctl, stage_data, stage_project
 from .hooks import RunHooks, plot_losses
 
@@ -114,6 +116,9 @@ class RunEvents:
     def warning(self, text: str) -> None: ...
     def note(self, text: str) -> None: ...
     def staged(self, what: str, hosts: int, files: int, nbytes: int) -> None: ...
+    # the program's model (its kind's `store_model`) in a host's store: the StoreEntry, None for this machine, which reads
+    # the model where it is
+    def model_stored(self, host: str, entry, path: str) -> None: ...
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
     def output(self, text: str, is_err: bool) -> None: ...
@@ -164,16 +169,20 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     # now, so that a host ssh cannot use is named before anything moves
     warm = settings.preflight and not settings.dry_run and cached_plan(cluster) is not None
     connector = Connector(cluster, connect_timeout=options.connect_timeout, lazy=warm)
+    program, model = (program, None) if settings.dry_run else _model_here(program, project)
     checks = program.kind.checks_before_launch and not settings.dry_run
     if checks:       # what is known before anything moves: the last plan's memory, the inventory's env
         _check_program(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
     uncopied = [(flag, path) for flag, path, copied in _program_inputs(program, options, project) if not copied]
+    given = program.kind.store_model(program.args)
+    if given is not None and model is None and not settings.dry_run:     # not here: it must be on every host
+        uncopied.append(("model", given))
     if uncopied and settings.preflight and not settings.dry_run and not all(h.local for h in cluster.hosts):
         check_inputs_on_hosts(connector, uncopied, synced=options.sync)
     # a warm launch does not wait for the project's copy: it starts beside the launcher, each rank waiting for
     # its host's copy to end before its program runs (the copy's token: the bootstrap's gate)
-    extra_env, copy = ({}, None) if settings.dry_run else stage(connector, options, program, project, events,
-                                                              beside=warm)
+    extra_env, copy, host_env = ({}, None, {}) if settings.dry_run else stage(
+        connector, options, program, project, events, beside=warm, model=model)
     if policy.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
     plan, preflight = _plan(cluster, connector, settings, program, needs_mpi=backend.needs_mpi)
@@ -181,7 +190,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         _check_program(cluster, plan, program, project, options)
     if not settings.watch.stall.enabled:
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
-    hooks = RunHooks(options, program, backend, extra_env, events, connector, copy)
+    hooks = RunHooks(options, program, backend, extra_env, events, connector, copy, host_env)
     # one reader of the controller's stdin for every attempt (hosts/stdinfeed.py)
     # (a dry run reads none of it: StdinFeed.of looks into a pipe)
     stdin = StdinFeed.of(options.stdin) if program.kind.reads_stdin and not settings.dry_run else None
@@ -271,11 +280,13 @@ class BesideCopy:
 
 
 def stage(connector: Connector, options: RunOptions, program: Program, project: str, events: RunEvents,
-          beside: bool = False) -> tuple[dict[str, str], BesideCopy | None]:
-    """Copy what the job needs to the connector's hosts before launching, the project, clusterctl and the
-    shards at once (they are independent); returns the ranks' extra environment, and, with `beside`, the
-    project's copy to start with the launcher (BesideCopy: what the project's ignore rules leave out of it
-    is refused here all the same, before anything moves)."""
+          beside: bool = False, model: str | None = None
+          ) -> tuple[dict[str, str], BesideCopy | None, dict[str, dict[str, str]]]:
+    """Copy what the job needs to the connector's hosts before launching, the project, clusterctl, the shards
+    and the program's `model` (a directory here: into every other host's model store) at once (they are
+    independent); returns the ranks' extra environment, with `beside` the project's copy to start with the
+    launcher (BesideCopy: what the project's ignore rules leave out of it is refused here all the same, before
+    anything moves), and each host's own environment (where its ranks read the model: MODEL_DIR_ENV)."""
     if options.data_dir and not os.path.isfile(os.path.join(options.data_dir, _manifest())):
         # the trap of an option both accept: say whose --data this was (docs/run.md#the-command-line)
         what = "no such directory" if not os.path.isdir(options.data_dir) else f"no {_manifest()} there"
@@ -284,12 +295,16 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
                          f"{program.label}, write it after {program.label}")
     jobs = {}
     copy = None
+    if model is not None:
+        jobs["model"] = in_background(_push_model, connector, model, events)
     if options.sync and program.kind.copies_project:
         needed = tuple(path for _, path, copied in _program_inputs(program, options, project) if copied)
+        inside = model is not None and _inside(project, model)
+        excludes = (f"/{os.path.relpath(model, os.path.realpath(project))}/",) if inside else ()   # the store has it
         if beside:
-            copy = _beside_copy(connector, project, needed, events)
+            copy = _beside_copy(connector, project, needed, events, excludes)
         else:
-            jobs["project"] = in_background(stage_project, connector, project, needed)
+            jobs["project"] = in_background(stage_project, connector, project, needed, excludes)
     if options.sync and program.ships_clusterctl:
         jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:
@@ -302,12 +317,50 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
         if group is not None:
             events.staged(what, len(group), sum(len(o.value.moved) for o in group.values()),
                           sum(o.value.moved_bytes for o in group.values()))
-    return ({"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}), copy
+    host_env = {host: {MODEL_DIR_ENV: path} for host, path in jobs["model"].result().items()} if "model" in jobs else {}
+    return ({"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}), copy, host_env
 
 
-def _beside_copy(connector: Connector, project: str, needed: tuple[str, ...], events: RunEvents) -> BesideCopy | None:
+def _model_here(program: Program, project: str) -> tuple[Program, str | None]:
+    """The model the program reads (its kind's `store_model`) as a directory here, which run puts into the hosts'
+    stores, or None (none, or not here: then it must be on every host as given). A Hugging Face id is resolved in
+    the hub's cache here (transfer/hub.py: downloaded into it first when need be) and the program's arguments
+    then name that snapshot (what its records keep)."""
+    given = program.kind.store_model(program.args)
+    if given is None:
+        return program, None
+    resolved = hub.resolve(given, project)
+    if resolved != given:
+        program = replace(program, args=tuple(program.kind.with_store_model(program.args, resolved)))
+    path = os.path.realpath(os.path.join(project, os.path.expanduser(resolved)))
+    return program, path if os.path.isdir(path) else None
+
+
+def _inside(project: str, path: str) -> bool:
+    rel = os.path.relpath(path, os.path.realpath(project))
+    return rel != os.curdir and not rel.startswith(os.pardir)
+
+
+def _push_model(connector: Connector, model: str, events: RunEvents) -> dict[str, str]:
+    """`model` into the store of every host but this machine, verified there (transfer/models.py: once; a model
+    already there moves nothing, a cut-off push continues); host name -> where its ranks read it (this machine's
+    read it where it is, as given)."""
+    from ..transfer import models as store
+
+    remote = [h for h in connector.cluster.hosts if not h.local]
+    if not remote:
+        return {}
+    entries = store.require_all(store.push(connector, remote, store.describe(model)))
+    for host in connector.cluster.hosts:
+        entry = entries.get(host.name)
+        events.model_stored(host.name, entry, entry.path if entry is not None else model)
+    return {name: entry.path for name, entry in entries.items()}
+
+
+def _beside_copy(connector: Connector, project: str, needed: tuple[str, ...], events: RunEvents,
+                 excludes: tuple[str, ...] = ()) -> BesideCopy | None:
     token = secrets.token_hex(8)
-    send = project_copy(connector, project, needed, gate=token)       # its refusals now, before anything starts
+    send = project_copy(connector, project, needed, gate=token, excludes=excludes)   # its refusals now
     if send is None:
         return None
 

@@ -33,7 +33,7 @@ class RunHooks(AttemptHooks):
     restart continues from), tells them (its events) and records them (runs/<id>/summary.json)."""
 
     def __init__(self, options: RunOptions, program: Program, backend, extra_env: dict[str, str], events: RunEvents,
-                 whole: Connector, copy: BesideCopy | None = None):
+                 whole: Connector, copy: BesideCopy | None = None, host_env: dict[str, dict[str, str]] | None = None):
         self.options, self.program, self.backend, self.events = options, program, backend, events
         self.whole = whole                  # the inventory's hosts, all of them: a re-stage narrows it
         self.extra_env = extra_env          # CLUSTERCTL_DATA_DIR: where stage() (or a re-stage) put the shards
@@ -41,6 +41,7 @@ class RunHooks(AttemptHooks):
         self.record: RunRecord | None = None
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
         self.copy = copy                    # the project's copy beside the first launch, its ranks waiting for it
+        self.own_env = host_env or {}       # each host's own (its model-store copy of the program's model)
 
     def ranks(self) -> tuple[str, list[str], dict[str, str]]:
         script, _ = self.program.argv
@@ -48,6 +49,9 @@ class RunHooks(AttemptHooks):
         if self.copy is not None and not self.copy.future.done():      # a launch beside it: its ranks wait for it
             env = {**env, COPY_GATE_ENV: self.copy.token}
         return script, self.program.rank_args(self.extra_env.get("CLUSTERCTL_DATA_DIR")), env
+
+    def host_env(self) -> dict[str, dict[str, str]]:
+        return self.own_env
 
     def launching_from(self, site: LaunchSite) -> None:
         self.events.launching_from(site.name, self.backend.launcher_label)

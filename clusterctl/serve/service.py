@@ -37,6 +37,7 @@ from ..inventory import Cluster
 from ..launch.attempts import AttemptSettings
 from ..program import Capabilities
 from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, run
+from ..transfer import hub
 from ..transfer import models as store
 from .check import check_model, served_name, stage_files
 from .endpoint import Endpoint, model_ids
@@ -101,7 +102,7 @@ class ServeEvents(RunEvents):
 
     def checked(self, model: str, kind: str, size: int) -> None: ...
     def fused(self, base: str, adapters: str, path: str, cached: bool) -> None: ...
-    def pushed(self, host: str, entry: store.StoreEntry | None) -> None: ...     # None: this machine, in place
+    def pushed(self, host: str, entry: store.StoreEntry | None, path: str) -> None: ...   # None: this machine
     def ready(self, url: str, model_id: str, seconds: float, since_start: float) -> None: ...
     def listening(self, url: str, exposed: bool) -> None: ...
 
@@ -122,7 +123,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
     began = time.monotonic()
     events = events or ServeEvents()
     _check_args(options)
-    model_dir = os.path.abspath(options.model)
+    model_dir = os.path.abspath(hub.resolve(options.model))      # a hub id: its snapshot in the hub's cache here
     name = options.name
     if options.adapter is not None:      # mlx-lm serves no adapters across hosts: fused into the base, cached here
         from . import adapted
@@ -153,7 +154,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
                                                files=_shares(model_dir, cluster, summary, options.pipeline))
                                     ) if remote else {}
         for host in cluster.hosts:
-            events.pushed(host.name, entries.get(host.name))
+            events.pushed(host.name, entries.get(host.name), model_dir)
         paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
         name = name or summary.name
         if forward is not None:

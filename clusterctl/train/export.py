@@ -214,10 +214,12 @@ def check_destination(dest: str, keep: dict[str, str]) -> None:
         raise DestinationRefused(f"{dest} holds files no export wrote (it has no {MARKER}): {fix}")
 
 
-def export(checkpoint_dir: str, dest: str, search: list[str] | None = None, dequantize: bool = False) -> Path:
+def export(checkpoint_dir: str, dest: str, search: list[str] | None = None, dequantize: bool = False,
+           source: str | None = None) -> Path:
     """Write the checkpoint (a step directory, a run directory or its checkpoints/) to `dest` as an mlx-lm model
     directory, replacing an earlier export there (check_destination). `search`: where a fine-tuned run's
-    relative --model path may be. An adapter run's adapters are fused into its base, as mlx_lm.fuse does: a
+    relative --model path may be; `source`: the model's directory, when the caller knows where it reads it from (a
+    rank: its host's model store). An adapter run's adapters are fused into its base, as mlx_lm.fuse does: a
     quantized base's layers quantized again, or, with `dequantize`, the whole model in the base's float dtype."""
     from .adapters import ADAPTER_FILE
 
@@ -228,7 +230,7 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None, dequ
         raise CheckpointError(f"--dequantize is for an adapter run (--adapter), whose base may be quantized: {ckpt} "
                               "holds every weight of its model, as trained")
     model_dir = state["config"].get("model")
-    src = source_dir(model_dir, search or [os.getcwd()]) if model_dir else None
+    src = source or (source_dir(model_dir, search or [os.getcwd()]) if model_dir else None)
     keep = {"the current directory": os.getcwd(),
             "the run": str(ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt)}
     if src:

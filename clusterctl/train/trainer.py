@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable
 import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
-from ..trainer_contract import STEP_GLOB, step_dir_name
+from ..trainer_contract import MODEL_DIR_ENV, STEP_GLOB, step_dir_name
 from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
@@ -194,9 +194,23 @@ class FineTune:
     summary: str
 
 
-def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
-    """The model directory (mlx-lm's loader, weights lazily in float32) and the jsonl records of --data,
-    tokenized with the model's tokenizer and packed into rows (data/records.py)."""
+def model_source(config: TrainConfig, rank: int) -> str:
+    """Where this rank reads --model from: its host's model-store copy when run pushed the model there
+    (MODEL_DIR_ENV, set per host), else --model as given. The run's records keep --model as given."""
+    stored = os.environ.get(MODEL_DIR_ENV)
+    if not stored:
+        return config.model
+    if not os.path.isfile(os.path.join(stored, "config.json")):
+        raise ConfigError(f"{MODEL_DIR_ENV}={stored}: no model there on this host (run puts --model into every "
+                          "host's model store before the launch: run it again)")
+    if rank == 0:
+        print(f"model: {config.model}, read from {stored} (this host's model store)", flush=True)
+    return stored
+
+
+def open_finetune(config: TrainConfig, rank: int, world: int, source: str | None = None) -> FineTune:
+    """The model directory (`source`, else --model: mlx-lm's loader, weights lazily in float32) and the jsonl
+    records of --data, tokenized with the model's tokenizer and packed into rows (data/records.py)."""
     from ..data import records
     from . import lm
 
@@ -208,7 +222,7 @@ def open_finetune(config: TrainConfig, rank: int, world: int) -> FineTune:
         raise ConfigError(f"--data {config.data}: with --model, a directory holding train.jsonl (mlx-lm's layout) "
                           "is needed" + (" (this one holds shards from `data prepare` for the bundled model)"
                                          if os.path.isfile(os.path.join(config.data, "manifest.json")) else ""))
-    model, tokenizer, model_config = lm.load(config.model, getattr(mx, config.precision), config.adapter)
+    model, tokenizer, model_config = lm.load(source or config.model, getattr(mx, config.precision), config.adapter)
     if prepared is not None:
         return FineTune(model, tokenizer, model_config, *prepared_rows(config, prepared, rank, world))
     train_records, val_records, given = records.read_dir(config.data)
@@ -449,9 +463,10 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     rank, world = group.rank(), group.size()
     if config.balance == "auto":        # the rows of a step are split evenly: the global order (data/records.py)
         config = dataclasses.replace(config, balance="off")
-    model_config = lm.read_config(config.model)        # the plan needs only config.json: before any tokenizing
+    source = model_source(config, rank)
+    model_config = lm.read_config(source)              # the plan needs only config.json: before any tokenizing
     config = plan_memory(config, lm.vocab_size(model_config), group, model_config)
-    ft = open_finetune(config, rank, world)
+    ft = open_finetune(config, rank, world, source)
     model = ft.model
     if config.adapter:              # the base frozen, the adapters made the same on every rank
         mx.random.seed(config.seed)
@@ -460,7 +475,7 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
     optimizer = make_optimizer(config)
     start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
     data = TrainData(train=ft.train, val=ft.val, group=group, start=start)
-    spec = {"type": "mlx-lm", "path": os.path.abspath(config.model)}
+    spec = {"type": "mlx-lm", "path": os.path.abspath(source)}
     base = lm.quantization(ft.config)
     trained = (f"{config.adapter} adapters of rank {config.lora_rank}, {adapters.count_trainable(model) / 1e6:.3f}M "
                f"parameters trained, the base frozen{f' ({base})' if base else ''}" if config.adapter
@@ -476,7 +491,7 @@ def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resume
         print(f"adapters: {path} (mlx-lm's adapter layout: mlx_lm.generate --model {shlex.quote(config.model)} "
               f"--adapter-path {shlex.quote(str(path))}; clusterctl export fuses them into a model)", flush=True)
     elif rank == 0:
-        path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()])
+        path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()], source=source)
         print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {shlex.quote(str(path))})", flush=True)
 
 

@@ -47,17 +47,19 @@ def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying")
     return group
 
 
-def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = ()) -> GroupResult | None:
+def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = (),
+                  excludes: tuple[str, ...] = ()) -> GroupResult | None:
     """Mirror the project at `root` into every host's workdir (not into itself on this machine). Refuses
     a home directory or `/`: run from the project, or pass --no-sync. `needed`: paths in the project the
     program reads (the bundled trainer's --model and --data), refused before anything moves when the
-    project's ignore rules leave them out of the copy (a .gitignore'd models/ is common)."""
-    send = project_copy(connector, root, needed)
+    project's ignore rules leave them out of the copy (a .gitignore'd models/ is common). `excludes`: gitignore
+    patterns left out besides (run's model, which goes to the hosts' model stores)."""
+    send = project_copy(connector, root, needed, excludes=excludes)
     return send() if send is not None else None
 
 
 def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (),
-                 gate: str | None = None) -> Callable[[], GroupResult] | None:
+                 gate: str | None = None, excludes: tuple[str, ...] = ()) -> Callable[[], GroupResult] | None:
     """stage_project in two: what is checked here and now (the refusals above, the files to send: no host is
     asked), and the copy itself, returned to be called (None: no host needs one). With `gate` (a token), the
     copy's end is marked on every host for ranks that wait for it (COPY_GATE_ENV): an empty file of that name in
@@ -71,7 +73,7 @@ def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (),
         return None
     if root in (os.path.realpath(os.path.expanduser("~")), "/"):
         raise StageError(f"not copying {root} to every host: run from your project directory, or pass --no-sync")
-    options = SyncOptions(done_mark=f"{COPIES_DIR}/{gate}" if gate else None)
+    options = SyncOptions(done_mark=f"{COPIES_DIR}/{gate}" if gate else None, excludes=excludes)
     plan = plan_sync(root, options)
     shipped = {e.rel for e in plan.entries}
     for path in needed:

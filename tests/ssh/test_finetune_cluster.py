@@ -4,6 +4,7 @@ with the code, 30 steps lower the loss, and the model directory the run writes c
 (runs/<id>/model) and generates in mlx-lm. Inputs the ranks would refuse are refused on the controller first, and a
 --model outside the project that some hosts lack by the pre-flight, before anything is copied."""
 import json
+import os
 import re
 import shutil
 import signal
@@ -60,6 +61,46 @@ def test_thirty_steps_on_two_hosts_lower_the_loss_and_the_model_comes_home(make_
     listed = json.loads(clusterctl("runs", "--json", cwd=tmp_path).stdout)
     assert [{k: r[k] for k in ("kind", "model", "strategy", "world", "status")} for r in listed] == \
         [{"kind": "fine-tune", "model": f"models/{model}", "strategy": strategy, "world": 2, "status": "ok"}]
+
+
+def test_the_model_goes_to_each_hosts_store_once_and_the_ranks_read_it_there(make_cluster, made, tmp_path):
+    """Issue 41: `run -- --model models/M` puts M into every host's model store (verified, once) instead of the
+    project copy, even from a git-ignored folder; the ranks read their host's store copy (rank 0's line names its
+    path) and the workdirs hold no second copy; the same run again moves no model bytes. A Hugging Face id, the hub
+    offline, is the cache's snapshot: the same files, the same store entry."""
+    cluster = make_cluster(2)
+    project(tmp_path, made, "llama", "chat")
+    (tmp_path / ".gitignore").write_text("models/\n")         # the store takes it all the same
+    lmfixture.hub_snapshot(made["llama"], tmp_path / "hf", "tiny-org/llama")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+
+    def train(model):
+        r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "mpi", "--plain", "--", "--model", model,
+                       "--data", "data/chat", *STEPS[2:], "--steps", "2", cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r
+
+    first = train("models/llama")
+    stored = {}
+    for h in ("h1", "h2"):
+        line = re.search(rf"^model: {h}: (.*) sent, verified, in its store \((.*)\)$", first.stderr, re.M)
+        assert line, first.stderr
+        stored[h] = line.group(2)
+    assert f"model: models/llama, read from {stored['h1']} (this host's model store)" in first.stdout
+    for i in (1, 2):
+        assert cluster.ssh(i, f"test -f {stored[f'h{i}']}/model.safetensors").returncode == 0
+        assert cluster.ssh(i, f"test -e {cluster.workdir}/models").returncode == 1        # not copied twice
+        assert cluster.ssh(i, f"test -d {cluster.workdir}/data/chat").returncode == 0
+    again = train("models/llama")
+    for h in ("h1", "h2"):
+        assert f"model: {h} has it already in its store ({stored[h]}): no model bytes moved" in again.stderr
+    assert f"read from {stored['h1']} (this host's model store)" in again.stdout
+    # the same files by their hub id: an entry of that name, made of links to the files already there
+    by_id = train("tiny-org/llama")
+    digest = stored["h1"].rsplit("-", 1)[1]
+    for h in ("h1", "h2"):
+        assert re.search(rf"^model: {h} has it already in its store \(.*/tiny-org-llama-{digest}\): no model bytes "
+                         "moved$", by_id.stderr, re.M), by_id.stderr
 
 
 @pytest.mark.parametrize("backend, strategy, model, data", [("mpi", "dp", "llama", "chat"),
@@ -153,30 +194,16 @@ def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_clus
         assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
         assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()     # no run started
     (tmp_path / "data" / "chat" / "valid.jsonl").unlink()
-    (tmp_path / ".gitignore").write_text("models/\n")      # common: the weights kept out of git, so out of sync
-    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
-                   "--model", "models/llama", "--data", "data/chat", *STEPS, cwd=tmp_path)
-    errors = [line for line in r.stderr.splitlines() if line.strip()]
-    assert r.returncode == 2 and errors[-1].startswith("error: models/llama: the program reads it, but the project's "
-                                                       "ignore rules (.gitignore, gitignore) leave it out"), r.stderr
-    assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()
-    (tmp_path / ".gitignore").unlink()
-    # issue 45: a --model by an absolute path that only this machine has: found by the pre-flight before anything
-    # is copied, naming the hosts without it (each rank used to fail after the copy, inside mpirun's boilerplate)
+    # issue 45, then 41: a --model by an absolute path that only this machine has, outside the project, used to be
+    # refused by the pre-flight (the hosts lacked it); the hosts' model stores get it now, as any --model
     requires_private_roots(cluster, "to give this machine a directory the hosts lack")
     here = cluster.host_root / "models" / "llama"          # the hosts see their own empty root at that path
     shutil.copytree(made["llama"], here)
-    for hosts in ("h1, h2", "h2"):
-        r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
-                       "--model", str(here), "--data", "data/chat", *STEPS, cwd=tmp_path)
-        errors = [line for line in r.stderr.splitlines() if line.strip()]
-        assert r.returncode == 2 and errors == [
-            f"error: --model {here}: no such directory on {hosts} (run copies only the project, and this path is "
-            f"outside it): put it in the project and give its path there, or copy it to {here} on {hosts} "
-            "(--no-preflight skips this check)"], r.stderr
-        assert not TOKEN.search(r.stderr) and not (tmp_path / "runs").exists()
-        assert cluster.ssh(1, f"ls {cluster.workdir}/data").returncode != 0        # nothing was copied
-        cluster.ssh(1, f"mkdir -p {here} && cp -R {made['llama']}/. {here}/")      # h1 has it now; h2 still not
+    r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
+                   "--model", str(here), "--data", "data/chat", *STEPS[2:], "--steps", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^model: h2: .* sent, verified, in its store", r.stderr, re.M), r.stderr
+    assert cluster.ssh(2, f"test -e {here}").returncode == 1            # read from the store, not from that path
 
 
 def test_ctrl_c_keeps_the_work_export_and_resume_latest_take_it_up_and_kill_keeps_it_too(make_cluster, made, tmp_path):

@@ -301,13 +301,16 @@ def test_the_same_model_from_a_directory_of_another_name_moves_no_bytes(make_clu
 @pytest.mark.parametrize("method", ["rsync", "sftp"])
 def test_a_hugging_face_snapshot_pushes_its_files_and_a_link_out_of_it_is_refused(make_cluster, tmp_path, method):
     """Issue 44 item 6: a snapshot is links into the hub cache's blobs. rsync copied the links (then failed with
-    a wrong cause), SFTP followed any link, also one to a file outside the model (copied into every host's store)."""
+    a wrong cause), SFTP followed any link, also one to a file outside the model (copied into every host's store).
+    The model named by its hub id (issue 41), with the hub offline, is the cache's snapshot: the same entry; an id
+    the cache lacks is one line naming the cache."""
     from lmfixture import hub_snapshot
 
     cluster = start(make_cluster)
     model = make_model(tmp_path)
-    snap = hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny model")
-    pushed = push(cluster, tmp_path, snap, "--method", method)
+    snap = hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny-model")
+    offline = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    pushed = push(cluster, tmp_path, "tiny-org/tiny-model", "--method", method, env=offline)
     for i in (1, 2):
         h = pushed[f"h{i}"]
         assert h["ok"] and h["method"] == method and os.path.basename(h["path"]).startswith("tiny-org-tiny-model-"), h
@@ -316,6 +319,12 @@ def test_a_hugging_face_snapshot_pushes_its_files_and_a_link_out_of_it_is_refuse
                                ).returncode == 0
             assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
     assert push(cluster, tmp_path, model)["h1"]["reused"]       # the same content: the same entry's files
+    assert push(cluster, tmp_path, snap, env=offline)["h2"]["path"] == pushed["h2"]["path"]     # the snapshot itself
+    r = models(cluster, tmp_path, "push", "tiny-org/absent", ok=False, env=offline)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: tiny-org/absent: no such directory here, and not in the Hugging Face cache here "
+        f"({tmp_path / 'hf' / 'hub'}) while HF_HUB_OFFLINE is set: unset it to download the model once, or give a "
+        "model directory"], r.stderr
 
     (tmp_path / "secret").write_text("a private key")
     os.symlink(tmp_path / "secret", snap / "notes.txt")

@@ -289,15 +289,15 @@ def test_what_cannot_be_served_is_refused_in_one_line_with_nothing_started(make_
 
 
 def test_listen_exposes_the_server_on_a_host_address_with_a_warning(make_cluster, model, tmp_path):
-    """Also (issue 44 items 5 and 6): MODEL is a Hugging Face snapshot (links into the hub cache's blobs), sent over
-    SFTP; `models rm` of the model being served is refused in one line naming the run, and the server answers on;
+    """Also (issue 44 items 5 and 6, issue 41): MODEL is a Hugging Face model named by its id, the hub offline: the
+    hub cache's snapshot (links into its blobs) is served, sent over SFTP; `models rm` of the model being served is refused in one line naming the run, and the server answers on;
     `models rm --force` stops the run, as `clusterctl kill` does, and removes it."""
     cluster = make_cluster(2, inventory_only=True)
     h1 = cluster.hosts[0].address
     port = free_port(h1)
-    snapshot = lmfixture.hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny")
+    lmfixture.hub_snapshot(model, tmp_path / "hf", "tiny-org/tiny")
     env = {**cluster.client_env(), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    served = Served(str(snapshot), "--hosts", str(cluster.inventory), "--backend", "ring", "--listen", h1, "--port",
+    served = Served("tiny-org/tiny", "--hosts", str(cluster.inventory), "--backend", "ring", "--listen", h1, "--port",
                     str(port), "--method", "sftp", "--", "--max-tokens", "2", cwd=tmp_path, env=env)
     rm = partial(clirun.clusterctl, "models", "rm", "tiny-org/tiny", "--hosts", str(cluster.inventory), cwd=tmp_path,
                  env=env, own_cache=True, timeout=120)

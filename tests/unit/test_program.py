@@ -53,8 +53,10 @@ def test_the_bundled_trainer_says_what_it_reads_how_it_resumes_and_what_cannot_s
     assert (kind.reads_stdin, kind.copies_project, kind.resumes_from_checkpoints, kind.pictures_loss) == \
         (False, True, True, True)
     args = ("--model", "models/m", "--data=d", "--steps", "5")
-    assert kind.inputs(args, run_gives_data=False) == [("--model", "models/m"), ("--data", "d")]
-    assert kind.inputs(args, run_gives_data=True) == [("--model", "models/m")]      # run's --data is its own
+    assert kind.inputs(args, run_gives_data=False) == [("--data", "d")]     # --model goes to the hosts' stores
+    assert kind.inputs(args, run_gives_data=True) == []                      # run's --data is its own
+    assert kind.store_model(args) == "models/m" and kind.store_model(("--steps", "5")) is None
+    assert kind.with_store_model(args, "/hf/snap") == ["--model", "/hf/snap", "--data=d", "--steps", "5"]
     assert kind.inputs(("--steps", "5"), run_gives_data=False) == []
     assert kind.with_data(("--steps", "5"), "/w/d") == ["--data", "/w/d", "--steps", "5"]   # a later one of the user's wins
     assert kind.asks_latest(("--resume", "latest")) and not kind.asks_latest(("--resume", "latest", "--out", "mine"))

@@ -71,20 +71,24 @@ def test_help_shows_both_forms_and_a_module_with_a_subcommand():
 
 def test_which_of_the_trainers_inputs_run_copies_and_which_the_hosts_must_hold(tmp_path):
     """Issue 45: what the pre-flight looks for on the hosts before copying anything (run._program_inputs, of the
-    inputs the program's kind names): the bundled trainer's --model and --data unless they are relative paths
-    inside the project run copies."""
-    from clusterctl.run import RunOptions, _program_inputs
+    inputs the program's kind names): the bundled trainer's --data unless it is a relative path inside the project
+    run copies. Its --model is not one of them: run puts it into the hosts' model stores (issue 41, run._model_here:
+    a directory here; a hub id resolved in the hub's cache here)."""
+    from clusterctl.run import RunOptions, _model_here, _program_inputs
 
     project = tmp_path / "proj"
-    (project / "models").mkdir(parents=True)
+    (project / "models" / "m").mkdir(parents=True)
     (project / "out").symlink_to(tmp_path)              # a link that leads out of the project
 
     def inputs(args, **options):
         return _program_inputs(program_for(None, tuple(args.split()), None), RunOptions(**options), str(project))
 
-    assert inputs("--model models/m --data d") == [("--model", "models/m", True), ("--data", "d", True)]
-    assert inputs(f"--model={tmp_path}/m --data ../d") == [("--model", f"{tmp_path}/m", False), ("--data", "../d", False)]
-    assert inputs("--model out/m") == [("--model", "out/m", False)]
-    assert inputs("--model models/m", sync=False) == [("--model", "models/m", False)]        # --no-sync copies nothing
-    assert inputs("--model /m --data d", data_dir="shards") == [("--model", "/m", False)]   # run's --data is its own
+    assert inputs("--model models/m --data d") == [("--data", "d", True)]
+    assert inputs(f"--model={tmp_path}/m --data ../d") == [("--data", "../d", False)]
+    assert inputs("--data d", sync=False) == [("--data", "d", False)]        # --no-sync copies nothing
+    assert inputs("--model /m --data d", data_dir="shards") == []          # run's --data is its own
+    program = program_for(None, ("--model", "models/m"), None)
+    assert _model_here(program, str(project)) == (program, str(project / "models" / "m"))
+    assert _model_here(program_for(None, ("--model", "/nowhere/m"), None), str(project))[1] is None   # on the hosts
+    assert _model_here(program_for(None, ("--steps", "5"), None), str(project))[1] is None
     assert _program_inputs(program_for("train.py", ("--model", "/m"), None), RunOptions(), str(project)) == []
