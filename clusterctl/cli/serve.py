@@ -75,8 +75,10 @@ class PrintedServe(PrintedRun):
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_restarts, restart_delay, stall_timeout,
               method, verify, launch_from, adapter_ref, runs_dir, connect_timeout, server_args):
-    """Serve MODEL (an mlx-lm model directory, or a Hugging Face model id such as mlx-community/Qwen3-4B-4bit,
-    from the hub's cache here) from every host, until Ctrl-C.
+    """Serve MODEL (a directory or hub id) from every host, until Ctrl-C.
+
+    MODEL: an mlx-lm model directory, or a model's Hugging Face id (mlx-community/Qwen3-4B-4bit), from the hub's
+    cache here (docs/models.md).
 
     \b
     clusterctl serve MODEL --hosts inventory.yaml [OPTIONS] [-- MLX_LM_SERVER_OPTIONS]

@@ -143,7 +143,7 @@ def test_a_killed_rank_restarts_and_the_adapters_resume_exactly_and_on_another_w
 
     from test_train_multiprocess import rank_processes
 
-    steps = 60
+    steps = 30
     common = ["--adapter", "dora", "--lora-dropout", "0.1", "--accum", "2", "--strategy", "zero3", "--ckpt-every", "5"]
     program = adapt(inputs, "qwen3-4bit", "text", *common, "--steps", str(steps))
     whole = tmp_path / "whole"

@@ -162,7 +162,7 @@ def rank_processes(launcher_pid: int) -> list[int]:
 # test below checks under mpi exactly as this one does; tests/train/test_adapters.py kills an adapter run's rank
 @pytest.mark.parametrize("strategy, backend", [("dp", "mpi"), ("fsdp", "ring"), ("zero3", "ring")])
 def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, backend, tmp_path):
-    STEPS = 200    # the kill comes at step 12 or so: room to spare on a faster machine (or launcher)
+    STEPS = 120    # the kill comes at step 12 or so: room to spare on a faster machine (or launcher)
     args = ["--strategy", strategy, "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
             "--ckpt-every", "10", "--dropout", "0.1", "--accum", "2",
             "--balance", "off" if strategy == "zero3" else "3,1"]
@@ -261,7 +261,9 @@ def test_ranks_that_cannot_join_the_world_fail_loudly(world_from, tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0
     output = r.stdout + r.stderr
-    assert output.count("could not form the world of 2 the launcher started") == 2, output
+    said = output.count("could not form the world of 2 the launcher started")
+    # mpirun aborts the job once one rank exits non-zero: the other may be killed before it says so itself
+    assert said == 2 or (said == 1 and "the job has been aborted" in output), output
     assert "Traceback" not in output and not os.path.exists(tmp_path / "metrics.jsonl")
 
 

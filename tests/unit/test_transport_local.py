@@ -34,11 +34,24 @@ def test_env_input_rejects_bad_env_names():
 @pytest.mark.parametrize("value", ["plain", "two\nlines\n\n", "it's $(x) `y` \\n", ""])
 def test_the_environment_arrives_on_stdin_never_on_the_command_line(value):
     """The shell reads the count and the lines first, the command sees the value exactly (newlines too), and
-    the watchdog still has the rest of stdin: closing it ends the command."""
+    the watchdog still has the rest of stdin, the channel: it stays open while the command runs, as an SSH
+    channel does (closing it ends the command: closed at once, a command still running under load was TERMed)."""
+    import os
+
     script = remote_command(shell_command('printf "%s|" "$V"; cat <&0 >/dev/null; echo done'), env=True)
     assert value == "" or value not in script
-    proc = subprocess.run(["/bin/sh", "-c", script], input=env_input({"V": value}), capture_output=True, timeout=20)
-    assert (proc.returncode, proc.stdout.decode()) == (0, value + "|done\n"), proc.stderr
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdin.write(env_input({"V": value}))
+    proc.stdin.flush()
+    out = b""
+    while not out.endswith(b"done\n"):
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        out += chunk
+    proc.stdin.close()
+    assert (proc.wait(timeout=20), out.decode()) == (0, value + "|done\n"), proc.stderr.read()
 
 
 def test_a_stdin_ending_before_the_environment_does_not_run_the_command():
