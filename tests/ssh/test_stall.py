@@ -120,10 +120,10 @@ def test_stacks_of_a_healthy_run_leave_it_unharmed(make_cluster, tmp_path):
     assert took < 30, took      # its speed is a benchmark (benchmarks/bench_stall.py: 0.67 s); here it must only not hang
     assert f"stacks of 2 rank(s) of run {run_id}" in asked.stdout
     # healthy ranks are caught wherever their step is: together on one line, or one at the step's call and the
-    # other at the eval after it (seen in CI), or writing its report line (clusterctl/progress.py, seen once);
-    # each rank is named once, inside the trainer's own code
-    shown = re.findall(r"^ +ranks? (\d+(?:, \d+)*) +.* at (trainer|step|metrics|callbacks|progress)\.py:\d+",
-                       asked.stdout, re.M)
+    # other at the eval after it (seen in CI), or writing its report line (clusterctl/progress.py, seen once), or
+    # agreeing after a step whether to stop (stopping.py, seen in CI); each rank is named once, in the trainer's code
+    shown = re.findall(r"^ +ranks? (\d+(?:, \d+)*) +.* at (trainer|step|strategies|stopping|metrics|callbacks|progress)"
+                       r"\.py:\d+", asked.stdout, re.M)
     named = sorted(int(r) for ranks, _ in shown for r in ranks.split(","))
     assert named == [0, 1], asked.stdout
     folder = tmp_path / "runs" / run_id / "stacks"
