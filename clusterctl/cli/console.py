@@ -84,6 +84,7 @@ class Bars:
         self.names = list(names)
         self.err, self.threshold, self.unit = err, threshold, unit
         self.state: dict[str, tuple[int, int | None]] = {}
+        self.notes: dict[str, str] = {}           # shown after a name's bar: a transfer's rate and time left
         self.lock = threading.Lock()
         self.drawn = 0
         self.last = 0.0
@@ -93,11 +94,12 @@ class Bars:
         stream = sys.stderr if err else sys.stdout
         return cls(names, err=err, **kwargs) if stream.isatty() else None
 
-    def update(self, name: str, done: int, total: int | None) -> None:
+    def update(self, name: str, done: int, total: int | None, note: str = "") -> None:
         with self.lock:
             if name not in self.names:
                 self.names.append(name)
             self.state[name] = (done, total)
+            self.notes[name] = note
             if not any((t or 0) >= self.threshold for _, t in self.state.values()):
                 return
             now = time.monotonic()
@@ -119,8 +121,9 @@ class Bars:
                 continue
             frac = done / total if total else 0.0
             bar = "#" * int(frac * self.WIDTH)
+            note = self.notes.get(name)
             lines.append(f"{name.ljust(width)} [{bar.ljust(self.WIDTH)}] {frac * 100:3.0f}% "
-                         f"{self._amount(done)} / {self._amount(total)}")
+                         f"{self._amount(done)} / {self._amount(total)}" + (f", {note}" if note else ""))
         if self.drawn:
             click.echo(f"\x1b[{self.drawn}A", nl=False, err=self.err)
         for line in lines:
@@ -131,3 +134,83 @@ class Bars:
         with self.lock:
             if self.drawn:
                 self._draw()
+
+
+class TransferProgress:
+    """Each host's progress in a long copy (a model pushed to the hosts' stores), as `store.push` reports it
+    (host, bytes done, bytes total). On a terminal: a line per host redrawn in place, with the rate and the time
+    left. Otherwise: a plain line per host still copying every `every` seconds, then one when it ends. Either way,
+    a host that has moved nothing for `stall` seconds is named once (which host, how far), not left silent.
+    `clock`, `say` and `draw`: injected by the tests."""
+
+    def __init__(self, prefix: str, *, terminal: bool | None = None, every: float = 5.0, stall: float = 30.0,
+                 threshold: int = Bars.LARGE, clock=time.monotonic, say=None, draw=None):
+        self.prefix, self.every, self.stall, self.threshold, self.clock = prefix, every, stall, threshold, clock
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.say = say or (lambda line: click.echo(line, err=True))
+        self.bars = draw if draw is not None else (Bars(err=True, threshold=threshold) if self.terminal else None)
+        self.lock = threading.Lock()
+        self.hosts: dict[str, dict] = {}
+        self.last_said = clock()
+        self._ticker = None
+
+    def start(self) -> "TransferProgress":
+        """Tick once a second (hosts/fanout.py's Ticker: a stalled copy reports nothing to wake it)."""
+        from ..hosts.fanout import Ticker
+
+        self._ticker = Ticker(self.tick, 1.0)
+        return self
+
+    def update(self, host: str, done: int, total: int) -> None:
+        now = self.clock()
+        with self.lock:
+            h = self.hosts.setdefault(host, {"began": now, "done": 0, "moved_at": now, "stalled": False,
+                                             "total": total, "ended": False})
+            if done != h["done"]:
+                h["moved_at"], h["stalled"] = now, False
+            h["done"], h["total"] = done, total
+            if self.bars is not None:
+                self.bars.update(f"{self.prefix}: {host}", done, total, self._pace(h, now))
+            if done >= total and not h["ended"]:
+                h["ended"] = True
+                if self.bars is None and total >= self.threshold:
+                    self.say(self.line(host, now))
+
+    def tick(self) -> None:
+        """The periodic lines (not on a terminal) and the stalled hosts: called once a second."""
+        now = self.clock()
+        with self.lock:
+            copying = [n for n, h in self.hosts.items() if not h["ended"] and h["total"] >= self.threshold]
+            for name in copying:
+                h = self.hosts[name]
+                if not h["stalled"] and now - h["moved_at"] >= self.stall:
+                    h["stalled"] = True
+                    self.say(f"{self.prefix}: {name}: no progress for {now - h['moved_at']:.0f} s (at "
+                             f"{size(h['done'])} of {size(h['total'])}): the copy to {name} is stuck or very slow")
+            if self.bars is None and copying and now - self.last_said >= self.every:
+                self.last_said = now
+                for name in copying:
+                    self.say(self.line(name, now))
+
+    @staticmethod
+    def _pace(h: dict, now: float) -> str:
+        """The rate so far and, while copying, the time left at that rate."""
+        rate = h["done"] / max(now - h["began"], 1e-6)
+        if h["done"] >= h["total"] or rate <= 0:
+            return f"{size(rate)}/s"
+        return f"{size(rate)}/s, {(h['total'] - h['done']) / rate:.0f} s left"
+
+    def line(self, host: str, now: float) -> str:
+        h = self.hosts[host]
+        done, total = h["done"], h["total"]
+        if done >= total:
+            return f"{self.prefix}: {host}: {size(total)} copied, {self._pace(h, now)}"
+        return (f"{self.prefix}: {host}: {size(done)} of {size(total)} ({100 * done / total if total else 0:.0f}%), "
+                f"{self._pace(h, now)}")
+
+    def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+        if self.bars is not None:
+            self.bars.close()
+

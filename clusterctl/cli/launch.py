@@ -14,7 +14,7 @@ from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
 from ..trainer_contract import RUNS_DIR
 from . import app
-from .console import one_line, size, stored_line
+from .console import TransferProgress, one_line, size, stored_line
 
 
 @app.command("clusterctl hostfile --hosts inventory.yaml -o hosts.txt --print-command -- /path/train.py")
@@ -59,6 +59,20 @@ class PrintedRun:
     def __init__(self, live: bool = False):
         self.live = live
         self.panel = None
+        self.copying: TransferProgress | None = None      # a model on its way to the hosts' stores
+
+    def model_progress(self, host, done, total):
+        if self.copying is None:
+            self.copying = TransferProgress(self.progress_prefix).start()
+        self.copying.update(host, done, total)
+
+    progress_prefix = "model"
+
+    def copied(self):
+        """The model's copy has ended: its progress lines stop before the lines that say how it went."""
+        if self.copying is not None:
+            self.copying.close()
+            self.copying = None
 
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
@@ -73,6 +87,7 @@ class PrintedRun:
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
 
     def model_stored(self, host, entry, path):
+        self.copied()
         click.echo(stored_line("model", host, entry, path), err=True)
 
     def started(self, launch, program, world, backend):

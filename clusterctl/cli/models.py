@@ -10,7 +10,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from ..transfer.localmodel import DIGEST_SHOWN
 from ..transfer.push import METHODS
 from . import app
-from .console import Bars, one_line, size, table
+from .console import TransferProgress, one_line, size, table
 
 
 @app.command("clusterctl models push ~/models/Qwen3-8B-4bit --hosts inventory.yaml", cls=click.Group,
@@ -83,11 +83,12 @@ def models_push_cmd(model_dir, inventory_path, method, verify, bwlimit, connect_
 
     cluster = app.load(inventory_path)
     model = describe(resolve(model_dir))
-    bars = None if as_json else Bars.on_terminal(cluster.names, threshold=Bars.LARGE)
-    group = push(app.connector(cluster, connect_timeout, strict_host_keys), None, model, method=method, verify=verify,
-                 progress=bars.update if bars else None, bwlimit_kbps=bwlimit, timeout=timeout)
-    if bars:
-        bars.close()
+    copying = TransferProgress("push").start()       # stderr: a line per host (redrawn on a terminal)
+    try:
+        group = push(app.connector(cluster, connect_timeout, strict_host_keys), None, model, method=method,
+                     verify=verify, progress=copying.update, bwlimit_kbps=bwlimit, timeout=timeout)
+    finally:
+        copying.close()
     rows = []
     for o in group.values():
         row = {"host": o.host.name, "ok": o.ok, "error": one_line(o.error) if o.error else None}

@@ -22,7 +22,10 @@ class PrintedServe(PrintedRun):
         how = "fused before: reused" if cached else "fused into it now"
         click.echo(f"serve: the adapters {adapters} on {base} ({how}, {path})", err=True)
 
+    progress_prefix = "store"
+
     def pushed(self, host, entry, path):
+        self.copied()
         click.echo(stored_line("store", host, entry, path), err=True)
 
     def listening(self, url, exposed):

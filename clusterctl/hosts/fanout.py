@@ -136,3 +136,23 @@ class Deferred(Future):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self.start()
         return super().exception(timeout)
+
+
+class Ticker:
+    """`fn()` every `seconds` in a daemon thread of its own until `stop()` (a long copy's progress lines, which a
+    copy that has stalled would never wake)."""
+
+    def __init__(self, fn: Callable[[], object], seconds: float = 1.0):
+        self._stopped = threading.Event()
+
+        def loop() -> None:
+            while not self._stopped.wait(seconds):
+                fn()
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=2)
+

@@ -119,6 +119,7 @@ class RunEvents:
     # the program's model (its kind's `store_model`) in a host's store: the StoreEntry, None for this machine, which reads
     # the model where it is
     def model_stored(self, host: str, entry, path: str) -> None: ...
+    def model_progress(self, host: str, done: int, total: int) -> None: ...   # bytes of the model's copy to a host
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
     def output(self, text: str, is_err: bool) -> None: ...
@@ -350,7 +351,7 @@ def _push_model(connector: Connector, model: str, events: RunEvents) -> dict[str
     remote = [h for h in connector.cluster.hosts if not h.local]
     if not remote:
         return {}
-    entries = store.require_all(store.push(connector, remote, store.describe(model)))
+    entries = store.require_all(store.push(connector, remote, store.describe(model), progress=events.model_progress))
     for host in connector.cluster.hosts:
         entry = entries.get(host.name)
         events.model_stored(host.name, entry, entry.path if entry is not None else model)

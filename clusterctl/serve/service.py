@@ -150,7 +150,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         # this machine serves MODEL where it is; every other host from its store
         remote = [h for h in cluster.hosts if not h.local]
         entries = store.require_all(store.push(connector, remote, store.describe(model_dir), method=options.method,
-                                               verify=options.verify,
+                                               verify=options.verify, progress=events.model_progress,
                                                files=_shares(model_dir, cluster, summary, options.pipeline))
                                     ) if remote else {}
         for host in cluster.hosts:
