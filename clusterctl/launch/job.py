@@ -98,37 +98,32 @@ def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: s
         env["CLUSTERCTL_RESTART"] = str(restart)
         if restart:
             env["CLUSTERCTL_RESUME_DIR"] = rank_run_dir
-    differ = host_env_overrides(cluster)
-    extra = dict(extra_env or {})
-    if host_env:
-        first = dict(host_env.get(cluster.hosts[0].name, {}))
-        extra.update(first)                                    # every rank gets the first host's, as launched
-        rank = 0
-        for host in cluster.hosts:
-            mine = {k: v for k, v in host_env.get(host.name, {}).items() if first.get(k) != v}
-            for _ in range(host.slots):
-                if mine:
-                    differ.setdefault(str(rank), {}).update(mine)
-                rank += 1
+    differ = host_env_overrides(cluster, host_env)
     if differ:
         env[HOST_ENV] = json.dumps(differ, separators=(",", ":"))
-    return {**env, **extra}
+    # every rank gets the first host's own values, as the launcher gives them; the others' differ as above
+    return {**env, **(extra_env or {}), **(host_env or {}).get(cluster.hosts[0].name, {})}
 
 
 HOST_ENV = "CLUSTERCTL_HOST_ENV"     # read (and removed) by the rank bootstrap: hosts/scripts/bootstrap.py
 
 
-def host_env_overrides(cluster: Cluster) -> dict[str, dict[str, str | None]]:
-    """Per rank (its number as a string), how its host's inventory `env` differs from the first host's, which
-    every launcher gives every rank (one `-x NAME` list for mpirun, one environment for the others): the
-    values to set, None for a name to remove. The bootstrap applies its rank's entry before the program
-    starts, so each host's own `env:` reaches its ranks (Python has started by then: variables Python itself
-    reads at start-up, PYTHONPATH and the like, must be the same on every host)."""
-    first = cluster.hosts[0].env_dict
+def host_env_overrides(cluster: Cluster, extra: Mapping[str, Mapping[str, str]] | None = None
+                       ) -> dict[str, dict[str, str | None]]:
+    """Per rank (its number as a string), how its host's inventory `env` (with `extra`'s values for that host:
+    host name -> values) differs from the first host's, which every launcher gives every rank (one `-x NAME`
+    list for mpirun, one environment for the others): the values to set, None for a name to remove. The
+    bootstrap applies its rank's entry before the program starts, so each host's own `env:` reaches its ranks
+    (Python has started by then: variables Python itself reads at start-up, PYTHONPATH and the like, must be the
+    same on every host)."""
+    def env_of(host) -> dict[str, str]:
+        return {**host.env_dict, **(extra or {}).get(host.name, {})}
+
+    first = env_of(cluster.hosts[0])
     out: dict[str, dict[str, str | None]] = {}
     rank = 0
     for host in cluster.hosts:
-        mine = host.env_dict
+        mine = env_of(host)
         delta: dict[str, str | None] = {k: v for k, v in mine.items() if first.get(k) != v}
         delta.update({k: None for k in first if k not in mine})
         for _ in range(host.slots):

@@ -33,6 +33,22 @@ def test_the_ranks_of_a_host_whose_env_differs_get_the_difference():
     assert HOST_ENV not in rank_environment(same, LaunchPlan.from_inventory(same), "x", "/tmp/r")
 
 
+def test_values_of_a_hosts_own_reach_its_ranks_and_no_other_hosts():
+    """run's per-host values (the model's path in each host's store): the first host's go to every rank as
+    launched, each other host's ranks get theirs, and a host with none (this machine, reading the model where it
+    is) has the first host's removed, not inherited."""
+    cluster = parse(INVENTORY, "inv.yaml")
+    own = {"h1": {"CLUSTERCTL_MODEL_DIR": "/s1/m"}, "h2": {"CLUSTERCTL_MODEL_DIR": "/s2/m"}}
+    env = rank_environment(cluster, LaunchPlan.from_inventory(cluster), "20260101-000000-abcdef", "/tmp/r",
+                           host_env=own)
+    assert env["CLUSTERCTL_MODEL_DIR"] == "/s1/m"
+    differ = json.loads(env[HOST_ENV])
+    assert differ["1"]["CLUSTERCTL_MODEL_DIR"] == differ["2"]["CLUSTERCTL_MODEL_DIR"] == "/s2/m"
+    assert differ["3"] == {"ONLY_H1": None, "CLUSTERCTL_MODEL_DIR": None}
+    assert host_env_overrides(cluster, {"h1": {"X": "1"}, "h2": {"X": "1"}, "h3": {"X": "1"}}) == \
+        host_env_overrides(cluster)                             # the same everywhere: nothing to override
+
+
 def test_the_bootstrap_applies_its_ranks_entry_and_removes_the_variable(monkeypatch):
     monkeypatch.setenv("ONLY_H1", "a")
     monkeypatch.setenv("SHARED", "1")
