@@ -88,7 +88,7 @@ class PrintedRun:
 
     def model_stored(self, host, entry, path):
         self.copied()
-        click.echo(stored_line("model", host, entry, path), err=True)
+        click.echo(stored_line(self.progress_prefix, host, entry, path), err=True)
 
     def started(self, launch, program, world, backend):
         click.echo(f"run {launch.run_id}: {program} on {world} rank{'s' * (world != 1)} over {backend}; logs in {launch.log_dir}",

@@ -8,7 +8,7 @@ import click
 
 from ..trainer_contract import RUNS_DIR
 from . import app
-from .console import size, stored_line
+from .console import size
 from .launch import PrintedRun, print_tail
 
 
@@ -22,11 +22,7 @@ class PrintedServe(PrintedRun):
         how = "fused before: reused" if cached else "fused into it now"
         click.echo(f"serve: the adapters {adapters} on {base} ({how}, {path})", err=True)
 
-    progress_prefix = "store"
-
-    def pushed(self, host, entry, path):
-        self.copied()
-        click.echo(stored_line("store", host, entry, path), err=True)
+    progress_prefix = "store"         # its model's copy, and where each host has it (PrintedRun.model_stored)
 
     def listening(self, url, exposed):
         if exposed:

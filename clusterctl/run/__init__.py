@@ -342,20 +342,28 @@ def _inside(project: str, path: str) -> bool:
     return rel != os.curdir and not rel.startswith(os.pardir)
 
 
-def _push_model(connector: Connector, model: str, events: RunEvents) -> dict[str, str]:
-    """`model` into the store of every host but this machine, verified there (transfer/models.py: once; a model
-    already there moves nothing, a cut-off push continues); host name -> where its ranks read it (this machine's
-    read it where it is, as given)."""
+def push_model(connector: Connector, model: str, events: RunEvents, **push) -> dict:
+    """`model` (a directory here) into the store of every host but this machine, verified there (transfer/
+    models.py: once; a model already there moves nothing, a cut-off push continues; `push`: its method, verify,
+    files), each host's progress and outcome told (events.model_progress, model_stored); host name -> its
+    StoreEntry. This machine's ranks read the model where it is. serve pushes its model with it too."""
     from ..transfer import models as store
 
     remote = [h for h in connector.cluster.hosts if not h.local]
-    if not remote:
-        return {}
-    entries = store.require_all(store.push(connector, remote, store.describe(model), progress=events.model_progress))
+    entries = store.require_all(store.push(connector, remote, store.describe(model), progress=events.model_progress,
+                                           **push)) if remote else {}
     for host in connector.cluster.hosts:
         entry = entries.get(host.name)
         events.model_stored(host.name, entry, entry.path if entry is not None else model)
-    return {name: entry.path for name, entry in entries.items()}
+    return entries
+
+
+def _push_model(connector: Connector, model: str, events: RunEvents) -> dict[str, str]:
+    """push_model, for run: host name -> where its ranks read the model (its store's copy), this machine's none;
+    on this machine alone, nothing to push or say."""
+    if all(h.local for h in connector.cluster.hosts):
+        return {}
+    return {name: entry.path for name, entry in push_model(connector, model, events).items()}
 
 
 def _beside_copy(connector: Connector, project: str, needed: tuple[str, ...], events: RunEvents,

@@ -36,7 +36,7 @@ from ..hosts.forward import Forward
 from ..inventory import Cluster
 from ..launch.attempts import AttemptSettings
 from ..program import Capabilities
-from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, run
+from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, push_model, run
 from ..transfer import hub
 from ..transfer import models as store
 from .check import check_model, served_name, stage_files
@@ -102,7 +102,6 @@ class ServeEvents(RunEvents):
 
     def checked(self, model: str, kind: str, size: int) -> None: ...
     def fused(self, base: str, adapters: str, path: str, cached: bool) -> None: ...
-    def pushed(self, host: str, entry: store.StoreEntry | None, path: str) -> None: ...   # None: this machine
     def ready(self, url: str, model_id: str, seconds: float, since_start: float) -> None: ...
     def listening(self, url: str, exposed: bool) -> None: ...
 
@@ -148,13 +147,8 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
             _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
         events.checked(model_dir, summary.kind, summary.size)
         # this machine serves MODEL where it is; every other host from its store
-        remote = [h for h in cluster.hosts if not h.local]
-        entries = store.require_all(store.push(connector, remote, store.describe(model_dir), method=options.method,
-                                               verify=options.verify, progress=events.model_progress,
-                                               files=_shares(model_dir, cluster, summary, options.pipeline))
-                                    ) if remote else {}
-        for host in cluster.hosts:
-            events.pushed(host.name, entries.get(host.name), model_dir)
+        entries = push_model(connector, model_dir, events, method=options.method, verify=options.verify,
+                             files=_shares(model_dir, cluster, summary, options.pipeline))
         paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
         name = name or summary.name
         if forward is not None:
