@@ -122,6 +122,14 @@ def connect_timeout_option(default: float = DEFAULT_CONNECT_TIMEOUT_S):
                         help="Seconds to wait for an SSH connection.")
 
 
+# a model's copy to the hosts' stores (models push, serve): how, and the way round the relay
+PUSH_METHOD_HELP = ("auto: relayed from host to host where two or more hosts have a data-plane `address` "
+                    "(docs/models.md#relay), else rsync over ssh where both ends have it, else SFTP; rsync or sftp: "
+                    "to each host directly, that way.")
+DIRECT_HELP = ("Copy the model to each host from this machine instead of once to the first host and from host to host "
+               "over their data-plane addresses.")
+
+
 def backend_option(benchmarked: bool = False):
     return click.option("--backend", type=click.Choice(backends.names(benchmarked)),
                         help="Default: the inventory's launch.backend.")

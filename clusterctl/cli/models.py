@@ -64,17 +64,18 @@ def models_cmd(ctx, inventory_path, connect_timeout, strict_host_keys, as_json):
 @models_cmd.command("push")
 @click.argument("model_dir", metavar="MODEL_DIR")
 @app.hosts_option
-@click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
-              help="auto: rsync over ssh where both ends have it, else SFTP.")
+@click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True, help=app.PUSH_METHOD_HELP)
+@click.option("--direct", is_flag=True, help=app.DIRECT_HELP)
 @click.option("--verify", is_flag=True, help="Re-hash every stored file on the hosts (finds damage that kept the "
               "file's size and mtime; reads the whole model on every host).")
-@click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS", help="Limit each host's transfer to KBPS KiB/s.")
+@click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS",
+              help="Limit what this machine sends to KBPS KiB/s: to each host directly, to each relay chain's first.")
 @app.connect_timeout_option()
 @click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
 @app.strict_host_keys_option
 @app.json_option
-def models_push_cmd(model_dir, inventory_path, method, verify, bwlimit, connect_timeout, timeout, strict_host_keys,
-                    as_json):
+def models_push_cmd(model_dir, inventory_path, method, direct, verify, bwlimit, connect_timeout, timeout,
+                    strict_host_keys, as_json):
     """Put MODEL_DIR (an mlx-lm model: config.json, *.safetensors; or a Hugging Face model id, ORG/NAME, from the
     hub's cache here, downloaded into it first if need be) into every host's store, verified by sha256 there; a
     model already there moves nothing, a cut-off push continues where it stopped."""
@@ -84,9 +85,17 @@ def models_push_cmd(model_dir, inventory_path, method, verify, bwlimit, connect_
     cluster = app.load(inventory_path)
     model = describe(resolve(model_dir))
     copying = TransferProgress("push").start()       # stderr: a line per host (redrawn on a terminal)
+    routes = []
+
+    def told(route):
+        routes.append(route)
+        for line in route.lines():
+            click.echo(f"push: {line}", err=True)
+
     try:
         group = push(app.connector(cluster, connect_timeout, strict_host_keys), None, model, method=method,
-                     verify=verify, progress=copying.update, bwlimit_kbps=bwlimit, timeout=timeout)
+                     verify=verify, progress=copying.update, bwlimit_kbps=bwlimit, timeout=timeout, direct=direct,
+                     on_route=told)
     finally:
         copying.close()
     rows = []
@@ -98,7 +107,7 @@ def models_push_cmd(model_dir, inventory_path, method, verify, bwlimit, connect_
         rows.append(row)
     if as_json:
         click.echo(json.dumps({"ok": group.all_ok, "model": model.name, "digest": model.digest, "size": model.size,
-                               "hosts": rows}, indent=2))
+                               "route": [vars(r) for r in routes], "hosts": rows}, indent=2))
     else:
         click.echo(f"{model.key}: {len(model.files)} files, {size(model.size)}")
         table([{"host": r["host"], "moved": _moved(r), "time": f"{r['elapsed_s']:.1f}s" if "elapsed_s" in r else "",

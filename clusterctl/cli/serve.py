@@ -59,7 +59,8 @@ class PrintedServe(PrintedRun):
               help="The endpoint not answering /health for S seconds while the ranks run is a stall (restarted under "
                    "--max-restarts). Default: adaptive, from the first answer; 0: off.")
 @click.option("--method", type=click.Choice(["auto", "rsync", "sftp"]), default="auto", show_default=True,
-              help="How the model travels to a host's store.")
+              help="How the model travels to a host's store. " + app.PUSH_METHOD_HELP)
+@click.option("--direct", is_flag=True, help=app.DIRECT_HELP)
 @click.option("--verify", is_flag=True,
               help="Hash every file of the model in every host's store again (not only the files whose size or "
                    "time changed).")
@@ -73,7 +74,7 @@ class PrintedServe(PrintedRun):
 @app.connect_timeout_option()
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_restarts, restart_delay, stall_timeout,
-              method, verify, launch_from, adapter_ref, runs_dir, connect_timeout, server_args):
+              method, direct, verify, launch_from, adapter_ref, runs_dir, connect_timeout, server_args):
     """Serve MODEL (a directory or hub id) from every host, until Ctrl-C.
 
     MODEL: an mlx-lm model directory, or a model's Hugging Face id (mlx-community/Qwen3-4B-4bit), from the hub's
@@ -98,7 +99,7 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
                                restart=RestartPolicy(max_restarts, restart_delay),
                                watch=Settings(stall=StallPolicy.parse(stall_timeout)))
     options = ServeOptions(model=model, name=name, port=port, listen=listen, backend=backend, pipeline=pipeline,
-                           server_args=tuple(server_args), attempts=attempts, method=method, verify=verify,
+                           server_args=tuple(server_args), attempts=attempts, method=method, direct=direct, verify=verify,
                            connect_timeout=connect_timeout,
                            adapter=adapter_dir(adapter_ref, runs_dir) if adapter_ref else None,
                            fuse=_fuse if adapter_ref else None)

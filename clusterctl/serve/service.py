@@ -64,7 +64,8 @@ class ServeOptions:
     # runs_dir, launch_from, restart, and the watch: its stall policy (None: adaptive from the first health
     # answer; 0: off), whose progress serve makes the endpoint's health answers
     attempts: AttemptSettings = AttemptSettings()
-    method: str = "auto"                        # how the model travels: rsync, else SFTP
+    method: str = "auto"                        # how the model travels: relayed, else rsync, else SFTP
+    direct: bool = False                        # to each host from here, never relayed between hosts
     verify: bool = False                        # re-hash every stored file, not only changed ones
     connect_timeout: float | None = None
     adapter: str | None = None                  # a directory of adapters (adapted.adapter_dir): fused into MODEL
@@ -147,7 +148,7 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
             _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
         events.checked(model_dir, summary.kind, summary.size)
         # this machine serves MODEL where it is; every other host from its store
-        entries = push_model(connector, model_dir, events, method=options.method, verify=options.verify,
+        entries = push_model(connector, model_dir, events, method=options.method, verify=options.verify, direct=options.direct,
                              files=_shares(model_dir, cluster, summary, options.pipeline))
         paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
         name = name or summary.name

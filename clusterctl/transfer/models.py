@@ -37,19 +37,20 @@ import os
 import posixpath
 import re
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..errors import ModelInUse, ModelStoreError
 from ..hosts.connector import Connector
-from ..hosts.fanout import GroupResult, run_all
+from ..hosts.fanout import GroupResult, in_background, run_all
 from ..hosts.transport import Transport
 from ..inventory import Host
 from . import remotefiles
 from .localmodel import LocalModel, describe, host_files, match
 from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
 
-__all__ = ["LocalModel", "StoreEntry", "StoredModel", "describe", "list_models", "push", "remove", "require_all"]
+__all__ = ["LocalModel", "Route", "StoreEntry", "StoredModel", "describe", "list_models", "push", "remove", "require_all"]
 
 HELPER = "modelstore.py"
 PARTS = ".clusterctl-partial"           # the helper's PARTS: rsync's --partial-dir, where SFTP appends too
@@ -79,6 +80,28 @@ class StoreEntry:
     def reused(self) -> bool:
         """True when nothing had to move: the host already held every file, verified."""
         return not self.sent_files
+
+
+@dataclass
+class Route:
+    """How a push's bytes travel: chains (this machine -> the first host -> the next ..., each host passing them on
+    over the data plane) and the hosts pushed directly from this machine, each with why."""
+
+    chains: list[list[str]] = field(default_factory=list)
+    direct: dict[str, str] = field(default_factory=dict)
+    via: dict[str, str] = field(default_factory=dict)      # a chain's first host -> how this machine reaches it
+    notes: list[str] = field(default_factory=list)         # why a chain ends where it does
+    again: bool = False                                    # a later round: hosts still lacking files, from what they hold
+    sent_here: int = 0             # model bytes this machine sent into the chains (counted once the round has ended)
+
+    def lines(self) -> list[str]:
+        what = "relay again, from what each host holds" if self.again else "relay"
+        out = [f"{what}: this machine -({self.via.get(c[0], 'ssh')})-> " + " -> ".join(c) for c in self.chains]
+        reasons: dict[str, list[str]] = {}
+        for name, why in self.direct.items():
+            reasons.setdefault(why, []).append(name)
+        out += [f"direct: {', '.join(names)} ({why})" for why, names in reasons.items()]
+        return out + self.notes
 
 
 @dataclass(frozen=True)
@@ -118,21 +141,49 @@ def _hash_timeout(model: LocalModel) -> float:
 
 def push(connector: Connector, hosts: Sequence[Host] | None, model: LocalModel | str, *, method: str = "auto",
          files: Mapping[str, Sequence[str]] | None = None, verify: bool = False, progress: Progress | None = None,
-         bwlimit_kbps: int | None = None, timeout: float = 7200.0) -> GroupResult:
+         bwlimit_kbps: int | None = None, timeout: float = 7200.0, direct: bool = False,
+         on_route: Callable[[Route], None] | None = None) -> GroupResult:
     """Put `model` (a LocalModel, or a model directory to describe) into the store of every host of `hosts`
     (None: the connector's cluster). `files`: host name -> the weight files that host gets (it gets every
     other file too); a host not named gets the whole model. `verify`: re-hash every stored file on the hosts.
-    Every host's outcome is kept: its StoreEntry, or the error that stopped it."""
+    Two or more hosts with a data-plane `address` get the model relayed (transfer/relay.py: over this machine's
+    link once, then host to host) unless `direct` or a `method` is named; the others, and a host the relay
+    cannot reach, directly. `on_route` hears the route before the bytes move. Every host's outcome is kept:
+    its StoreEntry, or the error that stopped it."""
     if isinstance(model, str):
         model = describe(model)
     targets = list(connector.cluster.hosts if hosts is None else hosts)
     wanted = {h.name: host_files(model, (files or {}).get(h.name)) for h in targets}
     rsync = local_rsync(method)
+    deadline = connector.deadline(timeout + 2 * _hash_timeout(model), slack=0)
+    relayed = [h for h in targets if h.address] if method == "auto" and not direct else []
+    if len(relayed) < 2:
+        relayed = []
 
     def one(host: Host) -> StoreEntry:
-        return _push_host(connector, host, model, wanted[host.name], method, rsync, verify, progress, bwlimit_kbps)
+        with HostPush(connector, host, model, wanted[host.name], verify) as hp:
+            return _push_direct(hp, method, rsync, progress, bwlimit_kbps)
 
-    return run_all(targets, one, connector.deadline(timeout + 2 * _hash_timeout(model), slack=0))
+    def why(host: Host) -> str:
+        return "--direct" if direct else f"--method {method}" if method != "auto" else \
+            "no data-plane address" if not host.address else "the only host with a data-plane address"
+
+    if not relayed:
+        if on_route is not None and len(targets) > 1:
+            on_route(Route(direct={h.name: why(h) for h in targets}))
+        return run_all(targets, one, deadline)
+    from .relay import relay
+
+    others = [h for h in targets if h not in relayed]
+    aside = in_background(run_all, others, one, deadline) if others else None
+    outcomes, fallback = relay(connector, relayed, model, wanted, verify=verify, progress=progress,
+                               bwlimit_kbps=bwlimit_kbps, deadline=deadline, on_route=on_route,
+                               also_direct={h.name: why(h) for h in others})
+    if fallback:
+        outcomes.update(run_all([h for h in relayed if h.name in fallback], one, deadline))
+    if aside is not None:
+        outcomes.update(aside.result())
+    return GroupResult([outcomes[h.name] for h in targets])
 
 
 def require_all(group: GroupResult) -> dict[str, StoreEntry]:
@@ -142,36 +193,95 @@ def require_all(group: GroupResult) -> dict[str, StoreEntry]:
     return {name: o.value for name, o in group.items()}
 
 
-def _push_host(connector: Connector, host: Host, model: LocalModel, want: list[str], method: str,
-               rsync: str | None, verify: bool, progress: Progress | None, bwlimit_kbps: int | None) -> StoreEntry:
-    start = time.monotonic()
-    hold = {"root": _store(host), "store": _store(host), "key": model.key, "slot": slot_name(host.name)}
-    with connector.transport(host) as transport, \
-            remotefiles.held(transport, host.python, "hold", hold, script=HELPER) as slot:
-        request = _request(host, model, want, verify, slot["slot"])
-        plan = remotefiles.call(transport, host.python, "prepare", request, _hash_timeout(model), HELPER)
-        entry = StoreEntry(host.name, model.name, model.digest, plan.get("entry", plan["path"]), want,
-                           damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0))
+class HostPush:
+    """One host's push, as a context: its connection, and its hold on its own partial directory (the helper's
+    `hold`) for as long as the block runs; prepare and finish (one round trip each) keep the host's StoreEntry."""
+
+    def __init__(self, connector: Connector, host: Host, model: LocalModel, want: list[str], verify: bool):
+        self.connector, self.host, self.model, self.want, self.verify = connector, host, model, want, verify
+        self.start = time.monotonic()
+        self.stack = ExitStack()
+        self.entry: StoreEntry | None = None
+        self.plan: dict = {}
+
+    def __enter__(self) -> "HostPush":
+        try:
+            self.transport = self.stack.enter_context(self.connector.transport(self.host))
+            hold = {"root": _store(self.host), "store": _store(self.host), "key": self.model.key,
+                    "slot": slot_name(self.host.name)}
+            slot = self.stack.enter_context(remotefiles.held(self.transport, self.host.python, "hold", hold,
+                                                             script=HELPER))
+        except BaseException:
+            self.stack.close()
+            raise
+        self.request = _request(self.host, self.model, self.want, self.verify, slot["slot"])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
+
+    def call(self, op: str) -> dict:
+        return remotefiles.call(self.transport, self.host.python, op, self.request, _hash_timeout(self.model), HELPER)
+
+    def prepare(self) -> dict:
+        """Check what the host holds: the plan ({state: complete} or the files to send and from where)."""
+        self.plan = plan = self.call("prepare")
+        if self.entry is None:
+            self.entry = StoreEntry(self.host.name, self.model.name, self.model.digest, plan.get("entry", plan["path"]),
+                                    self.want, damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0))
+        else:
+            self.entry.damaged += [f for f in plan.get("damaged", []) if f not in self.entry.damaged]
+            self.entry.rehashed += plan.get("hashed", 0)
         if plan["state"] == "complete":
-            entry.elapsed_s = time.monotonic() - start
-            return entry
-        send, resume = plan["send"], {k: int(v) for k, v in plan["resume"].items()}
-        entry.resumed_bytes = sum(resume.values())
-        for _ in range(2):          # the second time: what finish deleted, sent whole
-            if send:
-                entry.method, entry.note, sent = _transfer(connector, transport, host, model, plan["path"], send,
-                                                           resume, method, rsync, progress, bwlimit_kbps)
-                entry.sent_bytes += sent
-                entry.sent_files += [f for f in send if f not in entry.sent_files]
-            done = remotefiles.call(transport, host.python, "finish", request, _hash_timeout(model), HELPER)
-            if not done["bad"] and not done["missing"]:
-                entry.path = done["path"]
-                entry.elapsed_s = time.monotonic() - start
-                return entry
-            send, resume = done["bad"] + done["missing"], {}      # deleted by finish: sent again, whole
-        raise ModelStoreError(f"{host.name}: {', '.join(send)} still does not match its sha256 on the host after "
-                              f"being sent again: the file in {model.root} changed during the push, or the host's "
-                              "disk corrupts it (push again; if it recurs, check that disk)")
+            self.entry.path = plan["path"]
+        return plan
+
+    @property
+    def complete(self) -> bool:
+        return self.plan.get("state") == "complete"
+
+    def finish(self) -> dict:
+        """Hash what arrived on the host; when every file is verified the entry is complete (its path kept)."""
+        done = self.call("finish")
+        if not done["bad"] and not done["missing"]:
+            self.entry.path = done["path"]
+            self.plan = {"state": "complete", "path": done["path"]}
+        return done
+
+    def sent(self, files: Sequence[str], count: int, method: str, note: str = "") -> None:
+        self.entry.sent_bytes += count
+        self.entry.sent_files += [f for f in files if f not in self.entry.sent_files]
+        self.entry.method, self.entry.note = method, note or self.entry.note
+
+    def result(self) -> StoreEntry:
+        self.entry.elapsed_s = time.monotonic() - self.start
+        return self.entry
+
+
+def _push_direct(hp: HostPush, method: str, rsync: str | None, progress: Progress | None,
+                 bwlimit_kbps: int | None) -> StoreEntry:
+    """The host's files straight from this machine (rsync, else SFTP), verified there, sent once more whole if not."""
+    plan = hp.prepare()
+    if hp.complete:
+        return hp.result()
+    send, resume = plan["send"], {k: int(v) for k, v in plan["resume"].items()}
+    hp.entry.resumed_bytes = sum(resume.values())
+    for _ in range(2):          # the second time: what finish deleted, sent whole
+        if send:
+            used, note, count = _transfer(hp.connector, hp.transport, hp.host, hp.model, plan["path"], send, resume,
+                                          method, rsync, progress, bwlimit_kbps)
+            hp.sent(send, count, used, note)
+        done = hp.finish()
+        if hp.complete:
+            return hp.result()
+        send, resume = done["bad"] + done["missing"], {}      # deleted by finish: sent again, whole
+    raise mismatch(hp, send)
+
+
+def mismatch(hp: HostPush, files: Sequence[str]) -> ModelStoreError:
+    return ModelStoreError(f"{hp.host.name}: {', '.join(files)} still does not match its sha256 on the host after "
+                           f"being sent again: the file in {hp.model.root} changed during the push, or the host's "
+                           "disk corrupts it (push again; if it recurs, check that disk)")
 
 
 def _transfer(connector: Connector, transport: Transport, host: Host, model: LocalModel, dest: str, send: list[str],

@@ -36,18 +36,7 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
          script: str = "filehelper.py") -> dict:
     """Run the file helper's `op` (or another helper script's: the model store's modelstore.py) on the host and
     return its JSON answer."""
-    text = json.dumps(request)
-    if len(text) > ARG_LIMIT:
-        fd, local = scratch_file("clusterctl-req-", ".json")     # 0600 from the start
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        try:
-            remote = f"{request['root'].rstrip('/')}.clusterctl-req-{uuid.uuid4().hex[:8]}.json"
-            transport.put(local, remote, 0o600)
-        finally:
-            os.unlink(local)
-        text = "@" + remote
-    argv = [python, "-c", program(script), op, text]
+    argv = [python, "-c", program(script), op, argument(transport, request)]
     result = transport.run(argv, timeout)
     what = f"{python} (clusterctl {HELPERS.get(script, script)}: {op})"
     if not result.ok:
@@ -56,6 +45,23 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise CommandFailed(transport.host, f"{what}: no JSON answer", result) from None
+
+
+def argument(transport: Transport, request: dict) -> str:
+    """The request as a helper's argument: its JSON, or @PATH of a file uploaded beside request['root'] when it is
+    too large for a command line (the helper removes it once read)."""
+    text = json.dumps(request)
+    if len(text) <= ARG_LIMIT:
+        return text
+    fd, local = scratch_file("clusterctl-req-", ".json")     # 0600 from the start
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    try:
+        remote = f"{request['root'].rstrip('/')}.clusterctl-req-{uuid.uuid4().hex[:8]}.json"
+        transport.put(local, remote, 0o600)
+    finally:
+        os.unlink(local)
+    return "@" + remote
 
 
 @contextmanager

@@ -73,10 +73,10 @@ def test_push_once_then_nothing_moves_and_same_name_models_get_two_entries(make_
     model = make_model(tmp_path)
     first = push(cluster, tmp_path, model)
     total = sum(p.stat().st_size for p in model.iterdir())
-    for i in (1, 2):
+    for i in (1, 2):       # relayed: this machine -> h1 -> h2 (transfer/relay.py), each file's bytes once to each
         h = first[f"h{i}"]
-        assert h["ok"] and not h["reused"] and h["method"] == "rsync" and len(h["sent_files"]) == 4
-        assert h["sent_bytes"] >= total - 4096
+        assert h["ok"] and not h["reused"] and h["method"] == "relay" and len(h["sent_files"]) == 4
+        assert h["sent_bytes"] == total and h["note"] == f"relayed from {'this machine' if i == 1 else 'h1'}"
         entry = h["path"]
         assert entry.startswith(store_of(cluster) + "/tiny-model-") and entry.endswith(h["digest"][:12])
         for f in model.iterdir():
@@ -129,7 +129,7 @@ def test_a_directory_that_is_not_a_model_is_refused_before_anything_moves(make_c
     assert cluster.ssh(1, f"test -e {sq(store_of(cluster))}").returncode == 1
 
 
-@pytest.mark.parametrize("method", ["rsync", "sftp"])
+@pytest.mark.parametrize("method", ["rsync", "sftp", "auto"])      # auto: relayed, this machine -> h1 -> h2
 def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(make_cluster, tmp_path, method):
     cluster = start(make_cluster)
     model = make_model(tmp_path, big=6 * MB)
@@ -166,12 +166,59 @@ def test_a_push_killed_mid_file_is_never_complete_and_resumes_with_fewer_bytes(m
     assert h1["ok"] and h1["resumed_bytes"] > 1000 * 1024 and big in h1["sent_files"]
     # the partial file was continued: what was already there did not travel again (64 KiB: rsync's checksums)
     assert h1["sent_bytes"] < whole - h1["resumed_bytes"] + 64 * 1024, (h1["sent_bytes"], whole, h1["resumed_bytes"])
+    if method == "auto":     # relayed: each host received exactly what it lacked, h2 from h1
+        assert [again[h]["method"] for h in ("h1", "h2")] == ["relay", "relay"]
+        assert all(again[h]["sent_bytes"] + again[h]["resumed_bytes"] == whole for h in ("h1", "h2")), again
     for i in (1, 2):
         entry = again[f"h{i}"]["path"]
         for f in model.iterdir():
             assert sha_on(cluster, i, f"{entry}/{f.name}") == local_sha(f)
         assert cluster.ssh(i, f"find {sq(entry)} -name '.clusterctl-partial*'").stdout == ""
         assert cluster.ssh(i, f"ls -A {store}/.partial").stdout == ""
+
+
+def test_a_relaying_host_killed_mid_push_the_chain_continues_from_what_each_host_holds(make_cluster, tmp_path):
+    """The hop on h2 (relaying to h3) killed mid-push: the push goes round again from what each host holds, every
+    host ends verified, no host receives a byte twice, and this machine sent the model once in all."""
+    cluster = make_cluster(3)
+    cluster.write_inventory(model_store=store_of(cluster))
+    model = make_model(tmp_path, big=8 * MB)
+    total = sum(p.stat().st_size for p in model.iterdir())
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "clusterctl", "models", "push", str(model), "--hosts",
+                             str(cluster.inventory), "--bwlimit", "1500", "--json"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = sq(store_of(cluster))
+    deadline, relay = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not relay:
+        if cluster.ssh(2, f"find {store}/.partial -path '*clusterctl-partial*' -size +1000k").stdout.strip():
+            relay = [pid for pid in cluster.session_pids(2) if _cmdline(pid)[:2] == [sys.executable.encode(), b"-c"]
+                     and b"def relay(" in _cmdline(pid)[2]]
+        time.sleep(0.1)
+    assert len(relay) == 1, "h2's hop never received a MiB"
+    os.kill(relay[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    lines = err.splitlines()
+    assert "push: relay: this machine -(ssh)-> h1 -> h2 -> h3" in lines
+    assert any(line.startswith("push: relay again, from what each host holds: ") for line in lines), err
+    answer = json.loads(out)
+    hosts = {h["host"]: h for h in answer["hosts"]}
+    for i in (1, 2, 3):
+        h = hosts[f"h{i}"]
+        assert h["ok"] and h["method"] == "relay" and h["sent_bytes"] == total, h      # each byte once to each
+        for f in model.iterdir():
+            assert sha_on(cluster, i, f"{h['path']}/{f.name}") == local_sha(f)
+    assert sum(r["sent_here"] for r in answer["route"]) == total                  # and once from here
+    assert all(cluster.ssh(i, f"ls -A {store}/.partial").stdout == "" for i in (1, 2, 3))
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0") + [b"", b"", b""]
+    except OSError:
+        return [b"", b"", b""]
 
 
 def overwrite(cluster, i, path, keep_mtime=False):
@@ -188,11 +235,18 @@ def test_a_damaged_file_is_found_resent_and_never_served(make_cluster, tmp_path)
     weight = "model-00001-of-00002.safetensors"
     entry = push(cluster, tmp_path, model)["h1"]["path"]
     overwrite(cluster, 1, f"{entry}/{weight}")
-    fixed = push(cluster, tmp_path, model)
+    fixed = push(cluster, tmp_path, model, "--direct")
     h1, h2 = fixed["h1"], fixed["h2"]
     assert h1["damaged"] == [weight] and h1["sent_files"] == [weight] and h1["path"] == entry
     assert 0 < h1["sent_bytes"] < (model / weight).stat().st_size // 2        # rsync's delta: the damaged blocks
     assert h2["reused"] and h2["damaged"] == []
+    assert sha_on(cluster, 1, f"{entry}/{weight}") == local_sha(model / weight)
+    # relayed: the chain begins at the host holding the model (h2), which sends h1 the file whole from its disk
+    overwrite(cluster, 1, f"{entry}/{weight}")
+    fixed = push(cluster, tmp_path, model)
+    h1, h2 = fixed["h1"], fixed["h2"]
+    assert h1["damaged"] == [weight] and h1["sent_files"] == [weight] and h1["note"] == "relayed from h2"
+    assert h1["sent_bytes"] == (model / weight).stat().st_size and h2["reused"]
     assert sha_on(cluster, 1, f"{entry}/{weight}") == local_sha(model / weight)
 
     # damage that keeps size and mtime: the cheap check cannot see it; --verify re-hashes and repairs

@@ -9,7 +9,9 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     filehelper.py   hashing, listing, deleting and verifying files for sync, data push and run
     modelstore.py   the model store on a host: check, stage, verify, complete, list and remove entries
     holds.py        modelstore.py's piece: a push's lock on its own directory; the processes that use an entry (ps)
-    helperbase.py   what those two share (a file's sha256, the request), inlined into each by program()
+    relay.py        one hop of a relayed model push: take the bytes from upstream, keep what this host lacks,
+                    send on what the next lacks (transfer/relay.py)
+    helperbase.py   what those share (a file's sha256, the request), inlined into each by program()
     ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, program("ranks.py"),
                     run by path), with its pieces frames.py (standard input in frames, also hosts/stdinfeed.py's)
                     and writeall.py (every byte of a write to a pipe, signals or not; also tagged.py's and the
