@@ -137,11 +137,17 @@ class Bars:
 
 
 class TransferProgress:
-    """Each host's progress in a long copy (a model pushed to the hosts' stores), as `store.push` reports it
-    (host, bytes done, bytes total). On a terminal: a line per host redrawn in place, with the rate and the time
-    left. Otherwise: a plain line per host still copying every `every` seconds, then one when it ends. Either way,
-    a host that has moved nothing for `stall` seconds is named once (which host, how far), not left silent.
+    """Each host's progress in a long copy (a model pushed to the hosts' stores, run's project copy, a fetch), as
+    the copy reports it (host, bytes done, bytes total). On a terminal: a line per host redrawn in place, with the
+    rate and the time left. Otherwise: a plain line per host still copying every `every` seconds, then one when it
+    ends. Either way, a host that has moved nothing for `stall` seconds is named once (which host, how far), not
+    left silent. Only copies of `threshold` bytes or more are shown, a host only once it has moved a byte (a total
+    may be an upper bound: rsync's copy of a project that is mostly there already moves less, and its last report,
+    (moved, moved), is the truth), and a quick copy not at all: no bar before QUICK seconds, no line at its end
+    unless it lasted `every` seconds. `draw`: the Bars to draw into (several copies at once share one block);
     `clock`, `say` and `draw`: injected by the tests."""
+
+    QUICK = 1.0
 
     def __init__(self, prefix: str, *, terminal: bool | None = None, every: float = 5.0, stall: float = 30.0,
                  threshold: int = Bars.LARGE, clock=time.monotonic, say=None, draw=None):
@@ -165,15 +171,17 @@ class TransferProgress:
         now = self.clock()
         with self.lock:
             h = self.hosts.setdefault(host, {"began": now, "done": 0, "moved_at": now, "stalled": False,
-                                             "total": total, "ended": False})
+                                             "total": total, "ended": False, "drawn": False})
             if done != h["done"]:
                 h["moved_at"], h["stalled"] = now, False
             h["done"], h["total"] = done, total
-            if self.bars is not None:
+            if self.bars is not None and (h["drawn"] or (done > 0 and total >= self.threshold
+                                                          and now - h["began"] >= self.QUICK)):
+                h["drawn"] = True
                 self.bars.update(f"{self.prefix}: {host}", done, total, self._pace(h, now))
             if done >= total and not h["ended"]:
                 h["ended"] = True
-                if self.bars is None and total >= self.threshold:
+                if self.bars is None and total >= self.threshold and now - h["began"] >= self.every:
                     self.say(self.line(host, now))
 
     def tick(self) -> None:
@@ -187,9 +195,10 @@ class TransferProgress:
                     h["stalled"] = True
                     self.say(f"{self.prefix}: {name}: no progress for {now - h['moved_at']:.0f} s (at "
                              f"{size(h['done'])} of {size(h['total'])}): the copy to {name} is stuck or very slow")
-            if self.bars is None and copying and now - self.last_said >= self.every:
+            moving = [name for name in copying if self.hosts[name]["done"] > 0]
+            if self.bars is None and moving and now - self.last_said >= self.every:
                 self.last_said = now
-                for name in copying:
+                for name in moving:
                     self.say(self.line(name, now))
 
     @staticmethod

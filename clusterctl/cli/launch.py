@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from dataclasses import dataclass
 
 import click
@@ -14,7 +15,7 @@ from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
 from ..trainer_contract import RUNS_DIR
 from . import app
-from .console import TransferProgress, one_line, size, stored_line
+from .console import Bars, TransferProgress, one_line, size, stored_line
 
 
 @app.command("clusterctl hostfile --hosts inventory.yaml -o hosts.txt --print-command -- /path/train.py")
@@ -59,20 +60,43 @@ class PrintedRun:
     def __init__(self, live: bool = False):
         self.live = live
         self.panel = None
-        self.copying: TransferProgress | None = None      # a model on its way to the hosts' stores
-
-    def model_progress(self, host, done, total):
-        if self.copying is None:
-            self.copying = TransferProgress(self.progress_prefix).start()
-        self.copying.update(host, done, total)
+        # the long copies under way, by what they copy (the model to the hosts' stores, the project, the shards, a
+        # fetch): each host's bytes, rate and time left (console.TransferProgress); on a terminal one block of bars
+        # for all of them at once (two blocks redrawn in place would overwrite each other)
+        self.copies: dict[str, TransferProgress] = {}
+        self.bars: Bars | None = None
+        self.copies_lock = threading.Lock()        # each host's copy reports from a thread of its own
 
     progress_prefix = "model"
 
+    def _copying(self, what: str, prefix: str) -> TransferProgress:
+        with self.copies_lock:
+            copying = self.copies.get(what)
+            if copying is None:
+                terminal = sys.stderr.isatty()
+                if terminal and self.bars is None:
+                    self.bars = Bars(err=True, threshold=Bars.LARGE)
+                copying = self.copies[what] = TransferProgress(prefix, terminal=terminal, draw=self.bars).start()
+            return copying
+
+    def model_progress(self, host, done, total):
+        self._copying("model", self.progress_prefix).update(host, done, total)
+
+    def copy_progress(self, what, host, done, total):
+        self._copying(what, what).update(host, done, total)
+
+    def copy_ended(self, what):
+        """A copy has ended: its progress lines stop before the lines that say how it went."""
+        with self.copies_lock:
+            copying = self.copies.pop(what, None)
+            if not self.copies:
+                self.bars = None      # the next copy's bars: a block of their own, below what was printed meanwhile
+        if copying is not None:
+            copying.close()
+
     def copied(self):
-        """The model's copy has ended: its progress lines stop before the lines that say how it went."""
-        if self.copying is not None:
-            self.copying.close()
-            self.copying = None
+        """The model's copy has ended (copy_ended)."""
+        self.copy_ended("model")
 
     def launching_from(self, host, launcher):
         click.echo(f"launching {launcher} from {host}", err=True)
@@ -85,6 +109,10 @@ class PrintedRun:
 
     def staged(self, what, hosts, files, nbytes):
         click.echo(f"sync: {what} to {hosts} host(s): {files} file(s), {size(nbytes)} moved in all", err=True)
+
+    def model_route(self, lines):
+        for line in lines:
+            click.echo(f"{self.progress_prefix}: {line}", err=True)
 
     def model_stored(self, host, entry, path):
         self.copied()
@@ -178,7 +206,7 @@ def _shown(path):
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
                "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--stall-timeout",
-               "--runs-dir", "--no-stdin",
+               "--runs-dir", "--no-stdin", "--direct",
                "--max-restarts", "--restart-delay", "--elastic", "--elastic-batch")
 
 
@@ -313,6 +341,10 @@ class RunCommand(click.Command):
 @click.option("--all-shards", is_flag=True,
               help="With --data: every shard to every host, so that the bundled trainer's balancing can give a "
                    "faster host rows of a slower one's shard (docs/trainer.md#balanced-data-parallelism).")
+@click.option("--direct", is_flag=True,
+              help="Copy the program's model (the bundled trainer's --model) to each host from this machine, instead "
+                   "of once to the first host and from host to host over their data-plane addresses "
+                   "(docs/models.md#relay).")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="When a rank fails, a host stops answering or the launcher dies: stop every rank, wait "
                    "--restart-delay, check the hosts again and launch again, up to N times. The bundled trainer "
@@ -329,7 +361,7 @@ class RunCommand(click.Command):
                    "as CLUSTERCTL_ELASTIC_BATCH).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
-            fetch_all_ranks, data_dir, all_shards, max_restarts, restart_delay, elastic, elastic_batch):
+            fetch_all_ranks, data_dir, all_shards, direct, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -370,7 +402,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, launcher=launcher,
                          attempts=attempts, connect_timeout=connect_timeout, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
-                         all_shards=all_shards, stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer,
+                         all_shards=all_shards, direct_model=direct,
+                         stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer,
                          # the bundled trainer's checks before a launch are the trainer's own (run imports no train/)
                          kinds=(BundledTrainer(prelaunch=check_before_launch, strategy_shrink=shrink_refusal),))
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))

@@ -61,7 +61,7 @@ class FileSession(Closeable):
         """Copy `local` to `remote` (its directory exists) atomically; `mode` defaults to the local one."""
         raise NotImplementedError
 
-    def get(self, remote: str, local: str) -> None:
+    def get(self, remote: str, local: str, on_bytes: OnBytes | None = None) -> None:
         """Copy `remote` to `local` on this machine atomically."""
         raise NotImplementedError
 
@@ -123,10 +123,10 @@ class LocalFiles(FileSession):
                 os.fsync(dst.fileno())
             os.chmod(tmp, _mode_of(local, mode))
 
-    def get(self, remote, local):
+    def get(self, remote, local, on_bytes=None):
         with replacing(local) as tmp:
             with open(os.path.expanduser(remote), "rb") as src, open(tmp, "wb") as dst:
-                _copy(src, dst, None)
+                _copy(src, dst, on_bytes)
             os.chmod(tmp, os.stat(os.path.expanduser(remote)).st_mode & 0o777)     # never a setuid bit
 
     def symlink(self, target, remote):
@@ -194,9 +194,16 @@ class SFTPFiles(FileSession):
             self.sftp.chmod(tmp, _mode_of(local, mode))
         self._replace(remote, write)
 
-    def get(self, remote, local):
+    def get(self, remote, local, on_bytes=None):
+        got = 0
+
+        def count(done: int, _total: int) -> None:      # paramiko tells the bytes so far; on_bytes takes each chunk's
+            nonlocal got
+            on_bytes(done - got)
+            got = done
+
         with replacing(local) as tmp, self._guard():
-            self.sftp.get(sftp_path(remote), tmp)
+            self.sftp.get(sftp_path(remote), tmp, callback=count if on_bytes else None)
 
     def symlink(self, target, remote):
         self._replace(remote, lambda tmp: self.sftp.symlink(target, tmp))

@@ -30,7 +30,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from typing import BinaryIO
+from contextlib import contextmanager
+from functools import partial
+from typing import BinaryIO, Callable, Iterator
 from concurrent.futures import wait
 from dataclasses import dataclass, replace
 
@@ -77,6 +79,7 @@ class RunOptions:
     fetch_all_ranks: bool = False     # fetch_paths from every host, into runs/<id>/host-<name>/
     data_dir: str | None = None       # shards from `clusterctl data prepare`
     all_shards: bool = False          # ... every shard to every host (the bundled trainer's balancing)
+    direct_model: bool = False        # the program's model to each host from here, not relayed host to host
     project_dir: str | None = None    # default: the current directory
     # what every rank reads on its stdin, the same bytes to each, then EOF (docs/run.md#standard-input), when
     # its kind reads stdin: the CLI gives its own stdin unless --no-stdin; None, the default here: EOF at once
@@ -120,6 +123,12 @@ class RunEvents:
     # the model where it is
     def model_stored(self, host: str, entry, path: str) -> None: ...
     def model_progress(self, host: str, done: int, total: int) -> None: ...   # bytes of the model's copy to a host
+    # bytes of another long copy to or from a host, as it runs: `what` is "project" (run's copy of it), "data" (the
+    # shards) or "fetch" (the run directory, then the --fetch PATHs); `total`: what it moves at most, as known before
+    # it started (a host's last report is (moved, moved)); copy_ended: that copy has ended, whatever the way
+    def copy_progress(self, what: str, host: str, done: int, total: int) -> None: ...
+    def copy_ended(self, what: str) -> None: ...
+    def model_route(self, lines: list[str]) -> None: ...     # how the model's bytes will travel (before they move)
     def started(self, launch: Launch, program: str, world: int, backend: str) -> None: ...
     def relaunching(self, launch: Launch, reason: str) -> None: ...
     def output(self, text: str, is_err: bool) -> None: ...
@@ -205,8 +214,10 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         if options.fetch and not attempts.cluster.hosts[0].local and outcome.rank0_wrote is not False:
             _fetch(attempts.connector, launch, events)
         if fetch_paths:
-            events.outputs_fetched(launch, fetch_outputs(attempts.connector, fetch_paths, project, launch.run_dir,
-                                                         all_ranks=options.fetch_all_ranks))
+            with told(events, "fetch") as progress:
+                fetched = fetch_outputs(attempts.connector, fetch_paths, project, launch.run_dir,
+                                        all_ranks=options.fetch_all_ranks, progress=progress)
+            events.outputs_fetched(launch, fetched)
         if program.kind.pictures_loss:
             plot_losses(launch)
     except BaseException as e:
@@ -297,7 +308,7 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
     jobs = {}
     copy = None
     if model is not None:
-        jobs["model"] = in_background(_push_model, connector, model, events)
+        jobs["model"] = in_background(_push_model, connector, model, events, options.direct_model)
     if options.sync and program.kind.copies_project:
         needed = tuple(path for _, path, copied in _program_inputs(program, options, project) if copied)
         inside = model is not None and _inside(project, model)
@@ -305,11 +316,13 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
         if beside:
             copy = _beside_copy(connector, project, needed, events, excludes)
         else:
-            jobs["project"] = in_background(stage_project, connector, project, needed, excludes)
+            jobs["project"] = in_background(_told_copy, events, "project", stage_project, connector, project, needed,
+                                            excludes)
     if options.sync and program.ships_clusterctl:
         jobs["clusterctl"] = in_background(ship_clusterctl, connector)
     if options.data_dir:
-        jobs["data"] = in_background(stage_data, connector, options.data_dir, all_shards=options.all_shards)
+        jobs["data"] = in_background(_told_copy, events, "data", stage_data, connector, options.data_dir,
+                                     all_shards=options.all_shards)
     wait(jobs.values())
     for future in jobs.values():      # the first failure, after every copy has ended
         future.result()
@@ -342,39 +355,65 @@ def _inside(project: str, path: str) -> bool:
     return rel != os.curdir and not rel.startswith(os.pardir)
 
 
+@contextmanager
+def told(events: RunEvents, what: str) -> Iterator[Callable[[str, int, int], None]]:
+    """A copy's progress(host, done, total) for the block, told as events.copy_progress(what, ...); its end told
+    (events.copy_ended) however the block ends."""
+    try:
+        yield partial(events.copy_progress, what)
+    finally:
+        events.copy_ended(what)
+
+
+def _told_copy(events: RunEvents, what: str, copy: Callable, *args, **kwargs):
+    """copy(*args, **kwargs, progress=...) with its progress told (told)."""
+    with told(events, what) as progress:
+        return copy(*args, progress=progress, **kwargs)
+
+
 def push_model(connector: Connector, model: str, events: RunEvents, **push) -> dict:
     """`model` (a directory here) into the store of every host but this machine, verified there (transfer/
-    models.py: once; a model already there moves nothing, a cut-off push continues; `push`: its method, verify,
-    files), each host's progress and outcome told (events.model_progress, model_stored); host name -> its
+    models.py: once; a model already there moves nothing, a cut-off push continues; relayed between the hosts
+    unless `push` says direct; `push`: its method, verify, files, direct), the route, each host's progress and
+    outcome told (events.model_route, model_progress, model_stored); host name -> its
     StoreEntry. This machine's ranks read the model where it is. serve pushes its model with it too."""
     from ..transfer import models as store
 
     remote = [h for h in connector.cluster.hosts if not h.local]
-    entries = store.require_all(store.push(connector, remote, store.describe(model), progress=events.model_progress,
-                                           **push)) if remote else {}
+    try:
+        entries = store.require_all(store.push(connector, remote, store.describe(model), progress=events.model_progress,
+                                               on_route=lambda route: events.model_route(route.lines()),
+                                               **push)) if remote else {}
+    except BaseException:
+        events.copy_ended("model")       # its progress stops before the line that says why
+        raise
     for host in connector.cluster.hosts:
         entry = entries.get(host.name)
         events.model_stored(host.name, entry, entry.path if entry is not None else model)
     return entries
 
 
-def _push_model(connector: Connector, model: str, events: RunEvents) -> dict[str, str]:
+def _push_model(connector: Connector, model: str, events: RunEvents, direct: bool = False) -> dict[str, str]:
     """push_model, for run: host name -> where its ranks read the model (its store's copy), this machine's none;
     on this machine alone, nothing to push or say."""
     if all(h.local for h in connector.cluster.hosts):
         return {}
-    return {name: entry.path for name, entry in push_model(connector, model, events).items()}
+    return {name: entry.path for name, entry in push_model(connector, model, events, direct=direct).items()}
 
 
 def _beside_copy(connector: Connector, project: str, needed: tuple[str, ...], events: RunEvents,
                  excludes: tuple[str, ...] = ()) -> BesideCopy | None:
     token = secrets.token_hex(8)
-    send = project_copy(connector, project, needed, gate=token, excludes=excludes)   # its refusals now
+    progress = partial(events.copy_progress, "project")
+    send = project_copy(connector, project, needed, gate=token, excludes=excludes, progress=progress)   # its refusals now
     if send is None:
         return None
 
     def copy() -> GroupResult:
-        group = send()
+        try:
+            group = send()
+        finally:
+            events.copy_ended("project")
         events.staged("project", len(group), sum(len(o.value.moved) for o in group.values()),
                       sum(o.value.moved_bytes for o in group.values()))
         return group
@@ -407,7 +446,8 @@ def _fetch(connector: Connector, launch: Launch, events: RunEvents) -> None:
     host = connector.cluster.hosts[0]
     remote_dir = connector.run_dir(host, launch.run_id) + "/"
     try:
-        files, nbytes = fetch_run_dir(connector, launch.run_id, launch.run_dir)
+        with told(events, "fetch") as progress:
+            files, nbytes = fetch_run_dir(connector, launch.run_id, launch.run_dir, progress=progress)
     except (OSError, EOFError, ClusterctlError) as e:   # reported; the files stay on the host
         events.fetch_failed(launch, host.name, remote_dir, e)
         return

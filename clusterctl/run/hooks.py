@@ -100,9 +100,12 @@ class RunHooks(AttemptHooks):
         self.events.reshaped(cluster.names, cluster.world_size, lost)
         if self.options.data_dir:
             from ..transfer.stage import stage_data
-            self.extra_env["CLUSTERCTL_DATA_DIR"] = stage_data(
-                self.whole.narrowed(cluster), self.options.data_dir,
-                reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"), all_shards=self.options.all_shards)
+            from . import told
+            with told(self.events, "data") as progress:
+                self.extra_env["CLUSTERCTL_DATA_DIR"] = stage_data(
+                    self.whole.narrowed(cluster), self.options.data_dir,
+                    reshard_into=os.path.join(run_dir, f"data-world-{cluster.world_size}"),
+                    all_shards=self.options.all_shards, progress=progress)
 
     def resuming(self, connector: Connector, launch: Launch) -> None:
         """For a program that resumes from its checkpoints (the bundled trainer): the checkpoint the next attempt

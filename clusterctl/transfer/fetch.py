@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
+from typing import Callable
 
 from ..atomic import replacing
 from ..digest import file_sha256
@@ -35,6 +36,7 @@ from .push import local_rsync, rsync_else_sftp, rsync_pull, rsync_target
 FETCH_TIMEOUT_S = 3600.0           # per host, every PATH
 PROBE_TIMEOUT_S = 30.0
 RSYNC_EXCLUDES = (f"*{TMP_MARK}*",)  # a file still being uploaded to the host (hosts/files.py)
+Progress = Callable[[str, int, int], None]     # (host name, bytes done, bytes total)
 
 
 # ---- pure: which paths, and where they land ------------------------------------------------------
@@ -111,15 +113,22 @@ class Fetched:
 # ---- moving ----------------------------------------------------------------------------------------
 
 def fetch_outputs(connector: Connector, paths, project: str, run_dir: str, *, all_ranks: bool = False,
-                  method: str = "auto") -> list[Fetched]:
+                  method: str = "auto", progress: Progress | None = None) -> list[Fetched]:
     """Bring every PATH home from rank 0's host (the first), or with all_ranks from every host at once.
-    One Fetched per (host, PATH), in host then PATH order; failures are recorded, never raised."""
+    One Fetched per (host, PATH), in host then PATH order; failures are recorded, never raised.
+    `progress(host, done, total)`: each host's bytes as they come, of the total its PATHs held when they
+    were looked at, before any moved (an unchanged file, which does not move, is taken off it as each PATH ends)."""
     rsync = local_rsync(method)
     hosts = connector.cluster.hosts if all_ranks else connector.cluster.hosts[:1]
 
     def one_host(host: Host) -> list[Fetched]:
-        return [_fetch_path(connector, host, p, local_destination(p, project, run_dir, host.name if all_ranks else None),
-                            rsync, method) for p in paths]
+        found = [_look(connector, host, p, local_destination(p, project, run_dir, host.name if all_ranks else None))
+                 for p in paths]
+        meter = _Meter(host.name, sum(nbytes for f, nbytes in found if f.status == "copied"), progress)
+        for f, nbytes in found:
+            if f.status == "copied":
+                _copy(connector, host, f, nbytes, rsync, method, meter)
+        return [f for f, _ in found]
 
     group = run_all(hosts, one_host, connector.deadline(FETCH_TIMEOUT_S, slack=0))
     fetched: list[Fetched] = []
@@ -130,49 +139,96 @@ def fetch_outputs(connector: Connector, paths, project: str, run_dir: str, *, al
     return fetched
 
 
-def _fetch_path(connector: Connector, host: Host, path: FetchPath, dest: str, rsync: str | None,
-                method: str) -> Fetched:
+class _Meter:
+    """One host's bytes fetched, told as progress(host, done, total): the total is what the host's PATHs held
+    when they were looked at; a PATH that moved less (unchanged files) or more (grown since) corrects it as it
+    ends."""
+
+    def __init__(self, host: str, total: int, progress: Progress | None):
+        self.host, self.total, self.progress, self.base = host, total, progress, 0
+
+    def tell(self, done: int) -> None:
+        if self.progress is not None:
+            self.progress(self.host, done, max(self.total, done))
+
+    def ended(self, expected: int, moved: int) -> None:
+        self.total += moved - expected
+        self.base += moved
+        self.tell(self.base)
+
+
+def _look(connector: Connector, host: Host, path: FetchPath, dest: str) -> tuple[Fetched, int]:
+    """(what PATH is on the host: copied (to be), missing, here or failed; the bytes of its files there)."""
     source = remote_path(host, path)
     result = Fetched(path, host.name, source, dest, "copied")
+    nbytes = 0
     try:
         with connector.transport(host) as transport:
-            result.kind = _kind(transport, source)
+            result.kind, nbytes = _kind(transport, source)
         if result.kind == "missing":
             result.status, result.kind = "missing", ""
         elif host.local and os.path.realpath(os.path.expanduser(source)) == os.path.realpath(dest):
             result.status = "here"
-        else:
-            # a directory: its tree into dest; a file: its name from its directory into dest's
-            root, names, local_root = ((source, list(RSYNC_EXCLUDES), dest) if result.kind == "dir" else
-                                       (posixpath.dirname(source), [path.name], os.path.dirname(dest)))
-            (result.files, result.nbytes), result.method, _ = rsync_else_sftp(
-                method, rsync,
-                lambda: _with_rsync(connector, host, rsync, root, names, local_root, result.kind == "dir"),
-                lambda: _with_sftp(connector, host, root, None if result.kind == "dir" else names, local_root))
     except Exception as e:  # noqa: BLE001 - this path's failure is reported; the other paths go on
         result.status, result.error = "failed", e
-    return result
+    return result, nbytes
 
 
-def _kind(transport, source: str) -> str:
-    script = (f'p={quote_path(source)}; if [ -d "$p" ]; then echo dir; elif [ -e "$p" ] || [ -L "$p" ]; '
-              'then echo file; else echo missing; fi')
+def _copy(connector: Connector, host: Host, result: Fetched, expected: int, rsync: str | None, method: str,
+          meter: _Meter) -> None:
+    """Copy what _look found (result.status "copied"), into result's figures; a failure is recorded in it."""
+    source, dest, path = result.source, result.dest, result.path
+    base = meter.base
+    got = 0
+
+    def on_bytes(done: int) -> None:           # rsync: the bytes so far
+        meter.tell(base + done)
+
+    def on_chunk(n: int) -> None:              # SFTP: each chunk's
+        nonlocal got
+        got += n
+        meter.tell(base + got)
+
+    try:
+        # a directory: its tree into dest; a file: its name from its directory into dest's
+        root, names, local_root = ((source, list(RSYNC_EXCLUDES), dest) if result.kind == "dir" else
+                                   (posixpath.dirname(source), [path.name], os.path.dirname(dest)))
+        (result.files, result.nbytes), result.method, _ = rsync_else_sftp(
+            method, rsync,
+            lambda: _with_rsync(connector, host, rsync, root, names, local_root, result.kind == "dir", on_bytes),
+            lambda: _with_sftp(connector, host, root, None if result.kind == "dir" else names, local_root, on_chunk))
+        meter.ended(expected, result.nbytes)
+    except Exception as e:  # noqa: BLE001 - this path's failure is reported; the other paths go on
+        result.status, result.error = "failed", e
+        meter.ended(expected, 0)
+
+
+def _kind(transport, source: str) -> tuple[str, int]:
+    """(dir, file or missing; the bytes of the regular files it holds: `ls -ln`'s fifth column, as GNU and BSD
+    ls both print it)."""
+    def size(target: str) -> str:
+        return f'ls -lnRA {target} 2>/dev/null | awk \'/^-/ {{ s += $5 }} END {{ printf "%.0f\\n", s }}\''
+
+    in_dir, the_file = size('"$p/"'), size('"$p"')      # "$p/": a link to a directory is followed, as rsync does
+    script = (f'p={quote_path(source)}; if [ -d "$p" ]; then echo dir; {in_dir}; elif [ -e "$p" ] || [ -L "$p" ]; '
+              f'then echo file; {the_file}; else echo missing; fi')
     result = transport.run(script, PROBE_TIMEOUT_S)
-    kind = result.stdout.strip()
-    if not result.ok or kind not in ("dir", "file", "missing"):
+    words = result.stdout.split()
+    kind = words[0] if words else ""
+    if not result.ok or kind not in ("dir", "file", "missing") or len(words) > 2:
         raise OSError(f"could not look for {source}: {(result.stderr or result.stdout).strip() or result.exit_code}")
-    return kind
+    return kind, int(words[1]) if len(words) == 2 and words[1].isdigit() else 0
 
 
 def _with_rsync(connector: Connector, host: Host, rsync: str, root: str, items: list[str], local_root: str,
-                excludes: bool) -> tuple[int, int]:
+                excludes: bool, on_bytes=None) -> tuple[int, int]:
     source = rsync_target(connector, host, root)
-    summary = rsync_pull(rsync, source, items, local_root, excludes=excludes)
+    summary = rsync_pull(rsync, source, items, local_root, excludes=excludes, on_bytes=on_bytes)
     return len(summary.moved), summary.moved_bytes
 
 
 def _with_sftp(connector: Connector, host: Host, root: str, names: list[str] | None,
-               local_root: str) -> tuple[int, int]:
+               local_root: str, on_bytes=None) -> tuple[int, int]:
     """The host hashes its files (hosts/scripts/filehelper.py) and only those whose sha256 differs from
     the copy here are fetched (names None: every file under root)."""
     files = nbytes = 0
@@ -192,7 +248,11 @@ def _with_sftp(connector: Connector, host: Host, root: str, names: list[str] | N
                     with replacing(target) as tmp:
                         os.symlink(have[0][len("link:"):], tmp)
                 else:
-                    session.get(posixpath.join(root, rel), target)     # replaces a link there, never follows it
+                    # replaces a link there, never follows it
+                    if on_bytes is None:
+                        session.get(posixpath.join(root, rel), target)
+                    else:
+                        session.get(posixpath.join(root, rel), target, on_bytes=on_bytes)
                     os.chmod(target, have[1] & 0o777)                  # no setuid, setgid or sticky bit from a host
                     nbytes += os.path.getsize(target)
                 files += 1

@@ -89,19 +89,21 @@ def rsync_push(rsync: str, src_root: str, items: Sequence[str], to: RsyncTarget,
 
 
 def rsync_pull(rsync: str, source: RsyncTarget, items: Sequence[str], local_root: str, *,
-               excludes: bool = False) -> RsyncSummary:
+               excludes: bool = False, on_bytes: Callable[[int], None] | None = None) -> RsyncSummary:
     """The other way round: rsync `items` (or, with `excludes`, everything but the rules' matches) from
     the directory source.dest on the host into local_root here. Raises RsyncMissing when the host has no
-    rsync. Files land as rsync always lands them: a temporary `.NAME.XXXXXX`, then a rename."""
+    rsync. Files land as rsync always lands them: a temporary `.NAME.XXXXXX`, then a rename. `on_bytes(done)`:
+    the bytes received so far (rsync_push's)."""
     os.makedirs(local_root, exist_ok=True)
+    progress = on_bytes is not None and supports_progress2(rsync)
 
     def argv(list_file: str) -> list[str]:
         if source.target is None:
-            return rsync_argv(rsync, source.dest, list_file, local_root, excludes=excludes)
+            return rsync_argv(rsync, source.dest, list_file, local_root, excludes=excludes, progress=progress)
         return rsync_argv(rsync, source.dest, list_file, local_root, target=source.target, rsh=source.rsh,
-                          excludes=excludes, pull=True)
+                          excludes=excludes, pull=True, progress=progress)
 
-    return run_rsync(source.host, argv, items)
+    return run_rsync(source.host, argv, items, on_bytes)
 
 
 class Uploader:

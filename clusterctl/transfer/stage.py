@@ -26,6 +26,7 @@ COPIES_DIR = ".clusterctl/copies"    # relative to each host's workdir: the mark
 # a launch that starts beside the project's copy gives its ranks this (the copy's token): the rank bootstrap waits
 # for the mark of that token on its host before it runs the program (hosts/scripts/bootstrap.py)
 COPY_GATE_ENV = "CLUSTERCTL_COPY_GATE"
+Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total): a long copy's progress
 
 
 def _is_here(host, root: str) -> bool:
@@ -48,18 +49,19 @@ def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying")
 
 
 def stage_project(connector: Connector, root: str, needed: tuple[str, ...] = (),
-                  excludes: tuple[str, ...] = ()) -> GroupResult | None:
+                  excludes: tuple[str, ...] = (), progress: Progress | None = None) -> GroupResult | None:
     """Mirror the project at `root` into every host's workdir (not into itself on this machine). Refuses
     a home directory or `/`: run from the project, or pass --no-sync. `needed`: paths in the project the
     program reads (the bundled trainer's --model and --data), refused before anything moves when the
     project's ignore rules leave them out of the copy (a .gitignore'd models/ is common). `excludes`: gitignore
-    patterns left out besides (run's model, which goes to the hosts' model stores)."""
-    send = project_copy(connector, root, needed, excludes=excludes)
+    patterns left out besides (run's model, which goes to the hosts' model stores). `progress(host, done,
+    total)`: each host's bytes as the copy runs (transfer/sync.py sync_tree)."""
+    send = project_copy(connector, root, needed, excludes=excludes, progress=progress)
     return send() if send is not None else None
 
 
-def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (),
-                 gate: str | None = None, excludes: tuple[str, ...] = ()) -> Callable[[], GroupResult] | None:
+def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (), gate: str | None = None,
+                 excludes: tuple[str, ...] = (), progress: Progress | None = None) -> Callable[[], GroupResult] | None:
     """stage_project in two: what is checked here and now (the refusals above, the files to send: no host is
     asked), and the copy itself, returned to be called (None: no host needs one). With `gate` (a token), the
     copy's end is marked on every host for ranks that wait for it (COPY_GATE_ENV): an empty file of that name in
@@ -91,7 +93,7 @@ def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (),
                 mark = os.path.join(root, COPIES_DIR, gate)
                 os.makedirs(os.path.dirname(mark), exist_ok=True)
                 open(mark, "ab").close()
-        return _check(sync_tree(targets, plan, options), f"the project {root}")
+        return _check(sync_tree(targets, plan, options, progress), f"the project {root}")
 
     return send
 
@@ -110,7 +112,7 @@ def ship_clusterctl(connector: Connector) -> GroupResult | None:
 
 
 def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None = None,
-               all_shards: bool = False) -> str:
+               all_shards: bool = False, progress: Progress | None = None) -> str:
     """Push the prepared shards (host i: its ranks' shards only; every shard with `all_shards`) and return the
     directory the ranks should read. On this machine alone nothing moves: the ranks read data_dir itself. With `reshard_into`
     (an elastic restart on another world size), shards prepared for another world are first cut again
@@ -127,32 +129,47 @@ def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None 
     if all(h.local for h in cluster.hosts):
         check_world(data_dir, read_manifest(data_dir), cluster)     # as push_shards would, before launching
         return data_dir
-    _check(push_shards(connector, data_dir, all_shards=all_shards), f"the shards of {data_dir}")
+    _check(push_shards(connector, data_dir, all_shards=all_shards, progress=progress), f"the shards of {data_dir}")
     # every rank works in its host's workdir, where push_shards put the data
     return os.path.relpath(remote_dir(cluster.hosts[0], os.path.basename(data_dir.rstrip("/"))),
                            cluster.hosts[0].workdir)
 
 
-def fetch_run_dir(connector: Connector, run_id: str, local_dir: str) -> tuple[int, int]:
+def fetch_run_dir(connector: Connector, run_id: str, local_dir: str, progress: Progress | None = None) -> tuple[int, int]:
     """After a run on other machines: copy what the job wrote into its run directory on the first host
     (<workdir>/runs/<id>/: the bundled trainer's metrics.jsonl and checkpoints) into the local run
     directory, so `clusterctl generate --checkpoint runs/<id>` works here. Names starting with "." (a
     checkpoint still being written, temporary files) are left out; every file lands atomically. Returns
-    (files, bytes); (0, 0) when the job wrote nothing there."""
+    (files, bytes); (0, 0) when the job wrote nothing there. `progress(host, done, total)`: the bytes as they
+    come, of the total the host listed before the copy."""
     host = connector.cluster.hosts[0]
     with connector.transport(host) as transport, transport.files() as session:
-        got = _get_tree(session, connector.run_dir(host, run_id), local_dir)
+        got = _get_tree(session, connector.run_dir(host, run_id), local_dir,
+                        (lambda done, total: progress(host.name, done, total)) if progress else None)
     return len(got), sum(nbytes for _, nbytes in got)
 
 
-def _get_tree(session, remote: str, local_dir: str) -> list[tuple[str, int]]:
+def _get_tree(session, remote: str, local_dir: str,
+              progress: Callable[[int, int], None] | None = None) -> list[tuple[str, int]]:
     """Every file under `remote` (walk leaves out names starting with ".") into local_dir; [(relative
-    path, bytes)]."""
+    path, bytes)]. `progress(done, total)`: the bytes so far, of the listed files' sizes."""
     got = list(session.walk(remote))
+    total, done = sum(nbytes for _, nbytes in got), 0
+
+    def count(n: int) -> None:
+        nonlocal done
+        done += n
+        progress(min(done, total), total)
+
     for rel, _ in got:
         target = os.path.join(local_dir, *rel.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        session.get(f"{remote}/{rel}", target)
+        if progress is None:
+            session.get(f"{remote}/{rel}", target)
+        else:
+            session.get(f"{remote}/{rel}", target, on_bytes=count)
+    if progress is not None:
+        progress(total, total)
     return got
 
 

@@ -129,7 +129,9 @@ class _Session:
 def sync_tree(connector: Connector, plan: SyncPlan, options: SyncOptions = SyncOptions(),
               progress: Progress | None = None) -> GroupResult:
     """Sync plan's files to every host of the connector's cluster at once; host -> HostSync or the error
-    that stopped it."""
+    that stopped it. `progress(host, done, total)` while each host's copy runs: over rsync the total is every
+    byte the plan ships (rsync's quick check, on the host, leaves out what is there already: the total is at
+    most that), over SFTP the bytes of the files whose hash differs; a host's last call is (moved, moved)."""
     rsync = local_rsync(options.method)
     hosts = connector.cluster.hosts
     for host in hosts:
@@ -155,7 +157,9 @@ def _sync_host(session: _Session, host: Host, rsync: str | None, progress: Progr
     made_by_rsync = result.method == "rsync" and not host.local       # in its own SSH session
     if options.done_mark and not options.dry_run and not made_by_rsync:
         _make_mark(session, host, dest)
-    report(host.name, total, total)
+    # the end, with what did move: rsync's quick check (on the host) leaves the unchanged files out of it, so that
+    # the total told while it ran (every file the plan ships) was at most what it moved
+    report(host.name, result.moved_bytes, result.moved_bytes)
     result.elapsed_s = time.monotonic() - start
     return result
 

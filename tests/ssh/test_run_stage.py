@@ -2,6 +2,7 @@
 for a clusterctl module such as the bundled trainer, clusterctl itself."""
 import os
 import re
+import shutil
 
 import clirun
 import pytest
@@ -142,3 +143,38 @@ def test_the_bundled_trainer_on_the_cluster_reads_each_hosts_own_shard(make_clus
     assert (local / "rank-0.log").is_file() and (local / "checkpoints" / "step-000006" / "model.safetensors").is_file()
     g = clirun.clusterctl("generate", "--checkpoint", str(local), "--prompt", "Once", "--max-tokens", "8", timeout=120)
     assert g.returncode == 0 and g.stdout.startswith("Once"), g.stderr
+
+
+def test_a_long_copy_and_a_long_fetch_tell_each_hosts_progress_every_few_seconds(make_cluster, tmp_path):
+    """Issue 41: run's project copy and its --fetch, slowed to 1 MiB/s (an rsync here that adds --bwlimit: run has no
+    knob for it), say each host's bytes, rate and time left in a plain line every 5 s when not on a terminal, and
+    one line as each host's copy ends; a quick copy of the same project (nothing changed) says nothing."""
+    cluster = make_cluster(2)
+    requires_private_roots(cluster, "each host needs its own working root")
+    rsync = shutil.which("rsync")
+    if rsync is None:
+        pytest.skip("no rsync here")
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "rsync").write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {rsync} "$@"\nexec {rsync} --bwlimit=1024 "$@"\n')
+    (slow / "rsync").chmod(0o755)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "weights.bin").write_bytes(os.urandom(7 << 20))
+    (project / "job.py").write_text("import os, shutil\nif os.environ.get('MLX_RANK', os.environ.get('OMPI_COMM_WORLD_RANK'))"
+                                    " == '0':\n    shutil.copy('weights.bin', 'out.bin')\nprint('done', flush=True)\n")
+    (project / ".gitignore").write_text("out.bin\nruns/\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / ".cache"), "PATH": f"{slow}:{os.environ['PATH']}"}
+    r = clirun.clusterctl("run", "--hosts", str(cluster.inventory), "--fetch", "out.bin", "job.py", timeout=180,
+                          cwd=project, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for what in ("project", "fetch"):
+        hosts = ("h1", "h2") if what == "project" else ("h1",)
+        for host in hosts:
+            assert re.search(rf"^{what}: {host}: [\d.]+ MiB of 7.0 MiB \(\d+%\), [\d.]+ [KM]iB/s, \d+ s left$", r.stderr,
+                             re.M), r.stderr
+            assert re.search(rf"^{what}: {host}: 7.0 MiB copied, [\d.]+ [KM]iB/s$", r.stderr, re.M), r.stderr
+    assert (project / "out.bin").read_bytes() == (project / "weights.bin").read_bytes()
+    r = clirun.clusterctl("run", "--hosts", str(cluster.inventory), "job.py", timeout=180, cwd=project, env=env)
+    assert r.returncode == 0 and "sync: project to 2 host(s): 0 file(s)" in r.stderr, r.stderr
+    assert not re.search(r"^(project|fetch): ", r.stderr, re.M), r.stderr

@@ -82,3 +82,54 @@ def test_on_a_terminal_each_hosts_bar_carries_the_rate_and_the_time_left():
     assert drawn["store: h1"] == (40 * MB, 100 * MB, "10.0 MiB/s, 6 s left")
     p.close()
     assert drawn["closed"]
+
+
+def test_a_total_that_is_an_upper_bound_shows_nothing_until_bytes_move_and_the_end_says_what_moved():
+    """run's project copy over rsync: the total is every byte the project ships, known before the copy; rsync's
+    quick check on the host moves only what changed, and each host's last report is (moved, moved)."""
+    p, clock, said = made(every=5, stall=30)
+    p.update("h1", 0, 100 * MB)                  # all there already: rsync says 0 until it ends
+    p.update("h2", 0, 100 * MB)                  # a new host: everything moves
+    clock.now += 2
+    p.update("h2", 10 * MB, 100 * MB)
+    clock.now += 4
+    p.tick()
+    assert said == ["model: h2: 10.0 MiB of 100.0 MiB (10%), 1.7 MiB/s, 54 s left"]      # h1: nothing to say yet
+    p.update("h1", 0, 0)                         # ended, nothing moved: no line
+    clock.now += 4
+    p.update("h2", 60 * MB, 60 * MB)             # ended having moved less than the plan's total: what it moved
+    assert said[1:] == ["model: h2: 60.0 MiB copied, 6.0 MiB/s"]
+    clock.now += 60
+    p.tick()
+    assert len(said) == 2                        # nobody is copying: no periodic line, no stall
+    p.update("h3", 0, 100 * MB)
+    clock.now += 4
+    p.update("h3", 100 * MB, 100 * MB)           # a large copy, but a quick one: no line at all
+    assert len(said) == 2
+
+
+def test_on_a_terminal_a_host_is_drawn_once_it_moves_a_large_copy():
+    drawn = []
+
+    class Bars:
+        def update(self, name, done, total, note=""):
+            drawn.append((name, done, total))
+
+        def close(self):
+            pass
+
+    clock = Clock()
+    p = TransferProgress("project", terminal=True, clock=clock, say=lambda line: None, draw=Bars())
+    p.update("h1", 0, 100 * MB)
+    p.update("h1", 0, 0)                         # a copy that moved nothing: never drawn
+    p.update("h2", 5, 1000)                      # a small one: never drawn
+    p.update("h2", 1000, 1000)
+    p.update("h3", 0, 100 * MB)
+    p.update("h3", 1 * MB, 100 * MB)             # a quick copy (under a second so far): not yet
+    clock.now += 1
+    p.update("h3", 2 * MB, 100 * MB)
+    p.update("h3", 3 * MB, 3 * MB)               # drawn once: its end is drawn too, however small
+    assert drawn == [("project: h3", 2 * MB, 100 * MB), ("project: h3", 3 * MB, 3 * MB)]
+    p.update("h4", 0, 100 * MB)
+    p.update("h4", 100 * MB, 100 * MB)           # all at once: never drawn
+    assert len(drawn) == 2
