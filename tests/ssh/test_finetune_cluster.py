@@ -184,7 +184,8 @@ def test_what_the_ranks_would_refuse_is_refused_before_any_host_starts(make_clus
     for model, says in [("models/llama", "data/chat/valid.jsonl:2: \"messages\" must be a non-empty list"),
                         ("models/none", "models/none: no such directory"),
                         ("data/chat", "data/chat: not an mlx-lm model directory (no config.json)"),
-                        ("models/odd", "has no architecture 'no_such_arch'")]:
+                        ("models/odd", "has no architecture 'no_such_arch'"),
+                        ("/nowhere/llama", "--model /nowhere/llama: no such directory")]:     # nor pushed
         r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
                        "--model", model, "--data", "data/chat", *STEPS, cwd=tmp_path)
         errors = [line for line in r.stderr.splitlines() if line.strip()]
