@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-from ..errors import ModelStoreError
+from ..errors import CommandFailed, CommandTimeout, ModelStoreError
 from ..hosts.connector import Connector
 from ..hosts.fanout import HostOutcome, in_background, run_all
 from ..hosts.scripts import program
@@ -228,7 +228,7 @@ def _round(connector: Connector, hops: list[Hop], model: LocalModel, progress: P
             try:
                 hop.start(progress)
             except Exception as e:  # noqa: BLE001 - the host's own outcome
-                dead[hop.name] = e
+                dead[hop.name] = lost(hop, e)
         hops = [h for h in hops if h.name not in dead]
         for hop in hops:
             if not hop.wait_for(lambda hop=hop: hop.port, min(START_S, end - time.monotonic())):
@@ -259,7 +259,7 @@ def _round(connector: Connector, hops: list[Hop], model: LocalModel, progress: P
     for hop in live:
         error = finished[hop.name].error
         if error is not None:
-            dead[hop.name] = error
+            dead[hop.name] = lost(hop, error)
             continue
         # what arrived: the hop's own count when it ended well, else what the host holds now beyond what it held
         received = hop.got if hop.answer and hop.answer.get("done") else max(hop.got, held(hop.hp) - hop.wanted_held)
@@ -269,6 +269,16 @@ def _round(connector: Connector, hops: list[Hop], model: LocalModel, progress: P
         if not hop.hp.complete:
             why[hop.name] = f"{hop.name}: {hop.failure()}"
     return moved
+
+
+def lost(hop: Hop, error: BaseException) -> BaseException:
+    """A host that failed outright during the push: a helper's own failure as it is; the connection gone (the host
+    stopped, slept, or its sshd died) in one line saying so: what it holds is kept for the next push."""
+    if isinstance(error, (CommandFailed, CommandTimeout, ModelStoreError)):
+        return error
+    said = " ".join(str(error).split()).removeprefix(f"{hop.name}: ")
+    return ModelStoreError(f"{hop.name}: the connection to it was lost during the push ({said}): once it answers "
+                           "again, push again to continue from what it holds")
 
 
 def held(hp: HostPush) -> int:
