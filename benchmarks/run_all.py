@@ -178,10 +178,29 @@ def _serve(r: dict) -> str:
             f"({gen['two_over_one']:.2f}x)")
 
 
+def _relay(r: dict) -> str:
+    q, s = r["ratios"], r["summary"]
+    text = (f"models push, {r['hosts']} hosts, {r['model_bytes'] / 1e6:.0f} MB over a {r['rate_bytes_per_s'] / 1e6:.0f} MB/s "
+            f"shared uplink (1 host {s['a']['wall_s']['median']:.1f} s abs.): ")
+    if r["direct_flag"]:
+        text += (f"relayed / 1 host time {q['c_over_a_time']:.2f} (goal <= 1.3), --direct / 1 host "
+                 f"{q['b_over_a_time']:.2f}; bytes from here {q['c_bytes_over_model']:.2f}x the model relayed, "
+                 f"{q['b_bytes_over_model']:.2f}x --direct")
+    else:       # before `--direct` existed: b and c ran the same command
+        text += (f"{r['hosts']} hosts / 1 host time {q['c_over_a_time']:.2f}, bytes from here "
+                 f"{q['c_bytes_over_model']:.2f}x the model (no --direct: one command)")
+    for mode, kill in (r.get("kill") or {}).items():     # hop: h2's relay process; host: h2 itself
+        first, again = kill["first"], kill["again"]
+        text += (f"; kill -9 of h2's {'relay hop' if mode == 'hop' else 'whole host'} mid-push: first command exit "
+                 f"{first['exit']} ({first['sent_up_over_model']:.2f}x the model from here), again "
+                 f"{'passed' if again['passed'] else 'FAILED'} ({again['sent_up'] / 1e6:.1f} MB from here)")
+    return text
+
+
 SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
-             "zero3": _zero3}
+             "zero3": _zero3, "relay": _relay}
 
 
 def _generic(r: dict) -> str:
