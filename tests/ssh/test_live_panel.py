@@ -22,8 +22,8 @@ JOB = re.compile(r"^job: elapsed \d+:\d\d  step \d+/3000  ETA (\d+:\d\d|-)  [\d,
 class Tmux:
     """A tmux server of the test's own (-L), so the user's sessions are never touched."""
 
-    def __init__(self, name):
-        self.base = ["tmux", "-L", name]
+    def __init__(self, name, session="panel"):
+        self.base, self.session = ["tmux", "-L", name], session
         self.socket = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", name)
 
     def close(self):
@@ -36,7 +36,7 @@ class Tmux:
 
     def pane(self):
         # -J joins lines the terminal wrapped, so a line is checked whole whatever the width
-        return self("capture-pane", "-p", "-J", "-S", "-200", "-t", "panel").stdout.splitlines()
+        return self("capture-pane", "-p", "-J", "-S", "-200", "-t", self.session).stdout.splitlines()
 
 
 def rows(lines):

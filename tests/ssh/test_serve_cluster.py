@@ -11,9 +11,12 @@ under its source model's name and its run."""
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -27,6 +30,8 @@ pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
 from sshcluster import free_port  # noqa: E402
+from test_live_panel import Tmux, wait_for  # noqa: E402
+from throttle import Throttle, ssh_config_text  # noqa: E402
 
 from clusterctl.trainer_contract import EXPORT_MARKER  # noqa: E402
 
@@ -383,3 +388,56 @@ def test_an_endpoint_that_stops_answering_while_its_ranks_live_is_a_stall_and_is
     summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
     assert [a["outcome"] for a in summary["attempts"]] == ["stalled", "stopped"], summary["attempts"]
     assert run_processes(run_id) == "" and port_is_free(port)
+
+
+BAR = re.compile(r"^store: (h\d) +\[#* *\] +(\d+)% ")                        # console.Bars, on a terminal
+PLAIN = re.compile(r"^store: (h\d): [\d.]+ [KM]iB of [\d.]+ MiB \((\d+)%\), .*/s, \d+ s left$")   # off one
+
+
+def test_a_model_on_its_way_shows_each_hosts_progress_on_a_terminal_and_off_one(make_cluster, model, tmp_path):
+    """Issue 41: while serve pushes a model not yet in the stores, a terminal (tmux) shows a bar per host that moves;
+    a pipe gets a plain line per host every 5 s. The push is held to 2 MB/s from this machine (tests/throttle.py,
+    the stand-in for a laptop on Wi-Fi) so that it lasts; the route is printed first."""
+    cluster = make_cluster(2)
+    throttle = Throttle(rate=2e6).start()
+    tmux = Tmux(f"clusterctl-serve-{os.getpid()}", session="serve")
+    served = None
+    try:
+        for h in cluster.hosts:
+            throttle.add(h.name, (h.address, h.port))
+        cluster.ssh_config.write_text(ssh_config_text(cluster, throttle))
+        for name in ("on-a-terminal", "off-one"):          # two models: each push starts from empty stores
+            shutil.copytree(model, tmp_path / name)
+            (tmp_path / name / "notes.bin").write_bytes(os.urandom(12 << 20))
+        env = {"XDG_CACHE_HOME": str(tmp_path / ".cache"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        command = (f"cd {shlex.quote(str(tmp_path))} && env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
+                   f"{shlex.quote(sys.executable)} -m clusterctl serve on-a-terminal --port {free_port('127.0.0.1')} "
+                   f"--hosts {shlex.quote(str(cluster.inventory))}; echo EXIT=$?; sleep 600")
+        assert tmux("new-session", "-d", "-s", "serve", "-x", "160", "-y", "40", command).returncode == 0
+        seen: dict[str, set[int]] = {"h1": set(), "h2": set()}
+
+        def moving(lines):
+            for m in filter(None, map(BAR.match, lines)):
+                seen[m.group(1)].add(int(m.group(2)))
+            return all(len(p - {0, 100}) >= 2 for p in seen.values())      # two moments mid-way, per host
+
+        lines = wait_for(tmux, moving, 90)
+        assert "store: relay: this machine -(ssh)-> h1 -> h2" in lines, lines
+        tmux("send-keys", "-t", "serve", "C-c")
+        wait_for(tmux, lambda ls: any(line.startswith("EXIT=") for line in ls), 90)
+
+        served = Served("off-one", "--port", str(free_port("127.0.0.1")), "--hosts", str(cluster.inventory),
+                        cwd=tmp_path, env=None)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and {m.group(1) for m in map(PLAIN.match, served.lines) if m} != {"h1", "h2"}:
+            assert served.proc.poll() is None, served.text[-3000:]
+            time.sleep(0.2)
+        plain = [m for m in map(PLAIN.match, served.lines) if m]
+        assert {m.group(1) for m in plain} == {"h1", "h2"}, served.text[-3000:]
+        assert not any("\x1b[" in line for line in served.lines)               # no bars drawn into a pipe
+        served.interrupt()
+    finally:
+        if served is not None:
+            served.kill()
+        tmux.close()
+        throttle.stop()
