@@ -180,3 +180,45 @@ def test_a_hop_refuses_a_file_it_was_not_given(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+class FakeHop:
+    """What relay._chains reads of a Hop: its name, address, port and token, and its word on reaching the next."""
+
+    def __init__(self, name, reach=None):
+        self.name, self.reach, self.port, self.token = name, reach, 9000, f"token-{name}"
+        self.hp = SimpleNamespace(host=SimpleNamespace(address=f"10.0.0.{ord(name[-1])}", local=False))
+        self.upstream = "this machine"
+        self.sent = b""
+
+    def wait_for(self, what, timeout):
+        return bool(what())
+
+    def failure(self):
+        return "its relay ended"
+
+
+def test_a_hop_that_cannot_reach_the_next_ends_its_chain_and_the_next_begins_one_fed_from_here(monkeypatch):
+    from clusterctl.transfer import relay
+
+    opened = []
+
+    def connect(head, from_plane):
+        opened.append(head.name)
+        return SimpleNamespace(sendall=lambda data: setattr(head, "sent", head.sent + data))
+
+    monkeypatch.setattr(relay, "_connect", connect)
+    hops = [FakeHop("a", {"next": "b", "ok": True}), FakeHop("b", {"next": "c", "ok": False,
+                                                                   "error": "10.0.0.99:9000: timed out"}),
+            FakeHop("c", {"next": "d", "ok": True}), FakeHop("d")]
+    route = Route()
+    chains = relay._chains(None, hops, False, route, end=1e18)
+    assert [[h.name for h in chain] for chain, _ in chains] == [["a", "b"], ["c", "d"]] and opened == ["a", "c"]
+    assert route.chains == [["a", "b"], ["c", "d"]] and route.via == {"a": "ssh", "c": "ssh"}
+    assert route.notes == ["b cannot reach c on the data plane (10.0.0.99:9000: timed out): c begins another chain"]
+    assert [h.upstream for h in hops] == ["this machine", "a", "this machine", "c"]
+    # each chain's first hop got its token, then the rest of its chain (addresses, ports, tokens)
+    assert hops[0].sent.decode().splitlines() == ["token-a", json.dumps({"route": [["b", "10.0.0.98", 9000, "token-b"],
+                                                                                  ["c", "10.0.0.99", 9000, "token-c"],
+                                                                                  ["d", "10.0.0.100", 9000, "token-d"]]})]
+    assert hops[2].sent.decode().splitlines()[0] == "token-c"
