@@ -19,7 +19,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -215,6 +215,23 @@ class Cluster:
                 hosts.append(dataclasses.replace(h, rank=rank))
                 rank += h.slots
         return dataclasses.replace(self, hosts=tuple(hosts))
+
+    def with_addresses(self, addresses: Mapping[str, str]) -> "Cluster":
+        """The hosts named in `addresses` with that data-plane `address` (run's, for hosts the inventory gives none
+        under a backend that needs every rank's: the address ssh reaches each at)."""
+        if not addresses:
+            return self
+        return dataclasses.replace(self, hosts=tuple(dataclasses.replace(h, address=addresses.get(h.name, h.address))
+                                                     for h in self.hosts))
+
+    def with_env(self, values: Mapping[str, str]) -> "Cluster":
+        """Every host's env with `values` set over its own (run --env: as if the inventory's `defaults: env:` had
+        them, winning over a host's own value), so they reach the ranks, and stay out of command lines and
+        records, exactly as the inventory's do."""
+        if not values:
+            return self
+        hosts = tuple(dataclasses.replace(h, env=tuple({**h.env_dict, **values}.items())) for h in self.hosts)
+        return dataclasses.replace(self, hosts=hosts)
 
     @property
     def secrets(self) -> list[str]:

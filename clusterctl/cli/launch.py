@@ -206,7 +206,7 @@ def _shown(path):
 # program's arguments (mlx.launch style) is taken as clusterctl's only when it starts with one of these.
 LAUNCH_ONLY = ("--hosts", "--fetch", "--fetch-all-ranks", "--launcher", "--launch-from", "--no-sync", "--no-fetch",
                "--no-preflight", "--rank0-only", "--plain", "--start-timeout", "--hang-timeout", "--stall-timeout",
-               "--runs-dir", "--no-stdin", "--direct",
+               "--runs-dir", "--no-stdin", "--direct", "--env",
                "--max-restarts", "--restart-delay", "--elastic", "--elastic-batch")
 
 
@@ -341,6 +341,11 @@ class RunCommand(click.Command):
 @click.option("--all-shards", is_flag=True,
               help="With --data: every shard to every host, so that the bundled trainer's balancing can give a "
                    "faster host rows of a slower one's shard (docs/trainer.md#balanced-data-parallelism).")
+@click.option("--env", "env_words", multiple=True, metavar="NAME[=VALUE]",
+              help="Set NAME in every rank's environment (over the inventory's `env:`); a bare NAME takes this "
+                   "machine's value (the way to pass a secret: it stays off every command line). Repeatable. As "
+                   "the inventory's env, it reaches the ranks through SSH's standard input, and a name that looks "
+                   "secret (…TOKEN, …API_KEY, …) is redacted in the run's records.")
 @click.option("--direct", is_flag=True,
               help="Copy the program's model (the bundled trainer's --model) to each host from this machine, instead "
                    "of once to the first host and from host to host over their data-plane addresses "
@@ -361,7 +366,7 @@ class RunCommand(click.Command):
                    "as CLUSTERCTL_ELASTIC_BATCH).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
-            fetch_all_ranks, data_dir, all_shards, direct, max_restarts, restart_delay, elastic, elastic_batch):
+            fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, elastic, elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -384,7 +389,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     from ..launch.outcome import AttemptState
     from ..launch.stall import StallPolicy
     from ..launch.supervise import Settings
-    from ..run import RunOptions, run
+    from ..run import RunOptions, parse_env_options, run
     from ..train.prelaunch import check_before_launch
     from ..train.strategies import shrink_refusal
     from ..trainer_program import BundledTrainer
@@ -402,7 +407,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, launcher=launcher,
                          attempts=attempts, connect_timeout=connect_timeout, sync=not no_sync, fetch=not no_fetch,
                          fetch_paths=tuple(fetch_paths), fetch_all_ranks=fetch_all_ranks, data_dir=data_dir,
-                         all_shards=all_shards, direct_model=direct,
+                         all_shards=all_shards, direct_model=direct, env=parse_env_options(env_words, os.environ),
                          stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer,
                          # the bundled trainer's checks before a launch are the trainer's own (run imports no train/)
                          kinds=(BundledTrainer(prelaunch=check_before_launch, strategy_shrink=shrink_refusal),))

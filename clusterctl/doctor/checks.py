@@ -523,10 +523,11 @@ def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
     needed = backends.get(cluster.launch.backend).needs_addresses
     with_address = [p for p in probes if p.host.address]
     if len(with_address) < len(probes):
-        return [Finding("data-plane", CLUSTER, WARN if needed else PASS,
-                        "not every host has an `address`: MPI will choose interfaces itself",
-                        f"give each host its data-plane IPv4 as `address:` (needed by the {cluster.launch.backend} "
-                        "backend)" if needed else None)]
+        fallback = f"run gives the {cluster.launch.backend} backend the address ssh reaches each at (its HostName)" \
+            if needed else "MPI will choose interfaces itself"
+        return [Finding("data-plane", CLUSTER, WARN if needed else PASS, f"not every host has an `address`: {fallback}",
+                        "give each host its data-plane IPv4 as `address:` when its ranks should talk over another "
+                        "network than ssh's (Thunderbolt)" if needed else None)]
     out = []
     for p in probes:
         if p.facts is None:

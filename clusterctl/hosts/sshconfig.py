@@ -13,8 +13,10 @@ wins over OpenSSH's built-in defaults (the rendering puts the inventory's values
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass, replace
 
@@ -156,6 +158,20 @@ def _resolve_with_paramiko(alias: str, host: Host, config_file: str | None) -> S
     if host.port:
         values["port"] = [str(host.port)]
     return target_from_ssh_G(alias, values, config_file)
+
+
+def address_of(target: SSHTarget) -> str | None:
+    """The IPv4 address ssh connects to for `target`: its HostName as ssh -G gives it, resolved here when it is a
+    name; None when it has no IPv4 address."""
+    try:
+        return str(ipaddress.IPv4Address(target.hostname))
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(target.hostname, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    return found[0][4][0] if found else None
 
 
 def resolve_cluster(cluster: Cluster) -> dict[str, SSHTarget]:

@@ -40,7 +40,10 @@ def mismatch(expected: int, backend: str, reports: dict[int, tuple[str, int, str
 def cause(backend: str, asked: set[str]) -> str:
     """Why MLX most likely did not join the ranks: the program asked for another backend, or the launch's
     backend could not find its peers (the backend says why)."""
-    other = sorted(a for a in asked if a not in ("any", backend))
+    if "mpi4py" in asked and backend != "mpi":
+        return ("the program uses mpi4py, whose MPI world only an MPI launcher forms: each rank ran alone "
+                "(run it with --backend mpi)")
+    other = sorted(a for a in asked if a not in ("any", backend, "mpi4py"))
     if other:
         return (f"the program asked MLX for the {'/'.join(other)} backend, but the ranks were started for "
                 f"{backend} (pass backend={backend!r}, or run with --backend {other[0]})")

@@ -32,7 +32,7 @@ import re
 import secrets
 from contextlib import contextmanager
 from functools import partial
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import wait
 from dataclasses import dataclass, replace
 
@@ -80,6 +80,7 @@ class RunOptions:
     data_dir: str | None = None       # shards from `clusterctl data prepare`
     all_shards: bool = False          # ... every shard to every host (the bundled trainer's balancing)
     direct_model: bool = False        # the program's model to each host from here, not relayed host to host
+    env: tuple[tuple[str, str], ...] = ()  # run --env: every rank's, over the inventory's (parse_env_options)
     project_dir: str | None = None    # default: the current directory
     # what every rank reads on its stdin, the same bytes to each, then EOF (docs/run.md#standard-input), when
     # its kind reads stdin: the CLI gives its own stdin unless --no-stdin; None, the default here: EOF at once
@@ -91,6 +92,26 @@ class RunOptions:
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_options(given: Sequence[str], here: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """run --env's words, NAME=VALUE or NAME (this machine's value, from `here`), as (name, value) pairs, the
+    last of a name winning (pure). A name that is not a variable name, or a bare NAME not set here, is refused in
+    one line: a variable a user meant to send must not silently not arrive."""
+    out: dict[str, str] = {}
+    for word in given:
+        name, eq, value = word.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"--env {word}: {name!r} is not a variable name (letters, digits and _, not starting "
+                             "with a digit); write --env NAME=VALUE, or --env NAME for this machine's value")
+        if not eq:
+            if name not in here:
+                raise UsageError(f"--env {name}: {name} is not set on this machine; give its value (--env "
+                                 f"{name}=VALUE) or set it here first")
+            value = here[name]
+        out[name] = value
+    return tuple(out.items())
 
 
 def program_for(script: str | None, args: tuple[str, ...], module: str | None,
@@ -164,8 +185,11 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     project = os.path.abspath(options.project_dir or os.getcwd())
     if cluster is None:     # this machine, working where run was started: a relative SCRIPT is the one here
         cluster = Cluster.this_machine(project, slots=DEFAULT_SLOTS, backend=THIS_MACHINE_BACKEND)
+    cluster = cluster.with_env(dict(options.env))    # the inventory's env and --env's go the same way from here
     program = _resume_latest(program, cluster, settings.runs_dir, events)
     backend = backends.get(options.backend or cluster.launch.backend, options.launcher)
+    if backend.needs_addresses and any(not h.address and not h.local for h in cluster.hosts):
+        cluster = _addresses_from_ssh(cluster, backend.name, events)
     backend.check(cluster)       # --backend may ask for more than the inventory's own backend (jaccl: rdma lists)
     if backend.env_on_command_line and cluster.secrets:
         events.warning(f"{backend.launcher_label} takes the ranks' environment on its command line: the inventory's "
@@ -333,6 +357,23 @@ def stage(connector: Connector, options: RunOptions, program: Program, project: 
                           sum(o.value.moved_bytes for o in group.values()))
     host_env = {host: {MODEL_DIR_ENV: path} for host, path in jobs["model"].result().items()} if "model" in jobs else {}
     return ({"CLUSTERCTL_DATA_DIR": jobs["data"].result()} if "data" in jobs else {}), copy, host_env
+
+
+def _addresses_from_ssh(cluster: Cluster, backend: str, events: RunEvents) -> Cluster:
+    """Hosts with no data-plane `address` under a backend that needs every rank's (ring, jaccl): the IPv4 address
+    ssh reaches each at (its HostName as `ssh -G` gives it, an alias's too, resolved here), said in a note. A host
+    with none (a name this machine cannot resolve to IPv4) is left for the backend's own refusal."""
+    from ..hosts.sshconfig import address_of, resolve_cluster
+
+    targets = resolve_cluster(cluster)
+    found = {h.name: address_of(targets[h.name]) for h in cluster.hosts if not h.address and not h.local}
+    found = {name: address for name, address in found.items() if address}
+    if found:
+        events.note(f"{', '.join(found)} {'has' if len(found) == 1 else 'have'} no `address` in the inventory: the "
+                    f"{backend} backend's ranks reach {'it' if len(found) == 1 else 'them'} where ssh does "
+                    f"({', '.join(f'{n} {a}' for n, a in found.items())}); give `address:` if the data plane is "
+                    "another network (Thunderbolt)")
+    return cluster.with_addresses(found)
 
 
 def _model_here(program: Program, project: str) -> tuple[Program, str | None]:

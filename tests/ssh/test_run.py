@@ -295,6 +295,46 @@ def test_ranks_that_each_form_a_world_of_one_fail_the_job_naming_every_rank(make
     assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
 
 
+MPI4PY = """\
+import time
+from mpi4py import MPI
+print("mpi4py world of", MPI.COMM_WORLD.Get_size(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_mpi4py_program_under_ring_is_stopped_in_one_line_naming_the_mpi_backend(make_cluster, tmp_path):
+    """Issue 42: under a launcher that is not MPI's, each rank's mpi4py is a world of one of its own, and the job
+    would run as silent singletons; the bootstrap reports mpi4py's world and run stops the job, naming mpi."""
+    pytest.importorskip("mpi4py")
+    cluster = make_cluster(2)
+    (tmp_path / "mpi.py").write_text(MPI4PY)
+    started = time.monotonic()
+    r = run("mpi.py", "--hosts", str(cluster.inventory), "--backend", "ring", cwd=tmp_path)
+    assert time.monotonic() - started < 90 and r.returncode == 1, r.stdout + r.stderr
+    assert ("rank 0 on h1 and rank 1 on h2 formed a world of 1, not 2: the program uses mpi4py, whose MPI world only "
+            "an MPI launcher forms: each rank ran alone (run it with --backend mpi)") in r.stderr, r.stderr
+    assert_nothing_left(cluster, TOKEN.search(r.stderr).group(1))
+
+
+def test_ring_on_an_inventory_of_ssh_aliases_uses_the_addresses_ssh_reaches(make_cluster, tmp_path):
+    """Issue 42: hosts named by their ssh_config alias only (HostName there, no `address:`): the ring's ranks reach
+    each other where ssh reaches them, said in a note, instead of a refusal after doctor passed."""
+    cluster = make_cluster(2)
+    inventory = tmp_path / "aliases.yaml"
+    inventory.write_text("".join(line for line in cluster.inventory.read_text().splitlines(keepends=True)
+                                 if not line.lstrip().startswith("address:")).replace(
+                         "ssh_config: ssh_config", f"ssh_config: {cluster.ssh_config}"))
+    assert "address" not in inventory.read_text()
+    (tmp_path / "allsum.py").write_text(ALLSUM)
+    r = run("allsum.py", "ring", "x", "--hosts", str(inventory), "--backend", "ring", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (f"note: h1, h2 have no `address` in the inventory: the ring backend's ranks reach them where ssh does "
+            f"(h1 {cluster.hosts[0].address}, h2 {cluster.hosts[1].address})") in r.stderr, r.stderr
+    assert sorted(line for line in r.stdout.splitlines() if "world" in line) == [
+        "[rank 0 h1] world 2 sum [2.0, 2.0, 2.0, 2.0] arg x", "[rank 1 h2] world 2 sum [2.0, 2.0, 2.0, 2.0] arg x"]
+
+
 BAR = """\
 import sys, time
 print("before the bar", flush=True)

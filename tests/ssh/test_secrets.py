@@ -26,7 +26,8 @@ token = os.environ.get("HF_TOKEN", "")
 ok = hashlib.sha256(token.encode()).hexdigest() == sys.argv[1]
 x = mx.distributed.all_sum(mx.ones(1), group=g)
 mx.eval(x)
-print(f"rank {g.rank()} of {g.size()} token {'ok' if ok else 'WRONG'} sum {x.item():g}", flush=True)
+print(f"rank {g.rank()} of {g.size()} token {'ok' if ok else 'WRONG'} sum {x.item():g} plain "
+      f"{os.environ.get('PLAIN')}", flush=True)
 time.sleep(3)      # the ranks stay up while the sampler looks
 """
 
@@ -79,20 +80,28 @@ def readable_by_others(root: str, needle: str) -> list[str]:
     return leaks
 
 
-@pytest.mark.parametrize("backend", ["ring", "mpi"])
-@pytest.mark.parametrize("launch_from", ["here", "first-host"])
-def test_an_inventory_secret_never_appears_on_a_command_line(make_cluster, tmp_path, backend, launch_from):
+@pytest.mark.parametrize("backend, launch_from, given", [
+    ("ring", "here", "inventory"), ("ring", "first-host", "inventory"), ("mpi", "here", "inventory"),
+    ("mpi", "first-host", "inventory"),
+    ("ring", "first-host", "--env"), ("mpi", "here", "--env")])      # issue 42: `run --env HF_TOKEN --env PLAIN=x`
+def test_an_inventory_secret_never_appears_on_a_command_line(make_cluster, tmp_path, backend, launch_from, given):
     secret = "hf_" + secrets.token_hex(12)
     cluster = make_cluster(2)
-    inventory = cluster.write_inventory(env={"HF_TOKEN": secret, "PLAIN": "x"})
+    if given == "inventory":
+        inventory, env, words = cluster.write_inventory(env={"HF_TOKEN": secret, "PLAIN": "x"}), None, []
+    else:         # the secret from this machine's environment, by name; the inventory's own PLAIN overridden
+        inventory = cluster.write_inventory(env={"PLAIN": "from the inventory"})
+        env, words = {**os.environ, "HF_TOKEN": secret}, ["--env", "HF_TOKEN", "--env", "PLAIN=x"]
     (tmp_path / "prog.py").write_text(PROGRAM)
     digest = hashlib.sha256(secret.encode()).hexdigest()
     where = ["--launch-from", launch_from]
     with ArgvSampler(secret) as sampler:
-        r = run("--hosts", str(inventory), "--backend", backend, *where, "--plain", "prog.py", digest, cwd=tmp_path)
+        r = run("--hosts", str(inventory), "--backend", backend, *where, *words, "--plain", "prog.py", digest,
+                cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(line.split(" sum")[0].split("] ")[-1] for line in r.stdout.splitlines() if " token " in line) == [
         "rank 0 of 2 token ok", "rank 1 of 2 token ok"], r.stdout
+    assert sorted(line.split(" plain ")[-1] for line in r.stdout.splitlines() if " token " in line) == ["x", "x"]
     assert sampler.samples > 20 and sampler.found == {}, sampler.found
     assert secret not in r.stdout + r.stderr
     for root in (tmp_path / "runs", tmp_path / ".cache"):

@@ -124,6 +124,14 @@ def test_a_program_without_mlx_never_loads_it_and_a_failed_init_reports_nothing(
     assert r.stdout.splitlines() == ["raised"], r.stderr
 
 
+def test_an_mpi4py_world_is_reported_as_mpi4py_s():
+    """Issue 42: mpi4py started by no MPI launcher is a world of one per rank that the program never notices; the
+    watch reports the world its import formed, so the world check can name it."""
+    pytest.importorskip("mpi4py")
+    r = _under_watch("from mpi4py import MPI\nprint('size', MPI.COMM_WORLD.Get_size())\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["REPORT 1 mpi4py", "size 1"], r.stdout + r.stderr
+
+
 def test_the_run_id_sits_in_the_first_bytes_of_every_ranks_command_line():
     """pgrep -f on macOS <= 13 (and toybox) matches only the first 2,048 bytes of a command line; the sweep
     finds ranks by their run id, so it must come before the ~3 KB bootstrap (docs/facts/macos.md#pgrep-2048-bytes)."""

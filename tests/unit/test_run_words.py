@@ -92,3 +92,27 @@ def test_which_of_the_trainers_inputs_run_copies_and_which_the_hosts_must_hold(t
     assert _model_here(program_for(None, ("--model", "/nowhere/m"), None), str(project))[1] is None   # on the hosts
     assert _model_here(program_for(None, ("--steps", "5"), None), str(project))[1] is None
     assert _program_inputs(program_for("train.py", ("--model", "/m"), None), RunOptions(), str(project)) == []
+
+
+def test_env_options_take_a_value_or_this_machines_and_refuse_in_one_line():
+    from clusterctl.run import parse_env_options
+
+    here = {"HF_TOKEN": "hf_x", "EMPTY": ""}
+    assert parse_env_options(["FOO=bar", "HF_TOKEN", "EMPTY", "EQ=a=b", "FOO=baz", "BLANK="], here) == (
+        ("FOO", "baz"), ("HF_TOKEN", "hf_x"), ("EMPTY", ""), ("EQ", "a=b"), ("BLANK", ""))
+    with pytest.raises(UsageError, match=r"^--env MISSING: MISSING is not set on this machine; give its value "):
+        parse_env_options(["MISSING"], here)
+    for bad in ("1X=2", "A-B=c", "=v", "$(touch x)=1"):
+        with pytest.raises(UsageError, match="is not a variable name"):
+            parse_env_options([bad], here)
+
+
+def test_env_options_go_the_inventorys_way_and_win_over_it(tmp_path):
+    from clusterctl.inventory import load
+
+    (tmp_path / "inv.yaml").write_text("defaults:\n  env:\n    FOO: inv\n    KEEP: k\nhosts:\n  - name: a\n"
+                                       "  - name: b\n    env:\n      FOO: b-own\n")
+    cluster = load(str(tmp_path / "inv.yaml")).with_env({"FOO": "cli", "HF_TOKEN": "hf_secret"})
+    assert [h.env_dict for h in cluster.hosts] == [{"FOO": "cli", "KEEP": "k", "HF_TOKEN": "hf_secret"}] * 2
+    assert cluster.secrets == ["hf_secret"]                     # redacted in records, as an inventory secret
+    assert load(str(tmp_path / "inv.yaml")).with_env({}) == load(str(tmp_path / "inv.yaml"))

@@ -24,6 +24,13 @@ def test_another_backend_than_the_launch_s_is_the_cause_named():
     assert "asked MLX for the ring backend, but the ranks were started for mpi" in line
 
 
+def test_an_mpi4py_program_outside_mpirun_is_told_to_use_the_mpi_backend():
+    line = mismatch(2, "ring", {0: ("h1", 1, "mpi4py"), 1: ("h2", 1, "mpi4py")})
+    assert line == ("rank 0 on h1 and rank 1 on h2 formed a world of 1, not 2: the program uses mpi4py, whose MPI "
+                    "world only an MPI launcher forms: each rank ran alone (run it with --backend mpi)")
+    assert mismatch(2, "mpi", {0: ("h1", 2, "mpi4py"), 1: ("h2", 2, "mpi4py")}) is None
+
+
 def test_ring_and_jaccl_point_at_their_files_and_many_ranks_are_counted():
     reports = {k: (f"h{k + 1}", 1, "any") for k in range(8)}
     line = mismatch(8, "ring", reports)
