@@ -24,6 +24,23 @@ EXIT_TIMEOUT = 124
 EXIT_STALLED = 125
 EXIT_INTERRUPTED = 130
 
+# What each code means, for the reference (docs/cli.md, written from this by cli/reference.py; README's table is
+# checked against it): every code any command exits with
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_FAILED: "a command ran and failed on at least one host (`exec`, `sync`, `data push`, `models`, run's copies "
+                 "and pre-flight), a check failed (`doctor`), a job failed (its world check, a launch), or an "
+                 "internal error (its traceback in ~/.cache/clusterctl/debug.log)",
+    EXIT_USAGE: "bad input, refused before anything started: a usage error, a malformed inventory "
+                "(`inventory.yaml:LINE: what`), a dataset, checkpoint, model or flag that cannot be used",
+    EXIT_CONNECT: "could not connect to a host over SSH (`doctor`, `run`'s pre-flight, `exec`, `hosts`); `run "
+                  "--elastic MIN`: fewer than MIN ranks on the hosts that answer",
+    EXIT_TIMEOUT: "`run`: the job was stopped by `--start-timeout` or `--hang-timeout`",
+    EXIT_STALLED: "`run`: the job was stopped because it stalled (no rank made progress for the stall timeout)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); 128 + N for another signal N (143: SIGTERM)",
+}
+# and `run` exits N (1 to 255) when a rank exits N
+
 
 def exit_for_signal(signum: int) -> int:
     """The shell's convention for a process ended by signal N."""

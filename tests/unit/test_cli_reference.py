@@ -1,0 +1,53 @@
+"""docs/cli.md is what the commands say (cli/reference.py writes it from their click definitions), and the exit
+codes the pages give are errors.py's."""
+import re
+from pathlib import Path
+
+import click
+
+from clusterctl import errors
+from clusterctl.cli.app import cli
+from clusterctl.cli.reference import main, reference
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_reference_is_what_the_commands_say():
+    assert (REPO / "docs" / "cli.md").read_text(encoding="utf-8") == reference(), \
+        "docs/cli.md is stale: run `.venv/bin/python -m clusterctl.cli.reference`"
+
+
+def every_option(group, path=("clusterctl",)):
+    ctx = click.Context(group, info_name=path[-1])
+    for param in group.get_params(ctx):
+        if isinstance(param, click.Option) and not param.hidden:
+            yield path, param.opts[0]
+    if isinstance(group, click.Group):
+        for name in group.list_commands(ctx):
+            yield from every_option(group.get_command(ctx, name), path + (name,))
+
+
+def test_every_command_and_option_has_its_row_under_its_heading():
+    text = reference()
+    sections = dict(re.findall(r"^#+ (clusterctl[\w -]*)\n(.*?)(?=^#+ clusterctl|^## Exit codes)", text, re.M | re.S))
+    found = list(every_option(cli))
+    assert len(found) > 150
+    for path, option in found:
+        assert f"| `{option}`" in sections[" ".join(path)], (path, option)
+
+
+def test_check_says_when_the_page_is_stale(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "cli.md").write_text("old\n")
+    assert main(["--check"]) == 1 and "is not what the commands say" in capsys.readouterr().err
+    assert main([]) == 0 and main(["--check"]) == 0
+
+
+def test_every_exit_code_is_in_the_table_and_the_readme_gives_the_same_codes():
+    constants = {getattr(errors, n) for n in dir(errors) if n.startswith("EXIT_") and isinstance(getattr(errors, n), int)}
+    assert constants == set(errors.EXIT_CODES)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Exit codes", 1)[1].split("\n\n", 2)[1]
+    codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert codes == set(errors.EXIT_CODES), codes
