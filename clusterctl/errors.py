@@ -3,9 +3,10 @@ and its `exit_code`; nothing else in clusterctl exits.
 
 Exit codes (documented in README.md#exit-codes):
     0    success
-    1    a command ran and failed on at least one host (fan-out), a job failed, or an internal error
+    1    a command ran and failed on at least one host (fan-out, unreachable included), a job failed, or an
+         internal error
     2    bad input: usage errors, malformed inventories, datasets, checkpoints, flags
-    3    could not connect to a host (SSH)
+    3    a command that needs every host could not connect to one (SSH)
     124  a job was stopped by its start or hang timeout
     125  a job was stopped because it stalled: no rank made progress for the stall timeout
     130  interrupted (Ctrl-C); 128 + N for another signal N
@@ -28,13 +29,15 @@ EXIT_INTERRUPTED = 130
 # checked against it): every code any command exits with
 EXIT_CODES = {
     EXIT_OK: "success",
-    EXIT_FAILED: "a command ran and failed on at least one host (`exec`, `sync`, `data push`, `models`, run's copies "
-                 "and pre-flight), a check failed (`doctor`), a job failed (its world check, a launch), or an "
+    EXIT_FAILED: "a command that reports each host's outcome failed, or could not connect, on at least one host "
+                 "(`exec`, `sync`, `data push`, `models`, `ps`, `kill`), a check failed (`doctor`), run's copies or "
+                 "pre-flight checks failed on a host it reached, a job failed (its world check, a launch), or an "
                  "internal error (its traceback in ~/.cache/clusterctl/debug.log)",
     EXIT_USAGE: "bad input, refused before anything started: a usage error, a malformed inventory "
                 "(`inventory.yaml:LINE: what`), a dataset, checkpoint, model or flag that cannot be used",
-    EXIT_CONNECT: "could not connect to a host over SSH (`doctor`, `run`'s pre-flight, `exec`, `hosts`); `run "
-                  "--elastic MIN`: fewer than MIN ranks on the hosts that answer",
+    EXIT_CONNECT: "a command that needs every host (`run`, `serve`, `bench`, `setup`, `hostfile --print-command`) "
+                  "could not connect to one over SSH, whichever step found it; `run --elastic MIN`: fewer than MIN "
+                  "ranks on the hosts that answer",
     EXIT_TIMEOUT: "`run`: the job was stopped by `--start-timeout` or `--hang-timeout`",
     EXIT_STALLED: "`run`: the job was stopped because it stalled (no rank made progress for the stall timeout)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); 128 + N for another signal N (143: SIGTERM)",
@@ -157,7 +160,8 @@ class RsyncFailed(ClusterctlError):
 
 
 class StageError(ClusterctlError):
-    """Copying the project, clusterctl or the data to some host before a run failed (exit 1)."""
+    """Copying the project, clusterctl or the data to some host before a run failed (exit 1; 3 when every host it
+    failed on could not be reached, as the pre-flight says it)."""
 
 
 class NotOnHosts(BadInput):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from ..errors import StageError, UsageError
+from ..errors import EXIT_CONNECT, ConnectError, StageError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult
 
@@ -41,10 +41,15 @@ def _others(connector: Connector, keep) -> Connector:
 
 
 def _check(group: GroupResult, what: str, hint: str = "--no-sync skips copying") -> GroupResult:
+    """The copy's outcome; StageError naming each host it failed on: exit 3 (as the pre-flight's) when every one
+    of them could not be reached, else 1."""
     if group.failed:
         details = "; ".join(str(o.error) if str(o.error).startswith(name) else f"{name}: {o.error}"
                             for name, o in group.failed.items())
-        raise StageError(f"could not copy {what}: {details} ({hint})")
+        error = StageError(f"could not copy {what}: {details} ({hint})")
+        if all(isinstance(o.error, ConnectError) for o in group.failed.values()):
+            error.exit_code = EXIT_CONNECT
+        raise error
     return group
 
 

@@ -158,7 +158,8 @@ def test_dry_run_and_preflight(make_cluster, tmp_path):
     cluster.stop_host(2)
     # clusterctl's options first (the canonical spelling: no note about options taken from the end)
     r = run("--hosts", str(cluster.inventory), "--connect-timeout", "3", str(script), cwd=tmp_path)
-    assert r.returncode == 1 and "could not copy the project" in r.stderr and "h2: " in r.stderr
+    # a host not reached: exit 3 whichever step finds it (here the project's copy, there the pre-flight)
+    assert r.returncode == 3 and "could not copy the project" in r.stderr and "h2: " in r.stderr
     assert "Connection refused" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
     r = run("--hosts", str(cluster.inventory), "--connect-timeout", "3", "--no-sync", str(script), cwd=tmp_path)
     assert r.returncode == 3 and "h2: connection refused" in r.stderr and "Traceback" not in r.stderr

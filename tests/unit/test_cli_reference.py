@@ -51,3 +51,22 @@ def test_every_exit_code_is_in_the_table_and_the_readme_gives_the_same_codes():
     table = readme.split("## Exit codes", 1)[1].split("\n\n", 2)[1]
     codes = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert codes == set(errors.EXIT_CODES), codes
+
+
+def test_a_copy_that_could_not_reach_its_hosts_exits_as_the_preflight_does():
+    """A host not reached is exit 3 whichever of run's steps finds it (the pre-flight, or the project's copy when
+    the launch does not wait for it); a copy that failed otherwise is 1."""
+    import pytest
+
+    from clusterctl.errors import EXIT_CONNECT, EXIT_FAILED, ConnectError, StageError, SyncError
+    from clusterctl.hosts.fanout import GroupResult, HostOutcome
+    from clusterctl.inventory import parse
+    from clusterctl.transfer.stage import _check
+
+    a, b = parse("hosts: [{name: a}, {name: b}]\n", "i.yaml").hosts
+    refused = ConnectError("b", "connection refused")
+    for outcomes, code in (([HostOutcome(a, value=1), HostOutcome(b, error=refused)], EXIT_CONNECT),
+                           ([HostOutcome(a, error=SyncError("a: disk full")), HostOutcome(b, error=refused)], EXIT_FAILED)):
+        with pytest.raises(StageError) as caught:
+            _check(GroupResult(outcomes), "the project")
+        assert caught.value.exit_code == code and str(caught.value).startswith("could not copy the project: ")
