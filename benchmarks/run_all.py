@@ -197,10 +197,17 @@ def _relay(r: dict) -> str:
     return text
 
 
+def _main_job(r: dict) -> str:
+    s = r["summary"]
+    return (f"the README's main job (bare `clusterctl run`, {s['steps']} steps): {s['wall_s']['min']:.0f} / "
+            f"{s['wall_s']['median']:.0f} / {s['wall_s']['max']:.0f} s abs. (min / median / max of {r['repeat']}), loss "
+            f"{s['first_loss']} -> {s['last_loss']}, held-out {s['held_out']}")
+
+
 SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
-             "zero3": _zero3, "relay": _relay}
+             "zero3": _zero3, "relay": _relay, "main_job": _main_job}
 
 
 def _generic(r: dict) -> str:

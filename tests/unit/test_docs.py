@@ -6,6 +6,7 @@ commands first, the second being what CI runs).
 Comments cite the evidence log by anchor (docs/facts/README.md): a heading renamed or a page moved would
 otherwise leave citations pointing nowhere, silently.
 """
+import json
 import os
 import re
 
@@ -161,4 +162,25 @@ def test_the_readme_is_a_front_door():
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read().splitlines()
     assert "exec " + tests.strip() in ci
     headings = anchors(os.path.join(REPO, "README.md"))
-    assert {"quickstart-a-this-machine", "quickstart-b-two-hosts", "commands", "concepts", "exit-codes"} <= headings
+    assert {"quickstart-a-this-machine", "quickstart-b-two-macs", "install", "commands", "concepts",
+            "exit-codes"} <= headings
+    # issue 42: for people with Macs, at a glance: the first 15 lines name Macs, show the picture (an image made
+    # from a source file here) and give Quickstart A's command
+    top = "\n".join(readme.splitlines()[:15])
+    assert "Macs" in top and "## Quickstart A" in top and ".venv/bin/clusterctl run" in top, top
+    picture = re.search(r"!\[[^\]]+\]\((docs/images/[\w.-]+\.png)\)", top)
+    assert picture and os.path.getsize(os.path.join(REPO, picture.group(1))) > 10_000, top
+    assert os.path.isfile(os.path.join(REPO, picture.group(1)[:-4] + ".py"))
+
+
+def test_the_main_job_s_figures_come_from_its_benchmark_record():
+    """The main job's time and losses are quoted from benchmarks/results/main_job.json (bench_main_job.py), the one
+    place they are measured; the pages that give them quote that record, none has a figure of its own."""
+    record = json.load(open(os.path.join(REPO, "benchmarks", "results", "main_job.json"), encoding="utf-8"))
+    s = record["summary"]
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert f"in {s['wall_s']['min']:.0f}–{s['wall_s']['max']:.0f} s wall on {record['cores']} CPU cores" in readme
+    assert f"the loss falls from {s['first_loss']:.2f} at step 1 to {s['last_loss']:.2f} at step {s['steps']}, " \
+           f"held-out\n{s['held_out']:.2f}" in readme
+    trainer = open(os.path.join(REPO, "docs", "trainer.md"), encoding="utf-8").read()
+    assert "benchmarks/RESULTS.md#the-main-job" in trainer and "about a minute" not in trainer
