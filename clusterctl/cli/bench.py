@@ -22,9 +22,12 @@ from . import app
 @click.option("--p2p", is_flag=True, help="Bandwidth between every pair of hosts (ring: between ring neighbours).")
 @click.option("--p2p-size", default="16M", show_default=True, help="Message size of --p2p.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--png", "png", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also draw the result into FILE: bandwidth by message size, one line per collective and "
+                   "implementation, or --p2p's matrix as a heat map (needs matplotlib: pip install 'clusterctl[plot]').")
 @app.connect_timeout_option()
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one launch may take before its ranks give up.")
-def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, p2p_size, as_json,
+def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, p2p_size, as_json, png,
               connect_timeout, timeout):
     """Measure all_sum / all_gather bandwidth across the cluster."""
     from ..bench.measure import Bench
@@ -36,11 +39,16 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
         raise click.UsageError("--write stores what --tune found: give --tune too")
     if tune and p2p:
         raise click.UsageError("give --tune or --p2p, not both")
+    if png and tune:
+        raise click.UsageError("--png draws the bandwidth by size or --p2p's matrix, not --tune's trials")
     op_list = [o.strip() for o in ops.split(",") if o.strip()]
     unknown = [o for o in op_list if o not in ("all_sum", "all_gather")]
     if unknown or not op_list:
         raise click.UsageError(f"--ops: {', '.join(unknown) or '(none)'}: choose from all_sum, all_gather")
     size_list = parse_sizes(sizes)
+    if png:
+        from ..figure import check
+        check("bench --png")          # before anything is measured
     cluster = app.load(inventory_path)
     backend = backend or cluster.launch.backend
     measured = backends.names(benchmarked=True)
@@ -50,6 +58,11 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     def say(text: str) -> None:
         click.echo(text, err=True)
 
+    def draw(doc: dict) -> None:
+        if png:
+            from ..bench.picture import write_png
+            say(f"wrote {write_png(doc, png)}")
+
     bench = Bench(app.connector(cluster, connect_timeout), backend, deadline_s=timeout)
     doc = {"inventory": cluster.path, "backend": backend, "world_size": cluster.world_size,
            "hosts": cluster.names}
@@ -57,6 +70,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
         say(f"bench: point-to-point, {p2p_size} messages, {len(cluster.hosts)} hosts over {backend}")
         doc["p2p"] = bench.point_to_point(parse_size(p2p_size))
         click.echo(json.dumps(doc, indent=2) if as_json else render_matrix(doc["p2p"]), nl=as_json)
+        draw(doc)
         return
     if tune:
         nbytes = size_list[-1]
@@ -82,3 +96,4 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     say(f"bench: {', '.join(op_list)} at {len(size_list)} sizes on {cluster.world_size} ranks over {backend}")
     doc.update(bench.collectives(size_list, op_list, mpi4py=not no_mpi4py))
     click.echo(json.dumps(doc, indent=2) if as_json else render_table(doc["rows"]), nl=as_json)
+    draw(doc)

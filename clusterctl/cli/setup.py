@@ -93,6 +93,9 @@ def python_cmd(inventory_path, requirements_file, extras, offline, dry_run, as_j
 @click.option("--subnet", default=DEFAULT_SUBNET, show_default=True, metavar="CIDR",
               help="Where the cables' /30 subnets come from (networks a Mac already uses are skipped).")
 @click.option("--dot", "as_dot", is_flag=True, help="Print the cables as a Graphviz graph and stop.")
+@click.option("--png", "png", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also draw the plan into FILE: each Mac, each cable with the port and address at either end, "
+                   "the ring's order, from the plan alone (needs matplotlib: pip install 'clusterctl[plot]').")
 @click.option("--write", is_flag=True, help="Write each host's address (and rdma list) and the backend into "
               "the inventory, comments kept.")
 @click.option("--apply", "apply_", is_flag=True, help="Configure the Macs: cabled ports out of bridge0, an "
@@ -100,7 +103,8 @@ def python_cmd(inventory_path, requirements_file, extras, offline, dry_run, as_j
 @app.json_option
 @app.connect_timeout_option(DOCTOR_CONNECT_TIMEOUT_S)
 @app.strict_host_keys_option
-def network_cmd(inventory_path, backend, subnet, as_dot, write, apply_, as_json, connect_timeout, strict_host_keys):
+def network_cmd(inventory_path, backend, subnet, as_dot, png, write, apply_, as_json, connect_timeout,
+                strict_host_keys):
     """macOS: which Thunderbolt ports join which Macs (system_profiler, networksetup), a subnet per cable,
     each host's data-plane address (and RDMA devices for jaccl). Prints the plan; --write puts it in the
     inventory, --apply sets the Macs' interfaces."""
@@ -113,6 +117,9 @@ def network_cmd(inventory_path, backend, subnet, as_dot, write, apply_, as_json,
         ipaddress.IPv4Network(subnet, strict=False)
     except ValueError:
         raise UsageError(f"--subnet {subnet!r} is not an IPv4 network such as {DEFAULT_SUBNET}") from None
+    if png:
+        from ..figure import check
+        check("setup network --png")          # before any host is asked
     cluster = app.load(inventory_path)
     connector = app.connector(cluster, connect_timeout, strict_host_keys)
 
@@ -122,6 +129,9 @@ def network_cmd(inventory_path, backend, subnet, as_dot, write, apply_, as_json,
 
     result = setup_network(connector, backend, subnet, write=write and not as_dot, apply=apply_ and not as_dot,
                            progress=progress)
+    if png and result.plan is not None:
+        from ..setup.picture import write_png
+        click.echo(f"wrote {write_png(result.plan, png)}", err=True)
     if as_dot and result.plan is not None:
         click.echo(dot(result.plan), nl=False)
         sys.exit(result.exit_code)

@@ -15,14 +15,13 @@ import os
 from dataclasses import dataclass
 from statistics import median_high
 
+from .. import figure
 from ..errors import MissingExtra, UsageError
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 MARKS = "*o+x~^=:"           # run i's training loss in the text chart
 VAL_MARKS = "#O%X$&@!"       # and its held-out loss
 DEFAULT_SIZE = (960, 640)
-DPI = 100
-INSTALL = "pip install 'clusterctl[plot]'"
 
 
 @dataclass(frozen=True)
@@ -46,23 +45,12 @@ class Curves:
         return not (self.loss or self.val_loss)
 
 
-def _matplotlib():
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise MissingExtra(f"plot -o needs matplotlib, which is not installed: {INSTALL}") from None
-    return Figure, FigureCanvasAgg
-
-
 def write_image(curves: list[Curves], path: str, size: tuple[int, int] = DEFAULT_SIZE) -> str:
-    """Draw the curves into `path` (the format from its extension), exactly size[0] x size[1] pixels for
-    a raster format. No pyplot: no global state, no display needed."""
+    """Draw the curves into `path` (the format from its extension; written whole or not at all), exactly
+    size[0] x size[1] pixels for a raster format. No pyplot: no global state, no display needed."""
     if not curves or all(c.empty for c in curves):
         raise UsageError("nothing to plot: no losses in metrics.jsonl")
-    Figure, FigureCanvasAgg = _matplotlib()
-    fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
-    FigureCanvasAgg(fig)
+    fig = figure.new(size, "plot -o")
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     memory = bottom.twinx()
     for i, c in enumerate(curves):
@@ -84,9 +72,7 @@ def write_image(curves: list[Curves], path: str, size: tuple[int, int] = DEFAULT
     memory.set_ylabel("peak memory MB (dotted)")
     bottom.grid(alpha=0.3)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    return path
+    return figure.save(fig, path)
 
 
 def plot_run(run_dir: str, records: list[dict], label: str) -> str | None:

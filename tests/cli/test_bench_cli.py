@@ -9,6 +9,7 @@ INVENTORY = "hosts:\n  - name: nowhere.invalid\n    address: 10.255.255.1\n"
 @pytest.mark.parametrize("args, message", [
     (["--write"], "--write stores what --tune found"),
     (["--tune", "--p2p"], "give --tune or --p2p, not both"),
+    (["--tune", "--png", "x.png"], "--png draws the bandwidth by size or --p2p's matrix, not --tune's trials"),
     (["--sizes", "1K..1T"], "size '1T' is not a number of bytes"),
     (["--sizes", "8M..1M"], "range '8M..1M' runs backwards"),
     (["--ops", "all_reduce"], "--ops: all_reduce: choose from all_sum, all_gather"),

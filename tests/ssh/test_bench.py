@@ -11,6 +11,7 @@ import os
 
 import clirun
 import pytest
+from pictures import read, share_drawn
 
 from clusterctl.bench.report import parse_size
 
@@ -39,8 +40,11 @@ def test_mpi_two_hosts_json_with_the_raw_mpi4py_comparison(make_cluster, tmp_pat
     cluster = make_cluster(2)
     tmp = tmp_path / "tmp"      # a temporary directory of its own: other tests' benches run beside this one
     tmp.mkdir()
-    r = bench(cluster, "--backend", "mpi", "--sizes", "4K..4M", "--json", cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)})
-    doc = json.loads(r.stdout)
+    r = bench(cluster, "--backend", "mpi", "--sizes", "4K..4M", "--json", "--png", "bench.png", cwd=tmp_path,
+              env={**os.environ, "TMPDIR": str(tmp)})
+    doc = json.loads(r.stdout)                                   # --png leaves stdout to the JSON
+    image = read(tmp_path / "bench.png")                         # and draws MLX's and mpi4py's lines
+    assert image.shape[:2] == (600, 1000) and share_drawn(image) > 0.03
     assert doc["backend"] == "mpi" and doc["world"] == 2 and doc["hosts"] == ["h1", "h2"]
     for op in ("all_sum", "all_gather"):
         for impl in ("mlx", "mpi4py"):
@@ -90,7 +94,8 @@ def test_tune_write_changes_only_that_setting(make_cluster, tmp_path):
 
 def test_p2p_prints_a_matrix_of_every_pair_over_mpi(make_cluster, tmp_path):
     cluster = make_cluster(3)
-    r = bench(cluster, "--backend", "mpi", "--p2p", "--p2p-size", "1M", cwd=tmp_path)
+    r = bench(cluster, "--backend", "mpi", "--p2p", "--p2p-size", "1M", "--png", "p2p.png", cwd=tmp_path)
+    assert share_drawn(read(tmp_path / "p2p.png")) > 0.25          # the heat map's cells
     lines = r.stdout.splitlines()
     assert lines[1].split() == ["h1", "h2", "h3"]
     for i, line in enumerate(lines[2:5]):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import clirun
 import pytest
+from pictures import read, share_drawn
 from sshcluster import requires_private_roots
 
 pytestmark = pytest.mark.ssh
@@ -79,8 +80,10 @@ def refused_nothing(cluster, n):
 def test_a_thunderbolt_4_ring_of_three_is_written_as_the_golden_inventory(make_cluster, tmp_path):
     """RDMA devices listed (macOS lists them for Thunderbolt 4 ports too) but 40 Gb/s links: ring, not jaccl."""
     cluster = cabled(make_cluster, "ring3-tb4", 3, macos="26.2")
-    plan = clusterctl("setup", "network", "--hosts", str(cluster.inventory), cwd=tmp_path)
+    plan = clusterctl("setup", "network", "--hosts", str(cluster.inventory), "--png", "cables.png", cwd=tmp_path)
     assert plan.returncode == 0, plan.stdout + plan.stderr
+    image = read(tmp_path / "cables.png")                        # the plan drawn, nothing changed
+    assert image.shape[:2] == (800, 1000) and share_drawn(image) > 0.04
     out = plan.stdout
     assert "Thunderbolt cables between 3 Macs (every pair cabled):" in out
     assert "h1 en2   <->   en3 h2    40 Gb/s   10.99.0.1 <-> 10.99.0.2  (10.99.0.0/30)" in out, out

@@ -18,7 +18,7 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "clusterctl")
 
-BASE = {"_version", "errors", "atomic", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
+BASE = {"_version", "errors", "atomic", "figure", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
         "inventory_yaml", "inventory", "inventory_edit"}
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
@@ -39,8 +39,8 @@ ALLOWED = {
 }
 ON_HOSTS = {"data", "train"}                    # run on the hosts: stdlib, mlx, numpy, yaml, and these only
 # base modules that import nothing but the standard library
-ON_HOSTS_BASE = {"_version", "errors", "atomic", "digest", "progress", "trainer_contract", "program"}
-BASE_ORDER = ["_version", "errors", "atomic", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
+ON_HOSTS_BASE = {"_version", "errors", "atomic", "figure", "digest", "progress", "trainer_contract", "program"}
+BASE_ORDER = ["_version", "errors", "atomic", "figure", "digest", "progress", "trainer_contract", "program", "trainer_program", "resources",
               "inventory_yaml", "inventory", "inventory_edit"]  # each may import the earlier
 
 
