@@ -19,7 +19,9 @@ waits for the others), exchanged after WARMUP_STEPS steps and then every EXCHANG
 until every rank has computed MIN_MEASURED_S since the last), and moves rows only when the
 measured speeds differ by more than TOLERANCE and the new shares would make the step at least HYSTERESIS
 faster than the current ones (so shares do not flap with noise); a Mac that slows down (heat, another job)
-gets fewer rows at the next exchange.
+gets fewer rows at the next exchange, and its rows back when it recovers. The shares it moves to are the best
+the rows allow (`best_split`: the shortest predicted step, rows whole), not the speeds' proportions rounded: with
+16 rows and one rank twice as fast, 11:5 (a step of 5.5 of the slow rank's row times), not 10:6 (6).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ WARMUP_STEPS = 3          # steps measured before the first exchange (the first 
 EXCHANGE_EVERY = 20       # steps between later exchanges
 MIN_MEASURED_S = 0.25     # an exchange decides only once every rank has computed this long since the last one
                           # (a few tiny steps are noise: a rank descheduled once); else it waits a step more
-TOLERANCE = 0.20          # speeds within 20% of the mean: even shares (identical Macs, or one a little busy,
+TOLERANCE = 0.10          # speeds within 10% of the mean: even shares (identical Macs, or one a little busy,
                           # never move rows, nor make a rank tokenize another's shard, for noise)
 HYSTERESIS = 0.05         # new shares must cut the predicted step time by 5% or more
 
@@ -70,6 +72,20 @@ def proportional(weights, total: int) -> list[int]:
     return rows
 
 
+def best_split(speeds, total: int) -> list[int]:
+    """`total` rows, at least one each, that make the predicted step (step_time) the shortest: each row given in
+    turn to the rank that would finish its rows soonest with it (optimal for max(rows / speed): a row is a row;
+    ties to the lower rank)."""
+    n = len(speeds)
+    if total < n:
+        raise ConfigError(f"a global batch of {total} rows cannot give each of {n} ranks one")
+    rows = [1] * n
+    for _ in range(total - n):
+        r = min(range(n), key=lambda r: ((rows[r] + 1) / speeds[r], r))
+        rows[r] += 1
+    return rows
+
+
 def step_time(rows, speeds) -> float:
     """The predicted compute time of a step: the slowest rank's rows over its speed."""
     return max(r / s for r, s in zip(rows, speeds))
@@ -77,7 +93,7 @@ def step_time(rows, speeds) -> float:
 
 def decide(rows: list[int], speeds: list[float]) -> list[int]:
     """The shares `auto` moves to from `rows` given measured speeds (rows per second per rank): even when
-    the speeds are within TOLERANCE of their mean, else proportional; kept unless the change predicts a step
+    the speeds are within TOLERANCE of their mean, else the best split; kept unless the change predicts a step
     HYSTERESIS faster."""
     total, n = sum(rows), len(rows)
     if any(not math.isfinite(s) or s <= 0 for s in speeds):
@@ -86,7 +102,7 @@ def decide(rows: list[int], speeds: list[float]) -> list[int]:
     if all(abs(s - mean) <= TOLERANCE * mean for s in speeds):
         target = proportional([1] * n, total)
     else:
-        target = proportional(speeds, total)
+        target = best_split(speeds, total)
     if target == rows:
         return rows
     if step_time(target, speeds) <= (1 - HYSTERESIS) * step_time(rows, speeds):

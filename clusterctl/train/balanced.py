@@ -6,7 +6,8 @@ compute timed, the shares exchanged and moved, and the replicas' parameters comp
     steps.info()                            # shares, speeds and changes, for metrics and trainer.json
 
 Two test aids, read from the environment (docs/trainer.md#test-aids): CLUSTERCTL_TRAIN_SLOWDOWN=F makes this
-rank's computation F times as long (it sleeps (F - 1) x its compute time each step), CLUSTERCTL_TRAIN_PERTURB=
+rank's computation F times as long (it sleeps (F - 1) x its compute time each step), F@A-B only from step A up to
+step B (a Mac that heats up, then cools down; F@A- from step A on), CLUSTERCTL_TRAIN_PERTURB=
 RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting: perturbation, perturb).
 """
 from __future__ import annotations
@@ -36,17 +37,24 @@ class OutOfSync(ClusterctlError):
         self.ranks = ranks
 
 
-def slowdown() -> float:
-    text = os.environ.get(SLOWDOWN, "").strip()
+def slowdown(text: str | None = None) -> tuple[float, int, float]:
+    """The slowdown aid: (factor, first step, step it ends before) from CLUSTERCTL_TRAIN_SLOWDOWN's F, F@A-B or
+    F@A- (steps 1-based, as the trainer reports them); (1, 0, inf) when unset."""
+    text = (os.environ.get(SLOWDOWN, "") if text is None else text).strip()
     if not text:
-        return 1.0
+        return 1.0, 0, math.inf
+    factor_text, _, steps = text.partition("@")
+    first, _, last = steps.partition("-")
     try:
-        factor = float(text)
+        factor = float(factor_text)
+        begin = int(first) if steps else 0
+        end = (int(last) if last else math.inf) if steps else math.inf
     except ValueError:
-        factor = -1.0
-    if not math.isfinite(factor) or factor < 1:
-        raise ConfigError(f"{SLOWDOWN}={text!r}: a factor of 1 or more (2: this rank computes half as fast)")
-    return factor
+        factor, begin, end = -1.0, 0, math.inf
+    if not math.isfinite(factor) or factor < 1 or begin < 0 or end <= begin or (steps and not (first and "-" in steps)):
+        raise ConfigError(f"{SLOWDOWN}={text!r}: a factor of 1 or more (2: this rank computes half as fast), "
+                          "optionally @A-B (from step A up to step B) or @A- (from step A on)")
+    return factor, begin, end
 
 
 def weighted_loss(model, x, y, w):
@@ -85,7 +93,8 @@ class BalancedSteps:
         self.mode = balance.parse_balance(config.balance, self.world)
         self.rows = initial_rows(config, self.world, rows)
         self.shard_loader, self.start = shard_loader, start
-        self.slow = slowdown()
+        self.slow, self.slow_from, self.slow_until = slowdown()
+        self.settled: int | None = None       # the exchange at which the shares last settled (said once)
         self.measured_rows, self.measured_s = 0, 0.0
         self.measured_steps, self.exchange_at = 0, balance.WARMUP_STEPS
         self.speeds: list[float] | None = None
@@ -131,7 +140,7 @@ class BalancedSteps:
         loss, grads = self.grads_of(x, y, w)
         mx.eval(loss, grads)
         took = time.perf_counter() - began
-        if self.slow > 1:
+        if self.slow > 1 and self.slow_from <= step + 1 < self.slow_until:
             time.sleep((self.slow - 1) * took)
             took *= self.slow
         if step > self.start:               # the attempt's first step compiles: not a measure of speed
@@ -164,7 +173,22 @@ class BalancedSteps:
             self.held_even = cannot
             return
         new = balance.decide(self.rows, self.speeds)
+        measured = ", ".join(f"{s:.0f}" for s in self.speeds)
+        if new == self.rows:
+            if self.changes and self.settled is None:
+                # the shares held at an exchange after a move: said once, until they move again
+                self.settled = done
+                if self.rank == 0:
+                    even = balance.step_time(balance.proportional([1] * self.world, sum(new)), self.speeds)
+                    print(f"balance: settled at {':'.join(map(str, new))} rows a step from step "
+                          f"{self.changes[-1]['step']} (measured {measured} rows/s; a step predicted "
+                          f"{even / balance.step_time(new, self.speeds):.2f}x the even split's speed)", flush=True)
+            return
         if new != self.rows:
+            if self.rank == 0:
+                print(f"balance: step {done}: {':'.join(map(str, self.rows))} -> {':'.join(map(str, new))} rows a step "
+                      f"(measured {measured} rows/s)", flush=True)
+            self.settled = None
             self.rows = new
             taken = {shard for shard, _ in balance.assignment(new)[self.rank]} - {self.rank}
             if taken:                        # opening another rank's shard may take a while (tokenizing it)

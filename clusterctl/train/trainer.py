@@ -328,7 +328,7 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     balanced = None
     entry = strategies.get(config.strategy)
     # the test aid slows the even split too
-    if entry.replicated and group.size() > 1 and (config.balance != "off" or slowdown() > 1):
+    if entry.replicated and group.size() > 1 and (config.balance != "off" or slowdown()[0] > 1):
         balanced = BalancedSteps(model, optimizer, config, group, data.shards or _own_shard(data), data.start,
                                  data.rows)
         callbacks.on_shares(data.start, balanced.info())

@@ -30,12 +30,30 @@ def test_proportional_rows_sum_to_the_batch_and_never_starve_a_rank():
 
 def test_auto_stays_even_within_the_tolerance_and_moves_only_for_a_real_gain():
     even = [16, 16]
-    assert b.decide(even, [100.0, 85.0]) == even                 # within 20%: nothing moves
-    assert b.decide(even, [100.0, 50.0]) == [21, 11]             # twice as fast: two thirds of the rows
+    assert b.decide(even, [100.0, 85.0]) == even                 # within 10% of the mean: nothing moves
+    assert b.decide(even, [100.0, 50.0]) == [22, 10]             # twice as fast: the best split of 32 rows
     assert b.decide([21, 11], [100.0, 52.0]) == [21, 11]         # a little noise: the shares stay
     assert b.decide([21, 11], [100.0, 97.0]) == even             # the slow one recovered
-    assert b.decide([22, 10], [100.0, 49.0]) == [22, 10]         # [21, 11] predicts < 5% faster: kept
+    assert b.decide([22, 10], [100.0, 49.0]) == [22, 10]         # the best split already
+    assert b.decide([21, 11], [100.0, 49.0]) == [21, 11]         # [22, 10] predicts < 5% faster: kept
     assert b.decide(even, [100.0, 0.0]) == even                  # a rank that measured nothing: no move
+    assert b.decide(even, [100.0, 75.0]) == [18, 14]             # 1.33x: beyond the tolerance now (was 20%)
+
+
+def test_the_best_split_is_the_shortest_step_the_rows_allow_not_rounded_proportions():
+    """Issue 43: with 16 rows and one rank twice as fast, proportions rounded give 10:6 (a step of 6 of the slow
+    rank's row times); 11:5 gives 5.5, the shortest any whole split allows."""
+    assert b.proportional([2, 1], 16) == [10, 6] and b.best_split([2, 1], 16) == [11, 5]
+    assert b.step_time([11, 5], [2, 1]) == 5.5 < b.step_time([10, 6], [2, 1]) == 6
+    assert b.decide([8, 8], [2.0, 1.0]) == [11, 5]
+    assert b.best_split([1, 1, 1], 7) == [3, 2, 2] and b.best_split([1000, 1], 4) == [3, 1]
+    for speeds, total in (([3.0, 1.0, 2.0], 24), ([1.0, 1.7, 0.4, 2.2], 37), ([5.0, 1.0], 6)):
+        best = b.best_split(speeds, total)
+        assert sum(best) == total and min(best) >= 1
+        # no other whole split of the rows is faster (brute force over every split of a small batch)
+        import itertools
+        others = [p for p in itertools.product(range(1, total), repeat=len(speeds)) if sum(p) == total]
+        assert b.step_time(best, speeds) <= min(b.step_time(p, speeds) for p in others) + 1e-12
 
 
 def test_exchanges_wait_for_enough_measured_time_then_come_every_interval():
