@@ -133,8 +133,9 @@ def _stall(r: dict) -> str:
 
 def _balance(r: dict) -> str:
     m, a = r["median"], r["auto_over_off"]
+    best = f" (of the best split 11:5's: {r['auto_over_best']['median']:.3f})" if "auto_over_best" in r else ""
     return (f"2 hosts, one slowed 2x: trainer tokens/s --balance auto / off {a['median']:.2f} (pairs "
-            f"{a['pairs_min']:.2f}..{a['pairs_max']:.2f}); final loss {r['loss_auto_vs_off'] * 100:+.1f}%; shares "
+            f"{a['pairs_min']:.2f}..{a['pairs_max']:.2f}){best}; final loss {r['loss_auto_vs_off'] * 100:+.1f}%; shares "
             f"{m['auto']['shares']}; --check-sync 10 / 100: {r['check_sync_10_over_100']['median']:.3f}")
 
 
