@@ -10,4 +10,6 @@ read back.
     plot.py     metrics.jsonl as curves: a PNG / SVG (matplotlib, optional) or text in the terminal
     procs.py    the processes of clusterctl runs on every host (portable ps, parsed in a pure function);
                 stopping them with the sweep `run` itself uses
+    telemetry.py each host's memory, pressure, swap, load, GPU, heat, disk and ranks (`top`), sampled over
+                connections kept open; swapping and throttled hosts flagged
 """

@@ -1,0 +1,239 @@
+"""Each host's telemetry: memory and its pressure, swap, load, GPU, heat, power, disk and the ranks of clusterctl
+runs there, one light probe per host (`clusterctl top`, docs/observe.md#clusterctl-top; made to be read by `run`'s
+live panel and a dashboard too).
+
+    with Telemetry(connector) as telemetry:          # each host's connection kept open between samples
+        hosts = telemetry.sample()                   # [HostTelemetry], in inventory order, every host at once
+        for hosts in telemetry.every(3.0): ...       # a sample every 3 s, until the caller stops
+
+The probe is hosts/scripts/telemetry.py, run with each host's python in one round trip over the connection kept
+from the last sample (a host that dropped it is reconnected at the next); it reads the host's own tools (macOS's
+vm_stat, memory_pressure, sysctl, ioreg, pmset; Linux's /proc, /sys and nvidia-smi) and answers one JSON line,
+read here into a HostTelemetry (from_document, pure). Its processes of clusterctl runs are read with observe/procs.py's
+parser. assess() (pure) names what is wrong with a host, given its previous sample: swapping (memory pressure warn
+or critical, or swap in use or swapped-out pages growing since the last sample) and throttled (a CPU speed limit
+under 100%, a thermal warning, a zone past its passive trip point).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Iterator
+
+from ..errors import ConnectError, DeadlineExceeded
+from ..hosts.connector import Connector
+from ..hosts.fanout import run_all
+from ..hosts.scripts import program
+from ..inventory import Host
+from ..hosts.transport import Transport
+from .procs import PS_COMMAND, parse_ps, run_processes
+
+PROBE_TIMEOUT_S = 20.0      # one probe: seven tools on a Mac, each under 10 s (the probe's own limit)
+DEFAULT_INTERVAL_S = 3.0
+SWAP_GROWTH_BYTES = 1024 * 1024     # swap in use growing by more than this between two samples is swapping
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    run_id: str
+    rank: int | None
+    pid: int
+    rss_kb: int
+
+
+@dataclass(frozen=True)
+class HostTelemetry:
+    """One host's sample. `state`: ok, unreachable (no connection) or error (connected, no answer); the figures
+    are None where the host's tools did not give them (`sources` names the tool behind each that it did)."""
+
+    host: str
+    state: str = "ok"
+    error: str | None = None
+    taken: float = 0.0                    # epoch seconds
+    os: str | None = None                 # macos, linux
+    memory_used: int | None = None        # bytes
+    memory_total: int | None = None
+    memory_free_percent: int | None = None    # macOS memory_pressure's "System-wide memory free percentage"
+    pressure: str | None = None           # normal, warn, critical
+    swap_used: int | None = None
+    swap_total: int | None = None
+    swapouts: int | None = None           # pages swapped out since boot (vm_stat Swapouts, /proc/vmstat pswpout)
+    load_1m: float | None = None
+    cores: int | None = None
+    gpu_percent: float | None = None
+    gpu_memory_used: int | None = None    # nvidia-smi's, bytes
+    gpu_memory_total: int | None = None
+    gpu_temperature_c: float | None = None
+    thermal: str | None = None            # nominal, throttled
+    speed_limit: int | None = None        # pmset's CPU_Speed_Limit, percent
+    thermal_warning: str | None = None    # the warning level pmset recorded
+    temperature_c: float | None = None    # Linux: the hottest thermal zone
+    power_w: float | None = None          # nvidia-smi's power draw
+    disk_free: int | None = None          # bytes, on the filesystem of the workdir
+    disk_total: int | None = None
+    workdir: str | None = None
+    ranks: tuple[RankProcess, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()          # tools that failed on the host (their figures left out)
+    flags: tuple[str, ...] = ()           # swapping, throttled (assess())
+    why: tuple[str, ...] = ()             # what each flag was raised for
+
+    @property
+    def ranks_rss_kb(self) -> int:
+        return sum(r.rss_kb for r in self.ranks)
+
+    def as_json(self) -> dict:
+        doc = asdict(self)
+        doc["ranks"] = [asdict(r) for r in self.ranks]
+        doc["ranks_rss_kb"] = self.ranks_rss_kb
+        return doc
+
+
+_FIGURES = {f.name for f in fields(HostTelemetry)} - {"host", "state", "error", "taken", "ranks", "sources", "errors",
+                                                      "flags", "why"}
+
+
+def from_document(host: str, doc: dict, taken: float) -> HostTelemetry:
+    """The probe's JSON document as a HostTelemetry (pure): its figures by name, its ps lines as the ranks' processes
+    (procs.py's parser: the processes of kind "rank", the python each rank runs)."""
+    ranks = tuple(RankProcess(p.run_id, p.rank, p.pid, p.rss_kb)
+                  for p in run_processes(host, parse_ps(doc.get("ps") or "")) if p.kind == "rank")
+    return HostTelemetry(host, taken=taken, ranks=ranks, sources=dict(doc.get("sources") or {}),
+                         errors=tuple(doc.get("errors") or ()), **{k: doc.get(k) for k in _FIGURES})
+
+
+def assess(now: HostTelemetry, before: HostTelemetry | None = None) -> HostTelemetry:
+    """`now` with its flags (pure): swapping when memory pressure is warn or critical, or since `before` (the host's
+    previous sample) swap in use grew by more than SWAP_GROWTH_BYTES or pages were swapped out; throttled when the
+    CPU speed limit is under 100%, a thermal (or performance) warning level is recorded, or a Linux thermal zone is
+    past its passive trip point."""
+    if now.state != "ok":
+        return now
+    flags, why = [], []
+    swapping = []
+    if now.pressure in ("warn", "critical"):
+        swapping.append(f"memory pressure {now.pressure}")
+    if before is not None and before.state == "ok":
+        if now.swap_used is not None and before.swap_used is not None and now.swap_used - before.swap_used > SWAP_GROWTH_BYTES:
+            swapping.append(f"swap in use grew by {(now.swap_used - before.swap_used) / 1024 ** 2:.0f} MiB")
+        if now.swapouts is not None and before.swapouts is not None and now.swapouts > before.swapouts:
+            swapping.append(f"{now.swapouts - before.swapouts} pages swapped out")
+    if swapping:
+        flags.append("swapping")
+        why += swapping
+    throttled = []
+    if now.speed_limit is not None and now.speed_limit < 100:
+        throttled.append(f"CPU speed limit {now.speed_limit}%")
+    if now.thermal_warning:
+        throttled.append(now.thermal_warning)
+    if now.thermal == "throttled" and not throttled:
+        throttled.append("thermal zone past its passive trip point" + (
+            f" ({now.temperature_c:.0f} °C)" if now.temperature_c is not None else ""))
+    if throttled:
+        flags.append("throttled")
+        why += throttled
+    return replace(now, flags=tuple(flags), why=tuple(why))
+
+
+def probe_argv(host: Host) -> list[str]:
+    """What runs on `host`: its python, the probe, the host's workdir and the ps command line procs.py parses."""
+    return [host.python, "-c", program("telemetry.py"), host.workdir, *shlex.split(PS_COMMAND)]
+
+
+def _one_line(error: BaseException, host: str) -> str:
+    text = " ".join(str(error).split())
+    return text[len(host) + 2:] if text.startswith(f"{host}: ") else text
+
+
+class Telemetry:
+    """Samples every host of a connector's inventory, keeping each host's transport open from one sample to the
+    next; a host whose probe is still running when the next sample starts is not asked twice."""
+
+    def __init__(self, connector: Connector, timeout: float = PROBE_TIMEOUT_S):
+        self.connector = connector
+        self.timeout = timeout
+        self.hosts = list({h.name: h for h in connector.cluster.hosts}.values())
+        self._transports: dict[str, Transport] = {}
+        self._last: dict[str, HostTelemetry] = {}
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            transports, self._transports = list(self._transports.values()), {}
+        for t in transports:
+            t.close()
+
+    def sample(self) -> list[HostTelemetry]:
+        """One sample of every host, at once; a host that cannot be reached or answer is one of them, its state
+        and error saying why."""
+        group = run_all(self.hosts, self._probe, deadline=self.connector.deadline(self.timeout))
+        found = []
+        for name, outcome in group.items():
+            if outcome.error is None:
+                now = outcome.value
+            elif isinstance(outcome.error, ConnectError):
+                now = HostTelemetry(name, "unreachable", _one_line(outcome.error, name), time.time())
+            elif isinstance(outcome.error, DeadlineExceeded):
+                now = HostTelemetry(name, "error", f"no answer within {self.connector.deadline(self.timeout):.0f}s",
+                                    time.time())
+            else:
+                now = HostTelemetry(name, "error", _one_line(outcome.error, name), time.time())
+            now = assess(now, self._last.get(name))
+            if now.state == "ok":
+                self._last[name] = now
+            found.append(now)
+        return found
+
+    def every(self, interval: float = DEFAULT_INTERVAL_S) -> Iterator[list[HostTelemetry]]:
+        """A sample, then another `interval` seconds after the last one began, for as long as the caller reads."""
+        while True:
+            began = time.monotonic()
+            yield self.sample()
+            time.sleep(max(0.0, began + interval - time.monotonic()))
+
+    def _probe(self, host: Host) -> HostTelemetry:
+        with self._lock:
+            if host.name in self._busy:
+                raise RuntimeError("still waiting for the previous probe's answer")
+            self._busy.add(host.name)
+            transport = self._transports.get(host.name)
+        try:
+            if transport is None:
+                transport = self.connector.transport(host)
+            taken = time.time()
+            try:
+                result = transport.run(probe_argv(host), self.timeout)
+            except BaseException:
+                transport.close()           # a dropped connection is made anew at the next sample
+                with self._lock:
+                    self._transports.pop(host.name, None)
+                raise
+            with self._lock:
+                self._transports[host.name] = transport
+            return read_answer(host.name, result.exit_code, result.stdout, result.stderr, taken)
+        finally:
+            with self._lock:
+                self._busy.discard(host.name)
+
+
+def read_answer(host: str, exit_code: int, stdout: str, stderr: str, taken: float) -> HostTelemetry:
+    """The probe's answer (its last line of output, one JSON document) as a HostTelemetry; an error state with the
+    probe's last line of stderr when there is none (pure)."""
+    try:
+        doc = json.loads((stdout.strip().splitlines() or ["?"])[-1])
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+    except ValueError:
+        last = (stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return HostTelemetry(host, "error", f"the probe gave no answer (exit {exit_code}): {last}", taken)
+    return from_document(host, doc, taken)

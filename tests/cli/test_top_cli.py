@@ -1,0 +1,31 @@
+"""`clusterctl top` on this machine (an inventory of one local host): `--once` prints one table, and without it on a
+pipe a table per sample, as `top -b` does (docs/observe.md#clusterctl-top). The fake Macs and the flags:
+tests/ssh/test_top.py."""
+import time
+
+import clirun
+
+
+def inventory(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"hosts:\n  - name: here\n    local: true\n    workdir: {tmp_path / 'work'}\n")
+    return str(path)
+
+
+def test_once_prints_one_row_per_host(tmp_path):
+    r = clirun.clusterctl("top", "--once", "--hosts", inventory(tmp_path), cwd=tmp_path, own_cache=True)
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert header.split() == ["HOST", "STATE", "MEMORY", "PRESSURE", "SWAP", "LOAD", "GPU", "THERMAL", "DISK", "FREE",
+                              "RANKS", "FLAGS"]
+    assert len(rows) == 1 and rows[0].split()[:2] == ["here", "ok"] and " GiB" in rows[0]
+
+
+def test_on_a_pipe_it_prints_a_table_per_sample(tmp_path):
+    proc = clirun.start("top", "--interval", "0.5", "--hosts", inventory(tmp_path), cwd=tmp_path, own_cache=True)
+    seen, deadline = [], time.monotonic() + 60
+    while sum(line.startswith("HOST ") for line in seen) < 2 and time.monotonic() < deadline:
+        seen.append(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    assert sum(line.startswith("HOST ") for line in seen) == 2 and "1 host(s)" in seen[0], seen
