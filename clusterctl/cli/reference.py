@@ -21,7 +21,8 @@ PATH = os.path.join("docs", "cli.md")
 HEADER = """# Command reference
 
 Every command and option, as `clusterctl --help` knows them: written from the commands' own definitions by
-`python -m clusterctl.cli.reference` (do not edit by hand; a test checks it is current). The guide pages tell
+`python -m clusterctl.cli.reference` (do not edit by hand; a test checks it is current). Every command also takes
+`-h` / `--help`. The guide pages tell
 how to use them: [run](run.md), [serve](serve.md), [models](models.md), [doctor](doctor.md), [setup](setup.md),
 [sync and data](sync-and-data.md), [bench](bench.md), [observe](observe.md), [fine-tuning](finetune.md).
 """
@@ -60,7 +61,9 @@ def _command(cmd: click.Command, path: list[str], parent: click.Context, out: li
         out.append(text + "\n")
     rows = []
     for param in cmd.get_params(ctx):
-        if isinstance(param, click.Option) and not param.hidden:
+        # -h/--help is every command's (said once, in the header): click builds it from the context it first saw
+        # and keeps it, so its row would depend on what ran before in this process
+        if isinstance(param, click.Option) and not param.hidden and param is not cmd.get_help_option(ctx):
             names = ", ".join(f"`{n}`" for n in param.opts + param.secondary_opts)
             if param.is_flag and not param.count:
                 value = ""

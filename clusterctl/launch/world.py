@@ -12,7 +12,7 @@ not the launch's, after waiting up to WAIT_S for the other ranks' reports so the
 """
 from __future__ import annotations
 
-from .backends import get
+from .backends import get, names
 
 WAIT_S = 2.0          # after the first mismatch, how long other ranks' reports are awaited
 NAMED = 4             # ranks named in full in the message; the rest are counted
@@ -40,9 +40,10 @@ def mismatch(expected: int, backend: str, reports: dict[int, tuple[str, int, str
 def cause(backend: str, asked: set[str]) -> str:
     """Why MLX most likely did not join the ranks: the program asked for another backend, or the launch's
     backend could not find its peers (the backend says why)."""
-    if "mpi4py" in asked and backend != "mpi":
+    if "mpi4py" in asked and not get(backend).needs_mpi:
+        mpi = next(name for name in names() if get(name).needs_mpi)
         return ("the program uses mpi4py, whose MPI world only an MPI launcher forms: each rank ran alone "
-                "(run it with --backend mpi)")
+                f"(run it with --backend {mpi})")
     other = sorted(a for a in asked if a not in ("any", backend, "mpi4py"))
     if other:
         return (f"the program asked MLX for the {'/'.join(other)} backend, but the ranks were started for "

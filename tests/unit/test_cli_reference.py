@@ -20,7 +20,7 @@ def test_the_reference_is_what_the_commands_say():
 def every_option(group, path=("clusterctl",)):
     ctx = click.Context(group, info_name=path[-1])
     for param in group.get_params(ctx):
-        if isinstance(param, click.Option) and not param.hidden:
+        if isinstance(param, click.Option) and not param.hidden and param is not group.get_help_option(ctx):
             yield path, param.opts[0]
     if isinstance(group, click.Group):
         for name in group.list_commands(ctx):
