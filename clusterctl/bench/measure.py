@@ -44,7 +44,7 @@ class Bench:
         self.connector = connector
         if plan is None:
             # the worker is part of clusterctl: ship this clusterctl to the hosts, as `run` does for its modules
-            ship_clusterctl(connector)
+            ship_clusterctl(connector, "bench's worker", "check that every host answers: clusterctl doctor")
             plan = discover(self.connector, module=WORKER)   # names the host that cannot import the worker
             remember_plan(cluster, plan)
         self.plan = plan

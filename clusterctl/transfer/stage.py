@@ -103,9 +103,11 @@ def project_copy(connector: Connector, root: str, needed: tuple[str, ...] = (), 
     return send
 
 
-def ship_clusterctl(connector: Connector) -> GroupResult | None:
+def ship_clusterctl(connector: Connector, what: str = "the bundled trainer",
+                    hint: str = "--no-sync skips copying") -> GroupResult | None:
     """clusterctl's own package, the version running here, into <workdir>/.clusterctl/lib/clusterctl on
-    every host that is not this machine (which runs the installed one)."""
+    every host that is not this machine (which runs the installed one); `what` needs it, `hint` is the way round a
+    failed copy that the caller's command offers."""
     from .sync import SyncOptions, plan_sync, sync_tree
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # clusterctl/, above transfer/
@@ -113,7 +115,7 @@ def ship_clusterctl(connector: Connector) -> GroupResult | None:
     if not targets.cluster.hosts:
         return None
     options = SyncOptions(dest=f"{LIB_DIR}/clusterctl", delete=True)
-    return _check(sync_tree(targets, plan_sync(package, options), options), "clusterctl (for the bundled trainer)")
+    return _check(sync_tree(targets, plan_sync(package, options), options), f"clusterctl (for {what})", hint)
 
 
 def stage_data(connector: Connector, data_dir: str, *, reshard_into: str | None = None,
