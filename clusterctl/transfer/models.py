@@ -228,7 +228,8 @@ class HostPush:
         self.plan = plan = self.call("prepare")
         if self.entry is None:
             self.entry = StoreEntry(self.host.name, self.model.name, self.model.digest, plan.get("entry", plan["path"]),
-                                    self.want, damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0))
+                                    self.want, damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0),
+                                    resumed_bytes=sum(int(v) for v in plan.get("resume", {}).values()))
         else:
             self.entry.damaged += [f for f in plan.get("damaged", []) if f not in self.entry.damaged]
             self.entry.rehashed += plan.get("hashed", 0)
@@ -265,7 +266,6 @@ def _push_direct(hp: HostPush, method: str, rsync: str | None, progress: Progres
     if hp.complete:
         return hp.result()
     send, resume = plan["send"], {k: int(v) for k, v in plan["resume"].items()}
-    hp.entry.resumed_bytes = sum(resume.values())
     for _ in range(2):          # the second time: what finish deleted, sent whole
         if send:
             used, note, count = _transfer(hp.connector, hp.transport, hp.host, hp.model, plan["path"], send, resume,

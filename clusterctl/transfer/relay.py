@@ -79,19 +79,13 @@ class Hop:
 
     def __init__(self, hp: HostPush, model: LocalModel, modes: Mapping[str, int]):
         self.hp, self.name = hp, hp.host.name
-        plan = hp.plan
-        send, damaged, resume = set(plan.get("send", [])), set(plan.get("damaged", [])), plan.get("resume", {})
+        send = set(hp.plan.get("send", []))
         self.files: dict[str, list] = {}       # rel -> [size, have, want, mode]
         for f in model.files:
-            if f.path not in hp.want:
-                have, want = 0, False
-            elif hp.complete or f.path not in send:
-                have, want = f.size, False
-            else:                              # a damaged copy moved aside is no basis to send on: from 0
-                have, want = (0 if f.path in damaged else int(resume.get(f.path, 0))), True
-            self.files[f.path] = [f.size, have, want, modes[f.path]]
+            want = f.path in hp.want and not hp.complete and f.path in send
+            self.files[f.path] = [f.size, have_of(hp, f.path), want, modes[f.path]]
         self.held = sum(f[1] for f in self.files.values())
-        self.wanted_held = held(hp)
+        self.wanted_held = sum(f[1] for rel, f in self.files.items() if rel in hp.want)
         self.need = sum(f[0] - f[1] for f in self.files.values() if f[2])
         self.token = secrets.token_hex(16)
         self.lines: queue.Queue = queue.Queue()
@@ -180,7 +174,6 @@ def relay(connector: Connector, hosts: Sequence[Host], model: LocalModel, wanted
         except BaseException:
             hp.__exit__(None, None, None)
             raise
-        hp.entry.resumed_bytes = sum(int(v) for v in hp.plan.get("resume", {}).values())
         return hp
 
     opened = run_all(hosts, open_one, max(1.0, end - time.monotonic()))
@@ -281,13 +274,20 @@ def lost(hop: Hop, error: BaseException) -> BaseException:
                            "again, push again to continue from what it holds")
 
 
+def have_of(hp: HostPush, rel: str) -> int:
+    """Bytes of `rel` the host holds, as its last prepare (or finish) found them: a verified file all of them, an
+    unfinished one its partial copy (a damaged copy moved aside is no basis to send on: 0), one it does not want 0."""
+    if rel not in hp.want:
+        return 0
+    size = hp.model.file(rel).size
+    if hp.complete or rel not in hp.plan.get("send", []):
+        return size
+    return 0 if rel in hp.plan.get("damaged", []) else int(hp.plan.get("resume", {}).get(rel, 0))
+
+
 def held(hp: HostPush) -> int:
-    """Bytes of the files the host wants that it holds, as its last prepare (or finish) found them."""
-    if hp.complete:
-        return sum(hp.model.file(rel).size for rel in hp.want)
-    send, resume, damaged = set(hp.plan.get("send", [])), hp.plan.get("resume", {}), set(hp.plan.get("damaged", []))
-    return sum(hp.model.file(rel).size if rel not in send else 0 if rel in damaged else int(resume.get(rel, 0))
-               for rel in hp.want)
+    """Bytes of the files the host wants that it holds (have_of)."""
+    return sum(have_of(hp, rel) for rel in hp.want)
 
 
 def _finish(hop: Hop) -> None:
