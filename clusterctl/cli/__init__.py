@@ -4,6 +4,7 @@ core's work (run/, doctor/, bench/, transfer/, hosts/).
 
     app.py      the click group, the options several commands share, MODULES (command -> module)
     console.py  tables, sizes, one-line errors, progress bars; panel.py  run's live panel (rich)
+    hosttable.py  the hosts' telemetry as rows (top, and under the ranks in run's panel)
     hosts.py    hosts, exec, init, ssh-close                  doctor.py  doctor
     launch.py   hostfile, run                                 sync.py    sync
     data.py     data prepare, data push, generate, export     setup.py   setup mesh, setup python, setup network

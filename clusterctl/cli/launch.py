@@ -66,6 +66,7 @@ class PrintedRun:
         self.copies: dict[str, TransferProgress] = {}
         self.bars: Bars | None = None
         self.copies_lock = threading.Lock()        # each host's copy reports from a thread of its own
+        self.panel_lock = threading.Lock()         # the hosts' watch tells from a thread of its own
 
     progress_prefix = "model"
 
@@ -147,12 +148,23 @@ class PrintedRun:
     def watching(self, launch, live):
         if self.live:
             from .panel import Panel      # imports rich: only when a panel is drawn
-            self.panel = Panel(live)
+            with self.panel_lock:
+                self.panel = Panel(live)
 
     def watched(self, launch):
-        if self.panel is not None:
-            self.panel.stop()
-            self.panel = None
+        with self.panel_lock:
+            panel, self.panel = self.panel, None
+            if panel is not None:
+                panel.stop()
+
+    def host_flagged(self, event):
+        """`clusterctl: h2 is swapping (memory pressure warn) since step 40`, and its end: above the panel when
+        one is drawn, else on stderr."""
+        with self.panel_lock:
+            if self.panel is not None:
+                self.panel.print(event.line())
+                return
+        click.secho(event.line(), fg="yellow" if event.event == "started" else None, err=True)
 
     def fetched(self, launch, host, remote_dir, files, nbytes):
         click.echo(f"run {launch.run_id}: copied {files} file(s), {size(nbytes)} from {host}:{remote_dir} "

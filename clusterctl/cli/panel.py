@@ -6,6 +6,10 @@ the next tick). Everything is written from rich's own timer thread, REFRESH_PER_
 output lines that arrived since the last tick in one write, then the panel once. Redrawing the panel under
 each line instead costs about a millisecond of CPU per line (benchmarks/RESULTS.md). This module imports
 rich; cli/launch.py imports it only when a panel is drawn.
+
+Under the ranks, once the first sample of the hosts' telemetry is in (run samples it every few seconds:
+observe/hostwatch.py), a row per host: memory, pressure, swap, load, GPU and heat, as `clusterctl top` draws them
+(cli/hosttable.py), a swapping or throttled host in bold red, one that does not answer in red.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from ..observe.live import LiveRun, Snapshot
+from . import hosttable
 from .console import table_lines
 
 REFRESH_PER_S = 4
@@ -80,7 +85,7 @@ class _Lines:
             yield Segment.line()
 
 
-class _Cropped:
+class Cropped:
     """Styled lines, each cut at the terminal's width (a wrapped line would push the panel up)."""
 
     def __init__(self, lines: list[tuple[str, str]]):
@@ -93,9 +98,9 @@ class _Cropped:
             yield text
 
 
-def render(snap: Snapshot) -> _Cropped:
+def render(snap: Snapshot) -> Cropped:
     """The panel for one snapshot: a line for the job, a header, a row per rank (plain columns: a rich
-    Table costs about 20 times as much to draw, 4 times a second)."""
+    Table costs about 20 times as much to draw, 4 times a second), then the hosts' rows (host_lines)."""
     job = snap.job
     parts = [f"elapsed {clock(job.elapsed_s)}"]
     if job.step is not None:
@@ -110,8 +115,19 @@ def render(snap: Snapshot) -> _Cropped:
              "lines/s": f"{r.lines_per_s:.1f}"} for r in snap.ranks]
     shown = COLUMNS if any(r.share is not None for r in snap.ranks) else [c for c in COLUMNS if c != "share"]
     header, *lines = table_lines(rows, shown)
-    return _Cropped([("job: " + "  ".join(parts), "bold"), (header, "dim")]
-                    + [(line, STATE_STYLE.get(r.state, "")) for r, line in zip(snap.ranks, lines)])
+    return Cropped([("job: " + "  ".join(parts), "bold"), (header, "dim")]
+                   + [(line, STATE_STYLE.get(r.state, "")) for r, line in zip(snap.ranks, lines)]
+                   + host_lines(snap))
+
+
+def host_lines(snap: Snapshot) -> list[tuple[str, str]]:
+    """The hosts' rows under the ranks (none before the first sample): a line saying how old the sample is, a
+    header, a row per host."""
+    hosts = list(snap.hosts)
+    if not hosts:
+        return []
+    age = "" if snap.hosts_age_s is None else f", sampled {snap.hosts_age_s:.0f}s ago"
+    return [(f"hosts: {len(hosts)}{age}", "bold")] + hosttable.lines(hosts, hosttable.PANEL_COLUMNS)
 
 
 def clock(seconds: float) -> str:

@@ -3,7 +3,7 @@
 
 On a terminal the table is redrawn in place with rich (as run's live panel, cli/panel.py), a flagged or unreachable
 host in colour; elsewhere (a pipe, a file) a plain table is printed per sample, as `top -b` does. `--once` prints one
-table and `--json` one JSON document, then exit."""
+table and `--json` one JSON document, then exit. The rows are cli/hosttable.py's, which run's live panel draws too."""
 from __future__ import annotations
 
 import json
@@ -13,43 +13,7 @@ import time
 import click
 
 from . import app
-from .console import table_lines
-
-COLUMNS = ["host", "state", "memory", "pressure", "swap", "load", "gpu", "thermal", "disk free", "ranks", "flags"]
-STATE_STYLE = {"unreachable": "red", "error": "red"}
-FLAG_STYLE = "bold red"
-
-
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1024 ** 3:.1f}"
-
-
-def row(h) -> dict:
-    """One host's figures as the table's cells (h: observe.telemetry.HostTelemetry)."""
-    if h.state != "ok":
-        return {c: "" for c in COLUMNS} | {"host": h.host, "state": h.state, "flags": h.error or ""}
-    memory = "-"
-    if h.memory_used is not None and h.memory_total:
-        memory = f"{_gib(h.memory_used)}/{_gib(h.memory_total)} GiB {100 * h.memory_used / h.memory_total:.0f}%"
-    swap = "-" if h.swap_total is None else f"{_gib(h.swap_used)}/{_gib(h.swap_total)} GiB"
-    load = "-" if h.load_1m is None else f"{h.load_1m:.2f}/{h.cores or '?'}"
-    thermal = h.thermal or "-"
-    if h.speed_limit is not None and h.speed_limit < 100:
-        thermal += f" {h.speed_limit}%"
-    elif h.temperature_c is not None:
-        thermal += f" {h.temperature_c:.0f}°C"
-    ranks = f"{len(h.ranks)}, {h.ranks_rss_kb / 1024 ** 2:.1f} GiB" if h.ranks else "0"
-    return {"host": h.host, "state": h.state, "memory": memory, "pressure": h.pressure or "-", "swap": swap,
-            "load": load, "gpu": "-" if h.gpu_percent is None else f"{h.gpu_percent:.0f}%", "thermal": thermal,
-            "disk free": "-" if h.disk_free is None else f"{_gib(h.disk_free)} GiB", "ranks": ranks,
-            "flags": "; ".join(h.why) if h.flags else ""}
-
-
-def lines(hosts) -> list[tuple[str, str]]:
-    """(line, style) pairs: a header, then a row per host, flagged or unreachable ones styled."""
-    header, *rows = table_lines([row(h) for h in hosts], COLUMNS)
-    return [(header, "dim")] + [(line, STATE_STYLE.get(h.state) or (FLAG_STYLE if h.flags else ""))
-                                for h, line in zip(hosts, rows)]
+from .hosttable import lines
 
 
 def _title(hosts) -> str:
@@ -109,10 +73,10 @@ def _live(telemetry, interval: float) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    from .panel import _Cropped       # styled lines cut at the terminal's width, as run's panel draws them
+    from .panel import Cropped       # styled lines cut at the terminal's width, as run's panel draws them
 
     console = Console(highlight=False, markup=False, emoji=False)
-    with Live(_Cropped([("sampling every host...", "dim")]), console=console, auto_refresh=False,
+    with Live(Cropped([("sampling every host...", "dim")]), console=console, auto_refresh=False,
               transient=False) as live:
         for hosts in telemetry.every(interval):
-            live.update(_Cropped([(_title(hosts), "bold")] + lines(hosts)), refresh=True)
+            live.update(Cropped([(_title(hosts), "bold")] + lines(hosts)), refresh=True)

@@ -12,4 +12,6 @@ read back.
                 stopping them with the sweep `run` itself uses
     telemetry.py each host's memory, pressure, swap, load, GPU, heat, disk and ranks (`top`), sampled over
                 connections kept open; swapping and throttled hosts flagged
+    hostwatch.py a run's hosts sampled while it runs (the live panel's host rows); a host starting or
+                stopping swapping or being throttled told once per change and kept in runs/<id>/hosts.jsonl
 """

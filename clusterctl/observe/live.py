@@ -3,7 +3,8 @@ renderer (cli/panel.py) reads a snapshot a few times a second from its own threa
 
     live = LiveRun(["h1", "h2"], now)            # one host name per rank
     live.update(rank, kind, value, now)          # supervise.py's status hook (kinds below)
-    live.snapshot(now) -> Snapshot(ranks=[RankRow, ...], job=JobRow)
+    live.hosts_seen(hosts, now)                  # the hosts' telemetry (run/hooks.py's HostWatch, every few seconds)
+    live.snapshot(now) -> Snapshot(ranks=[RankRow, ...], job=JobRow, hosts=[HostTelemetry, ...])
 
 Kinds: "start" (the bootstrap started), "out" / "err" (an output line), "hb" and any other tagged line (a
 sign of life), "metrics" (the fields of a progress.py metrics line, a dict), "exit" (the exit code, an int),
@@ -49,6 +50,8 @@ class JobRow:
 class Snapshot:
     ranks: list[RankRow]
     job: JobRow
+    hosts: tuple = ()                   # the hosts' last telemetry sample (observe/telemetry.py HostTelemetry)
+    hosts_age_s: float | None = None    # since it was taken; None before the first
 
 
 class _Rank:
@@ -65,7 +68,19 @@ class LiveRun:
         self.started = now
         self._ranks = [_Rank(h) for h in hosts]
         self._steps: deque[tuple[float, int]] = deque()      # (when, the job's step) each time it moved
+        self._hosts: tuple = ()
+        self._hosts_seen: float | None = None
         self._lock = threading.Lock()
+
+    def hosts_seen(self, hosts, now: float) -> None:
+        """The hosts' telemetry sample (observe/telemetry.py HostTelemetry, one per host), shown under the ranks."""
+        with self._lock:
+            self._hosts, self._hosts_seen = tuple(hosts), now
+
+    def step(self) -> int | None:
+        """The job's step: the slowest reporting rank's (None before the first metrics line)."""
+        with self._lock:
+            return self._job_step()
 
     def update(self, rank: int, kind: str, value, now: float) -> None:
         if not 0 <= rank < len(self._ranks):
@@ -122,7 +137,8 @@ class LiveRun:
                     eta = max(0.0, max(0, total - step) / ((s1 - s0) / (t1 - t0)) - (now - t1))
             rates = [row.tokens_per_s for row in rows if row.tokens_per_s is not None]
             job = JobRow(now - self.started, step, total, eta, sum(rates) if rates else None)
-        return Snapshot(rows, job)
+            age = None if self._hosts_seen is None else max(0.0, now - self._hosts_seen)
+            return Snapshot(rows, job, self._hosts, age)
 
 
 def _int(value: float | None) -> int | None:

@@ -17,6 +17,12 @@ In runs/<id>/:
   log-times.jsonl   {"t": epoch seconds, "sizes": [bytes of rank-0.log, rank-1.log, ...]} whenever a rank
                     log grew, sampled every SAMPLE_S: the time each log line arrived, to within SAMPLE_S,
                     without a timestamp in the logs themselves (supervise.py writes them as the ranks print).
+  hosts.jsonl       one line each time a host of the run starts or stops swapping or being throttled, as run's
+                    output says it (observe/hostwatch.py, from the hosts' telemetry sampled every few seconds while
+                    the job runs): {"t": epoch seconds, "host", "flag" ("swapping" or "throttled"), "event"
+                    ("started" or "ended"), "step" (the job's, or null), and "why" (a start's reasons) or
+                    "duration_s" (an end's)}; absent when no host was flagged. It lives beside the trainer's
+                    metrics.jsonl, not in it: that file is written on rank 0's host and fetched over this one's.
   summary.json      written once, atomically, when the run has ended (after fetching its outputs):
                     {"format": 1, "run_id", "started", "ended" (ISO 8601, local time with offset),
                      "duration_s", "exit_code", "reason", "outcome" ("ok", "failed", or "stopped": by Ctrl-C,
@@ -27,7 +33,8 @@ In runs/<id>/:
                     attempt (run.attempt_record: world, hosts, times, outcome, failing rank and host, last
                     lines, resumed_from, steps_lost, and "stacks" when it stalled); for a run that ended
                     stalled, "stacks": the folder (relative to runs/<id>/) of every rank's stacks; for the
-                    bundled trainer, "trainer": its trainer.json (shares of the batch, replica sync checks). Its
+                    bundled trainer, "trainer": its trainer.json (shares of the batch, replica sync checks); when
+                    a host was flagged, "host_events": hosts.jsonl's lines. Its
                     appearing means the run is over. Readers ignore
                     keys they do not know, so it may grow without breaking them.
 The runs index, INDEX_NAME in the cache directory: one JSON line appended when a run starts
@@ -55,6 +62,7 @@ SUMMARY = "summary.json"
 FACTS = "run.json"
 PID_FILE = "clusterctl.pid"
 LOG_TIMES = "log-times.jsonl"
+HOST_EVENTS = "hosts.jsonl"
 INDEX_NAME = "runs.jsonl"
 SAMPLE_S = 0.25
 
@@ -138,6 +146,16 @@ class RunRecord:
     clock: LogClock | None = None
     ended: bool = field(default=False)
     attempts: list[dict] = field(default_factory=list)   # run --max-restarts: one entry per attempt
+    host_events: list[dict] = field(default_factory=list)   # a host started or stopped swapping, being throttled
+
+    def host_event(self, event: dict) -> None:
+        """A host started or stopped swapping or being throttled (observe/hostwatch.py HostEvent.as_json): a line
+        of hosts.jsonl now, and summary.json's "host_events" at the end."""
+        self.host_events.append(event)
+        try:
+            append_line(os.path.join(self.run_dir, HOST_EVENTS), event)
+        except OSError:        # the run directory went away: summary.json may still say it
+            pass
 
     def attempt(self, entry: dict) -> None:
         self.attempts.append(entry)
@@ -187,6 +205,8 @@ class RunRecord:
         if self.attempts:
             summary["restarts"] = len(self.attempts) - 1
             summary["attempts"] = self.attempts
+        if self.host_events:
+            summary["host_events"] = list(self.host_events)
         write_text(os.path.join(self.run_dir, SUMMARY), json.dumps(summary, indent=2) + "\n")
         _index({"event": "end", "run_id": self.run_id, "ended": summary["ended"],
                 "duration_s": summary["duration_s"], "exit_code": exit_code, "reason": reason, "outcome": outcome,

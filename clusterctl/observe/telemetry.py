@@ -124,6 +124,15 @@ def assess(now: HostTelemetry, before: HostTelemetry | None = None) -> HostTelem
     if swapping:
         flags.append("swapping")
         why += swapping
+    throttled = throttle_reasons(now)
+    if throttled:
+        flags.append("throttled")
+        why += throttled
+    return replace(now, flags=tuple(flags), why=tuple(why))
+
+
+def throttle_reasons(now: HostTelemetry) -> list[str]:
+    """Why assess() calls a host throttled, from its sample alone (pure): [] when it is not."""
     throttled = []
     if now.speed_limit is not None and now.speed_limit < 100:
         throttled.append(f"CPU speed limit {now.speed_limit}%")
@@ -132,10 +141,7 @@ def assess(now: HostTelemetry, before: HostTelemetry | None = None) -> HostTelem
     if now.thermal == "throttled" and not throttled:
         throttled.append("thermal zone past its passive trip point" + (
             f" ({now.temperature_c:.0f} °C)" if now.temperature_c is not None else ""))
-    if throttled:
-        flags.append("throttled")
-        why += throttled
-    return replace(now, flags=tuple(flags), why=tuple(why))
+    return throttled
 
 
 def probe_argv(host: Host) -> list[str]:

@@ -23,6 +23,10 @@ watched is one AttemptSettings (launch/attempts.py), made by the caller and hand
 6. Record: runs/<id>/summary.json (exit code, reason, times) and the runs index (observe/record.py), and,
    for the bundled trainer, runs/<id>/loss.png when matplotlib is installed (observe/plot.py).
 
+While the job runs (step 4), the hosts' telemetry is sampled every few seconds (observe/hostwatch.py): for the
+live panel, and to tell (events.host_flagged) and record (runs/<id>/hosts.jsonl) a host that starts or stops
+swapping or being throttled.
+
 Everything the user sees goes through a RunEvents object (the CLI prints it; tests record it).
 """
 from __future__ import annotations
@@ -47,7 +51,9 @@ from ..launch.attempts import Attempts, AttemptSettings
 from ..launch.job import Launch, run_dir_of_ranks
 from ..launch.plan import LaunchPlan, cached_plan, check_inputs_on_hosts, discover, remember_plan
 from ..launch.outcome import AttemptState, Outcome
+from ..observe.hostwatch import HostEvent
 from ..observe.live import LiveRun
+from ..observe.telemetry import DEFAULT_INTERVAL_S
 from ..observe.runs import latest_checkpoint
 from ..program import Capabilities, PlannedLaunch, Program, kind_of
 from ..trainer_contract import MODEL_DIR_ENV
@@ -89,6 +95,9 @@ class RunOptions:
     # gives it its checks before a launch, train/prelaunch.py; run never imports train/), or serve's Service;
     # any other program is a program of the user's (program.ANY_PROGRAM)
     kinds: tuple[Capabilities, ...] = (BundledTrainer(),)
+    # the hosts' telemetry sampled every this many seconds while the job runs (observe/hostwatch.py: the live panel's
+    # host rows, a host swapping or throttled told and recorded); None: not sampled
+    telemetry_interval: float | None = DEFAULT_INTERVAL_S
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -161,6 +170,9 @@ class RunEvents:
     def restarting(self, launch: Launch, restart: int, max_restarts: int, reason: str, delay_s: float) -> None: ...
     def reshaped(self, hosts: list[str], world: int, lost: dict[str, str]) -> None: ...
     def spread(self, step: str, holder: str, hosts: list[str]) -> None: ...
+    # a host started or stopped swapping or being throttled while the job ran (told once per change; from a thread
+    # of its own)
+    def host_flagged(self, event: HostEvent) -> None: ...
 
 
 @dataclass
@@ -234,6 +246,7 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         if outcome is None:
             return RunResult(launch, None)
         launch, outcome = attempts.restart_while_failing(launch, outcome)
+        hooks.unwatch_hosts()           # the job is over: no more samples while its outputs come home
         # rank 0 runs on the first host and says whether it left anything in the run directory there
         if options.fetch and not attempts.cluster.hosts[0].local and outcome.rank0_wrote is not False:
             _fetch(attempts.connector, launch, events)
@@ -245,15 +258,16 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
         if program.kind.pictures_loss:
             plot_losses(launch)
     except BaseException as e:
+        hooks.unwatch_hosts()
         if hooks.record is not None:      # the run had started: its summary says how it ended, whatever that was
-            hooks.record.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
-                             f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e),
-                             stopped=isinstance(e, (KeyboardInterrupt, SignalReceived)))
+            hooks.end(getattr(e, "exit_code", EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_FAILED),
+                      f"{type(e).__name__}: {e}" if not isinstance(e, ClusterctlError) else str(e),
+                      stopped=isinstance(e, (KeyboardInterrupt, SignalReceived)))
         raise
     result = RunResult(launch, outcome)
-    hooks.record.end(result.exit_code, outcome.reason, outcome.failed_rank,
-                     stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None,
-                     stopped=outcome.state is AttemptState.STOPPED)
+    hooks.end(result.exit_code, outcome.reason, outcome.failed_rank,
+              stacks=os.path.relpath(outcome.stacks, launch.run_dir) if outcome.stacks else None,
+              stopped=outcome.state is AttemptState.STOPPED)
     return result
 
 

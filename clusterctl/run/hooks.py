@@ -1,6 +1,11 @@
 """How `run` takes part in its job's attempts (launch/attempts.py's AttemptHooks): it feeds them (what every rank
 runs, the data re-staged for a new world, the checkpoint a restart continues from), tells them (its RunEvents)
 and records them (runs/<id>/summary.json, observe/record.py), each attempt as attempt_record() lists it.
+
+From the record's start to the job's end it also watches the hosts (observe/hostwatch.py HostWatch, over the run's
+connector): each sample of their telemetry goes to the attempt's live state (the panel's host rows), and a host
+that starts or stops swapping or being throttled is told (RunEvents.host_flagged) and recorded
+(runs/<id>/hosts.jsonl, summary.json's "host_events").
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from ..launch.attempts import AttemptHooks, checkpoint_steps, steps_lost
 from ..launch.job import Launch
 from ..launch.site import LaunchSite
 from ..launch.outcome import AttemptState, Outcome
+from ..observe.hostwatch import HostEvent, HostWatch
 from ..observe.live import LiveRun
 from ..observe.record import RunRecord, iso
 from ..observe.runs import read_metrics
@@ -42,6 +48,9 @@ class RunHooks(AttemptHooks):
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
         self.copy = copy                    # the project's copy beside the first launch, its ranks waiting for it
         self.own_env = host_env or {}       # each host's own (its model-store copy of the program's model)
+        self.live: LiveRun | None = None    # the attempt being watched's live state
+        self.hosts_watch: HostWatch | None = None
+        self._hosts_sample: tuple[list, float] | None = None   # the last, and when (a new attempt's panel starts with it)
 
     def ranks(self) -> tuple[str, list[str], dict[str, str]]:
         script, _ = self.program.argv
@@ -63,11 +72,48 @@ class RunHooks(AttemptHooks):
                                           backend=launch.backend, hosts=[h.name for h in cluster.hosts],
                                           program=self.program.label, service=self.program.kind.service,
                                           described=self.program.kind.describe(self.program.args))
+            self.watch_hosts()
 
     def watching(self, launch: Launch):
         live = LiveRun(launch.rank_hosts, time.monotonic())
+        if self._hosts_sample is not None:
+            live.hosts_seen(*self._hosts_sample)
+        self.live = live
         self.events.watching(launch, live)
         return live.update
+
+    # -- the hosts' telemetry, while the job runs --
+    def watch_hosts(self) -> None:
+        interval = self.options.telemetry_interval
+        if interval is None or self.hosts_watch is not None:
+            return
+        self.hosts_watch = HostWatch(self.whole, on_sample=self._hosts_sampled, on_event=self._host_flagged,
+                                     step=lambda: self.live.step() if self.live is not None else None,
+                                     interval=interval, first_after=interval).start()
+
+    def unwatch_hosts(self) -> None:
+        """No more samples; the watch's thread and connections are gone (the job has ended)."""
+        watch, self.hosts_watch = self.hosts_watch, None
+        if watch is not None:
+            watch.stop()
+
+    def _hosts_sampled(self, hosts: list) -> None:
+        self._hosts_sample = (hosts, time.monotonic())
+        live = self.live
+        if live is not None:
+            live.hosts_seen(*self._hosts_sample)
+
+    def _host_flagged(self, event: HostEvent) -> None:
+        record = self.record
+        if record is not None:
+            record.host_event(event.as_json())
+        self.events.host_flagged(event)
+
+    def end(self, exit_code: int, reason: str, failed_rank: int | None = None, stacks: str | None = None,
+            stopped: bool = False) -> None:
+        """The run's record ends (summary.json), the hosts' watch first."""
+        self.unwatch_hosts()
+        self.record.end(exit_code, reason, failed_rank, stacks=stacks, stopped=stopped)
 
     def output(self, text: str, is_err: bool) -> None:
         self.events.output(text, is_err)
@@ -78,7 +124,7 @@ class RunHooks(AttemptHooks):
     def relaunching(self, launch: Launch, outcome: Outcome, restartable: bool) -> None:
         self.events.relaunching(launch, outcome.reason)
         if not restartable:    # today's behaviour: the launch from the fresh plan is a run of its own
-            self.record.end(outcome.exit_code, outcome.reason)
+            self.end(outcome.exit_code, outcome.reason)
             self.record = None
 
     def attempted(self, attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float) -> None:
