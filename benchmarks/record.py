@@ -21,16 +21,18 @@ def write_record(name: str, **fields) -> str:
     return out
 
 
-def run_trainer(inventory: str, backend: str, trainer_args: list[str]) -> tuple[float, list[dict], dict]:
+def run_trainer(inventory: str, backend: str, trainer_args: list[str], cwd: str | None = None) -> tuple[float, list[dict], dict]:
     """The bundled trainer on the inventory's hosts as users start it (`clusterctl run --plain`), in a fresh
-    directory: (wall seconds, its metrics.jsonl records, its summary.json). A failed run stops the benchmark."""
+    directory (`cwd`, kept, when given): (wall seconds, its metrics.jsonl records, its summary.json). A failed run
+    stops the benchmark."""
+    import contextlib
     import glob
     import subprocess
     import sys
     import tempfile
     import time
 
-    with tempfile.TemporaryDirectory() as cwd:
+    with (tempfile.TemporaryDirectory() if cwd is None else contextlib.nullcontext(cwd)) as cwd:
         argv = [sys.executable, "-m", "clusterctl", "run", "--hosts", inventory, "--backend", backend, "--plain",
                 "--", *trainer_args]
         began = time.monotonic()

@@ -134,6 +134,8 @@ def _stall(r: dict) -> str:
 def _balance(r: dict) -> str:
     m, a = r["median"], r["auto_over_off"]
     best = f" (of the best split 11:5's: {r['auto_over_best']['median']:.3f})" if "auto_over_best" in r else ""
+    if "best_over_off" in r:
+        best += f"; best split / off {r['best_over_off']['median']:.2f}"
     return (f"2 hosts, one slowed 2x: trainer tokens/s --balance auto / off {a['median']:.2f} (pairs "
             f"{a['pairs_min']:.2f}..{a['pairs_max']:.2f}){best}; final loss {r['loss_auto_vs_off'] * 100:+.1f}%; shares "
             f"{m['auto']['shares']}; --check-sync 10 / 100: {r['check_sync_10_over_100']['median']:.3f}")
@@ -205,10 +207,17 @@ def _main_job(r: dict) -> str:
             f"{s['first_loss']} -> {s['last_loss']}, held-out {s['held_out']}")
 
 
+def _dashboard(r: dict) -> str:
+    d, t = r["dashboard_over_alone"], r["top_over_alone"]
+    return (f"trainer tokens/s, 2 hosts, with the dashboard open in chromium / alone: {d['median']:.3f} (pairs "
+            f"{d['pairs_min']:.3f}..{d['pairs_max']:.3f}); with `top` running / alone: {t['median']:.3f} (pairs "
+            f"{t['pairs_min']:.3f}..{t['pairs_max']:.3f})")
+
+
 SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
-             "zero3": _zero3, "relay": _relay, "main_job": _main_job}
+             "zero3": _zero3, "relay": _relay, "main_job": _main_job, "dashboard": _dashboard}
 
 
 def _generic(r: dict) -> str:

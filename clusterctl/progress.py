@@ -16,11 +16,12 @@ import sys
 
 MARKER = "clusterctl:metrics "
 MAX_LINE = 64 * 1024       # longer metrics lines are not parsed (a real one is ~200 bytes)
+RANK_METRICS = "rank-metrics.jsonl"     # where `run` keeps every rank's metrics lines, in runs/<id>/ (observe/record.py)
 
 
 class Unreadable(ValueError):
     """A metrics line that is not parsed: the supervisor drops it, with a warning."""
-FIELDS = ("step", "total_steps", "loss", "tokens_per_s", "peak_mem_mb", "quiet_s", "share",
+FIELDS = ("step", "total_steps", "loss", "val_loss", "tokens_per_s", "peak_mem_mb", "quiet_s", "share",
           "stop_s", "stopped")     # a stop with the work kept: docs/run.md#ctrl-c-and-sigterm
 
 

@@ -24,6 +24,9 @@ command -v unshare >/dev/null || packages+=(util-linux)
 command -v ps >/dev/null || packages+=(procps)
 command -v zsh >/dev/null || packages+=(zsh)          # fake-Darwin hosts log in with zsh (tests/fakedarwin)
 command -v tmux >/dev/null || packages+=(tmux)        # a real terminal for run's live panel (tests/ssh/test_live_panel.py)
+# a real browser for the dashboard's page (tests/ssh/test_dashboard.py), driven through its WebDriver
+command -v chromium >/dev/null || packages+=(chromium)
+command -v chromedriver >/dev/null || packages+=(chromium-driver)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "tests/run.sh: installing Debian packages: ${packages[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -41,4 +44,6 @@ fi
 .venv/bin/ruff check clusterctl
 # side by side (CONTRIBUTING.md#running-side-by-side): WORKERS processes, each module that builds something
 # once for all its tests kept on one of them (tests/conftest.py); `-n 0` (or CLUSTERCTL_TEST_WORKERS=0) runs one by one
+# the browser is installed above: its absence fails the dashboard's tests here instead of skipping them
+export CLUSTERCTL_REQUIRE_BROWSER=1
 exec .venv/bin/python -m pytest -ra --durations=40 -n "${CLUSTERCTL_TEST_WORKERS:-4}" --dist loadgroup "$@"

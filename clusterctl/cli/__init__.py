@@ -12,6 +12,7 @@ core's work (run/, doctor/, bench/, transfer/, hosts/).
     serve.py    serve
     observe.py  runs, logs, plot, ps, kill, stacks, completion
     top.py      top                                           reference.py  docs/cli.md, written from the commands
+    dashboard.py  dashboard
 
 Each command module registers its commands on `cli` when it is imported: app.MODULES says which module
 defines which command, and a module is imported only when its command is used (or --help lists it), so a

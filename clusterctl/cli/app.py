@@ -35,7 +35,7 @@ MODULES = {"hosts": "hosts", "exec": "hosts", "init": "hosts", "ssh-close": "hos
            "run": "launch", "sync": "sync", "data": "data", "generate": "data", "export": "data", "bench": "bench",
            "runs": "observe", "logs": "observe", "plot": "observe", "ps": "observe", "kill": "observe",
            "completion": "observe", "stacks": "observe", "setup": "setup", "serve": "serve", "models": "models",
-           "top": "top"}
+           "top": "top", "dashboard": "dashboard"}
 
 
 class _Group(click.Group):

@@ -7,10 +7,12 @@
 A rank's tagged line (bootstrap.py) goes to its log (the attempt's and the run's), its tail, the screen and the
 `status` hook (the live panel's model, observe/live.py); any other line goes to launcher.log. Progress-bar updates
 (`bar` lines) are shown live; only each bar's final state, an ordinary line, is logged. A metrics line
-(progress.py) goes only to the status hook and the stall watch: it is neither shown nor logged.
+(progress.py) goes to the status hook, the stall watch and the run's rank-metrics.jsonl (observe/record.py), with
+its time and rank: it is neither shown nor logged.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -18,7 +20,7 @@ from collections import deque
 from typing import Callable, TextIO
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
-from ..progress import Unreadable
+from ..progress import RANK_METRICS, Unreadable
 from ..progress import parse as parse_metrics
 from .bootstrap import parse_line
 from .job import Launch
@@ -66,8 +68,10 @@ class RankLines:
     status hook) or to launcher.log; the verdicts read from the ranks' state are here too."""
 
     def __init__(self, ranks: list[Rank], launcher_log: TextIO, world: WorldCheck, emit: Emit, *,
-                 rank0_only: bool = False, status: Status = no_status, stall: StallPolicy | None = None):
+                 rank0_only: bool = False, status: Status = no_status, stall: StallPolicy | None = None,
+                 metrics_log: TextIO | None = None):
         self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
+        self.metrics_log = metrics_log
         self.emit, self.rank0_only, self._status = emit, rank0_only, status
         self.watch = StallWatch(stall or StallPolicy())
         self.unreadable: set[int] = set()      # ranks warned of an unreadable metrics line
@@ -81,12 +85,16 @@ class RankLines:
                  for r, h in enumerate(launch.rank_hosts)]
         world = WorldCheck(len(ranks), launch.backend)
         launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
-        return cls(ranks, launcher_log, world, emit, rank0_only=rank0_only, status=status, stall=stall)
+        metrics_log = open(os.path.join(launch.run_dir, RANK_METRICS), "a", encoding="utf-8")
+        return cls(ranks, launcher_log, world, emit, rank0_only=rank0_only, status=status, stall=stall,
+                   metrics_log=metrics_log)
 
     def close(self) -> None:
         for r in self.ranks:
             r.close()
         self.launcher_log.close()
+        if self.metrics_log is not None:
+            self.metrics_log.close()
 
     def handle(self, line: str) -> Outcome | None:
         """Route one line; an Outcome when it ends the job (a rank's failure, or every rank's success)."""
@@ -115,6 +123,9 @@ class RankLines:
             if metrics.get("quiet_s"):
                 self.watch.quiet(rank, r.last_seen, metrics["quiet_s"])
             self.status(rank, "metrics", metrics, r.last_seen)
+            if self.metrics_log is not None:       # one line per report: a few a second at most
+                self.metrics_log.write(json.dumps({"t": round(time.time(), 3), "rank": rank, **metrics}) + "\n")
+                self.metrics_log.flush()
             return None
         self.status(rank, kind, _exit_code(payload) if kind == "exit" else payload, r.last_seen)
         shown = not self.rank0_only or rank == 0

@@ -17,6 +17,9 @@ In runs/<id>/:
   log-times.jsonl   {"t": epoch seconds, "sizes": [bytes of rank-0.log, rank-1.log, ...]} whenever a rank
                     log grew, sampled every SAMPLE_S: the time each log line arrived, to within SAMPLE_S,
                     without a timestamp in the logs themselves (supervise.py writes them as the ranks print).
+  rank-metrics.jsonl  {"t": epoch seconds, "rank", and the fields of its metrics line (progress.py)} for each
+                    metrics line a rank printed, every attempt's (launch/ranklines.py): each rank's own curves, which
+                    the rank logs do not hold (a metrics line is neither shown nor logged); the dashboard reads it.
   hosts.jsonl       one line each time a host of the run starts or stops swapping or being throttled, as run's
                     output says it (observe/hostwatch.py, from the hosts' telemetry sampled every few seconds while
                     the job runs): {"t": epoch seconds, "host", "flag" ("swapping" or "throttled"), "event"
@@ -56,6 +59,7 @@ from datetime import datetime
 
 from ..atomic import write_text
 from ..program import ANY_PROGRAM
+from ..progress import RANK_METRICS  # noqa: F401 (runs/<id>/'s files are named here; the name is progress.py's)
 from ..trainer_contract import TRAINER_SUMMARY
 
 SUMMARY = "summary.json"

@@ -22,7 +22,7 @@ from datetime import datetime
 from ..errors import UsageError
 from ..launch.stop import ranks_by_host
 from ..trainer_contract import STEP_GLOB, checkpoint_step
-from .record import FACTS, LOG_TIMES, PID_FILE, SUMMARY, index_path, iso
+from .record import FACTS, LOG_TIMES, PID_FILE, RANK_METRICS, SUMMARY, index_path, iso
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -166,7 +166,7 @@ def id_time(run_id: str) -> float | None:
 def _last_write(run_dir: str) -> float | None:
     times = []
     for name in os.listdir(run_dir):
-        if name.endswith(".log") or name in ("metrics.jsonl", LOG_TIMES):
+        if name.endswith(".log") or name in ("metrics.jsonl", LOG_TIMES, RANK_METRICS):
             try:
                 times.append(os.stat(os.path.join(run_dir, name)).st_mtime)
             except OSError:
@@ -226,9 +226,9 @@ def _run_dirs(runs_dir: str) -> list[str]:
             if RUN_ID.fullmatch(n) and os.path.isdir(os.path.join(runs_dir, n))]
 
 
-def list_runs(runs_dir: str) -> list[RunInfo]:
-    """The runs in `runs_dir`, newest first."""
-    return sorted((run_info(d) for d in _run_dirs(runs_dir)), key=lambda r: r.run_id, reverse=True)
+def list_runs(runs_dir: str, read=run_info) -> list[RunInfo]:
+    """The runs in `runs_dir`, newest first (`read`: how one is read from its directory, run_info or a cache of it)."""
+    return sorted((read(d) for d in _run_dirs(runs_dir)), key=lambda r: r.run_id, reverse=True)
 
 
 def rank_placement(runs_dir: str, run_id: str) -> dict[str, list[int]] | None:
@@ -282,16 +282,18 @@ def service_urls(path: str | None = None) -> dict[str, str]:
     return urls
 
 
-def list_all(runs_dir: str) -> list[RunInfo]:
+def list_all(runs_dir: str, read=run_info) -> list[RunInfo]:
     """Every run the index knows (every project on this machine), plus those of `runs_dir` it does not
-    (made before the index existed); read from their directories when they still exist."""
-    found: dict[str, RunInfo] = {r.run_id: r for r in list_runs(runs_dir)}
+    (made before the index existed); read from their directories when they still exist (with `read`, as
+    list_runs)."""
+    found: dict[str, RunInfo] = {r.run_id: r for r in list_runs(runs_dir, read)}
+    listed = {os.path.abspath(r.dir) for r in found.values()}
     for run_id, entry in read_index().items():
         directory = entry.get("dir")
-        if not isinstance(directory, str) or os.path.abspath(directory) in {os.path.abspath(r.dir) for r in found.values()}:
+        if not isinstance(directory, str) or os.path.abspath(directory) in listed:
             continue
         if os.path.isdir(directory):
-            found[run_id] = run_info(directory)
+            found[run_id] = read(directory)
             continue
         code = _int(entry.get("exit_code"))
         status = "unknown" if "exit_code" not in entry else _status(entry)

@@ -84,6 +84,8 @@ class Reporter:
         if self.is_main:
             print(f"step {step} | held-out loss {val_loss:.4f}", flush=True)
             self.write({"step": step, "val_loss": val_loss})
+            if self.live:       # the dashboard's held-out curve (runs/<id>/rank-metrics.jsonl)
+                live_report(step=step, val_loss=val_loss)
 
     @contextmanager
     def paused(self):

@@ -2,6 +2,7 @@
 
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
     cli, run -> observe (runs, logs, plots, processes) -> launch / hosts
+    cli -> dashboard (the web page) -> observe / serve (its endpoints' health) / launch (the backends) / hosts
     cli -> setup (mesh, python) -> doctor / launch / hosts
     cli, setup -> inventory_load (an inventory checked against the backend registry) -> launch
 
@@ -23,7 +24,8 @@ BASE = {"_version", "errors", "atomic", "figure", "digest", "progress", "trainer
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
-            "inventory_load"},
+            "inventory_load", "dashboard"},
+    "dashboard": {"observe", "serve", "launch", "hosts"},
     "serve": {"run", "launch", "transfer", "hosts", "observe"},
     "setup": {"doctor", "launch", "transfer", "hosts", "inventory_load"},
     "inventory_load": {"launch"},
