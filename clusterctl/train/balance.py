@@ -8,8 +8,8 @@ BatchLoader(shard k).batch(step * accum + i), i < accum). Shares only move rows 
   the rows of its shard it does not take (a slower rank's) go, in shard then row order, to the ranks whose
   share is above q (a faster rank's), so a rank reads another rank's shard only for what it takes over
   (`assignment`). Even shares: every rank reads exactly its own q rows, in the even split's order.
-- A rank's rows are cut into as few micro-batches of at most batch_size rows as they need, of one size (the last
-  padded by less than a row per micro-batch, its padding weighted 0),
+- A rank's rows are cut into as few micro-batches of at most batch_size rows as they need, as even as possible
+  (their sizes differ by one at most; none is padded: each row computed is a row of the batch),
   and the loss it differentiates is sum(row losses) x world / R: summed over the ranks and averaged as the even
   split's gradients are (nn.average_gradients, FSDP's reduce-scatter), that is the mean loss over all R rows of
   the step, so the update is the even split's, and one rank's with the whole batch, to float rounding.
@@ -139,16 +139,20 @@ def assignment(rows: list[int]) -> list[list[tuple[int, int]]]:
     return out
 
 
-def micro_batches(pairs: list[tuple[int, int]], batch_size: int) -> list[list[tuple[int, int] | None]]:
-    """A rank's rows in as few micro-batches as batch_size allows, all of one size (the compiled step takes them
-    stacked) and as even as possible, so that at most one row per micro-batch is padding (None: weighted 0):
-    10 rows with --batch-size 8 are 2 x 5, not 8 + 2 padded to 8."""
+def micro_batches(pairs: list[tuple[int, int]], batch_size: int) -> list[list[tuple[int, int]]]:
+    """A rank's rows in as few micro-batches as batch_size allows, as even as possible: their sizes differ by one at
+    most, the longer first, and none is padded. 10 rows with --batch-size 8 are 5 + 5 (not 8 + 2), 11 are 6 + 5: the
+    fast rank of a 2:1 pair at 16 rows a step computes its 11 rows, not 12 (6 + 5 padded to 6, as before: a twelfth of
+    its step spent on a row weighted 0). The step computes each size's micro-batches stacked, a size at a time."""
     if not pairs:
         return []
     count = math.ceil(len(pairs) / batch_size)
-    size = math.ceil(len(pairs) / count)
-    chunks = [pairs[i:i + size] for i in range(0, len(pairs), size)]
-    chunks[-1] = chunks[-1] + [None] * (size - len(chunks[-1]))
+    size, longer = divmod(len(pairs), count)
+    chunks, start = [], 0
+    for i in range(count):
+        end = start + size + (i < longer)
+        chunks.append(pairs[start:end])
+        start = end
     return chunks
 
 

@@ -6,7 +6,8 @@ compute timed, the shares exchanged and moved, and the replicas' parameters comp
     steps.info()                            # shares, speeds and changes, for metrics and trainer.json
 
 Two test aids, read from the environment (docs/trainer.md#test-aids): CLUSTERCTL_TRAIN_SLOWDOWN=F makes this
-rank's computation F times as long (it sleeps (F - 1) x its compute time each step), F@A-B only from step A up to
+rank's computation F times as long (it sleeps (F - 1) x the time its forward and backward passes took, each step;
+the gradients' all_sum, the optimizer and the loop's Python are not slowed), F@A-B only from step A up to
 step B (a Mac that heats up, then cools down; F@A- from step A on), CLUSTERCTL_TRAIN_PERTURB=
 RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting: perturbation, perturb).
 """
@@ -109,41 +110,48 @@ class BalancedSteps:
         model, optimizer, config, group = self.model, self.optimizer, self.config, self.group
         state = [model.state, mx.random.state]
         self.grads_of = mx.compile(partial(weighted_grads, model), inputs=state, outputs=state)
+        self.compiled: set[tuple] = set()    # the micro-batch shapes grads_of has compiled
         self.apply = strategies.get(config.strategy).update(model, optimizer, config, group)
 
-    def batch(self, step: int) -> tuple[mx.array, mx.array, mx.array]:
-        """This rank's micro-batches of optimizer step `step` as (m, B, L) inputs and targets and (m, B) weights."""
+    def batch(self, step: int) -> list[tuple[mx.array, mx.array, mx.array]]:
+        """This rank's micro-batches of optimizer step `step`, those of one size stacked: per size (two at most, the
+        longer first), (m, b, L) inputs and targets and (m, b) weights."""
         config = self.config
         B, L, accum = config.batch_size, config.block_size, config.accum
         weight = self.world / sum(self.rows)
         starts: dict[tuple[int, int], list[int]] = {}
-        xs, ys, ws = [], [], []
+        sizes: dict[int, tuple[list, list, list]] = {}
         for chunk in balance.micro_batches(balance.assignment(self.rows)[self.rank], B):
-            windows, weights = [], []
-            for pair in chunk:
-                shard, j = pair if pair is not None else chunk[0]
+            windows = []
+            for shard, j in chunk:
                 loader, key = self.shard_loader(shard), (shard, j // B)
                 if key not in starts:
                     starts[key] = loader.starts(step * accum + j // B)
                 windows.append(loader.tokens.window(starts[key][j % B], L + 1))
-                weights.append(0.0 if pair is None else weight)
             rows = mx.stack(windows).astype(mx.int32)
+            xs, ys, ws = sizes.setdefault(len(chunk), ([], [], []))
             xs.append(rows[:, :-1])
             ys.append(rows[:, 1:])
-            ws.append(mx.array(weights, dtype=mx.float32))
-        return mx.stack(xs), mx.stack(ys), mx.stack(ws)
+            ws.append(mx.array([weight] * len(chunk), dtype=mx.float32))
+        return [(mx.stack(xs), mx.stack(ys), mx.stack(ws)) for xs, ys, ws in sizes.values()]
 
     def __call__(self, step: int):
-        x, y, w = self.batch(step)
-        computed = x.shape[0] * x.shape[1]           # rows the forward and backward passes go through, padding too
+        groups = self.batch(step)
+        computed = sum(x.shape[0] * x.shape[1] for x, _, _ in groups)     # this rank's rows, each computed once
         began = time.perf_counter()
-        loss, grads = self.grads_of(x, y, w)
+        loss, grads = self.grads_of(*groups[0])
+        for x, y, w in groups[1:]:            # the other size's micro-batches (compiled once per shape)
+            more_loss, more_grads = self.grads_of(x, y, w)
+            loss, grads = loss + more_loss, tree_map(mx.add, grads, more_grads)
         mx.eval(loss, grads)
         took = time.perf_counter() - began
         if self.slow > 1 and self.slow_from <= step + 1 < self.slow_until:
             time.sleep((self.slow - 1) * took)
             took *= self.slow
-        if step > self.start:               # the attempt's first step compiles: not a measure of speed
+        shapes = tuple(x.shape for x, _, _ in groups)
+        if shapes not in self.compiled:       # the first step of these shapes compiled them: not a measure of speed
+            self.compiled.add(shapes)        # (the attempt's first step, and the first after the shares moved)
+        elif step > self.start:
             self.measured_rows += computed
             self.measured_s += took
             self.measured_steps += 1

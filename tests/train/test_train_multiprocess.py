@@ -96,8 +96,8 @@ def test_two_ranks_match_one_rank_with_the_double_batch(launcher, one_rank_refer
 
 @pytest.mark.parametrize("world, shares", [(2, "3,1"), (3, "1,2,3")])
 def test_balanced_shares_match_one_rank_with_the_whole_batch(world, shares, one_rank_reference, tmp_path):
-    """--balance: uneven shares of the same global batch (a rank taking rows of another's shard, a padded last
-    micro-batch on 3 ranks) update the model as one rank with the whole batch does; tolerance as above."""
+    """--balance: uneven shares of the same global batch (a rank taking rows of another's shard, micro-batches of
+    two sizes on 3 ranks: 11 rows as 6 + 5) update the model as one rank with the whole batch does; tolerance as above."""
     out = str(tmp_path / "params.safetensors")
     run(mpirun(world) + [sys.executable, os.path.join(HERE, "balanced_worker.py"), out, shares], world=world)
     ref, got = mx.load(one_rank_reference), mx.load(out)

@@ -74,17 +74,21 @@ def test_assignment_keeps_own_rows_first_and_hands_slow_ranks_rows_to_fast_ones(
         b.assignment([2, 3])
 
 
-def test_micro_batches_are_as_few_and_as_even_as_the_batch_size_allows():
-    pairs = [(0, j) for j in range(10)]
-    assert b.micro_batches(pairs[:5], 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4), None]]
+def test_micro_batches_are_as_few_and_as_even_as_the_batch_size_allows_and_never_padded():
+    pairs = [(0, j) for j in range(11)]
+    assert b.micro_batches(pairs[:5], 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4)]]
     assert b.micro_batches(pairs[:4], 2) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
-    assert [len(c) for c in b.micro_batches(pairs, 8)] == [5, 5]              # not 8 + 2 padded to 8
-    assert b.micro_batches(pairs[:7], 3) == [pairs[0:3], pairs[3:6], [(0, 6), None, None]]
+    assert [len(c) for c in b.micro_batches(pairs[:10], 8)] == [5, 5]          # not 8 + 2
+    assert b.micro_batches(pairs, 8) == [pairs[0:6], pairs[6:11]]              # 6 + 5: 11 rows computed, not 12
+    assert b.micro_batches(pairs[:7], 3) == [pairs[0:3], pairs[3:5], pairs[5:7]]
     for n in range(1, 40):
         for size in range(1, 12):
-            chunks = b.micro_batches(pairs[:1] * n, size)
-            assert len(chunks) == -(-n // size) and max(len(c) for c in chunks) <= size
-            assert sum(c.count(None) for c in chunks) < len(chunks)          # under a row per micro-batch
+            rows = [(0, j) for j in range(n)]
+            chunks = b.micro_batches(rows, size)
+            lengths = [len(c) for c in chunks]
+            assert len(chunks) == -(-n // size) and max(lengths) <= size
+            assert [p for c in chunks for p in c] == rows                        # every row once, in order, no padding
+            assert max(lengths) - min(lengths) <= 1 and lengths == sorted(lengths, reverse=True)
     assert b.micro_batches([], 4) == []
 
 
