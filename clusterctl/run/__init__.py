@@ -53,7 +53,6 @@ from ..launch.plan import LaunchPlan, cached_plan, check_inputs_on_hosts, discov
 from ..launch.outcome import AttemptState, Outcome
 from ..observe.hostwatch import HostEvent
 from ..observe.live import LiveRun
-from ..observe.telemetry import DEFAULT_INTERVAL_S
 from ..observe.runs import latest_checkpoint
 from ..program import Capabilities, PlannedLaunch, Program, kind_of
 from ..trainer_contract import MODEL_DIR_ENV
@@ -67,6 +66,10 @@ from .hooks import RunHooks, plot_losses
 THIS_MACHINE_BACKEND = "ring"
 DEFAULT_SLOTS = 2
 
+
+# while a job runs, its hosts' telemetry is sampled this often (less often than `top`'s 3 s: a probe starts a Python
+# on each host, a cost the run pays while it trains; docs/run.md#the-live-panel)
+HOST_SAMPLE_S = 5.0
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -97,7 +100,7 @@ class RunOptions:
     kinds: tuple[Capabilities, ...] = (BundledTrainer(),)
     # the hosts' telemetry sampled every this many seconds while the job runs (observe/hostwatch.py: the live panel's
     # host rows, a host swapping or throttled told and recorded); None: not sampled
-    telemetry_interval: float | None = DEFAULT_INTERVAL_S
+    telemetry_interval: float | None = HOST_SAMPLE_S
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

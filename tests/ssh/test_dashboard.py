@@ -105,8 +105,13 @@ def wait(what, timeout: float, why, every: float = 0.25):
 
 
 def text(driver, css: str) -> str:
-    found = driver.find_elements("css selector", css)
-    return found[0].text if found else ""
+    """The text of the first element `css` selects ("" for none), read in one step in the page: the page replaces
+    its rows as it updates, so an element found first and read after may be gone."""
+    return driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
+
+
+def texts(driver, css: str) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText);", css)
 
 
 def test_a_two_host_run_appears_live_its_curves_grow_and_it_ends_finished(make_cluster, browser, tmp_path):
@@ -123,9 +128,9 @@ def test_a_two_host_run_appears_live_its_curves_grow_and_it_ends_finished(make_c
         # the hosts, sampled from their own tools, before any run
         wait(lambda: text(browser, "#hosts tbody tr[data-host='h2']").split()[1:2] == ["ok"], 30,
              lambda: f"h2 not sampled: {text(browser, '#hosts')!r}")
-        run = clirun.start("run", "--hosts", str(cluster.inventory), "--plain", "--", "--steps", "120",
-                           "--report-every", "5", cwd=tmp_path, env=env, own_cache=True)
-        run_id = wait(lambda: browser.find_elements("css selector", "#runs tbody tr[data-run-id]") and
+        run = clirun.start("run", "--hosts", str(cluster.inventory), "--plain", "--", "--steps", "80",
+                           "--report-every", "2", cwd=tmp_path, env=env, own_cache=True)
+        run_id = wait(lambda: texts(browser, "#runs tbody tr[data-run-id]") and
                       text(browser, "#run-status") == "running" and text(browser, "#run-id"), 90,
                       lambda: f"no running run shown: {text(browser, '#run-section')!r}")
         chart = lambda: int(browser.find_element("id", "loss-chart").get_attribute("data-points"))  # noqa: E731
@@ -134,8 +139,8 @@ def test_a_two_host_run_appears_live_its_curves_grow_and_it_ends_finished(make_c
         wait(lambda: chart() >= first_points + 4, 60, lambda: f"the curve did not grow past {first_points} points")
         second_points, second = chart(), browser.get_screenshot_as_png()
         assert second != first and second_points > first_points
-        ranks = browser.find_elements("css selector", "#ranks tbody tr")
-        assert [r.text.split()[:2] for r in ranks] == [["0", "h1"], ["1", "h2"]], [r.text for r in ranks]
+        ranks = texts(browser, "#ranks tbody tr")
+        assert [r.split()[:2] for r in ranks] == [["0", "h1"], ["1", "h2"]], ranks
         if os.environ.get("CLUSTERCTL_DOCS_IMAGES"):
             with open(DOCS_IMAGE, "wb") as f:
                 f.write(second)
@@ -179,9 +184,10 @@ def test_the_chat_box_talks_to_a_serve_endpoint_through_the_dashboard(make_clust
              lambda: f"not healthy: {text(browser, '#endpoints')!r}")
         box = browser.find_element("id", "chat-input")
         box.send_keys("Tom found a", Keys.ENTER)
-        answer = wait(lambda: browser.find_elements("css selector", "#chat-log p.assistant, #chat-log p.error"), 120,
-                      lambda: f"no answer: {text(browser, '#chat-log')!r}")
-        assert answer[0].get_attribute("class") == "assistant", answer[0].text
+        wait(lambda: texts(browser, "#chat-log p.assistant, #chat-log p.error") != [], 120,
+             lambda: f"no answer: {text(browser, '#chat-log')!r}")
+        assert texts(browser, "#chat-log p.error") == [] and len(texts(browser, "#chat-log p.assistant")) == 1, \
+            text(browser, "#chat-log")
         assert text(browser, "#chat-log p.user") == "Tom found a"
         assert not browser.find_elements("id", "hosts") or not browser.find_element("id", "hosts").is_displayed()
     finally:

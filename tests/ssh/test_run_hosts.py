@@ -11,6 +11,8 @@ import pytest
 from sshcluster import requires_private_roots
 from test_run import TOKEN, start
 
+from clusterctl.run import HOST_SAMPLE_S
+
 pytestmark = pytest.mark.ssh
 
 # every rank reports a step every 0.2 s (a metrics line: the job's step), until the file named by its argument exists
@@ -26,7 +28,7 @@ print("done", flush=True)
 """
 STARTED = re.compile(r"^clusterctl: h2 is swapping \(memory pressure critical[^)]*\) since step (\d+)$")
 ENDED = re.compile(r"^clusterctl: h2 stopped swapping after (\d+) s$")
-SAMPLE_S = 3.0          # observe/telemetry.py DEFAULT_INTERVAL_S
+SAMPLE_S = HOST_SAMPLE_S
 
 
 class Lines:
