@@ -233,15 +233,9 @@ class Board:
     # -- what a page reads ----------------------------------------------------------------------------------
     def _services(self) -> dict[str, dict]:
         """run id -> {"url", "model", "dir"} of every `clusterctl serve` that is running now."""
-        found = {}
-        for run_id, entry in registry.read_index().items():
-            service, directory = entry.get("service"), entry.get("dir")
-            if not (isinstance(service, dict) and isinstance(service.get("url"), str) and isinstance(directory, str)):
-                continue
-            if "exit_code" in entry or not registry.run_alive(directory):
-                continue
-            found[run_id] = {"url": service["url"], "model": service.get("model"), "dir": directory}
-        return found
+        return {run_id: {"url": entry["service"]["url"], "model": entry["service"].get("model"), "dir": entry["dir"]}
+                for run_id, entry in registry.services().items()
+                if isinstance(entry.get("dir"), str) and "exit_code" not in entry and registry.run_alive(entry["dir"])}
 
     def _info(self, run_dir: str) -> registry.RunInfo:
         """run_info, kept for a run that has ended (its record no longer changes): a page asks every few seconds."""

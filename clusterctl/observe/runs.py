@@ -272,14 +272,16 @@ def read_index(path: str | None = None) -> dict[str, dict]:
     return runs
 
 
+def services(path: str | None = None) -> dict[str, dict]:
+    """run id -> the index's entry of every `clusterctl serve` job it knows (its start line's "service" a dict
+    with a URL), the start and end lines merged."""
+    return {run_id: entry for run_id, entry in read_index(path).items()
+            if isinstance(entry.get("service"), dict) and isinstance(entry["service"].get("url"), str)}
+
+
 def service_urls(path: str | None = None) -> dict[str, str]:
     """run id -> URL of every `clusterctl serve` job the runs index knows (its start line's "service")."""
-    urls = {}
-    for run_id, entry in read_index(path).items():
-        service = entry.get("service")
-        if isinstance(service, dict) and isinstance(service.get("url"), str):
-            urls[run_id] = service["url"]
-    return urls
+    return {run_id: entry["service"]["url"] for run_id, entry in services(path).items()}
 
 
 def list_all(runs_dir: str, read=run_info) -> list[RunInfo]:
