@@ -5,9 +5,9 @@
 
 Two loopback sshd hosts (tests/sshcluster.py), the bundled trainer over ring (`clusterctl run --plain`, bench_starter's
 model), interleaved --repeat times: alone; with `clusterctl dashboard --hosts` serving a page that headless chromium
-(selenium) keeps open the whole run (the page's event stream every 2 s, the hosts' probe every 5 s over SSH, the
-run's curves read as they grow, the charts redrawn); with `clusterctl top --hosts` sampling every 3 s to a pipe
-(each at its default interval).
+(selenium) keeps open the whole run (the page's event stream every 2 s, each host's probe printing a sample every
+5 s over SSH, the run's curves read as they grow, the charts redrawn); with `clusterctl top --hosts` sampling every
+3 s to a pipe (each at its default interval).
 tokens/s: the global rate rank 0 reports (metrics.jsonl), median of its reports over the run's second half. This is
 the pessimistic case: here the hosts, the browser and the probes share this machine's cores, where on a real
 cluster the browser and the dashboard run on the laptop and only the probe runs on each Mac.

@@ -129,6 +129,23 @@ def caffeinates(pids) -> dict[int, int]:
     return out
 
 
+
+def telemetry_probes(workdir) -> list[int]:
+    """The pids of this machine's telemetry probes in loop mode (`--every`, observe/telemetry.py) for `workdir`:
+    every simulated host lives here."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--every" in argv and str(workdir).encode() in argv:
+            found.append(int(entry))
+    return found
+
 @dataclass
 class TestHost:
     index: int                 # 1-based: h1 is the first host

@@ -45,7 +45,8 @@ def top_cmd(inventory_path, interval, once, as_json, connect_timeout):
     """Watch every host: memory, swap, load, GPU, heat, disk and ranks, live."""
     from ..observe.telemetry import Telemetry
 
-    with Telemetry(app.connector(app.load(inventory_path), connect_timeout)) as telemetry:
+    every = None if as_json or once else interval          # watched: one probe per host, printing every interval
+    with Telemetry(app.connector(app.load(inventory_path), connect_timeout), every=every) as telemetry:
         if as_json or once:
             hosts = telemetry.sample()
             if as_json:

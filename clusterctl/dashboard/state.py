@@ -197,7 +197,7 @@ class Board:
         telemetry = None
         if self.cluster is not None and self.connector is not None:
             from ..observe.telemetry import Telemetry
-            telemetry = Telemetry(self.connector)
+            telemetry = Telemetry(self.connector, every=self.interval)
         next_health = 0.0
         try:
             while not self._closed.is_set():

@@ -4,11 +4,14 @@ live panel and a dashboard too).
 
     with Telemetry(connector) as telemetry:          # each host's connection kept open between samples
         hosts = telemetry.sample()                   # [HostTelemetry], in inventory order, every host at once
-        for hosts in telemetry.every(3.0): ...       # a sample every 3 s, until the caller stops
+    with Telemetry(connector, every=3.0) as telemetry:    # one probe per host, a sample from each every 3 s
+        for hosts in telemetry.every(3.0): ...       # each host's newest, every 3 s, until the caller stops
 
-The probe is hosts/scripts/telemetry.py, run with each host's python in one round trip over the connection kept
-from the last sample (a host that dropped it is reconnected at the next); it reads the host's own tools (macOS's
-vm_stat, memory_pressure, sysctl, ioreg, pmset; Linux's /proc, /sys and nvidia-smi) and answers one JSON line,
+The probe is hosts/scripts/telemetry.py, run with each host's python over the connection kept from the last sample
+(a host that dropped it is reconnected at the next): once per sample, or, watched (`every`: top, run, the
+dashboard), started once and printing a sample every few seconds for as long as it is watched, so that a host pays
+for one Python start, not one per sample (benchmarks/RESULTS.md#dashboard-cost). It reads the host's own tools
+(macOS's vm_stat, memory_pressure, sysctl, ioreg, pmset; Linux's /proc, /sys and nvidia-smi) and answers a JSON line,
 read here into a HostTelemetry (from_document, pure). Its processes of clusterctl runs are read with observe/procs.py's
 parser. assess() (pure) names what is wrong with a host, given its previous sample: swapping (memory pressure warn
 or critical, or swap in use or swapped-out pages growing since the last sample) and throttled (a CPU speed limit
@@ -17,6 +20,7 @@ under 100%, a thermal warning, a zone past its passive trip point).
 from __future__ import annotations
 
 import json
+import queue
 import shlex
 import threading
 import time
@@ -144,9 +148,11 @@ def throttle_reasons(now: HostTelemetry) -> list[str]:
     return throttled
 
 
-def probe_argv(host: Host) -> list[str]:
-    """What runs on `host`: its python, the probe, the host's workdir and the ps command line procs.py parses."""
-    return [host.python, "-c", program("telemetry.py"), host.workdir, *shlex.split(PS_COMMAND)]
+def probe_argv(host: Host, every: float | None = None) -> list[str]:
+    """What runs on `host`: its python, the probe (with `every`, printing a sample every that many seconds until it
+    is stopped), the host's workdir and the ps command line procs.py parses."""
+    loop = ["--every", f"{every:g}"] if every is not None else []
+    return [host.python, "-c", program("telemetry.py"), *loop, host.workdir, *shlex.split(PS_COMMAND)]
 
 
 def _one_line(error: BaseException, host: str) -> str:
@@ -154,18 +160,69 @@ def _one_line(error: BaseException, host: str) -> str:
     return text[len(host) + 2:] if text.startswith(f"{host}: ") else text
 
 
+class _Stamped(queue.Queue):
+    """A streamed command's lines, each with the time it arrived here: (epoch seconds, is_stderr, line)."""
+
+    def put(self, item, block=True, timeout=None):
+        super().put((time.time(), *item), block, timeout)
+
+
+class _Probe:
+    """One host's probe in loop mode: its streamed process, and its latest sample (each assessed against the one
+    before it, as it arrives)."""
+
+    def __init__(self, host: str, process, lines: _Stamped):
+        self.host, self.process, self.lines = host, process, lines
+        self.started = time.monotonic()
+        self.latest: HostTelemetry | None = None
+        self.heard = self.started           # monotonic time of its last sample
+        self.said: list[str] = []           # its last lines that were not a sample (stderr, a login banner)
+
+    def read(self, until: float = 0.0) -> None:
+        """Take every line that has arrived; without a sample yet, wait for one until `until` (monotonic)."""
+        while True:
+            wait = until - time.monotonic() if self.latest is None and self.running() else 0.0
+            try:
+                arrived, is_err, line = self.lines.get(timeout=max(0.0, min(wait, 0.2))) if wait > 0 \
+                    else self.lines.get_nowait()
+            except queue.Empty:
+                if wait > 0:
+                    continue
+                return
+            now = None if is_err else read_answer(self.host, 0, line, "", arrived)
+            if now is None or now.state != "ok":
+                self.said = (self.said + [line])[-3:]
+                continue
+            self.latest, self.heard = assess(now, self.latest), time.monotonic()
+
+    def running(self) -> bool:
+        return self.process.poll() is None and any(t.is_alive() for t in self.process.readers)
+
+    def ended(self) -> str:
+        """Why it stopped answering, once it has ended: its exit status and its last words."""
+        last = self.said[-1][:200] if self.said else "no output"
+        return f"the probe ended (exit {self.process.poll()}): {last}"
+
+
 class Telemetry:
     """Samples every host of a connector's inventory, keeping each host's transport open from one sample to the
-    next; a host whose probe is still running when the next sample starts is not asked twice."""
+    next. With `every`, each host runs one probe that prints a sample every `every` seconds (hosts/scripts/
+    telemetry.py --every): sample() then gives each host's newest, waiting only for a probe's first; a probe that
+    ends, or is silent for `every` + `timeout` seconds, is stopped and started anew at the next sample. Without it,
+    each sample() runs the probe once on every host; a host whose probe is still running then is not asked twice.
+    close() stops every probe and connection; a sample() after it starts them again."""
 
-    def __init__(self, connector: Connector, timeout: float = PROBE_TIMEOUT_S):
+    def __init__(self, connector: Connector, timeout: float = PROBE_TIMEOUT_S, every: float | None = None):
         self.connector = connector
         self.timeout = timeout
+        self.every_s = every
         self.hosts = list({h.name: h for h in connector.cluster.hosts}.values())
         self._transports: dict[str, Transport] = {}
+        self._probes: dict[str, _Probe] = {}
         self._last: dict[str, HostTelemetry] = {}
         self._busy: set[str] = set()
         self._lock = threading.Lock()
+        self._closing = threading.Event()
 
     def __enter__(self) -> Telemetry:
         return self
@@ -174,26 +231,25 @@ class Telemetry:
         self.close()
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
+            probes, self._probes = list(self._probes.values()), {}
             transports, self._transports = list(self._transports.values()), {}
+        for p in probes:
+            p.process.stop()
         for t in transports:
             t.close()
 
     def sample(self) -> list[HostTelemetry]:
         """One sample of every host, at once; a host that cannot be reached or answer is one of them, its state
         and error saying why."""
+        self._closing.clear()
+        if self.every_s is not None:
+            return self._newest()
         group = run_all(self.hosts, self._probe, deadline=self.connector.deadline(self.timeout))
         found = []
         for name, outcome in group.items():
-            if outcome.error is None:
-                now = outcome.value
-            elif isinstance(outcome.error, ConnectError):
-                now = HostTelemetry(name, "unreachable", _one_line(outcome.error, name), time.time())
-            elif isinstance(outcome.error, DeadlineExceeded):
-                now = HostTelemetry(name, "error", f"no answer within {self.connector.deadline(self.timeout):.0f}s",
-                                    time.time())
-            else:
-                now = HostTelemetry(name, "error", _one_line(outcome.error, name), time.time())
+            now = outcome.value if outcome.error is None else self._failed(name, outcome.error)
             now = assess(now, self._last.get(name))
             if now.state == "ok":
                 self._last[name] = now
@@ -207,25 +263,93 @@ class Telemetry:
             yield self.sample()
             time.sleep(max(0.0, began + interval - time.monotonic()))
 
+    def _failed(self, name: str, error: BaseException) -> HostTelemetry:
+        if isinstance(error, ConnectError):
+            return HostTelemetry(name, "unreachable", _one_line(error, name), time.time())
+        if isinstance(error, DeadlineExceeded):
+            return HostTelemetry(name, "error", f"no answer within {self.connector.deadline(self.timeout):.0f}s",
+                                 time.time())
+        return HostTelemetry(name, "error", _one_line(error, name), time.time())
+
+    def _transport(self, host: Host) -> Transport:
+        with self._lock:
+            transport = self._transports.get(host.name)
+        if transport is None:
+            transport = self.connector.transport(host)
+            with self._lock:
+                self._transports[host.name] = transport
+        return transport
+
+    def _drop(self, name: str) -> None:
+        """A host's connection closed and forgotten: made anew at the next sample (it may have dropped)."""
+        with self._lock:
+            transport = self._transports.pop(name, None)
+        if transport is not None:
+            transport.close()
+
+    # -- one probe per host, printing a sample every `every_s` ---------------------------------------------------
+    def _newest(self) -> list[HostTelemetry]:
+        with self._lock:
+            starting = [h for h in self.hosts if h.name not in self._probes]
+        failed = {}
+        if starting:
+            group = run_all(starting, self._start, deadline=self.connector.deadline(self.timeout))
+            failed = {name: self._failed(name, o.error) for name, o in group.items() if o.error is not None}
+        until = time.monotonic() + self.timeout
+        found = []
+        for host in self.hosts:
+            if host.name in failed:
+                found.append(failed[host.name])
+                continue
+            with self._lock:
+                probe = self._probes.get(host.name)
+            if probe is None:                       # closed meanwhile
+                found.append(HostTelemetry(host.name, "error", "stopped", time.time()))
+                continue
+            probe.read(until if not self._closing.is_set() else 0.0)
+            found.append(self._answer(host, probe))
+        return found
+
+    def _answer(self, host: Host, probe: _Probe) -> HostTelemetry:
+        silent = time.monotonic() - probe.heard
+        if not probe.running():
+            error = probe.ended()
+        elif probe.latest is not None and silent <= self.every_s + self.timeout:
+            return probe.latest
+        else:
+            error = f"no answer within {silent:.0f}s"
+        with self._lock:
+            if self._probes.get(host.name) is probe:
+                del self._probes[host.name]
+        probe.process.stop()
+        self._drop(host.name)
+        return HostTelemetry(host.name, "error", error, time.time())
+
+    def _start(self, host: Host) -> None:
+        transport = self._transport(host)
+        lines = _Stamped()
+        try:
+            process = transport.stream(probe_argv(host, self.every_s), lines)
+        except BaseException:
+            self._drop(host.name)
+            raise
+        with self._lock:
+            self._probes[host.name] = _Probe(host.name, process, lines)
+
+    # -- one probe per sample --------------------------------------------------------------------------------
     def _probe(self, host: Host) -> HostTelemetry:
         with self._lock:
             if host.name in self._busy:
                 raise RuntimeError("still waiting for the previous probe's answer")
             self._busy.add(host.name)
-            transport = self._transports.get(host.name)
         try:
-            if transport is None:
-                transport = self.connector.transport(host)
+            transport = self._transport(host)
             taken = time.time()
             try:
                 result = transport.run(probe_argv(host), self.timeout)
             except BaseException:
-                transport.close()           # a dropped connection is made anew at the next sample
-                with self._lock:
-                    self._transports.pop(host.name, None)
+                self._drop(host.name)
                 raise
-            with self._lock:
-                self._transports[host.name] = transport
             return read_answer(host.name, result.exit_code, result.stdout, result.stderr, taken)
         finally:
             with self._lock:

@@ -6,11 +6,13 @@ tests/fixtures/macos/'s captured outputs; the Linux box's /proc), a Mac made to 
 import json
 import subprocess
 import sys
+import time
 from functools import partial
 
 import clirun
 import pytest
 import test_fake_darwin
+from sshcluster import telemetry_probes
 
 pytestmark = pytest.mark.ssh
 macs = test_fake_darwin.macs      # the fixture: 2 fake Macs and a Linux box, nothing refused by their stand-ins
@@ -77,3 +79,25 @@ def test_top_reads_each_host_from_its_own_tools_and_flags_swapping_and_heat(macs
     assert "memory pressure critical" in rows[1] and "CPU speed limit 28%" in rows[2]
     errors = r.stderr.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("[h3] unreachable: ") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_watching_starts_one_probe_per_host_and_a_killed_top_leaves_none(macs, tmp_path):
+    """On a pipe, top reads each host's one probe (printing every --interval), not a Python per sample; killed with
+    SIGKILL (nothing of it can clean up), its connections drop and each host's watchdog ends the probe."""
+    proc = clirun.start("top", "--interval", "0.5", "--hosts", str(macs.inventory), cwd=tmp_path, own_cache=True)
+    try:
+        tables, probes, deadline = [], [], time.monotonic() + 60
+        while len(tables) < 3 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("HOST "):
+                tables.append([proc.stdout.readline().split()[:2] for _ in range(3)])
+                probes.append(sorted(telemetry_probes(macs.workdir)))
+        assert tables == [[["h1", "ok"], ["h2", "ok"], ["h3", "ok"]]] * 3, tables
+        assert len(probes[0]) == 3 and probes == [probes[0]] * 3, probes      # the same three processes throughout
+    finally:
+        proc.kill()
+        proc.wait()
+    left = time.monotonic() + 15
+    while telemetry_probes(macs.workdir) and time.monotonic() < left:
+        time.sleep(0.1)
+    assert telemetry_probes(macs.workdir) == [], "a probe outlived a killed top"

@@ -4,16 +4,22 @@ stand-ins, and the controller's model and flags (observe/telemetry.py)."""
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from clusterctl.hosts.connector import Connector
 from clusterctl.hosts.scripts import program
 from clusterctl.hosts.scripts import telemetry as probe
+from clusterctl.inventory import load
 from clusterctl.observe import telemetry
 from clusterctl.observe.procs import PS_COMMAND
+
+from sshcluster import telemetry_probes
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MACOS, LINUX = FIXTURES / "macos", FIXTURES / "linux"
@@ -212,3 +218,33 @@ def test_a_probe_without_an_answer_is_an_error_line():
     got = telemetry.read_answer("h1", 0, json.dumps(doc) + "\n", "", 5.0)
     assert (got.state, got.os, got.memory_used, got.ranks) == ("ok", "linux", 1, ())
     assert json.loads(json.dumps(got.as_json()))["ranks_rss_kb"] == 0
+
+
+# ---- watched: one probe per host, printing a sample every interval ------------------------------------------------
+
+def until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not (got := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_watched_one_probe_per_host_answers_every_interval_is_restarted_when_it_dies_and_close_leaves_none(tmp_path):
+    workdir = tmp_path / "work"
+    (tmp_path / "inventory.yaml").write_text(f"hosts:\n  - name: here\n    local: true\n    workdir: {workdir}\n")
+    with telemetry.Telemetry(Connector(load(str(tmp_path / "inventory.yaml"))), every=0.3) as watched:
+        [first] = watched.sample()
+        assert first.state == "ok" and first.memory_total > 0, first
+        [pid] = telemetry_probes(workdir)
+        time.sleep(1.0)
+        [second] = watched.sample()
+        assert second.state == "ok" and second.taken > first.taken + 0.25     # a newer sample...
+        assert telemetry_probes(workdir) == [pid]                                # ...from the same process
+
+        os.kill(pid, signal.SIGKILL)
+        ended = until(lambda: [h for h in watched.sample() if h.state != "ok"])
+        assert ended and ended[0].state == "error" and ended[0].error.startswith("the probe ended (exit "), ended
+        [again] = watched.sample()                                          # started anew
+        assert again.state == "ok" and again.taken > second.taken
+        assert len(telemetry_probes(workdir)) == 1 and telemetry_probes(workdir) != [pid]
+    assert until(lambda: not telemetry_probes(workdir), 5.0), "a probe outlived close()"

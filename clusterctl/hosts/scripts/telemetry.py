@@ -1,8 +1,10 @@
-"""One sample of this host's telemetry for `clusterctl top` (observe/telemetry.py): `python -c PROGRAM WORKDIR PS...`,
-where PS is the portable ps command line that lists processes (observe/procs.py's PS_COMMAND, as words). Prints one
-JSON line: memory used / total and pressure, swap, load and cores, GPU utilisation, thermal state, power (where the
-OS gives it without root), disk free in WORKDIR, and the lines of PS's listing that belong to clusterctl runs (the
-controller reads them with procs.py's own parser). Standard library only, any Python 3; nothing needs root.
+"""This host's telemetry for `clusterctl top`, `run` and the dashboard (observe/telemetry.py): `python -c PROGRAM
+[--every S] WORKDIR PS...`, where PS is the portable ps command line that lists processes (observe/procs.py's
+PS_COMMAND, as words). Prints one JSON line, or with --every one every S seconds until its output is closed (one
+Python per host for as long as it is watched, not one per sample; the command's watchdog ends it when the
+connection closes): memory used / total and pressure, swap, load and cores, GPU utilisation, thermal state, power
+(where the OS gives it without root), disk free in WORKDIR, and the lines of PS's listing that belong to clusterctl
+runs (the controller reads them with procs.py's own parser). Standard library only, any Python 3; nothing needs root.
 
 macOS (told by `uname -s`, so that a fake Mac on a Linux kernel is read as a Mac): `sysctl` (hw.memsize, hw.ncpu,
 vm.loadavg, vm.swapusage, kern.memorystatus_vm_pressure_level), `vm_stat`, `memory_pressure`, `ioreg -r -d 1 -w 0
@@ -19,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 TOOL_TIMEOUT_S = 10
 PRESSURE_LEVELS = {1: "normal", 2: "warn", 4: "critical"}        # kern.memorystatus_vm_pressure_level
@@ -393,10 +396,21 @@ def sample(workdir, ps, system):
 
 
 def main(argv):
-    workdir, ps = argv[1], argv[2:]
+    args, every = argv[1:], None
+    if args[:1] == ["--every"]:
+        every, args = float(args[1]), args[2:]
+    workdir, ps = args[0], args[1:]
     system = (run(["uname", "-s"], []) or os.uname()[0]).strip()
-    sys.stdout.write(json.dumps(sample(workdir, ps, system)) + "\n")
-    return 0
+    while True:
+        began = time.time()
+        try:
+            sys.stdout.write(json.dumps(sample(workdir, ps, system)) + "\n")
+            sys.stdout.flush()
+        except OSError:             # the reader is gone (its connection closed): so are we
+            return 0
+        if every is None:
+            return 0
+        time.sleep(max(0.0, began + every - time.time()))
 
 
 if __name__ == "__main__":
