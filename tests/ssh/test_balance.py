@@ -14,7 +14,11 @@ from clusterctl.inventory_edit import set_host_setting
 pytestmark = pytest.mark.ssh
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 TOKEN = clirun.TOKEN
-TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
+# rows of 128 tokens: a row costs ~11 ms here, what a step costs whatever its rows under 1 ms (auto measures rows per
+# second, which assumes rows dominate a step, as on a Mac: docs/trainer.md#balanced-data-parallelism); at 32 tokens
+# the two are alike (~2 ms), and on this shared machine under load a rank given 3 rows measured 3.7x slower per row
+# than its peer with 13 once they were equally fast again, and kept its 3
+TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "128",
          "--batch-size", "8", "--steps", "110", "--report-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
 
 
