@@ -98,10 +98,11 @@ def _reasons(h: HostTelemetry, flag: str) -> tuple[str, ...]:
 
 class HostWatch:
     """Samples the connector's hosts every `interval` seconds in a daemon thread (telemetry.Telemetry: one probe per
-    host, printing a sample every `interval` over a connection kept for the watch): each sample to `on_sample`, each change of a host's flags to
-    `on_event` (a HostEvent, `step()` giving the job's step), the first `first_after` seconds after start() (run: one
-    interval, so that the ranks' start has the hosts to itself, and a job of a few seconds is never probed). A
-    callback that fails is logged and the watch goes on; stop() ends the thread and closes its connections."""
+    host, printing a sample every `interval` over a connection kept for the watch): each sample to `on_sample`, each
+    change of a host's flags to `on_event` (a HostEvent, `step()` giving the job's step), the first `first_after`
+    seconds after start() (run: one interval, so that the ranks' start has the hosts to itself, and a job of a few
+    seconds is never probed). A callback that fails is logged and the watch goes on; stop() ends the thread and
+    closes its probes and connections."""
 
     def __init__(self, connector: Connector, *, on_sample: Callable[[list[HostTelemetry]], None] | None = None,
                  on_event: Callable[[HostEvent], None] | None = None, step: Callable[[], int | None] = lambda: None,
