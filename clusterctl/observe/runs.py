@@ -272,10 +272,10 @@ def read_index(path: str | None = None) -> dict[str, dict]:
     return runs
 
 
-def services(path: str | None = None) -> dict[str, dict]:
+def services(path: str | None = None, index: dict[str, dict] | None = None) -> dict[str, dict]:
     """run id -> the index's entry of every `clusterctl serve` job it knows (its start line's "service" a dict
-    with a URL), the start and end lines merged."""
-    return {run_id: entry for run_id, entry in read_index(path).items()
+    with a URL), the start and end lines merged; from `index` when given (read_index's, already read)."""
+    return {run_id: entry for run_id, entry in (read_index(path) if index is None else index).items()
             if isinstance(entry.get("service"), dict) and isinstance(entry["service"].get("url"), str)}
 
 
@@ -284,13 +284,13 @@ def service_urls(path: str | None = None) -> dict[str, str]:
     return {run_id: entry["service"]["url"] for run_id, entry in services(path).items()}
 
 
-def list_all(runs_dir: str, read=run_info) -> list[RunInfo]:
+def list_all(runs_dir: str, read=run_info, index: dict[str, dict] | None = None) -> list[RunInfo]:
     """Every run the index knows (every project on this machine), plus those of `runs_dir` it does not
     (made before the index existed); read from their directories when they still exist (with `read`, as
-    list_runs)."""
+    list_runs). `index`: read_index()'s, when the caller has read it already."""
     found: dict[str, RunInfo] = {r.run_id: r for r in list_runs(runs_dir, read)}
     listed = {os.path.abspath(r.dir) for r in found.values()}
-    for run_id, entry in read_index().items():
+    for run_id, entry in (read_index() if index is None else index).items():
         directory = entry.get("dir")
         if not isinstance(directory, str) or os.path.abspath(directory) in listed:
             continue
