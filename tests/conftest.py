@@ -44,6 +44,7 @@ def _shared_fixture(item) -> bool:
     return False
 
 
+@pytest.hookimpl(tryfirst=True)          # before xdist's, which reads the group marks added here
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _shared_fixture(item):
@@ -51,6 +52,27 @@ def pytest_collection_modifyitems(config, items):
     tier = {item: TIER_ORDER.get(item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else "", 9)
             for item in items}
     items.sort(key=tier.__getitem__)          # stable: the order inside a tier stays as written
+
+
+_ungrouped: list[str] = []        # why this worker's groups are split (xdist stopped renaming), when they are
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """On a worker of --dist loadgroup, xdist has renamed each grouped test `ID@GROUP` by now, which is how its
+    scheduler keeps a group together. A pytest or xdist release that stops it (pytest 9.2 with xdist 3.8 did) would
+    split every group silently, each worker rebuilding the shared fixtures: every grouped test fails instead."""
+    if not getattr(session.config.option, "loadgroup", False):      # set on xdist's workers only
+        return
+    split = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if split:
+        _ungrouped.append(f"pytest-xdist's --dist loadgroup did not group {split[0]} (and {len(split) - 1} more): "
+                          "this pytest and pytest-xdist do not work together (pyproject.toml's test extra pins pytest)")
+
+
+def pytest_runtest_setup(item):
+    if _ungrouped and item.get_closest_marker("xdist_group"):
+        pytest.fail(_ungrouped[0], pytrace=False)
 
 
 # ---- tests skipped for want of `unshare -m` (sshcluster.requires_private_roots) -----------------
