@@ -27,6 +27,7 @@ from ..launch import backends
 from ..observe import runs as registry
 from ..observe.logs import rank_hosts, split_lines
 from ..observe.record import RANK_METRICS
+from ..observe.telemetry import COLUMNS, HostTelemetry, Telemetry, cells
 
 MAX_RUNS = 50               # the newest runs listed
 MAX_POINTS = 2000           # a curve keeps at most this many points (thinned evenly beyond)
@@ -196,7 +197,6 @@ class Board:
     def _sample(self) -> None:
         telemetry = None
         if self.cluster is not None and self.connector is not None:
-            from ..observe.telemetry import Telemetry
             telemetry = Telemetry(self.connector, every=self.interval)
         next_health = 0.0
         try:
@@ -211,7 +211,7 @@ class Board:
                 if telemetry is not None:
                     hosts = telemetry.sample()
                     with self._lock:
-                        self._hosts = [h.as_json() for h in hosts]
+                        self._hosts = [host_json(h) for h in hosts]
                         self._hosts_taken = time.time()
                 if began >= next_health:
                     self._check_health()
@@ -231,10 +231,11 @@ class Board:
             self._health = health
 
     # -- what a page reads ----------------------------------------------------------------------------------
-    def _services(self) -> dict[str, dict]:
-        """run id -> {"url", "model", "dir"} of every `clusterctl serve` that is running now."""
+    def _services(self, index: dict[str, dict] | None = None) -> dict[str, dict]:
+        """run id -> {"url", "model", "dir"} of every `clusterctl serve` that is running now (from `index`, the runs
+        index already read, when given)."""
         return {run_id: {"url": entry["service"]["url"], "model": entry["service"].get("model"), "dir": entry["dir"]}
-                for run_id, entry in registry.services().items()
+                for run_id, entry in registry.services(index=index).items()
                 if isinstance(entry.get("dir"), str) and "exit_code" not in entry and registry.run_alive(entry["dir"])}
 
     def _info(self, run_dir: str) -> registry.RunInfo:
@@ -247,27 +248,28 @@ class Board:
             self._ended[run_dir] = info
         return info
 
-    def runs(self) -> list[dict]:
+    def runs(self, index: dict[str, dict] | None = None) -> list[dict]:
         rows = []
-        for info in registry.list_all(self.runs_dir, self._info)[:MAX_RUNS]:
+        for info in registry.list_all(self.runs_dir, self._info, index)[:MAX_RUNS]:
             row = info.as_json()
             row["outcome"] = info.outcome
             rows.append(row)
         return rows
 
-    def endpoints(self) -> list[dict]:
+    def endpoints(self, index: dict[str, dict] | None = None) -> list[dict]:
         with self._lock:
             health = dict(self._health)
         return [{"run_id": run_id, "url": s["url"], "model": s["model"],
-                 "healthy": health.get(run_id, {}).get("healthy")} for run_id, s in self._services().items()]
+                 "healthy": health.get(run_id, {}).get("healthy")} for run_id, s in self._services(index).items()]
 
     def overview(self) -> dict:
         with self._lock:
             hosts, taken = list(self._hosts), self._hosts_taken
         if not hosts and self.cluster is not None:
-            hosts = [{"host": h.name, "state": "sampling"} for h in {h.name: h for h in self.cluster.hosts}.values()]
+            hosts = [host_json(HostTelemetry(name, "sampling")) for name in {h.name: h for h in self.cluster.hosts}]
+        index = registry.read_index()           # once for both the runs and the endpoints
         return {"now": time.time(), "hosts": hosts, "hosts_taken": taken, "picture": self._picture,
-                "runs": self.runs(), "endpoints": self.endpoints()}
+                "runs": self.runs(index), "endpoints": self.endpoints(index)}
 
     def _run_dir(self, run_id: str) -> str:
         if not registry.RUN_ID.fullmatch(run_id):
@@ -319,3 +321,9 @@ class Board:
         except (KeyError, IndexError, TypeError):
             raise UsageError("the endpoint's answer has no message") from None
         return {"content": text, "model": doc.get("model"), "usage": doc.get("usage")}
+
+
+def host_json(h: HostTelemetry) -> dict:
+    """A host's sample as the page reads it: its figures, and its row's cells as `top` prints them (telemetry.cells,
+    in COLUMNS order: the page's table has those columns)."""
+    return h.as_json() | {"cells": [cells(h)[c] for c in COLUMNS]}

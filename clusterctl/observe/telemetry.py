@@ -148,6 +148,36 @@ def throttle_reasons(now: HostTelemetry) -> list[str]:
     return throttled
 
 
+COLUMNS = ["host", "state", "memory", "pressure", "swap", "load", "gpu", "thermal", "disk free", "ranks", "flags"]
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024 ** 3:.1f}"
+
+
+def cells(h: HostTelemetry) -> dict[str, str]:
+    """One host's figures as the text of a table's cells, one per COLUMNS (pure): what `top`, run's live panel
+    (cli/hosttable.py) and the dashboard's page all show. A host without an answer: its state, and its error under
+    flags."""
+    if h.state != "ok":
+        return {c: "" for c in COLUMNS} | {"host": h.host, "state": h.state, "flags": h.error or ""}
+    memory = "-"
+    if h.memory_used is not None and h.memory_total:
+        memory = f"{_gib(h.memory_used)}/{_gib(h.memory_total)} GiB {100 * h.memory_used / h.memory_total:.0f}%"
+    swap = "-" if h.swap_total is None else f"{_gib(h.swap_used)}/{_gib(h.swap_total)} GiB"
+    load = "-" if h.load_1m is None else f"{h.load_1m:.2f}/{h.cores or '?'}"
+    thermal = h.thermal or "-"
+    if h.speed_limit is not None and h.speed_limit < 100:
+        thermal += f" {h.speed_limit}%"
+    elif h.temperature_c is not None:
+        thermal += f" {h.temperature_c:.0f}°C"
+    ranks = f"{len(h.ranks)}, {h.ranks_rss_kb / 1024 ** 2:.1f} GiB" if h.ranks else "0"
+    return {"host": h.host, "state": h.state, "memory": memory, "pressure": h.pressure or "-", "swap": swap,
+            "load": load, "gpu": "-" if h.gpu_percent is None else f"{h.gpu_percent:.0f}%", "thermal": thermal,
+            "disk free": "-" if h.disk_free is None else f"{_gib(h.disk_free)} GiB", "ranks": ranks,
+            "flags": "; ".join(h.why) if h.flags else ""}
+
+
 def probe_argv(host: Host, every: float | None = None) -> list[str]:
     """What runs on `host`: its python, the probe (with `every`, printing a sample every that many seconds until it
     is stopped), the host's workdir and the ps command line procs.py parses."""
@@ -178,10 +208,12 @@ class _Probe:
         self.heard = self.started           # monotonic time of its last sample
         self.said: list[str] = []           # its last lines that were not a sample (stderr, a login banner)
 
-    def read(self, until: float = 0.0) -> None:
-        """Take every line that has arrived; without a sample yet, wait for one until `until` (monotonic)."""
+    def read(self, until: float = 0.0, newer_than: float | None = None, stop: threading.Event | None = None) -> None:
+        """Take every line that has arrived; without a sample yet (or, with `newer_than`, none taken after it), wait
+        for one until `until` (monotonic) or `stop` is set."""
         while True:
-            wait = until - time.monotonic() if self.latest is None and self.running() else 0.0
+            waiting = self.latest is None or (newer_than is not None and self.latest.taken <= newer_than)
+            wait = until - time.monotonic() if waiting and self.running() and not (stop and stop.is_set()) else 0.0
             try:
                 arrived, is_err, line = self.lines.get(timeout=max(0.0, min(wait, 0.2))) if wait > 0 \
                     else self.lines.get_nowait()
@@ -257,11 +289,22 @@ class Telemetry:
         return found
 
     def every(self, interval: float = DEFAULT_INTERVAL_S) -> Iterator[list[HostTelemetry]]:
-        """A sample, then another `interval` seconds after the last one began, for as long as the caller reads."""
+        """A sample, then another `interval` seconds after the last one began, for as long as the caller reads;
+        watched, the next as soon as every answering host's probe has printed a newer one (`interval` + 2 s at
+        most), so that no sample is shown twice."""
         while True:
             began = time.monotonic()
-            yield self.sample()
-            time.sleep(max(0.0, began + interval - time.monotonic()))
+            hosts = self.sample()
+            yield hosts
+            if self.every_s is None:
+                time.sleep(max(0.0, began + interval - time.monotonic()))
+                continue
+            with self._lock:
+                probes = dict(self._probes)
+            until = time.monotonic() + interval + 2.0
+            for h in hosts:
+                if h.state == "ok" and h.host in probes:
+                    probes[h.host].read(until, newer_than=h.taken, stop=self._closing)
 
     def _failed(self, name: str, error: BaseException) -> HostTelemetry:
         if isinstance(error, ConnectError):
@@ -306,7 +349,7 @@ class Telemetry:
             if probe is None:                       # closed meanwhile
                 found.append(HostTelemetry(host.name, "error", "stopped", time.time()))
                 continue
-            probe.read(until if not self._closing.is_set() else 0.0)
+            probe.read(until, stop=self._closing)
             found.append(self._answer(host, probe))
         return found
 

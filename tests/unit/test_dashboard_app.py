@@ -13,9 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from clusterctl.dashboard.app import build, finite
-from clusterctl.dashboard.state import Board, Curves, latest_stacks, picture, thin
+from clusterctl.cli.hosttable import lines
+from clusterctl.dashboard.state import Board, Curves, host_json, latest_stacks, picture, thin
 from clusterctl.inventory import parse
 from clusterctl.observe.record import PID_FILE, RANK_METRICS
+from clusterctl.observe.telemetry import COLUMNS, HostTelemetry, assess
 
 RUN = "20261127-101500-1a2b3c"
 
@@ -36,6 +38,22 @@ def test_the_picture_links_the_ring_in_inventory_order_and_mpi_every_pair():
     assert [(x["a"], x["b"]) for x in mpi["links"] if x["kind"] == "data"] == [("m1", "m2"), ("m1", "m3"), ("m2", "m3")]
     assert [x["kind"] for x in picture(cluster("ring", addresses=False))["links"]] == ["ssh"] * 3
     assert picture(None) == {"nodes": [], "links": []}
+
+
+def test_the_hosts_rows_are_the_cells_top_prints_and_wait_for_their_first_sample(tmp_path):
+    """The page draws the cells the server sends (telemetry.cells, what `top` prints), so the two never differ."""
+    board = Board(str(tmp_path), cluster("ring"))              # no connector: never sampled
+    hosts = board.overview()["hosts"]
+    assert [(h["host"], h["state"], h["cells"][:2]) for h in hosts] == [(f"m{i}", "sampling", [f"m{i}", "sampling"])
+                                                                         for i in (1, 2, 3)]
+    assert len(hosts[0]["cells"]) == len(COLUMNS) == 11
+    sample = assess(HostTelemetry("m1", taken=1.0, memory_used=24 * 1024 ** 3, memory_total=32 * 1024 ** 3,
+                                  pressure="warn", swap_used=0, swap_total=2 * 1024 ** 3, load_1m=3.5, cores=10,
+                                  gpu_percent=88.0, thermal="nominal", speed_limit=100, disk_free=500 * 1024 ** 3))
+    [(_, _), (line, _)] = lines([sample])
+    assert host_json(sample)["cells"] == ["m1", "ok", "24.0/32.0 GiB 75%", "warn", "0.0/2.0 GiB", "3.50/10", "88%",
+                                           "nominal", "500.0 GiB", "0", "memory pressure warn"]
+    assert line.split() == "m1 ok 24.0/32.0 GiB 75% warn 0.0/2.0 GiB 3.50/10 88% nominal 500.0 GiB 0 memory pressure warn".split()
 
 
 def test_thin_keeps_at_most_the_limit_evenly_and_the_last_point():

@@ -240,6 +240,8 @@ def test_watched_one_probe_per_host_answers_every_interval_is_restarted_when_it_
         [second] = watched.sample()
         assert second.state == "ok" and second.taken > first.taken + 0.25     # a newer sample...
         assert telemetry_probes(workdir) == [pid]                                # ...from the same process
+        shown = [hosts[0].taken for hosts, _ in zip(watched.every(0.3), range(3))]
+        assert shown[0] < shown[1] < shown[2], shown        # every() waits for the probe's next: none shown twice
 
         os.kill(pid, signal.SIGKILL)
         ended = until(lambda: [h for h in watched.sample() if h.state != "ok"])

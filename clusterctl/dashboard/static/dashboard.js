@@ -39,7 +39,6 @@ function svg(tag, attrs, text) {
   return node;
 }
 
-const gib = (n) => (n === null || n === undefined) ? "-" : (n / 1024 ** 3).toFixed(1);
 const num = (x, digits) => (x === null || x === undefined) ? "-" : Number(x).toFixed(digits);
 
 function duration(s) {
@@ -56,20 +55,6 @@ function replaceRows(table, rows) {
 }
 
 // -- hosts ----------------------------------------------------------------------------------------------------
-function hostCells(h) {
-  if (h.state !== "ok") return [h.host, h.state, "", "", "", "", "", "", "", "", h.error || ""];
-  const memory = (h.memory_used !== null && h.memory_total)
-    ? `${gib(h.memory_used)}/${gib(h.memory_total)} GiB ${Math.round(100 * h.memory_used / h.memory_total)}%` : "-";
-  const swap = h.swap_total === null ? "-" : `${gib(h.swap_used)}/${gib(h.swap_total)} GiB`;
-  const load = h.load_1m === null ? "-" : `${h.load_1m.toFixed(2)}/${h.cores || "?"}`;
-  let thermal = h.thermal || "-";
-  if (h.speed_limit !== null && h.speed_limit < 100) thermal += ` ${h.speed_limit}%`;
-  else if (h.temperature_c !== null) thermal += ` ${Math.round(h.temperature_c)}°C`;
-  const ranks = h.ranks && h.ranks.length ? `${h.ranks.length}, ${(h.ranks_rss_kb / 1024 ** 2).toFixed(1)} GiB` : "0";
-  return [h.host, h.state, memory, h.pressure || "-", swap, load, h.gpu_percent === null ? "-" : `${Math.round(h.gpu_percent)}%`,
-          thermal, h.disk_free === null ? "-" : `${gib(h.disk_free)} GiB`, ranks, (h.why || []).join("; ")];
-}
-
 function renderHosts(doc) {
   const hosts = doc.hosts || [];
   document.getElementById("hosts-note").textContent = doc.picture.nodes.length
@@ -78,7 +63,7 @@ function renderHosts(doc) {
   document.getElementById("hosts").hidden = !doc.picture.nodes.length;
   replaceRows("hosts", hosts.map((h) => el("tr", {
     "class": h.state !== "ok" && h.state !== "sampling" ? "down" : (h.flags && h.flags.length ? "flagged" : ""),
-    "data-host": h.host}, ...hostCells(h).map((c) => el("td", {}, c)))));
+    "data-host": h.host}, ...h.cells.map((c) => el("td", {}, c)))));
   drawPicture(doc.picture, Object.fromEntries(hosts.map((h) => [h.host, h])));
 }
 
