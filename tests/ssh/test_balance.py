@@ -1,8 +1,9 @@
-"""Balanced data parallelism on two test hosts, the second slowed 3x for its first 60 steps by the trainer's test
-aid (CLUSTERCTL_TRAIN_SLOWDOWN in its inventory `env`: a Mac that is hot, then cools): `auto` moves rows to the fast
-host after its first exchange, says when the split settled, gives the rows back once the slow host has recovered,
-and the shares reach metrics.jsonl and summary.json (the live panel's: tests/train/test_train_units.py). The speed-up
-itself is measured in benchmarks/bench_balance.py (a timed figure does not belong in a test)."""
+"""Balanced data parallelism on two test hosts, the second slowed 3x from step 10 to step 45 by the trainer's test
+aid (CLUSTERCTL_TRAIN_SLOWDOWN in its inventory `env`: a Mac that heats up mid-run, then cools): `auto` moves rows to
+the fast host at its first exchange after the heat began, says when the split settled, gives the rows back once the
+slow host has recovered, and the shares reach metrics.jsonl and summary.json (the live panel's:
+tests/train/test_train_units.py). The speed-up itself is measured in benchmarks/bench_balance.py (a timed figure does
+not belong in a test)."""
 import json
 from functools import partial
 
@@ -24,7 +25,7 @@ TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", 
 
 def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster, tmp_path):
     cluster = make_cluster(2)
-    text = set_host_setting(cluster.inventory.read_text(), "h2", "env", '{CLUSTERCTL_TRAIN_SLOWDOWN: "3@1-60"}')
+    text = set_host_setting(cluster.inventory.read_text(), "h2", "env", '{CLUSTERCTL_TRAIN_SLOWDOWN: "3@10-45"}')
     cluster.inventory.write_text(text)
     r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--", *TRAIN, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -32,14 +33,17 @@ def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster,
     summary = json.loads((run_dir / "summary.json").read_text())
     balance = summary["trainer"]["balance"]
     assert balance["mode"] == "auto" and balance["changes"], balance
-    first = balance["changes"][0]
-    assert 4 <= first["step"] < 60, balance                   # an exchange with 0.25 s measured on each rank
+    # exchanges after 3 measured steps, then every 20: the first after step 10 measured mostly the hot h2 (before
+    # it, two equal hosts may still move a row for this shared machine's noise)
+    hot = [c for c in balance["changes"] if c["step"] > 10]
+    assert hot and hot[0]["step"] <= 40, balance
+    first = hot[0]
     assert first["rows"][0] > first["rows"][1] and sum(first["rows"]) == 16, first
     assert first["speeds"][0] > first["speeds"][1]            # h2 sleeps twice its compute time each step
-    # h2 cooled at step 60: at an exchange measured after it, rows go back to it (all 8 of its own when the two
+    # h2 cooled at step 45: at an exchange measured after it, rows go back to it (all 8 of its own when the two
     # measure within 10% of each other; fewer when this shared machine's load makes them differ more)
     last = balance["changes"][-1]
-    assert last["step"] > 60 and last["rows"][1] > first["rows"][1] and last["rows"] == balance["rows"], balance
+    assert last["step"] > 45 and last["rows"][1] > first["rows"][1] and last["rows"] == balance["rows"], balance
     said = [line for line in r.stdout.splitlines() if "] balance: " in line]
     # the move back, said with the speeds it was measured at (the record keeps them rounded: within a row/s)
     back = (f"balance: step {last['step']}: {':'.join(map(str, balance['changes'][-2]['rows']))} -> "
