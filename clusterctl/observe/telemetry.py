@@ -290,21 +290,19 @@ class Telemetry:
 
     def every(self, interval: float = DEFAULT_INTERVAL_S) -> Iterator[list[HostTelemetry]]:
         """A sample, then another `interval` seconds after the last one began, for as long as the caller reads;
-        watched, the next as soon as every answering host's probe has printed a newer one (`interval` + 2 s at
-        most), so that no sample is shown twice."""
+        watched, not before every answering host's probe has printed a newer one (`interval` + 2 s at most), so
+        that no sample is shown twice."""
         while True:
             began = time.monotonic()
             hosts = self.sample()
             yield hosts
-            if self.every_s is None:
-                time.sleep(max(0.0, began + interval - time.monotonic()))
-                continue
-            with self._lock:
-                probes = dict(self._probes)
-            until = time.monotonic() + interval + 2.0
-            for h in hosts:
-                if h.state == "ok" and h.host in probes:
-                    probes[h.host].read(until, newer_than=h.taken, stop=self._closing)
+            if self.every_s is not None:
+                with self._lock:
+                    probes = dict(self._probes)
+                for h in hosts:
+                    if h.state == "ok" and h.host in probes:
+                        probes[h.host].read(began + interval + 2.0, newer_than=h.taken, stop=self._closing)
+            time.sleep(max(0.0, began + interval - time.monotonic()))
 
     def _failed(self, name: str, error: BaseException) -> HostTelemetry:
         if isinstance(error, ConnectError):

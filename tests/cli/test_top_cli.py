@@ -1,6 +1,7 @@
 """`clusterctl top` on this machine (an inventory of one local host): `--once` prints one table, and without it on a
 pipe a table per sample, as `top -b` does (docs/observe.md#clusterctl-top). The fake Macs and the flags:
 tests/ssh/test_top.py."""
+import threading
 import time
 
 import clirun
@@ -29,3 +30,20 @@ def test_on_a_pipe_it_prints_a_table_per_sample(tmp_path):
     proc.kill()
     proc.wait()
     assert sum(line.startswith("HOST ") for line in seen) == 2 and "1 host(s)" in seen[0], seen
+
+
+def test_a_host_that_refuses_is_asked_once_per_interval_not_in_a_loop(tmp_path):
+    """A host whose port refuses answers at once: top still waits an interval between samples, as for one that
+    answers (its row says why, every time)."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  - name: gone\n    hostname: 127.0.0.1\n    port: 1\n    user: nobody\n")
+    proc = clirun.start("top", "--interval", "0.5", "--hosts", str(path), cwd=tmp_path, own_cache=True)
+    lines, began = [], time.monotonic()
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    time.sleep(3.0)
+    proc.kill()
+    proc.wait()
+    reader.join(5)
+    rows = [line for line in lines if line.startswith("gone ")]
+    assert 2 <= len(rows) <= 8 and all(row.split()[1] == "unreachable" for row in rows), (len(rows), lines[:6])
