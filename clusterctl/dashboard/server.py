@@ -8,39 +8,27 @@
 from __future__ import annotations
 
 import errno
-import ipaddress
 import secrets
 import socket
 
 from ..errors import PortTaken, UsageError
+from ..hosts.forward import is_loopback, listen
 from .state import Board
 
 LOOPBACK = "127.0.0.1"
 GRACE_S = 3          # open pages' streams are cut after this long at a stop
 
 
-def loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
 def bind(address: str, port: int) -> socket.socket:
     """A listening socket on address:port (port 0: a free one), or PortTaken / UsageError in one line."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((address, port))
+        sock = listen(address, port)
     except OSError as e:
-        sock.close()
         if e.errno == errno.EADDRINUSE:
             raise PortTaken(f"port {port} of {address} is in use: give another with --port, or --port 0 for a free "
                             "one") from None
         raise UsageError(f"cannot listen on {address} port {port}: {e.strerror or e} (--listen takes an address of "
                          "this machine)") from None
-    sock.listen(64)
     sock.setblocking(False)
     return sock
 
@@ -52,7 +40,7 @@ class Page:
         self.token = secrets.token_urlsafe(24)
         shown = f"[{address}]" if ":" in address else address
         self.url = f"http://{shown}:{self.sock.getsockname()[1]}/?token={self.token}"
-        self.exposed = not loopback(address)
+        self.exposed = not is_loopback(address)
 
     def run(self, debug: bool = False) -> None:
         """Serve until stopped. uvicorn's own log (a request's traceback among it) only with `debug`: a user sees

@@ -14,6 +14,7 @@ listens there yet, the host is away) is closed at once, which a client sees as a
 """
 from __future__ import annotations
 
+import ipaddress
 import select
 import socket
 import threading
@@ -22,6 +23,29 @@ from ..errors import ClusterctlError, PortTaken
 from .transport import DEFAULT_CONNECT_TIMEOUT_S
 
 CHUNK = 65536
+
+
+def listen(address: str, port: int) -> socket.socket:
+    """A socket listening on address:port of this machine (port 0: a free one); the OSError bind or listen gave,
+    the socket closed. Connections just closed linger in TIME_WAIT: without SO_REUSEADDR the port could not be
+    taken again for a minute after a stop (a second listener on it is still refused)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` (an IP, bracketed or not, or a name) is a loopback address: only `localhost` by name."""
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return address.lower() == "localhost"
 
 
 class Forward:
@@ -38,15 +62,9 @@ class Forward:
     @classmethod
     def bind(cls, port: int, address: str = "127.0.0.1") -> Forward:
         """Listen on address:port of this machine (port 0: any free one); PortTaken when it is in use."""
-        listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-        # connections just closed linger in TIME_WAIT: without SO_REUSEADDR the port could not be taken again
-        # for a minute after a stop (a second listener on it is still refused)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            listener.bind((address, port))
-            listener.listen(64)
+            listener = listen(address, port)
         except OSError as e:
-            listener.close()
             raise PortTaken(f"port {port} on {address} is in use on this machine ({e.strerror}): give another "
                             f"with --port, or stop what listens there") from None
         return cls(listener, address)

@@ -22,7 +22,6 @@ It runs until Ctrl-C (or SIGTERM), a failure with no restart left, or a stall wi
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import os
 import time
@@ -32,7 +31,7 @@ from typing import Callable
 from ..errors import ClusterctlError, PortTaken, ServeError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.facts import interfaces
-from ..hosts.forward import Forward
+from ..hosts.forward import Forward, is_loopback
 from ..inventory import Cluster
 from ..launch.attempts import AttemptSettings
 from ..program import Capabilities
@@ -262,11 +261,7 @@ def _check_listen(host, listen: str | None, port: int) -> None:
     own, as on the loopback test cluster.)"""
     if listen is None or host.local or listen in (host.name, host.hostname, host.address):
         return
-    try:
-        loopback = ipaddress.ip_address(listen.strip("[]")).is_loopback
-    except ValueError:
-        loopback = listen.lower() == "localhost"
-    if loopback:
+    if is_loopback(listen):
         raise UsageError(f"--listen {listen} is {host.name}'s own loopback, which this machine cannot reach: leave "
                          f"out --listen (serve then carries http://127.0.0.1:{port} here to it over SSH), or give "
                          "an address of the host's network")
