@@ -148,8 +148,11 @@ def test_a_two_host_run_appears_live_its_curves_grow_and_it_ends_finished(make_c
         wait(lambda: text(browser, "#run-status") == "finished", 30,
              lambda: f"not finished: {text(browser, '#run-section')!r}")
         assert text(browser, "#run-id") == run_id
-        row = text(browser, f"#runs tbody tr[data-run-id='{run_id}']")
-        assert "finished" in row and "train" in row, row
+        # the runs table comes with the overview, which the stream sends apart from the run it follows: it may
+        # say "finished" an update after the run's own status does
+        row = lambda: text(browser, f"#runs tbody tr[data-run-id='{run_id}']")  # noqa: E731
+        wait(lambda: "finished" in row(), 30, lambda: f"the runs table: {row()!r}")
+        assert "finished" in row() and "train" in row(), row()
         # the held-out loss came through too (the trainer evaluates at the end): a curve of its own
         assert "held-out" in text(browser, "#loss-chart")
     finally:
