@@ -173,8 +173,16 @@ def test_ready_means_a_completion_was_answered_not_that_health_answers(server):
     time.sleep(0.7)
     assert watched.answered > first                       # health answers keep coming: the stall watch's progress
     assert {agent for _, agent in server.seen} == {endpoint.PROBE_AGENT}
-    watched.attempt_started()                             # a restart: the last attempt's answers are forgotten
+    server.loaded.clear()                                 # a restart: the new ranks load the model again
+    watched.attempt_started()                             # ... and the last attempt's answers are forgotten
     assert watched.answered is None
+    time.sleep(0.7)
+    assert watched.answered is None and len(readies) == 1   # health answers alone do not make the new attempt ready
+    server.loaded.set()
+    deadline = time.monotonic() + 10
+    while len(readies) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(readies) == 2 and watched.answered is not None
     watched.stop()
 
 
