@@ -20,7 +20,7 @@ TOKEN = clirun.TOKEN
 # the two are alike (~2 ms), and on this shared machine under load a rank given 3 rows measured 3.7x slower per row
 # than its peer with 13 once they were equally fast again, and kept its 3
 TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "128",
-         "--batch-size", "8", "--steps", "110", "--report-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
+         "--batch-size", "8", "--steps", "150", "--report-every", "5", "--eval-every", "0", "--ckpt-every", "0"]
 
 
 def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster, tmp_path):
@@ -40,18 +40,25 @@ def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster,
     first = hot[0]
     assert first["rows"][0] > first["rows"][1] and sum(first["rows"]) == 16, first
     assert first["speeds"][0] > first["speeds"][1]            # h2 sleeps twice its compute time each step
-    # h2 cooled at step 45: at an exchange measured after it, rows go back to it (all 8 of its own when the two
+    # h2 cooled at step 45: the first exchange measured after it gives rows back (all 8 of its own when the two
     # measure within 10% of each other; fewer when this shared machine's load makes them differ more)
-    last = balance["changes"][-1]
-    assert last["step"] > 45 and last["rows"][1] > first["rows"][1] and last["rows"] == balance["rows"], balance
+    back = next((c for c in balance["changes"] if c["step"] > 45), None)
+    assert back and back["rows"][1] > first["rows"][1] and balance["changes"][-1]["rows"] == balance["rows"], balance
+    before = balance["changes"][balance["changes"].index(back) - 1]
     said = [line for line in r.stdout.splitlines() if "] balance: " in line]
     # the move back, said with the speeds it was measured at (the record keeps them rounded: within a row/s)
-    back = (f"balance: step {last['step']}: {':'.join(map(str, balance['changes'][-2]['rows']))} -> "
-            f"{':'.join(map(str, last['rows']))} rows a step (measured ")
-    told = [line.split(back, 1)[1] for line in said if back in line]
-    assert any("balance: settled at " in line for line in said) and len(told) == 1, said
+    line = (f"balance: step {back['step']}: {':'.join(map(str, before['rows']))} -> "
+            f"{':'.join(map(str, back['rows']))} rows a step (measured ")
+    told = [text.split(line, 1)[1] for text in said if line in text]
+    assert len(told) == 1, said
     speeds = [float(x) for x in told[0].removesuffix(" rows/s)").split(", ")]
-    assert all(abs(a - b) <= 1 for a, b in zip(speeds, last["speeds"])) and len(speeds) == 2, (told, last)
+    assert all(abs(a - b) <= 1 for a, b in zip(speeds, back["speeds"])) and len(speeds) == 2, (told, back)
+    # and said once the shares held at an exchange after it: the runs here share 2 cores with the rest of the suite,
+    # whose load can make two equal hosts measure 20% apart and move a row at an exchange or two (in one CI run of
+    # 110 steps no exchange held after the move back: the last, at step 107, moved 8:8 -> 7:9 at 30, 37 rows/s), so
+    # the run goes on for five exchanges after the heat
+    settled = [int(text.rsplit(" from step ", 1)[1].split(" ", 1)[0]) for text in said if "balance: settled at " in text]
+    assert any(step >= back["step"] for step in settled), said
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     shares = [rec["shares"] for rec in records if "loss" in rec]
     assert shares[0] == [8, 8] and shares[-1] == balance["rows"]      # step 1 even; then as moved
