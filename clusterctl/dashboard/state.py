@@ -46,7 +46,7 @@ def picture(cluster: Cluster | None) -> dict:
     every pair (MPI and jaccl reach every rank)."""
     if cluster is None:
         return {"nodes": [], "links": []}
-    hosts = list({h.name: h for h in cluster.hosts}.values())
+    hosts = list(cluster.hosts)
     nodes = [{"id": h.name, "ssh": h.hostname or h.name, "address": h.address,
               "slots": h.slots} for h in hosts]
     links = [{"a": "this machine", "b": h.name, "kind": "ssh"} for h in hosts]
@@ -266,7 +266,7 @@ class Board:
         with self._lock:
             hosts, taken = list(self._hosts), self._hosts_taken
         if not hosts and self.cluster is not None:
-            hosts = [host_json(HostTelemetry(name, "sampling")) for name in {h.name: h for h in self.cluster.hosts}]
+            hosts = [host_json(HostTelemetry(name, "sampling")) for name in self.cluster.names]
         index = registry.read_index()           # once for both the runs and the endpoints
         return {"now": time.time(), "hosts": hosts, "hosts_taken": taken, "picture": self._picture,
                 "runs": self.runs(index), "endpoints": self.endpoints(index)}

@@ -197,7 +197,7 @@ def collect(connector: Connector, run_id: str, *, folders: dict[str, str] | None
         with connector.transport(host) as t:
             return t.run(argv, timeout=answer_s + (90 if native else 20))
 
-    hosts = [h for h in {h.name: h for h in connector.cluster.hosts}.values() if not folders or h.name in folders]
+    hosts = [h for h in connector.cluster.hosts if not folders or h.name in folders]
     group = run_all(hosts, one, deadline=connector.deadline(answer_s + (90 if native else 20)))
     ranks, errors = [], {}
     for name, outcome in group.items():

@@ -48,7 +48,7 @@ def ask_to_stop(connector: Connector, run_id: str, signum: int | None, *,
     """Send `signum` (SIGINT or SIGTERM; None: none) to every rank of `run_id` alive on the connector's hosts
     (only the ranks `ranks_of` places on each host, when given), then wait up to `wait_s` there for them to end."""
     text = program("stopranks.py")
-    hosts = list({h.name: h for h in connector.cluster.hosts if ranks_of is None or h.name in ranks_of}.values())
+    hosts = [h for h in connector.cluster.hosts if ranks_of is None or h.name in ranks_of]
 
     def one(host):
         only = [str(r) for r in (ranks_of or {}).get(host.name, [])]

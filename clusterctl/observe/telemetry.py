@@ -248,7 +248,7 @@ class Telemetry:
         self.connector = connector
         self.timeout = timeout
         self.every_s = every
-        self.hosts = list({h.name: h for h in connector.cluster.hosts}.values())
+        self.hosts = list(connector.cluster.hosts)
         self._transports: dict[str, Transport] = {}
         self._probes: dict[str, _Probe] = {}
         self._last: dict[str, HostTelemetry] = {}
