@@ -17,8 +17,12 @@ BatchLoader(shard k).batch(step * accum + i), i < accum). Shares only move rows 
 `auto` measures each rank's rows per second of computation (its forward and backward passes, not the time it
 waits for the others), exchanged after WARMUP_STEPS steps and then every EXCHANGE_EVERY (each decision waits
 until every rank has computed MIN_MEASURED_S since the last), and moves rows only when the
-measured speeds differ by more than TOLERANCE and the new shares would make the step at least HYSTERESIS
-faster than the current ones (so shares do not flap with noise); a Mac that slows down (heat, another job)
+measured speeds differ by more than TOLERANCE and the new shares would make the step faster than the current ones
+by HYSTERESIS and by more than the noise measured (`noise`: NOISE_Z standard errors of the step time predicted from
+the speeds, which the scatter of each rank's step-by-step speeds gives: `spread`), so shares do not flap with noise (a busy
+machine's steps vary, and a row moved for that would soon move back); a move that predicts less than CONFIRM is
+made only when two exchanges in a row call for it (a busy machine's bursts can hold a rank back for a whole
+window, steadily, which no step-by-step scatter shows: `decide`); a Mac that slows down (heat, another job)
 gets fewer rows at the next exchange, and its rows back when it recovers. The shares it moves to are the best
 the rows allow (`best_split`: the shortest predicted step, rows whole), not the speeds' proportions rounded: with
 16 rows and one rank twice as fast, 11:5 (a step of 5.5 of the slow rank's row times), not 10:6 (6).
@@ -36,6 +40,8 @@ MIN_MEASURED_S = 0.25     # an exchange decides only once every rank has compute
 TOLERANCE = 0.10          # speeds within 10% of the mean: even shares (identical Macs, or one a little busy,
                           # never move rows, nor make a rank tokenize another's shard, for noise)
 HYSTERESIS = 0.05         # new shares must cut the predicted step time by 5% or more
+NOISE_Z = 2.0             # ... and by more than twice the standard error of that prediction (`noise`)
+CONFIRM = 0.15            # a move predicting a smaller cut waits for a second exchange in a row to call for it
 
 
 def parse_balance(text: str, world: int | None = None) -> str | tuple[float, ...]:
@@ -91,10 +97,33 @@ def step_time(rows, speeds) -> float:
     return max(r / s for r, s in zip(rows, speeds))
 
 
-def decide(rows: list[int], speeds: list[float]) -> list[int]:
-    """The shares `auto` moves to from `rows` given measured speeds (rows per second per rank): even when
-    the speeds are within TOLERANCE of their mean, else the best split; kept unless the change predicts a step
-    HYSTERESIS faster."""
+def spread(count: float, total: float, jumps: float) -> float:
+    """The relative standard error of a rank's mean speed from `count` step-by-step speeds: their sum and the sum of
+    the squared differences between successive ones (`jumps`). The variance is von Neumann's, half the mean squared
+    successive difference: a busy machine's scattered steps count in full, where a single change of level (the Mac
+    heated up within the window) counts as one difference among count - 1, not as noise over the whole window
+    (which would slow the very move that change calls for). 0 for fewer than three speeds."""
+    if count < 3 or total <= 0:
+        return 0.0
+    mean = total / count
+    return math.sqrt(jumps / (2 * (count - 1)) / count) / mean
+
+
+def noise(spreads: list[float]) -> float:
+    """The relative standard error of a predicted step time's change, from each rank's `spread`: the prediction's
+    ratio rests on two ranks' speeds (the slowest under each split), taken at the noisiest rank's."""
+    return math.sqrt(2) * max(spreads, default=0.0)
+
+
+def needed(noise_: float = 0.0) -> float:
+    """The cut of the predicted step time a move must make: HYSTERESIS, or NOISE_Z times the noise when more."""
+    return max(HYSTERESIS, NOISE_Z * noise_)
+
+
+def proposal(rows: list[int], speeds: list[float], noise_: float = 0.0) -> list[int]:
+    """The shares one exchange's figures call for, from `rows` given measured speeds (rows per second per rank):
+    even when the speeds are within TOLERANCE of their mean, else the best split; `rows` unless the change predicts
+    a step faster by `needed(noise_)` (the speeds' relative standard error, `noise`)."""
     total, n = sum(rows), len(rows)
     if any(not math.isfinite(s) or s <= 0 for s in speeds):
         return rows
@@ -105,9 +134,20 @@ def decide(rows: list[int], speeds: list[float]) -> list[int]:
         target = best_split(speeds, total)
     if target == rows:
         return rows
-    if step_time(target, speeds) <= (1 - HYSTERESIS) * step_time(rows, speeds):
+    if step_time(target, speeds) <= (1 - needed(noise_)) * step_time(rows, speeds):
         return target
     return rows
+
+
+def decide(rows: list[int], speeds: list[float], noise_: float = 0.0, last: list[int] | None = None) -> list[int]:
+    """The shares `auto` moves to: this exchange's `proposal`, at once when it predicts a step CONFIRM faster or
+    more (a Mac that heated up or cooled down), else only when the last exchange proposed the same shares (`last`):
+    on a busy machine one window of 20 steps can find two equal ranks 20% apart, steady step by step, and a row
+    moved for it would move back at the next."""
+    target = proposal(rows, speeds, noise_)
+    if target != rows and target != last and step_time(target, speeds) > (1 - CONFIRM) * step_time(rows, speeds):
+        return rows
+    return target
 
 
 def next_exchange(measured: int, seconds: list[float]) -> int:

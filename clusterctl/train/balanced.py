@@ -97,6 +97,10 @@ class BalancedSteps:
         self.slow, self.slow_from, self.slow_until = slowdown()
         self.settled: int | None = None       # the exchange at which the shares last settled (said once)
         self.measured_rows, self.measured_s = 0, 0.0
+        self.rates = [0, 0.0, 0.0]            # step-by-step speeds since the last exchange: count, sum, and the
+        self.last_rate: float | None = None   # squared differences of successive ones (balance.spread)
+        self.noise: float | None = None       # the last exchange's (balance.noise)
+        self.proposed: list[int] | None = None    # the shares the last exchange's figures called for
         self.measured_steps, self.exchange_at = 0, balance.WARMUP_STEPS
         self.speeds: list[float] | None = None
         self.changes: list[dict] = []
@@ -155,6 +159,11 @@ class BalancedSteps:
             self.measured_rows += computed
             self.measured_s += took
             self.measured_steps += 1
+            if took > 0:
+                rate = computed / took
+                jump = 0.0 if self.last_rate is None else (rate - self.last_rate) ** 2
+                self.rates = [self.rates[0] + 1, self.rates[1] + rate, self.rates[2] + jump]
+                self.last_rate = rate
         loss, norm = self.apply(loss, grads)
         if self.mode == "auto" and self.measured_steps == self.exchange_at:
             self.exchange(step + 1)
@@ -162,15 +171,17 @@ class BalancedSteps:
 
     def exchange(self, done: int) -> None:
         """Every rank's rows per second since the last exchange, then the shares `decide` moves to."""
-        mine = mx.zeros((self.world, 3))
-        mine[self.rank] = mx.array([self.measured_rows, self.measured_s, float(self.reads_all)])
+        mine = mx.zeros((self.world, 6))
+        mine[self.rank] = mx.array([self.measured_rows, self.measured_s, float(self.reads_all), *self.rates])
         table = mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()
-        seconds = [s for _, s, _ in table]
+        seconds = [row[1] for row in table]
         self.exchange_at = balance.next_exchange(self.measured_steps, seconds)
         if not balance.enough(seconds):
             return                           # the same table on every rank: all wait a step more together
-        self.measured_rows, self.measured_s = 0, 0.0
-        self.speeds = [r / s if s > 0 else 0.0 for r, s, _ in table]
+        self.measured_rows, self.measured_s, self.rates, self.last_rate = 0, 0.0, [0, 0.0, 0.0], None
+        self.speeds = [row[0] / row[1] if row[1] > 0 else 0.0 for row in table]
+        self.noise = balance.noise([balance.spread(*row[3:]) for row in table])
+        table = [row[:3] for row in table]
         self.exchanged = done
         cannot = [r for r, (_, _, reads) in enumerate(table) if not reads]
         if cannot:
@@ -180,8 +191,9 @@ class BalancedSteps:
                       "--all-shards, or data push --all-shards) to balance", flush=True)
             self.held_even = cannot
             return
-        new = balance.decide(self.rows, self.speeds)
-        measured = ", ".join(f"{s:.0f}" for s in self.speeds)
+        new = balance.decide(self.rows, self.speeds, self.noise, self.proposed)
+        self.proposed = balance.proposal(self.rows, self.speeds, self.noise)
+        measured = ", ".join(f"{s:.0f}" for s in self.speeds) + f" rows/s, noise {100 * self.noise:.0f}%"
         if new == self.rows:
             if self.changes and self.settled is None:
                 # the shares held at an exchange after a move: said once, until they move again
@@ -189,13 +201,13 @@ class BalancedSteps:
                 if self.rank == 0:
                     even = balance.step_time(balance.proportional([1] * self.world, sum(new)), self.speeds)
                     print(f"balance: settled at {':'.join(map(str, new))} rows a step from step "
-                          f"{self.changes[-1]['step']} (measured {measured} rows/s; a step predicted "
+                          f"{self.changes[-1]['step']} (measured {measured}; a step predicted "
                           f"{even / balance.step_time(new, self.speeds):.2f}x the even split's speed)", flush=True)
             return
         if new != self.rows:
             if self.rank == 0:
                 print(f"balance: step {done}: {':'.join(map(str, self.rows))} -> {':'.join(map(str, new))} rows a step "
-                      f"(measured {measured} rows/s)", flush=True)
+                      f"(measured {measured})", flush=True)
             self.settled = None
             self.rows = new
             taken = {shard for shard, _ in balance.assignment(new)[self.rank]} - {self.rank}
@@ -203,12 +215,14 @@ class BalancedSteps:
                 announce_quiet()
                 for shard in sorted(taken):
                     self.shard_loader(shard)
-            self.changes.append({"step": done, "rows": list(new), "speeds": [round(s, 1) for s in self.speeds]})
+            self.changes.append({"step": done, "rows": list(new), "speeds": [round(s, 1) for s in self.speeds],
+                                 "noise": round(self.noise, 3)})
 
     def info(self) -> dict:
         return {"mode": self.mode if isinstance(self.mode, str) else "fixed", "rows": list(self.rows),
                 "held_even_for": self.held_even,
                 "speeds_rows_per_s": [round(s, 1) for s in self.speeds] if self.speeds else None,
+                "noise": round(self.noise, 3) if self.noise is not None else None,
                 "changes": self.changes}
 
 

@@ -37,7 +37,56 @@ def test_auto_stays_even_within_the_tolerance_and_moves_only_for_a_real_gain():
     assert b.decide([22, 10], [100.0, 49.0]) == [22, 10]         # the best split already
     assert b.decide([21, 11], [100.0, 49.0]) == [21, 11]         # [22, 10] predicts < 5% faster: kept
     assert b.decide(even, [100.0, 0.0]) == even                  # a rank that measured nothing: no move
-    assert b.decide(even, [100.0, 75.0]) == [18, 14]             # 1.33x: beyond the tolerance now (was 20%)
+    assert b.proposal(even, [100.0, 75.0]) == [18, 14]           # 1.33x: beyond the tolerance now (was 20%)
+    assert b.decide(even, [100.0, 75.0], last=[18, 14]) == [18, 14]  # a 12% cut: made when two exchanges call for it
+    assert b.decide(even, [100.0, 75.0], last=even) == even          # (the first that does, waits)
+
+
+def spread_of(rates):
+    return b.spread(len(rates), sum(rates), sum((x - y) ** 2 for x, y in zip(rates[1:], rates)))
+
+
+def test_a_move_must_beat_the_noise_measured_as_well_as_the_hysteresis():
+    """Issue 43: moves whenever the predicted step improves by more than the noise. Two equal Macs, one busy for a
+    while, measured 30 and 37 rows/s: 7:9 predicts a step 9% shorter, a move when the steps were steady, none when
+    each rank's steps varied so much that 9% is within twice the prediction's standard error."""
+    assert spread_of([50.0, 50.0]) == 0.0 and spread_of([100.0] * 20) == 0.0         # too few; all alike
+    steady = [100.0 + d for d in (-2, 1, 0, 2, -1) * 4]              # 20 steps within 2%
+    busy = [100.0 + d for d in (-40, 30, 10, -25, 25) * 4]           # 20 steps 25% apart on average
+    quiet, noisy = spread_of(steady), spread_of(busy)
+    assert quiet < 0.005 and 0.08 < noisy < 0.11                     # the standard error of a 20-step mean
+    assert b.needed(b.noise([quiet, quiet])) == b.HYSTERESIS and b.needed(b.noise([noisy, quiet])) > 0.2
+    assert b.proposal([8, 8], [30.0, 37.0]) == [7, 9]                # 9% shorter: beyond the hysteresis
+    assert b.proposal([8, 8], [30.0, 37.0], b.noise([quiet, quiet])) == [7, 9]
+    assert b.proposal([8, 8], [30.0, 37.0], b.noise([noisy, quiet])) == [8, 8]
+    assert b.decide([8, 8], [30.0, 37.0], b.noise([noisy, quiet]), last=[7, 9]) == [8, 8]
+
+
+def test_a_small_move_waits_for_a_second_exchange_to_call_for_it_a_large_one_does_not():
+    """On this 2-core machine under the suite's load, two equal hosts measured 59 and 75 rows/s over one window of
+    20 steps (each step within 4% of the last): 7:9 predicts a step 12% shorter, and the next window measured 64 and
+    59 and moved the row back. A cut under CONFIRM (15%) is made only when the exchange before proposed the same."""
+    assert b.proposal([8, 8], [59.0, 75.0]) == [7, 9]
+    assert b.decide([8, 8], [59.0, 75.0]) == [8, 8]                      # nothing proposed before
+    assert b.decide([8, 8], [59.0, 75.0], last=[8, 8]) == [8, 8]         # the last exchange called for no move
+    assert b.decide([8, 8], [59.0, 75.0], last=[9, 7]) == [8, 8]         # ... or another
+    assert b.decide([8, 8], [59.0, 75.0], last=[7, 9]) == [7, 9]         # two in a row: a real difference
+    # a Mac that heats up 2x, or cools down, moves rows at the first exchange that sees it
+    assert b.decide([8, 8], [60.0, 30.0], last=[8, 8]) == [11, 5]
+    assert b.decide([11, 5], [60.0, 58.0], last=[11, 5]) == [8, 8]
+
+
+def test_a_host_heating_up_within_the_window_is_a_change_not_noise():
+    """A Mac 2x slower from the 11th of 20 steps: its speeds' one change of level weighs as one successive
+    difference, so the move it calls for (8:8 -> 10:6, a step 17% shorter) is made at that exchange, not 20 steps
+    later (the squared deviations from the mean would read the two levels as 8% noise and ask for a 22% cut)."""
+    heated = [90.0] * 10 + [45.0] * 10
+    speed = 20 / sum(1 / r for r in heated)                          # rows per second over the window (a row a step)
+    assert spread_of(heated) < 0.03
+    assert b.decide([8, 8], [90.0, speed], b.noise([spread_of([90.0] * 20), spread_of(heated)])) == [10, 6]
+    # and one that cools: its rows come back however busy its steps were
+    busy = [100.0 + d for d in (-40, 30, 10, -25, 25) * 4]
+    assert b.decide([11, 5], [100.0, 97.0], b.noise([spread_of(busy), spread_of(busy)])) == [8, 8]
 
 
 def test_the_best_split_is_the_shortest_step_the_rows_allow_not_rounded_proportions():
