@@ -63,8 +63,8 @@ def test_a_move_must_beat_the_noise_measured_as_well_as_the_hysteresis():
 
 
 def test_a_small_move_waits_for_a_second_exchange_to_call_for_it_a_large_one_does_not():
-    """On this 2-core machine under the suite's load, two equal hosts measured 59 and 75 rows/s over one window of
-    20 steps (each step within 4% of the last): 7:9 predicts a step 12% shorter, and the next window measured 64 and
+    """On this 2-core machine with 4 busy loops beside it, two equal hosts measured 59 and 75 rows/s over one window of
+    20 steps (the noise measured 4%): 7:9 predicts a step 12% shorter, and the next window measured 64 and
     59 and moved the row back. A cut under CONFIRM (15%) is made only when the exchange before proposed the same."""
     assert b.proposal([8, 8], [59.0, 75.0]) == [7, 9]
     assert b.decide([8, 8], [59.0, 75.0]) == [8, 8]                      # nothing proposed before
