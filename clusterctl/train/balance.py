@@ -144,7 +144,11 @@ def decide(rows: list[int], speeds: list[float], noise_: float = 0.0, last: list
     more (a Mac that heated up or cooled down), else only when the last exchange proposed the same shares (`last`):
     on a busy machine one window of 20 steps can find two equal ranks 20% apart, steady step by step, and a row
     moved for it would move back at the next."""
-    target = proposal(rows, speeds, noise_)
+    return confirmed(rows, proposal(rows, speeds, noise_), speeds, last)
+
+
+def confirmed(rows: list[int], target: list[int], speeds: list[float], last: list[int] | None) -> list[int]:
+    """`decide` given this exchange's proposal `target` (which the trainer keeps as the next exchange's `last`)."""
     if target != rows and target != last and step_time(target, speeds) > (1 - CONFIRM) * step_time(rows, speeds):
         return rows
     return target

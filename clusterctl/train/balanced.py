@@ -181,9 +181,8 @@ class BalancedSteps:
         self.measured_rows, self.measured_s, self.rates, self.last_rate = 0, 0.0, [0, 0.0, 0.0], None
         self.speeds = [row[0] / row[1] if row[1] > 0 else 0.0 for row in table]
         self.noise = balance.noise([balance.spread(*row[3:]) for row in table])
-        table = [row[:3] for row in table]
         self.exchanged = done
-        cannot = [r for r, (_, _, reads) in enumerate(table) if not reads]
+        cannot = [r for r, row in enumerate(table) if not row[2]]
         if cannot:
             if self.held_even is None and self.rank == 0:
                 print(f"note: balancing keeps even shares: rank(s) {', '.join(map(str, cannot))} cannot read every "
@@ -191,8 +190,8 @@ class BalancedSteps:
                       "--all-shards, or data push --all-shards) to balance", flush=True)
             self.held_even = cannot
             return
-        new = balance.decide(self.rows, self.speeds, self.noise, self.proposed)
-        self.proposed = balance.proposal(self.rows, self.speeds, self.noise)
+        wanted = balance.proposal(self.rows, self.speeds, self.noise)
+        new, self.proposed = balance.confirmed(self.rows, wanted, self.speeds, self.proposed), wanted
         measured = ", ".join(f"{s:.0f}" for s in self.speeds) + f" rows/s, noise {100 * self.noise:.0f}%"
         if new == self.rows:
             if self.changes and self.settled is None:
