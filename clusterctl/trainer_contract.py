@@ -102,6 +102,21 @@ def replace_flag(args: list[str] | tuple[str, ...], flag: str, value: str) -> li
     return out
 
 
+CONFIG_FLAGS = ("--config", "-c")      # the trainer's settings file: its own names or mlx-lm's lora_config.yaml
+
+
+def setting(args: list[str] | tuple[str, ...], flag: str, key: str, read_file=None) -> str | None:
+    """What the trainer will take for `flag`: the flag's value, else the settings file's `key` (by the trainer's name;
+    `read_file(path)` -> that file's settings, which the caller gives: this module reads no YAML). None when neither
+    gives it."""
+    value = flag_value(args, flag)
+    if value is not None or read_file is None:
+        return value
+    path = next((v for v in (flag_value(args, f) for f in CONFIG_FLAGS) if v), None)
+    found = read_file(path).get(key) if path else None
+    return None if found is None else str(found)
+
+
 def add_run_flag(args: list[str], flag: str, value: str) -> list[str]:
     """`args` (the trainer's, after its module name) with run's own `flag value` first, so that a user's own
     later one still wins."""

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from .program import Capabilities, PlannedLaunch
 from .trainer_contract import (DATA, DEFAULT_STRATEGY, MODEL, OUT, RESUME, STRATEGY, TRAINER_KINDS, TRAINER_MODULE,
-                               add_run_flag, flag_value, replace_flag)
+                               add_run_flag, flag_value, replace_flag, setting)
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class BundledTrainer(Capabilities):
     # why a run of --strategy NAME (None: the default) cannot shrink under --elastic, or None
     # (train/strategies.shrink_refusal, given by the CLI: the strategies are the trainer's registry)
     strategy_shrink: Callable[[str | None], str | None] | None = None
+    # a settings file's values by the trainer's names (train/config.file_settings, given by the CLI: a -c FILE,
+    # ours or mlx-lm's, may name the model and the data); None: only flags are read here
+    settings_file: Callable[[str], dict] | None = None
 
     module = TRAINER_MODULE
     reads_stdin = False
@@ -42,14 +45,20 @@ class BundledTrainer(Capabilities):
     def checks_before_launch(self) -> bool:
         return self.prelaunch is not None
 
+    def _setting(self, args: Sequence[str], flag: str) -> str | None:
+        return setting(args, flag, flag.lstrip("-").replace("-", "_"), self.settings_file)
+
     def store_model(self, args: Sequence[str]) -> str | None:
-        return flag_value(args, MODEL)
+        return self._setting(args, MODEL)
 
     def with_store_model(self, args: Sequence[str], model: str) -> list[str]:
+        if flag_value(args, MODEL) is None:        # named by the settings file: a flag, which wins over it
+            return add_run_flag(list(args), MODEL, model)
         return replace_flag(args, MODEL, model)
 
     def inputs(self, args: Sequence[str], run_gives_data: bool) -> list[tuple[str, str]]:
-        return [] if run_gives_data or not flag_value(args, DATA) else [(DATA, flag_value(args, DATA))]
+        data = self._setting(args, DATA)
+        return [] if run_gives_data or not data else [(DATA, data)]
 
     def with_data(self, args: Sequence[str], data_dir: str) -> list[str]:
         return add_run_flag(list(args), DATA, data_dir)
@@ -71,5 +80,8 @@ class BundledTrainer(Capabilities):
         """Its kind is the one TRAINER_KINDS gives its flags, else "train", of its --model, with its --strategy
         (the trainer's default when not given: its own choice, "auto" or a --config file's, replaces it in
         summary.json once it has said)."""
-        kind = next((kind for flag, kind in TRAINER_KINDS if flag_value(args, flag) is not None), "train")
-        return {"kind": kind, "model": flag_value(args, MODEL), "strategy": flag_value(args, STRATEGY) or DEFAULT_STRATEGY}
+        kind = next((kind for flag, kind in TRAINER_KINDS if self._setting(args, flag) is not None), "train")
+        if kind == "fine-tune" and flag_value(args, "--fine-tune-type") in ("lora", "dora"):      # mlx-lm's name
+            kind = next(kind for flag, kind in TRAINER_KINDS if flag == "--adapter")
+        return {"kind": kind, "model": self._setting(args, MODEL),
+                "strategy": self._setting(args, STRATEGY) or DEFAULT_STRATEGY}

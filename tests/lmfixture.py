@@ -27,7 +27,9 @@ def qa(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return out
 
 
-def make_tokenizer(dest: Path, vocab: int = 320) -> None:
+def make_tokenizer(dest: Path, vocab: int = 320, corpus: list[str] | None = None) -> None:
+    """A byte-level BPE with ChatML's special tokens and template, trained on `corpus` (default: the sentences and
+    sums the small models' data is made of) and the chat template's words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -35,12 +37,12 @@ def make_tokenizer(dest: Path, vocab: int = 320) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = sentences(400) + [f"{q} {a}" for q, a in qa(200)] + ["user assistant system"] * 20
-    tok.train_from_iterator(corpus, trainer)
+    corpus = corpus or sentences(400) + [f"{q} {a}" for q, a in qa(200)]
+    tok.train_from_iterator(corpus + ["user assistant system"] * 20, trainer)
     tok.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None,
-        "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE, "model_max_length": 512}))
+        "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE, "model_max_length": 1024}))
 
 
 def make_model(dest, kind: str = "llama", layers: int = 2, dim: int = 64, mlp: int = 128, tied: bool = False,
@@ -164,3 +166,109 @@ def hub_snapshot(model_dir, hf_home, repo: str = "tiny-org/tiny", revision: str 
         link.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.relpath(blob, link.parent), link)
     return snapshot
+
+
+# ---- a pretrained base: a small llama that has learned the embedded stories, and a chat task about them ---------
+# What fine-tuning quality is measured on (tests/train/test_finetune_quality.py, benchmarks/bench_lora_quality.py):
+# a base that knows plain text (its held-out story loss is low), a chat task it has never seen (a question about a
+# story's opening, a short answer), and held-out stories to tell whether a fine-tune made it forget the text.
+
+def story_text(seed: int, k: int) -> str:
+    from clusterctl.data.stories import story
+    return story(seed, k)
+
+
+def story_question(seed: int, k: int) -> tuple[str, str]:
+    """(prompt, answer) about story k: its first sentence and the one that answers, a question, and the answer in
+    a few words read from the story itself."""
+    import re
+
+    sentences = re.split(r"(?<=[.!?\"])\s+(?=[A-Z\"])", story_text(seed, k))
+    name = re.search(r"(?:named|called) (\w+)\.$|^(\w+) was a ", sentences[0])
+    name = name.group(1) or name.group(2)
+    asked = [("found a ", r"found a (.+?) by the", f"What did {name} find?", "A {}."),
+             (" had a friend, a ", r"had a friend, a (\w+) named (\w+)\.", f"Who is {name}'s friend?", "{1}, a {0}."),
+             ("lived in ", r"lived in (.+?) with", f"Where does {name} live?", "In {}.")]
+    key, pattern, question, answer = asked[random.Random(f"question:{seed}:{k}").randrange(len(asked))]
+    where = next(s for s in sentences if key in s)
+    return f"{sentences[0]} {where}\n\n{question}", answer.format(*re.search(pattern, where).groups())
+
+
+def pretrain(dest, steps: int = 120, layers: int = 2, dim: int = 64, mlp: int = 128, batch: int = 8,
+             block: int = 64, lr: float = 6e-3, seed: int = 0) -> Path:
+    """A llama trained from random weights on plain stories (seed 1's), saved as mlx-lm saves a model: the base
+    whose knowledge a fine-tune should keep. AdamW, cosine from 3e-3, packed rows of `block` tokens."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx_lm.models import llama
+    from mlx_lm.utils import load_tokenizer, save_model
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    make_tokenizer(dest, 512, [story_text(7, k) for k in range(300)])
+    tokenizer = load_tokenizer(dest)
+    config = {"model_type": "llama", "hidden_size": dim, "num_hidden_layers": layers, "intermediate_size": mlp,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+              "vocab_size": tokenizer.vocab_size, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "max_position_embeddings": 1024, "torch_dtype": "float32", "architectures": ["LlamaForCausalLM"]}
+    stream = []
+    k = 0
+    while len(stream) < steps * batch * block + block + 1:
+        stream += tokenizer.encode(story_text(1, k)) + [tokenizer.eos_token_id]
+        k += 1
+    tokens = mx.array(stream, dtype=mx.int32)
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    schedule = optim.cosine_decay(lr, steps, lr / 30)
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01, bias_correction=True)
+
+    def loss_fn(model, x, y):
+        return nn.losses.cross_entropy(model(x), y, reduction="mean")
+
+    step_fn = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    from functools import partial
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step(x, y):
+        loss, grads = step_fn(model, x, y)
+        optimizer.update(model, grads)
+        return loss
+
+    rng = random.Random(seed)
+    order = list(range(0, len(stream) - block - 1, block))
+    rng.shuffle(order)
+    for i in range(steps):
+        starts = mx.array(order[i * batch:(i + 1) * batch])[:, None]
+        rows = tokens[starts + mx.arange(block + 1)[None]]
+        loss = step(rows[:, :-1], rows[:, 1:])
+        mx.eval(loss, state)
+    save_model(dest, model)
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    return dest
+
+
+def story_tasks(dest, train: int = 400, valid: int = 40, test: int = 60) -> dict:
+    """The chat task (dest/chat: train, valid and test.jsonl of messages records about stories of seed 2) and held-out
+    plain text (dest/text: test.jsonl of seed 3's stories as text records, which no training saw)."""
+    dest = Path(dest)
+
+    def chat(first, n):
+        out = []
+        for k in range(first, first + n):
+            prompt, answer = story_question(2, k)
+            out.append(json.dumps({"messages": [{"role": "user", "content": prompt},
+                                                {"role": "assistant", "content": answer}]}))
+        return "\n".join(out) + "\n"
+
+    (dest / "chat").mkdir(parents=True, exist_ok=True)
+    (dest / "chat" / "train.jsonl").write_text(chat(0, train))
+    (dest / "chat" / "valid.jsonl").write_text(chat(train, valid))
+    (dest / "chat" / "test.jsonl").write_text(chat(train + valid, test))
+    (dest / "text").mkdir(parents=True, exist_ok=True)
+    texts = "\n".join(json.dumps({"text": story_text(3, k)}) for k in range(test)) + "\n"
+    for name in ("train.jsonl", "valid.jsonl", "test.jsonl"):       # mlx-lm's --test loads all three
+        (dest / "text" / name).write_text(texts)
+    return {"chat": dest / "chat", "text": dest / "text"}

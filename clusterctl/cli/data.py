@@ -85,13 +85,14 @@ PHASES = {"tokenize": "tokenizing", "write": "writing shards"}
               help="byte (no downloads) or a local Hugging Face tokenizer.json (needs `tokenizers`).")
 @click.option("--val-fraction", default=0.01, show_default=True, type=float,
               help="Share of documents held out in val.bin (every 1/F-th document).")
-@click.option("--block-size", type=int, default=256, show_default=True, metavar="N",
-              help="Records (a train.jsonl directory): the trainer's --block-size the rows are cut for.")
+@click.option("--max-seq-length", type=int, default=2048, show_default=True, metavar="N",
+              help="Records (a train.jsonl directory): a record longer than this many tokens is cut to it, as the "
+                   "trainer's --max-seq-length.")
 @click.option("--mask-prompt", type=click.Choice(["on", "off"]), default="on", show_default=True,
-              help="Records: train on the answers only, as the trainer's --mask-prompt.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Records: the seed that deals rows to shards.")
+              help="Records: train on the answers only, as the trainer's --mask-prompt (its default for a fine-tune).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Records: the seed that deals records to shards.")
 @click.option("--json", "as_json", is_flag=True, help="Print manifest.json instead of a summary.")
-def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, block_size, mask_prompt, seed, as_json):
+def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, max_seq_length, mask_prompt, seed, as_json):
     """Tokenize SOURCE once into N equal shards plus manifest.json.
 
     SOURCE: `embedded` (the built-in stories; `embedded:COUNT[:SEED]`), a .txt file (documents separated
@@ -105,13 +106,14 @@ def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, block_size
 
     if records.is_records_dir(source):
         start = time.monotonic()
-        m = records.prepare_records(source, world, out_dir, tokenizer, block_size, mask_prompt == "on", seed)
+        m = records.prepare_records(source, world, out_dir, tokenizer, max_seq_length, mask_prompt == "on", seed)
         if as_json:
             click.echo(json.dumps(m, indent=1))
             return
-        click.echo(f"{out_dir}: {m['records']:,} records, {m['tokens']:,} tokens ({m['trained']:,} trained on) in "
-                   f"{world} shards of {', '.join(str(s['rows']) for s in m['shards'])} rows of {block_size + 1}; "
-                   f"val.bin {m['val']['rows']} rows; {time.monotonic() - start:.1f} s")
+        cut = f", {m['cut']:,} cut to {max_seq_length} tokens" if m["cut"] else ""
+        click.echo(f"{out_dir}: {m['records']:,} records, {m['tokens']:,} tokens ({m['trained']:,} trained on{cut}) in "
+                   f"{world} shards of {', '.join(str(s['records']) for s in m['shards'])} records; "
+                   f"val.bin {m['val']['records']} records; {time.monotonic() - start:.1f} s")
         return
 
     bars = None if as_json else Bars.on_terminal(err=True, unit="items")

@@ -402,6 +402,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     from ..launch.stall import StallPolicy
     from ..launch.supervise import Settings
     from ..run import RunOptions, parse_env_options, run
+    from ..train.config import file_settings
     from ..train.prelaunch import check_before_launch
     from ..train.strategies import shrink_refusal
     from ..trainer_program import BundledTrainer
@@ -422,7 +423,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          all_shards=all_shards, direct_model=direct, env=parse_env_options(env_words, os.environ),
                          stdin=None if no_stdin or sys.stdin is None else sys.stdin.buffer,
                          # the bundled trainer's checks before a launch are the trainer's own (run imports no train/)
-                         kinds=(BundledTrainer(prelaunch=check_before_launch, strategy_shrink=shrink_refusal),))
+                         kinds=(BundledTrainer(prelaunch=check_before_launch, strategy_shrink=shrink_refusal,
+                                               settings_file=file_settings),))
     result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:

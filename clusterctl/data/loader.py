@@ -160,3 +160,12 @@ class BatchLoader:
     def batch(self, step: int) -> tuple[mx.array, mx.array]:
         rows = mx.stack([self.tokens.window(s, self.block_size + 1) for s in self.starts(step)]).astype(mx.int32)
         return rows[:, :-1], rows[:, 1:]
+
+    def step(self, step: int, accum: int) -> tuple[mx.array, mx.array]:
+        """The `accum` micro-batches of optimizer step `step`, stacked as (accum, B, L)."""
+        pairs = [self.batch(step * accum + i) for i in range(accum)]
+        return mx.stack([x for x, _ in pairs]), mx.stack([y for _, y in pairs])
+
+    def held_out(self, batches: int):
+        """The held-out loss's batches: the first `batches` (fixed by the seed)."""
+        return (self.batch(i) for i in range(batches))

@@ -9,15 +9,18 @@ Prompts are masked as mlx-lm's `--mask-prompt` masks them: the loss counts only 
 template renders for every message but the last (with the generation prompt), so a model learns its answers,
 not the questions (`--mask-prompt off` trains on every token).
 
-The tokenized records are packed back to back into one stream (no padding: every position of a row is a real
-token) and cut into rows of block_size + 1 tokens; the last row's tail is filled with masked tokens. A row's
-targets that belong to a prompt carry the label -1 (IGNORE), which the loss leaves out.
+A step's global batch is `batch_size` records (mlx-lm's --batch-size: global, so it must divide by the world), and
+rank r takes its slice of them: micro-batch i of optimizer step s is global batch s x accum + i, records drawn
+epoch by epoch in a permutation that depends on (seed, epoch) only. So one rank with --accum 2 and half the batch
+trains on exactly the records two ranks do (the same run, to float rounding), and a resumed or elastic run
+continues the same sequence. Every rank reads and tokenizes the whole file: fine-tuning sets are small beside the
+model (a 10,000-record set is a few MB), and the global order needs every record's place.
 
-Order: the rows of a step's global batch are a pure function of (seed, step), and rank r takes its slice of
-them, micro-batch i of rank r being slots (r x accum + i) x batch ... of the global batch. So one rank with
---accum 2 trains on exactly the rows two ranks with --accum 1 do (the same run, to float rounding), and a
-resumed or elastic run continues the same sequence. Every rank reads and tokenizes the whole file: fine-tuning
-sets are small beside the model (a 10,000-record set is a few MB), and the global order needs every row's place.
+A rank's records are packed into rows (packing.py's layout: first-fit, longest first, into rows as wide as the
+longest record rounded up to 32 tokens), each position carrying its record's segment number, so attention stays
+inside a record (train/packing.py) and packed training computes what padded training computes, record by
+record, without computing the padding. A record longer than --max-seq-length is cut to it, as mlx-lm cuts it.
+Targets that belong to a prompt carry the label -1 (IGNORE), which the loss leaves out.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from ..errors import SourceError
 
 IGNORE = -1
 MAX_BLOCK_SIZE = 1 << 20  # tokens a row: beyond any model's context (a 400-digit --block-size overflowed the packing)
-TRAIN, VALID = "train.jsonl", "valid.jsonl"
+TRAIN, VALID, TEST = "train.jsonl", "valid.jsonl", "test.jsonl"
 KINDS = ("text", "completions", "chat")
 VAL_EVERY = 20            # without valid.jsonl: every 20th training record is held out instead
 
@@ -138,93 +141,214 @@ def tokenize(record: Record, tokenizer, mask_prompt: bool) -> tuple[list[int], i
     return ids, offset
 
 
-@dataclass
-class Packed:
-    """Rows of block_size + 1 token ids and, per position, the label it is trained to predict (IGNORE:
-    not trained); `tokens` is how many real tokens the records had, `trained` how many targets count."""
-    rows: list[list[int]]
+@dataclass(frozen=True)
+class Sequences:
+    """Tokenized records: each one's token ids and how many leading ones are prompt (not trained on), every record
+    cut to `max_len` tokens; `cut` is how many were longer (mlx-lm cuts them too, with a warning)."""
+    ids: list[list[int]]
+    offsets: list[int]
+    cut: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(t) for t in self.ids)
+
+    @property
+    def trained(self) -> int:
+        """Targets the loss counts: a record's tokens after the first and after its prompt."""
+        return sum(max(len(t) - max(o, 1), 0) for t, o in zip(self.ids, self.offsets))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def tokenize_all(records: list[Record], tokenizer, mask_prompt: bool, max_len: int) -> Sequences:
+    ids, offsets, cut = [], [], 0
+    for r in records:
+        t, o = tokenize(r, tokenizer, mask_prompt)
+        if len(t) > max_len:
+            t, cut = t[:max_len], cut + 1
+        ids.append(t)
+        offsets.append(min(o, len(t)))
+    return Sequences(ids, offsets, cut)
+
+
+ROW_MULTIPLE = 32      # a row's width is rounded up to this (as mlx-lm pads), so few shapes are compiled
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A micro-batch of packed rows, (rows, width) each: `tokens` the inputs, `labels` the targets (IGNORE: not
+    trained), `segments` which record of its row each position belongs to (padding: -1), for per-record attention."""
+    tokens: list[list[int]]
     labels: list[list[int]]
-    tokens: int
-    trained: int
+    segments: list[list[int]]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.tokens), len(self.tokens[0]) if self.tokens else 0
 
 
-def pack(sequences: list[tuple[list[int], int]], block_size: int, filler: int) -> Packed:
-    """The sequences back to back, cut into rows of block_size + 1 (neighbouring rows share one token, so every
-    target is in exactly one row). Token k of a sequence is a target unless k < offset (its prompt)."""
-    stream, trained = [], []
-    for ids, offset in sequences:
-        stream.extend(ids)
-        trained.extend(k >= offset for k in range(len(ids)))
-    total = len(stream)
-    if total < 2:
-        raise SourceError("the records hold fewer than 2 tokens: nothing to train on")
-    n_rows = -(-(total - 1) // block_size)
-    pad = n_rows * block_size + 1 - total
-    stream += [filler] * pad
-    trained += [False] * pad
-    rows, labels = [], []
-    for r in range(n_rows):
-        a = r * block_size
-        row = stream[a:a + block_size + 1]
-        rows.append(row)
-        labels.append([t if trained[a + j] else IGNORE for j, t in enumerate(row)])
-    return Packed(rows, labels, total, sum(trained[1:]))
+def pairs(ids: list[int], offset: int, pad_target: int | None = None) -> tuple[list[int], list[int]]:
+    """A record as (inputs, labels): token k + 1 is the target after inputs[0..k], trained unless it is prompt
+    (k + 1 < offset). `pad_target`: also score the token after the record's last (mlx-lm's test score does:
+    docs/from-mlx-lm.md#scores)."""
+    inputs, labels = list(ids[:-1]), [t if k + 1 >= offset else IGNORE for k, t in enumerate(ids[1:])]
+    if pad_target is not None and ids:
+        inputs.append(ids[-1])
+        labels.append(pad_target)
+    return inputs, labels
 
 
-def rows_of(records: list[Record], tokenizer, block_size: int, mask_prompt: bool) -> Packed:
-    return pack([tokenize(r, tokenizer, mask_prompt) for r in records], block_size, tokenizer.eos_token_id)
+def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int | None = None,
+         together: bool = True) -> Rows:
+    """(inputs, labels) records into rows, first-fit, longest first, of `width` positions (default: the longest
+    record's, rounded up to ROW_MULTIPLE); positions no record fills are padding (IGNORE labels, segment -1).
+    `together` False: a row for each record (for a model that cannot attend per record: train/packing.py)."""
+    longest = max((len(i) for i, _ in sequences), default=1)
+    width = width or -(-max(longest, 1) // ROW_MULTIPLE) * ROW_MULTIPLE
+    if longest > width:
+        raise SourceError(f"a record of {longest} tokens does not fit a row of {width}")
+    rows: list[list[int]] = []           # the records (indices) in each row
+    free: list[int] = []
+    for k in sorted(range(len(sequences)), key=lambda k: -len(sequences[k][0])):
+        n = len(sequences[k][0])
+        row = next((r for r, room in enumerate(free) if room >= n), None) if together else None
+        if row is None:
+            rows.append([])
+            free.append(width)
+            row = len(rows) - 1
+        rows[row].append(k)
+        free[row] -= n
+    tokens, labels, segments = [], [], []
+    for members in rows or [[]]:
+        t, lab, seg = [], [], []
+        for s, k in enumerate(sorted(members)):
+            inputs, targets = sequences[k]
+            t += inputs
+            lab += targets
+            seg += [s] * len(inputs)
+        pad = width - len(t)
+        tokens.append(t + [filler] * pad)
+        labels.append(lab + [IGNORE] * pad)
+        segments.append(seg + [-1] * pad)
+    return Rows(tokens, labels, segments)
 
 
-class RowLoader:
-    """Micro-batch m of rank `rank`: batch(m) -> (x, y), (batch, block_size) int32 each, y the labels shifted by
-    one with IGNORE where the target is not trained on. Rows are drawn epoch by epoch in a permutation that
-    depends on (seed, epoch) only; see the module docstring for which rows a rank's micro-batch takes."""
+def stack(batches: list[Rows], filler: int, segments: bool = True):
+    """Micro-batches as (accum, rows, width) arrays (x, y and, for packed rows, segments), each padded to the
+    largest's shape."""
+    import mlx.core as mx
 
-    def __init__(self, packed: Packed, batch_size: int, accum: int, world: int, rank: int, seed: int,
-                 shuffle: bool = True):
-        import mlx.core as mx
+    n = max(b.shape[0] for b in batches)
+    w = max(b.shape[1] for b in batches)
 
-        self.rows = mx.array(packed.rows, dtype=mx.int32)
-        self.labels = mx.array(packed.labels, dtype=mx.int32)
-        self.n = len(packed.rows)
-        self.batch_size, self.accum, self.world, self.rank, self.seed = batch_size, accum, world, rank, seed
-        self.shuffle = shuffle
+    def grow(rows, value):
+        return [r + [value] * (w - len(r)) for r in rows] + [[value] * w for _ in range(n - len(rows))]
+
+    kinds = (("tokens", filler), ("labels", IGNORE)) + ((("segments", -1),) if segments else ())
+    return tuple(mx.array([grow(getattr(b, f), v) for b in batches], dtype=mx.int32) for f, v in kinds)
+
+
+class RecordLoader:
+    """The records of this rank's micro-batches: micro-batch m (of optimizer step m // accum) holds this rank's
+    slice of global batch m: `batch_size` records (global) of an epoch's permutation, which depends on (seed,
+    epoch) only; see the module docstring. `step(s)` is optimizer step s's micro-batches as (accum, rows, width)
+    arrays: tokens, labels and segments."""
+
+    packed = True           # records share rows (per-record attention); False: a row each (finetune.py)
+
+    def __init__(self, seqs: Sequences, batch_size: int, accum: int, world: int, rank: int, seed: int, filler: int,
+                 ranks_alike: int = 1):
+        if batch_size % world:
+            raise SourceError(f"--batch-size {batch_size} is the global batch (records a step, as mlx-lm's), which "
+                              f"{world} ranks cannot share equally: give a multiple of {world}")
+        self.seqs, self.batch_size, self.accum, self.world, self.rank = seqs, batch_size, accum, world, rank
+        self.seed, self.filler = seed, filler
+        self.share = batch_size // world
+        # prepared shards: each rank draws from its own records, so the step's tokens are this rank's x the ranks
+        self.ranks_alike = ranks_alike
         self._orders: dict[int, list[int]] = {}
-        self.tokens, self.trained = packed.tokens, packed.trained
+        self._pairs: dict[int, tuple[list[int], list[int]]] = {}
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
-            order = list(range(self.n))
-            if self.shuffle:
-                random.Random(f"clusterctl-rows:{self.seed}:{epoch}").shuffle(order)
+            order = list(range(len(self.seqs)))
+            random.Random(f"clusterctl-records:{self.seed}:{epoch}").shuffle(order)
             self._orders = {epoch: order}        # the loader walks forward: one epoch's order at a time
         return self._orders[epoch]
 
-    def indices(self, m: int) -> list[int]:
-        step, i = divmod(m, self.accum)
-        first = step * self.batch_size * self.accum * self.world + (self.rank * self.accum + i) * self.batch_size
-        out = []
-        for slot in range(first, first + self.batch_size):
-            epoch, at = divmod(slot, self.n)
-            out.append(self._order(epoch)[at])
-        return out
+    def global_batch(self, g: int) -> list[int]:
+        """The records of global batch g, every rank's."""
+        n = len(self.seqs)
+        return [self._order(slot // n)[slot % n] for slot in range(g * self.batch_size, (g + 1) * self.batch_size)]
 
-    def batch(self, m: int):
+    def indices(self, m: int) -> list[int]:
+        """This rank's records in micro-batch m."""
+        return self.global_batch(m)[self.rank * self.share:(self.rank + 1) * self.share]
+
+    def _pair(self, k: int):
+        if k not in self._pairs:
+            self._pairs[k] = pairs(self.seqs.ids[k], self.seqs.offsets[k])
+        return self._pairs[k]
+
+    def rows(self, m: int) -> Rows:
+        return pack([self._pair(k) for k in self.indices(m)], self.filler, together=self.packed)
+
+    def step(self, s: int, accum: int):
+        """Optimizer step s's micro-batches, stacked: (x, y, segments), (accum, rows, width) each (no segments when
+        each record has a row of its own)."""
+        if accum != self.accum:
+            raise ValueError(f"this loader deals micro-batches for --accum {self.accum}, not {accum}")
+        return stack([self.rows(s * accum + i) for i in range(accum)], self.filler, self.packed)
+
+    def step_tokens(self, s: int) -> int:
+        """The real tokens of optimizer step s, every rank's (what tokens/s counts)."""
+        mine = sum(len(self.seqs.ids[k]) for i in range(self.accum) for k in self.global_batch(s * self.accum + i))
+        return mine * self.ranks_alike
+
+
+class HeldOut:
+    """Records scored as mlx-lm's evaluate scores them: in file order, global batches of `batch_size` records (the
+    first `batches` of them, -1: all), rank r taking its slice; every trained target weighs the same. `pad_target`:
+    also score the token after each record's last, as mlx-lm does (docs/from-mlx-lm.md#scores)."""
+
+    packed = True
+
+    def __init__(self, seqs: Sequences, batch_size: int, world: int, rank: int, filler: int,
+                 pad_target: int | None = None):
+        self.seqs, self.batch_size, self.world, self.rank, self.filler = seqs, batch_size, world, rank, filler
+        self.pad_target = pad_target
+
+    def count(self, batches: int) -> int:
+        total = -(-len(self.seqs) // self.batch_size)
+        return total if batches < 0 else min(batches, total)
+
+    def held_out(self, batches: int):
+        """(x, y, segments), (rows, width) each, for each of the first `batches` global batches. Every rank gets
+        the same number (a rank whose slice is empty scores a row of padding: zero3's gathers need every rank)."""
         import mlx.core as mx
 
-        idx = mx.array(self.indices(m), dtype=mx.int32)
-        return self.rows[idx][:, :-1], self.labels[idx][:, 1:]
+        share = -(-self.batch_size // self.world)
+        for b in range(self.count(batches)):
+            first = b * self.batch_size + self.rank * share
+            mine = range(first, min(first + share, (b + 1) * self.batch_size, len(self.seqs)))
+            rows = pack([pairs(self.seqs.ids[k], self.seqs.offsets[k], self.pad_target) for k in mine], self.filler,
+                        together=self.packed)
+            kinds = (rows.tokens, rows.labels) + ((rows.segments,) if self.packed else ())
+            yield tuple(mx.array(a, dtype=mx.int32) for a in kinds)
 
 
 # ---- prepared once: `clusterctl data prepare RECORDS_DIR --tokenizer MODEL_DIR --world N` --------------------
-# The same rows, tokenized once here rather than by every rank, dealt to N shards: row k of a seeded shuffle of
-# every row goes to shard k % N, so rank r reads only its own file. Each shard (and val.bin) holds its rows as
-# little-endian int32, row by row: the block_size + 1 token ids, then their block_size + 1 labels. A rank then
-# draws its own rows (RowLoader with world 1): the run no longer equals one on another world size, as with any
-# prepared shards; manifest.json says what they were made with, checked by the trainer.
+# The same records, tokenized once here rather than by every rank, dealt to N shards: record k of a seeded shuffle
+# goes to shard k % N, so rank r reads only its own file. Each shard (and val.bin) holds its records as
+# little-endian int32: for each, its token count n, its prompt length, then its n token ids. A rank then draws its
+# micro-batches from its own shard (RecordLoader with world 1, its share of the global batch): the run no longer
+# equals one on another world size, as with any prepared shards; manifest.json says what they were made with,
+# checked by the trainer.
 
 KIND = "records"
-PREPARED_FORMAT = 1
+PREPARED_FORMAT = 2      # 1: rows packed without per-record attention (prepare again)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "vocab.json", "merges.txt", "tiktoken.model")
 
@@ -244,53 +368,52 @@ def tokenizer_digest(model_dir: str) -> str:
 
 
 def shard_file(rank: int, world: int) -> str:
-    return f"rows-{rank:05d}-of-{world:05d}.bin"
+    return f"records-{rank:05d}-of-{world:05d}.bin"
 
 
-def _write_rows(path: str, packed: Packed, rows: list[int]) -> int:
+def _write_records(path: str, seqs: Sequences, which: list[int]) -> int:
     from array import array
 
     out = array("i")
-    for k in rows:
-        out.extend(packed.rows[k])
-        out.extend(packed.labels[k])
+    for k in which:
+        out.extend((len(seqs.ids[k]), seqs.offsets[k]))
+        out.extend(seqs.ids[k])
     if out.itemsize != 4:
         raise SourceError("this platform's C int is not 32 bits")
     if sys.byteorder != "little":
         out.byteswap()
     with open(path, "wb") as f:
         out.tofile(f)
-    return len(rows)
+    return len(which)
 
 
-def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block_size: int, mask_prompt: bool = True,
-                    seed: int = 0) -> dict:
-    """Tokenize `source` (a train.jsonl directory) with the model's tokenizer into `world` shards of rows in
+def prepare_records(source: str, world: int, out_dir: str, model_dir: str, max_seq_length: int = 2048,
+                    mask_prompt: bool = False, seed: int = 0) -> dict:
+    """Tokenize `source` (a train.jsonl directory) with the model's tokenizer into `world` shards of records in
     `out_dir` (replaced whole if it holds a dataset); returns the manifest."""
     from pathlib import Path
 
     from ..atomic import fsync_tree, replace_dir, write_text
     from ..digest import file_sha256
 
-    if world < 1 or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise SourceError(f"--world must be at least 1 and --block-size from 1 to {MAX_BLOCK_SIZE} (got {world}, "
-                          f"{block_size})")
+    if world < 1 or not 1 <= max_seq_length <= MAX_BLOCK_SIZE:
+        raise SourceError(f"--world must be at least 1 and --max-seq-length from 1 to {MAX_BLOCK_SIZE} (got {world}, "
+                          f"{max_seq_length})")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise SourceError(f"--tokenizer {model_dir}: records are tokenized with the model's own tokenizer and chat "
                           "template: give the mlx-lm model directory you will fine-tune (--model)")
     try:
         from mlx_lm.utils import load_tokenizer
     except ImportError:
-        raise SourceError("tokenizing records for a model needs mlx-lm: pip install 'clusterctl[lm]'") from None
+        raise SourceError("tokenizing records for a model needs mlx-lm: pip install mlx-lm") from None
     train, held, given = read_dir(source)
     tokenizer = load_tokenizer(Path(model_dir))
-    packed = rows_of(train, tokenizer, block_size, mask_prompt)
-    val = rows_of(held, tokenizer, block_size, mask_prompt)
-    if len(packed.rows) < world:
-        raise SourceError(f"{source}: {len(packed.rows)} rows of {block_size + 1} tokens cannot give {world} ranks "
-                          "one each: use a smaller --block-size or --world")
-    order = list(range(len(packed.rows)))
-    random.Random(f"clusterctl-prepare-rows:{seed}").shuffle(order)
+    seqs = tokenize_all(train, tokenizer, mask_prompt, max_seq_length)
+    val = tokenize_all(held, tokenizer, mask_prompt, max_seq_length)
+    if len(seqs) < world:
+        raise SourceError(f"{source}: {len(seqs)} records cannot give {world} ranks one each: use a smaller --world")
+    order = list(range(len(seqs)))
+    random.Random(f"clusterctl-prepare-records:{seed}").shuffle(order)
     out = os.path.abspath(out_dir)
     staging = f"{out}.tmp-{os.getpid()}"
     import shutil
@@ -300,15 +423,15 @@ def prepare_records(source: str, world: int, out_dir: str, model_dir: str, block
     shards = []
     for r in range(world):
         name = shard_file(r, world)
-        n = _write_rows(os.path.join(staging, name), packed, order[r::world])
-        shards.append({"file": name, "rows": n, "sha256": file_sha256(os.path.join(staging, name))})
-    _write_rows(os.path.join(staging, "val.bin"), val, list(range(len(val.rows))))
-    manifest = {"kind": KIND, "format": PREPARED_FORMAT, "world_size": world, "block_size": block_size,
+        n = _write_records(os.path.join(staging, name), seqs, order[r::world])
+        shards.append({"file": name, "records": n, "sha256": file_sha256(os.path.join(staging, name))})
+    _write_records(os.path.join(staging, "val.bin"), val, list(range(len(val))))
+    manifest = {"kind": KIND, "format": PREPARED_FORMAT, "world_size": world, "max_seq_length": max_seq_length,
                 "mask_prompt": mask_prompt, "seed": seed, "model": os.path.abspath(model_dir),
                 "tokenizer_sha256": tokenizer_digest(model_dir), "source": os.path.abspath(source),
-                "records": len(train), "tokens": packed.tokens, "trained": packed.trained,
+                "records": len(train), "tokens": seqs.tokens, "trained": seqs.trained, "cut": seqs.cut,
                 "held_out": {"records": len(held), "from": VALID if given else f"every {VAL_EVERY}th record"},
-                "shards": shards, "val": {"file": "val.bin", "rows": len(val.rows),
+                "shards": shards, "val": {"file": "val.bin", "records": len(val),
                                           "sha256": file_sha256(os.path.join(staging, "val.bin"))}}
     write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
     fsync_tree(staging)
@@ -357,46 +480,50 @@ def read_prepared(data_dir: str) -> dict | None:
     return manifest
 
 
-def check_prepared(manifest: dict, where: str, world: int, model_dir: str, block_size: int | None = None,
+def check_prepared(manifest: dict, where: str, world: int, model_dir: str, max_seq_length: int | None = None,
                    mask_prompt: bool | None = None) -> None:
-    """One line for prepared rows a run cannot use: made for another world size or another tokenizer (what the
-    controller can tell), another block size or prompt masking (the ranks, which know the run's settings)."""
+    """One line for prepared records a run cannot use: made for another world size or another tokenizer (what the
+    controller can tell), another --max-seq-length or prompt masking (the ranks, which know the run's settings)."""
     if manifest["world_size"] != world:
-        raise SourceError(f"--data {where}: rows prepared for world size {manifest['world_size']}, this run has {world} "
-                          f"(prepare again with --world {world})")
+        raise SourceError(f"--data {where}: records prepared for world size {manifest['world_size']}, this run has "
+                          f"{world} (prepare again with --world {world})")
     if manifest["tokenizer_sha256"] != tokenizer_digest(model_dir):
         raise SourceError(f"--data {where}: tokenized with {manifest['model']}'s tokenizer, which is not "
                           f"{model_dir}'s: prepare again with --tokenizer {model_dir}")
-    if block_size is not None and manifest["block_size"] != block_size:
-        raise SourceError(f"--data {where}: rows of --block-size {manifest['block_size']}, this run asks for "
-                          f"{block_size}: pass --block-size {manifest['block_size']} (or prepare again)")
+    if max_seq_length is not None and manifest["max_seq_length"] != max_seq_length:
+        raise SourceError(f"--data {where}: records cut to --max-seq-length {manifest['max_seq_length']}, this run "
+                          f"asks for {max_seq_length}: pass --max-seq-length {manifest['max_seq_length']} (or prepare "
+                          "again)")
     if mask_prompt is not None and manifest["mask_prompt"] != mask_prompt:
         raise SourceError(f"--data {where}: prepared with --mask-prompt {'on' if manifest['mask_prompt'] else 'off'}; "
                           "pass the same, or prepare again")
 
 
-def load_rows(data_dir: str, entry: dict, block_size: int) -> Packed:
-    """One prepared file's rows (checked against the manifest's row count)."""
+def load_records(data_dir: str, entry: dict) -> Sequences:
+    """One prepared file's records (checked against the manifest's count and the file's own framing)."""
     from array import array
 
     path = os.path.join(data_dir, entry["file"])
-    width = block_size + 1
     try:
         size = os.path.getsize(path)
     except OSError:
         raise SourceError(f"{path}: missing (the manifest lists it)") from None
-    if size != entry["rows"] * 2 * width * 4:
-        raise SourceError(f"{path}: {size} bytes, the manifest says {entry['rows']} rows of {width} tokens: "
-                          "truncated or corrupted")
     data = array("i")
+    if size % 4:
+        raise SourceError(f"{path}: {size} bytes, not whole int32 values: truncated or corrupted")
     with open(path, "rb") as f:
         data.fromfile(f, size // 4)
     if sys.byteorder != "little":
         data.byteswap()
-    rows, labels = [], []
-    for k in range(entry["rows"]):
-        at = 2 * width * k
-        rows.append(data[at:at + width].tolist())
-        labels.append(data[at + width:at + 2 * width].tolist())
-    trained = sum(t >= 0 for row in labels for t in row[1:])
-    return Packed(rows, labels, entry["rows"] * block_size, trained)
+    ids, offsets, at = [], [], 0
+    while at < len(data):
+        n, offset = data[at], data[at + 1] if at + 1 < len(data) else -1
+        if n < 0 or offset < 0 or at + 2 + n > len(data):
+            break
+        ids.append(data[at + 2:at + 2 + n].tolist())
+        offsets.append(offset)
+        at += 2 + n
+    if at != len(data) or len(ids) != entry["records"]:
+        raise SourceError(f"{path}: {size} bytes do not hold the {entry['records']} records the manifest lists: "
+                          "truncated or corrupted (prepare again)")
+    return Sequences(ids, offsets)

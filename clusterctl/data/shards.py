@@ -83,7 +83,7 @@ class Manifest:
         if not isinstance(d, dict) or "format" not in d:
             raise bad("not a clusterctl manifest (no format field)")
         if d.get("kind") == "records":
-            raise ShardError(f"{where}: rows prepared from jsonl records for fine-tuning a model: the trainer reads "
+            raise ShardError(f"{where}: records prepared from jsonl for fine-tuning a model: the trainer reads "
                              "them with --model (they travel with the project; data push and run --data send shards "
                              "for the bundled model)")
         if d.get("format") != FORMAT:

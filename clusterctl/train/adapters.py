@@ -96,9 +96,10 @@ def count_trainable(model) -> int:
     return sum(v.size for v in trainable(model).values())
 
 
-def publish(out_dir: str) -> Path:
-    """The run's newest checkpoint's adapters as <out_dir>/adapters (mlx-lm's layout, what `run` brings home),
-    replacing an earlier one whole: written beside it, then renamed into place."""
+def publish(out_dir: str, also: str | None = None) -> Path:
+    """The run's newest checkpoint's adapters as <out_dir>/adapters (mlx-lm's layout, what `run` brings home), and
+    into `also` (--adapter-path) when given, each replacing an earlier one whole: written beside it, then renamed
+    into place. Returns where they are (`also` when given)."""
     import shutil
 
     from .checkpoint import resolve
@@ -106,14 +107,20 @@ def publish(out_dir: str) -> Path:
     ckpt = resolve("latest", out_dir)
     if not (ckpt / ADAPTER_FILE).is_file():
         raise ConfigError(f"{ckpt} holds no adapters ({ADAPTER_FILE}): not a checkpoint of an --adapter run")
-    final = Path(out_dir) / "adapters"
-    tmp = Path(out_dir) / f".adapters.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name in (ADAPTER_FILE, ADAPTER_CONFIG):
-        shutil.copyfile(ckpt / name, tmp / name)
-    replace_dir(str(tmp), str(final))
-    return final
+    places = [Path(out_dir) / "adapters"] + ([Path(also)] if also else [])
+    for final in places:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name in (ADAPTER_FILE, ADAPTER_CONFIG):
+            shutil.copyfile(ckpt / name, tmp / name)
+        if final.exists() and not (final / ADAPTER_CONFIG).is_file():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ConfigError(f"--adapter-path {final} exists and holds no {ADAPTER_CONFIG}: not adapters this "
+                              "could replace; give a new directory")
+        replace_dir(str(tmp), str(final))
+    return places[-1]
 
 
 def save(directory, model, config: dict) -> None:

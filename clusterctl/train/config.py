@@ -1,7 +1,10 @@
 """The trainer's configuration: one frozen dataclass whose field help becomes the argparse flags.
 
-Precedence, highest first: command-line flags > `--config FILE.yaml` > the checkpoint's config (when
-resuming) > the preset (`--preset`, else chosen by MLX's default device: presets.py) > the defaults below.
+Precedence, highest first: command-line flags > `--config FILE.yaml` (`-c`) > the checkpoint's config (when
+resuming) > the preset (`--preset`, else chosen by MLX's default device: presets.py) > the defaults below. A
+fine-tune (--model) has no preset: mlx-lm's defaults take its place (presets.FINETUNE), and rank 0 prints every
+setting with where it came from (`settings_block`). Flags and config files also take mlx-lm's names
+(vocabulary.py: `--iters`, `--learning-rate`, `lora_parameters`, ...).
 argparse, not click: the trainer runs under mpirun / mlx.launch with only the standard library, mlx and
 yaml.
 """
@@ -18,9 +21,12 @@ from ..data.records import MAX_BLOCK_SIZE
 from ..errors import ConfigError
 from ..trainer_contract import DEFAULT_STRATEGY, RUNS_DIR
 from . import presets, strategies
+from .vocabulary import UNSUPPORTED, speaks_mlx_lm, translate
 
 # Options that describe this invocation rather than the training run; never taken from a checkpoint.
-RUN_OPTIONS = ("out", "resume", "config")
+RUN_OPTIONS = ("out", "resume", "config", "train", "test", "adapter_path", "resume_adapter_file")
+OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
+SCHEDULES = ("cosine", "constant")
 MAX_LORA_RANK = 65536        # beyond any projection's width: a rank is at most min(in, out) to be of use
 
 
@@ -53,7 +59,18 @@ class TrainConfig:
                                        "(self_attn.q_proj,self_attn.v_proj); default: every linear layer of the block, "
                                        "as mlx-lm does.", metavar="NAMES")
     mask_prompt: str = _opt("on", "With --model: on trains only on the answers of chat and prompt/completion records "
-                                  "(as mlx-lm's --mask-prompt), off on every token.", choices=("on", "off"))
+                                  "(as mlx-lm's --mask-prompt), off on every token.", choices=("on", "off"),
+                            switch=True)
+    max_seq_length: int = _opt(2048, "With --model: a record longer than this many tokens is cut to it (mlx-lm's "
+                                     "--max-seq-length).", metavar="N")
+    resume_adapter_file: str | None = _opt(None, "With --adapter: start the adapters from these weights (an "
+                                                 "adapters.safetensors; mlx-lm's --resume-adapter-file).",
+                                           metavar="FILE")
+    adapter_path: str | None = _opt(None, "With --adapter: also write the final adapters into this directory "
+                                          "(mlx-lm's --adapter-path; they are always in <run>/adapters).",
+                                    metavar="DIR")
+    trust_remote_code: str = _opt("off", "With --model: let the tokenizer run code the model directory ships "
+                                         "(mlx-lm's --trust-remote-code).", choices=("on", "off"), switch=True)
     n_layers: int = _opt(4, "Transformer blocks.")
     dim: int = _opt(256, "Model (embedding) width.")
     n_heads: int = _opt(4, "Attention heads; must divide --dim.")
@@ -63,15 +80,36 @@ class TrainConfig:
     dropout: float = _opt(0.0, "Dropout on attention and MLP outputs (uses the saved random state).")
     # optimisation
     steps: int = _opt(1000, "Optimizer steps to train for (every rank runs exactly this many).")
-    batch_size: int = _opt(16, "Sequences per micro-batch PER RANK (global batch = this x accum x world).")
+    batch_size: int = _opt(16, "The bundled model: sequences per micro-batch PER RANK (global batch = this x accum "
+                               "x world). With --model: records per micro-batch, GLOBAL (mlx-lm's --batch-size), "
+                               "split evenly over the ranks.")
     accum: int = _opt(1, "Micro-batches whose gradients are summed into one optimizer step.")
-    lr: float = _opt(1e-3, "Peak learning rate (AdamW).")
+    optimizer: str = _opt("adamw", "adam, adamw, muon, sgd or adafactor: MLX's optimizers, made as mlx-lm makes "
+                                   "them (their own defaults, then --optimizer-config, then --beta1/--beta2/"
+                                   "--weight-decay/--bias-correction).", choices=OPTIMIZERS)
+    optimizer_config: dict | None = _opt(None, "More arguments of the optimizer, as mlx-lm's optimizer_config: "
+                                               "a YAML mapping of optimizer name to its arguments, e.g. "
+                                               "'{adamw: {weight_decay: 0.05}}'.", metavar="YAML")
+    lr: float = _opt(1e-3, "Peak learning rate.")
+    lr_schedule: object = _opt("cosine", "cosine (linear warm-up over --warmup steps, then cosine decay to "
+                                         "--min-lr), constant (--lr after the warm-up), or mlx-lm's lr_schedule "
+                                         "mapping: '{name: cosine_decay, warmup: 100, arguments: [1e-5, 1000]}' "
+                                         "(an mlx.optimizers schedule and its arguments).",
+                               metavar="cosine|constant|YAML")
     warmup: int = _opt(50, "Linear warm-up steps from 0 to --lr.")
     min_lr: float = _opt(1e-4, "Learning rate at the end of the cosine decay.")
-    weight_decay: float = _opt(0.1, "AdamW decoupled weight decay.")
-    beta1: float = _opt(0.9, "AdamW beta1.")
-    beta2: float = _opt(0.95, "AdamW beta2.")
+    weight_decay: float | None = _opt(0.1, "Decoupled weight decay (adamw, sgd); none: the optimizer's own.")
+    beta1: float | None = _opt(0.9, "Adam's and AdamW's beta1; none: the optimizer's own.")
+    beta2: float | None = _opt(0.95, "Adam's and AdamW's beta2; none: the optimizer's own.")
+    bias_correction: str | None = _opt("on", "Adam's and AdamW's bias correction; none: the optimizer's own (off in "
+                                             "MLX, so early steps are larger than --lr says, as in mlx-lm).",
+                                       choices=("on", "off"))
     max_norm: float = _opt(1.0, "Clip the global gradient norm to this (0 turns clipping off).")
+    grad_checkpoint: str = _opt("off", "on: keep only each block's input for the backward pass and compute the block "
+                                       "again there (less memory, about a third more compute; mlx-lm's "
+                                       "--grad-checkpoint).", choices=("on", "off"), switch=True)
+    clear_cache_threshold: int = _opt(0, "Free MLX's buffer cache after a step when it holds more than this many "
+                                         "bytes (0: never; mlx-lm's --clear-cache-threshold).", metavar="BYTES")
     balance: str = _opt("auto", "Shares of the global batch: auto (in proportion to each rank's measured speed, "
                                 "even while the ranks are within 20%% of each other), off (even), or fixed "
                                 "weights W1,W2,... one per rank (see docs/trainer.md#balanced-data-parallelism).",
@@ -97,7 +135,17 @@ class TrainConfig:
                                  metavar="PATH")
     # evaluation, reporting, checkpoints
     eval_every: int = _opt(100, "Held-out loss every N steps (0: only at the end).", metavar="N")
-    eval_batches: int = _opt(4, "Batches per rank for each held-out loss.", metavar="N")
+    eval_batches: int = _opt(4, "Batches for each held-out loss: the bundled model's, per rank; with --model, "
+                                "global batches of --batch-size records (-1: every held-out record; mlx-lm's "
+                                "--val-batches).", metavar="N")
+    train: str | None = _opt(None, "With --model: on trains (the default, unless --test is given alone: then the "
+                                   "adapters of --adapter-path or --resume-adapter-file are only scored, as mlx-lm "
+                                   "does).", choices=("on", "off"), switch=True)
+    test: str = _opt("auto", "With --model: score the test set (test.jsonl beside train.jsonl) at the end: auto "
+                             "(when there is one), on (it must be there), off.", choices=("auto", "on", "off"),
+                     switch=True)
+    test_batches: int = _opt(500, "With --model: global batches of the test set scored (-1: all; mlx-lm's "
+                                  "--test-batches).", metavar="N")
     report_every: int = _opt(10, "Rank 0 prints and logs a metrics line every N steps.", metavar="N")
     ckpt_every: int = _opt(200, "Checkpoint every N steps (0: only at the end).", metavar="N")
     ckpt_minutes: float = _opt(10.0, "Also checkpoint once this many minutes have passed since the last checkpoint "
@@ -108,30 +156,44 @@ class TrainConfig:
                                  "$CLUSTERCTL_RUN_DIR, else ./runs/train-<timestamp>).", metavar="DIR")
     resume: str | None = _opt(None, "Continue from a checkpoint: 'latest' (in --out), a run directory "
                                     "or a checkpoints/step-N directory.", metavar="DIR|latest")
-    config: str | None = _opt(None, "A YAML file of these settings (flags still win).", metavar="FILE")
+    config: str | None = _opt(None, "A YAML file of these settings, by these names or mlx-lm's (mlx_lm.lora's "
+                                    "lora_config.yaml works as it is; flags still win).", metavar="FILE")
 
     def __post_init__(self):
         for name in ("n_layers", "dim", "n_heads", "mlp_dim", "block_size", "steps", "batch_size", "accum",
-                     "eval_batches", "report_every"):
+                     "report_every", "max_seq_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{flag(name)} must be at least 1, not {getattr(self, name)}")
-        if self.block_size > MAX_BLOCK_SIZE:
-            raise ConfigError(f"--block-size must be at most {MAX_BLOCK_SIZE}, not {self.block_size}")
-        for name in ("warmup", "eval_every", "ckpt_every", "keep", "check_sync"):
+        for name in ("eval_batches", "test_batches"):
+            if getattr(self, name) < 1 and getattr(self, name) != -1:
+                raise ConfigError(f"--{flag(name)} must be at least 1, or -1 for all, not {getattr(self, name)}")
+        if self.eval_batches == -1 and not self.model:
+            raise ConfigError("--eval-batches -1 (every held-out record) is for fine-tunes (--model); the bundled "
+                              "model's held-out loss reads a number of batches")
+        for name in ("block_size", "max_seq_length"):
+            if getattr(self, name) > MAX_BLOCK_SIZE:
+                raise ConfigError(f"--{flag(name)} must be at most {MAX_BLOCK_SIZE}, not {getattr(self, name)}")
+        for name in ("warmup", "eval_every", "ckpt_every", "keep", "check_sync", "clear_cache_threshold"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ConfigError(f"--dim {self.dim} must split into --n-heads {self.n_heads} heads of even size")
         for f in fields(self):          # a --config file or a checkpoint is not checked by argparse
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices and not (f.default is None and getattr(self, f.name) is None):
+            if choices and getattr(self, f.name) not in choices and not (
+                    getattr(self, f.name) is None and "None" in str(f.type)):
                 raise ConfigError(f"--{flag(f.name)} must be one of {', '.join(choices)}, not {getattr(self, f.name)!r}")
         if not 0 <= self.dropout < 1:
             raise ConfigError("--dropout must be in [0, 1)")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+        if self.lr <= 0 or self.min_lr < 0 or (self.lr_schedule == "cosine" and self.min_lr > self.lr):
             raise ConfigError("need 0 <= --min-lr <= --lr and --lr > 0")
         if self.max_norm < 0:
             raise ConfigError("--max-norm must not be negative")
+        check_schedule(self.lr_schedule)
+        check_optimizer(self)
+        if self.model and self.preset is not None:
+            raise ConfigError(f"--preset {self.preset} sizes the bundled model; a fine-tune (--model) takes mlx-lm's "
+                              "defaults instead (docs/finetune.md#settings): drop --preset")
         if not self.ckpt_minutes >= 0:
             raise ConfigError("--ckpt-minutes must not be negative")
         from .balance import parse_balance
@@ -169,35 +231,132 @@ def flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+def check_schedule(value) -> None:
+    """--lr-schedule: cosine, constant, or mlx-lm's mapping (name, arguments, warmup, warmup_init)."""
+    if isinstance(value, str):
+        if value not in SCHEDULES:
+            raise ConfigError(f"--lr-schedule must be cosine, constant or a mapping such as '{{name: cosine_decay, "
+                              f"arguments: [1e-5, 1000]}}', not {value!r}")
+        return
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not isinstance(
+            value.get("arguments"), list) or not value["arguments"]:
+        raise ConfigError("--lr-schedule as a mapping needs name (an mlx.optimizers schedule, e.g. cosine_decay) and "
+                          f"arguments (a list, the first being the initial rate), as mlx-lm's lr_schedule; got {value!r}")
+    extra = set(value) - {"name", "arguments", "warmup", "warmup_init"}
+    if extra:
+        raise ConfigError(f"--lr-schedule: {', '.join(sorted(extra))} is not one of name, arguments, warmup, "
+                          "warmup_init")
+
+
+def check_optimizer(config: "TrainConfig") -> None:
+    """The optimizer's settings: optimizer_config maps names to argument mappings (mlx-lm's shape)."""
+    oc = config.optimizer_config
+    if oc is not None:
+        if not isinstance(oc, dict) or any(k not in OPTIMIZERS or not isinstance(v, (dict, type(None)))
+                                           for k, v in oc.items()):
+            raise ConfigError(f"--optimizer-config must map optimizer names ({', '.join(OPTIMIZERS)}) to mappings of "
+                              f"their arguments, as mlx-lm's optimizer_config; got {oc!r}")
+    if config.weight_decay is not None and config.optimizer == "adam":
+        raise ConfigError(f"--weight-decay {config.weight_decay:g}: MLX's Adam has no weight decay; use --optimizer "
+                          "adamw (decoupled weight decay), or give --weight-decay none")
+
+
+def _none_or(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def yaml_load(stream):
+    """YAML as mlx-lm reads its config files: PyYAML follows YAML 1.1, where `1e-5` (no dot) is a string, so
+    exponents without a dot are taken as floats too (what a learning rate is written as)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+    return yaml.load(stream, Loader=Loader)  # noqa: S506 - a SafeLoader, with one more float spelling
+
+
+def _yaml_value(text: str):
+    """A flag's YAML text (a mapping for --optimizer-config or --lr-schedule), or the word as it is."""
+    if not text.lstrip().startswith("{"):
+        return text
+    import yaml
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"not a YAML mapping ({str(e).splitlines()[0]})") from None
+
+
+# mlx-lm's flag names (vocabulary.py), each beside ours: a name that counts iterations keeps its own
+# destination, converted to optimizer steps when the settings are merged
+ALIASES = {"lr": ["--learning-rate"], "lora_layers": ["--num-layers"],
+           "accum": ["--grad-accumulation-steps"], "eval_batches": ["--val-batches"], "config": ["-c"]}
+# the flags only mlx-lm's vocabulary has: a command line using one gets mlx-lm's defaults for what it leaves out
+MLX_LM_FLAGS = ("--iters", "--learning-rate", "--num-layers", "--grad-accumulation-steps", "--val-batches",
+                "--steps-per-report", "--steps-per-eval", "--save-every", "--fine-tune-type")
+ITERATION_FLAGS = {"iters": "steps", "steps_per_report": "report_every", "steps_per_eval": "eval_every",
+                   "save_every": "ckpt_every"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per field. Defaults are SUPPRESSed so we can tell a flag given from one left out."""
+    """One flag per field (and mlx-lm's names for them). Defaults are SUPPRESSed so we can tell a flag given from
+    one left out."""
     parser = argparse.ArgumentParser(
         prog="python -m clusterctl.train", argument_default=argparse.SUPPRESS,
-        description="Train a small Llama-style language model with MLX, on one or many ranks.",
-        epilog="Precedence: flags > --config > a resumed checkpoint's settings > the preset > the defaults "
-               "shown. Launch on 2 ranks: mlx.launch -n 2 --backend ring -- python -m clusterctl.train ... | "
-               "mpirun -np 2 python -m clusterctl.train ... | clusterctl run (see docs/trainer.md).")
+        description="Train a small Llama-style language model with MLX, on one or many ranks, or fine-tune an mlx-lm "
+                    "model (--model).",
+        epilog="Precedence: flags > --config > a resumed checkpoint's settings > the preset (a fine-tune: mlx-lm's "
+               "defaults) > the defaults shown. mlx-lm's flag names are taken too (--iters, --learning-rate, "
+               "--num-layers, --fine-tune-type, ...: docs/from-mlx-lm.md). Launch on 2 ranks: mlx.launch -n 2 "
+               "--backend ring -- python -m clusterctl.train ... | mpirun -np 2 python -m clusterctl.train ... | "
+               "clusterctl run (see docs/trainer.md).")
     for f in fields(TrainConfig):
         kind = _base_type(f.type)
         metavar = f.metadata.get("metavar") or {int: "N", float: "X"}.get(kind)
-        parser.add_argument(f"--{flag(f.name)}", dest=f.name, type=kind,
-                            choices=f.metadata.get("choices"), metavar=metavar,
-                            help=f.metadata["help"] + _default_help(f.name, f.default))
+        names = [f"--{flag(f.name)}"] + ALIASES.get(f.name, [])
+        extra = {}
+        if f.metadata.get("switch"):           # mlx-lm's bare --mask-prompt, --grad-checkpoint, --train, --test
+            extra = {"nargs": "?", "const": "on"}
+        convert = {float: _none_or(float), int: int}.get(kind, _yaml_value if kind is dict or f.type == "object"
+                                                         else str)
+        if kind is float and "None" not in str(f.type):
+            convert = float
+        parser.add_argument(*names, dest=f.name, type=convert, choices=f.metadata.get("choices"), metavar=metavar,
+                            help=f.metadata["help"] + _default_help(f.name, f.default), **extra)
+    for name, ours in ITERATION_FLAGS.items():
+        parser.add_argument(f"--{flag(name)}", dest=name, type=int, metavar="N",
+                            help=f"mlx-lm's name: --{flag(ours)} counted in iterations (micro-batches), divided by "
+                                 "--accum")
+    parser.add_argument("--fine-tune-type", dest="fine_tune_type", choices=("lora", "dora", "full"),
+                        help="mlx-lm's name: lora or dora (--adapter), full (every weight: no --adapter)")
+    for name in ("report_to", "project_name"):
+        parser.add_argument(f"--{flag(name)}", dest=name, metavar="NAME",
+                            help="mlx-lm's; refused: " + UNSUPPORTED[name])
     return parser
 
 
 def _default_help(name: str, default) -> str:
     if name == "preset":
         return ""                                 # its help states the device rule itself
+    fine = presets.FINETUNE.get(name, default)
+    with_model = f"; with --model: {'none' if fine is None else fine}" if fine != default else ""
     if name in presets.PRESET_FIELDS:
         return " (default: the preset's: " + ", ".join(f"{p.name} {p.settings[name]:g}"
-                                                       for p in presets.PRESETS.values()) + ")"
-    return f" (default: {default})"
+                                                       for p in presets.PRESETS.values()) + with_model + ")"
+    return f" (default: {'none' if default is None else default}{with_model})"
 
 
 def _base_type(annotation) -> type:
     text = annotation if isinstance(annotation, str) else annotation.__name__
-    return {"int": int, "float": float}.get(text.split("|")[0].strip(), str)
+    return {"int": int, "float": float, "dict": dict}.get(text.split("|")[0].strip(), str)
 
 
 def from_mapping(values: dict, where: str) -> dict:
@@ -212,8 +371,13 @@ def from_mapping(values: dict, where: str) -> dict:
         if value is None:
             out[name] = None
             continue
-        if kind is str and not isinstance(value, str) or kind is int and (isinstance(value, bool) or
-                                                                          not isinstance(value, int)):
+        if known[name].type == "object":          # --lr-schedule: a word or a mapping
+            out[name] = value
+            continue
+        if known[name].metadata.get("switch") and isinstance(value, bool):
+            value = "on" if value else "off"
+        if kind is dict and not isinstance(value, dict) or kind is str and not isinstance(value, str) or (
+                kind is int and (isinstance(value, bool) or not isinstance(value, int))):
             raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
         try:
             out[name] = kind(value)
@@ -222,39 +386,125 @@ def from_mapping(values: dict, where: str) -> dict:
     return out
 
 
-def load_yaml(path: str) -> dict:
+def load_yaml(path: str) -> tuple[dict, set[str], bool]:
+    """A --config file's settings, by our names or mlx-lm's: (the mapping, the fields given in iterations, whether
+    it uses mlx-lm's names)."""
     import yaml
 
     try:
         with open(path, encoding="utf-8") as f:
-            values = yaml.safe_load(f) or {}
+            values = yaml_load(f) or {}
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of settings")
-    return from_mapping(values, path)
+    named = {str(k).replace("-", "_"): v for k, v in values.items()}
+    ours, counted = translate(named, path)
+    return from_mapping(ours, path), counted, speaks_mlx_lm(named)
+
+
+def file_settings(path: str) -> dict:
+    """A settings file's values by the trainer's names (mlx-lm's translated): what `clusterctl run` reads of a -c FILE
+    on the controller (the model to push, the data to copy). One line (ConfigError) for a file the trainer would
+    refuse."""
+    return load_yaml(path)[0]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    config: "TrainConfig"
+    how: str                       # how the preset was chosen ("given", "chosen for cpu", ...; a fine-tune's: "")
+    sources: dict                  # field -> where its value came from: "flag", "config FILE", "checkpoint", ...
+
+
+def resolve_settings(argv: list[str] | None, checkpoint_config: dict | None = None,
+                     device: str = "cpu") -> Resolved:
+    """The settings and where each came from: flags > --config file > checkpoint config > the preset (given, the
+    checkpoint's, else the one for `device`, MLX's default device type: 'gpu' or 'cpu'; a fine-tune: mlx-lm's
+    defaults, presets.FINETUNE) > TrainConfig's defaults. mlx-lm's names are translated (vocabulary.py), and a
+    value it counts in iterations is divided by the merged --accum."""
+    given = vars(build_parser().parse_args(argv))
+    for name in ("report_to", "project_name"):
+        if given.get(name):
+            raise ConfigError(f"--{flag(name)}: {UNSUPPORTED[name]} (docs/from-mlx-lm.md)")
+    flags, flags_counted = translate(given, "the flags")
+    file_name = given.get("config")
+    flags["config"] = file_name
+    from_file, file_counted, file_speaks = load_yaml(file_name) if file_name else ({}, set(), False)
+    from_checkpoint = {k: v for k, v in from_mapping(checkpoint_config or {}, "checkpoint").items()
+                       if k not in RUN_OPTIONS}
+    model = next((layer["model"] for layer in (flags, from_file, from_checkpoint) if layer.get("model")), None)
+    layers = [("default", {})]
+    how = ""
+    if model:
+        for layer, where in ((flags, "--"), (from_file, f"{file_name}: ")):
+            if layer.get("preset"):
+                raise ConfigError(f"{where}preset {layer['preset']} sizes the bundled model; a fine-tune (--model) "
+                                  "takes mlx-lm's defaults instead (docs/finetune.md#settings)")
+            given_here = [k for k in BUNDLED_ONLY if layer.get(k) is not None and k != "balance"]
+            if given_here:
+                name = flag(given_here[0])
+                why = ("packs whole records into rows, and --max-seq-length cuts a longer record"
+                       if given_here[0] == "block_size" else "has the model's own shape and data")
+                raise ConfigError(f"{where}{name} is the bundled model's: a fine-tune (--model) {why} "
+                                  "(docs/finetune.md#settings)")
+        if file_speaks or any(word.split("=", 1)[0] in MLX_LM_FLAGS for word in argv or []):
+            layers.append(("mlx-lm's default (the settings use mlx-lm's names)", dict(presets.MLX_LM_DEFAULTS)))
+        else:
+            layers.append(("fine-tune default", dict(presets.FINETUNE)))
+        preset = None
+    else:
+        preset, how = presets.choose(flags.get("preset"), from_file.get("preset"), from_checkpoint.get("preset"),
+                                     device)
+        layers.append((f"preset {preset}", dict(presets.get(preset).settings)))
+    layers += [("checkpoint", from_checkpoint), (f"config {file_name}", from_file), ("flag", flags)]
+    merged, sources = {}, {}
+    for where, layer in layers:
+        for k, v in layer.items():
+            merged[k], sources[k] = v, where
+    merged["preset"] = preset
+    counted = {k for k in flags_counted if sources.get(k) == "flag"} | {
+        k for k in file_counted if sources.get(k) == f"config {file_name}"}
+    accum = int(merged.get("accum", 1) or 1)
+    for k in counted:
+        if merged[k] and accum > 1:
+            merged[k] = max(merged[k] // accum, 1)
+            sources[k] += f", {'iterations' if k == 'steps' else 'every N iterations'} / --accum {accum}"
+    for k in ITERATION_FLAGS:
+        merged.pop(k, None)
+    return Resolved(TrainConfig(**merged), how, sources)
 
 
 def resolve(argv: list[str] | None, checkpoint_config: dict | None = None,
             device: str = "cpu") -> tuple[TrainConfig, str]:
-    """(config, how its preset was chosen): flags > --config file > checkpoint config > the preset (given,
-    the checkpoint's, else the one for `device`, MLX's default device type: 'gpu' or 'cpu') > defaults."""
-    given = vars(build_parser().parse_args(argv))
-    from_file = load_yaml(given["config"]) if given.get("config") else {}
-    from_checkpoint = {k: v for k, v in from_mapping(checkpoint_config or {}, "checkpoint").items()
-                       if k not in RUN_OPTIONS}
-    name, how = presets.choose(given.get("preset"), from_file.get("preset"), from_checkpoint.get("preset"),
-                               device)
-    merged = {**presets.get(name).settings, **from_checkpoint, **from_file, **given, "preset": name}
-    return TrainConfig(**merged), how
+    """(config, how its preset was chosen): see resolve_settings."""
+    r = resolve_settings(argv, checkpoint_config, device)
+    return r.config, r.how
 
 
 def parse_args(argv: list[str] | None, checkpoint_config: dict | None = None,
                device: str = "cpu") -> TrainConfig:
     """flags > --config file > checkpoint config > preset > defaults (see resolve)."""
     return resolve(argv, checkpoint_config, device)[0]
+
+
+# what a fine-tune's settings block leaves out: the bundled model's own settings
+BUNDLED_ONLY = ("preset", "n_layers", "dim", "n_heads", "mlp_dim", "block_size", "rope_theta", "source", "tokenizer",
+                "balance")
+
+
+def settings_block(config: TrainConfig, sources: dict) -> str:
+    """Every setting of a fine-tune and where it came from, one per line, as rank 0 prints it at the start."""
+    lines = ["settings (each: its value, and where it came from):"]
+    for f in fields(TrainConfig):
+        if f.name in BUNDLED_ONLY:
+            continue
+        value = getattr(config, f.name)
+        shown = "none" if value is None else value if not isinstance(value, float) else f"{value:g}"
+        lines.append(f"  {flag(f.name):<22} {shown}  ({sources.get(f.name, 'default')})")
+    return "\n".join(lines)
 
 
 def default_out_dir(when: time.struct_time) -> str:

@@ -107,12 +107,13 @@ def architecture(config: dict, path: str) -> str:
     return model_class.__module__.rsplit(".", 1)[-1]
 
 
-def load(path: str, dtype=None, adapter: str | None = None):
+def load(path: str, dtype=None, adapter: str | None = None, tokenizer=None):
     """(model, tokenizer, config): mlx-lm's loader, the floating-point weights cast to `dtype` (float32 by default;
     --precision; a quantized model's packed weights stay as they are), lazily (zero3 slices a group at a time; dp
-    evaluates them when it starts). `adapter`: --adapter's value (a quantized model is refused without it)."""
+    evaluates them when it starts). `adapter`: --adapter's value (a quantized model is refused without it);
+    `tokenizer`: one load_tokenizer already read."""
     import mlx.core as mx
-    from mlx_lm.utils import load_model, load_tokenizer
+    from mlx_lm.utils import load_model
     from pathlib import Path
 
     from .step import cast_model
@@ -123,8 +124,38 @@ def load(path: str, dtype=None, adapter: str | None = None):
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--model {path}: mlx-lm cannot build this model: {str(e).splitlines()[0]}") from None
     cast_model(model, str(dtype or mx.float32).removeprefix("mlx.core."))
-    tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
-    return model, tokenizer, config
+    return model, tokenizer or load_tokenizer(path), config
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """The model directory's tokenizer as mlx-lm loads it (its chat template, its end-of-sequence tokens)."""
+    require_mlx_lm()
+    from mlx_lm.utils import load_tokenizer as mlx_lm_tokenizer
+    from pathlib import Path
+
+    config = read_config(path)
+    extra = {"trust_remote_code": True} if trust_remote_code else None
+    return mlx_lm_tokenizer(Path(path), tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id"))
+
+
+def checkpoint_blocks(model) -> None:
+    """--grad-checkpoint: each block keeps only its input for the backward pass and is computed again there
+    (mx.checkpoint around the block's call, on its class, as mlx-lm's --grad-checkpoint does)."""
+    import mlx.core as mx
+
+    cls = type(model.layers[0])
+    if getattr(cls, "_clusterctl_checkpointed", False):
+        return
+    call = cls.__call__
+
+    def checkpointed(self, *args, **kwargs):
+        def inner(params, *args, **kwargs):
+            self.update(params)
+            return call(self, *args, **kwargs)
+        return mx.checkpoint(inner)(self.trainable_parameters(), *args, **kwargs)
+
+    cls.__call__ = checkpointed
+    cls._clusterctl_checkpointed = True
 
 
 def total_parameters(model) -> int:

@@ -80,19 +80,23 @@ class Shape:
     # quantized base packed: bits / 8 a weight, with its groups' scales and biases)
     adapter_params: int = 0
     base_bytes: int = 0
+    grad_checkpoint: bool = False   # --grad-checkpoint: a block keeps its input only, and is computed again
 
     @classmethod
-    def of(cls, config, vocab: int, model_config: dict | None = None) -> "Shape":
+    def of(cls, config, vocab: int, model_config: dict | None = None, rows: tuple[int, int] | None = None) -> "Shape":
         """The bundled model's shape from the trainer's config, or with `model_config` (an mlx-lm model's
-        config.json, --model) that model's, trained at the config's batch and block size."""
+        config.json, --model) that model's, trained at the config's batch and block size, or with `rows` (a
+        fine-tune's: at most this many rows of this width a micro-batch, its records' longest rounded up) at
+        those."""
         if model_config is None:
             return cls(vocab, config.n_layers, config.dim, config.n_heads, config.mlp_dim, config.block_size,
                        config.batch_size, config.accum)
         m = {**model_config.get("text_config", {}), **model_config}
         dim, heads = int(m["hidden_size"]), int(m["num_attention_heads"])
         head_dim = int(m.get("head_dim") or dim // heads)
+        batch, block = rows if rows else (config.batch_size, config.block_size)
         shape = cls(int(m["vocab_size"]), int(m["num_hidden_layers"]), dim, heads, int(m["intermediate_size"]),
-                    config.block_size, config.batch_size, config.accum,
+                    block, batch, config.accum, grad_checkpoint=getattr(config, "grad_checkpoint", "off") == "on",
                     kv_dim=int(m.get("num_key_value_heads") or heads) * head_dim,
                     tied=bool(m.get("tie_word_embeddings", True)), q_dim=heads * head_dim)
         if not getattr(config, "adapter", None):
@@ -152,6 +156,14 @@ def activations(shape: Shape) -> tuple[float, float]:
     per_block = BYTES * (tokens * (ACT_DIM * shape.dim + ACT_MLP * shape.mlp_dim)
                          + ACT_ATTN * shape.batch_size * shape.n_heads * shape.block_size ** 2)
     return per_block, BYTES * ACT_LOGITS * tokens * shape.vocab
+
+
+def blocks_kept(shape: Shape, per_block: float) -> float:
+    """What the blocks keep for the backward pass: every block's activations, or under --grad-checkpoint each
+    block's input only (tokens x dim) and one block's activations while it is computed again."""
+    if not shape.grad_checkpoint:
+        return shape.n_layers * per_block
+    return shape.n_layers * BYTES * shape.batch_size * shape.block_size * shape.dim + per_block
 
 
 def adapter_state(shape: Shape) -> float:

@@ -26,11 +26,12 @@ def max_over_ranks(value: float, group) -> float:
 
 
 class Reporter:
-    def __init__(self, out_dir: str, group, tokens_per_step: int, start_step: int):
+    def __init__(self, out_dir: str, group, tokens_per_step, start_step: int):
         self.group = group
         self.is_main = group.rank() == 0
         self.path = os.path.join(out_dir, "metrics.jsonl")
-        self.tokens_per_step = tokens_per_step      # global: batch x block x accum x world
+        # global: batch x block x accum x world, or a function of the step (a fine-tune's records differ in length)
+        self.tokens_per_step = tokens_per_step
         self.losses: list[mx.array] = []
         self.norms: list[mx.array] = []
         self.last_step = start_step
@@ -62,7 +63,7 @@ class Reporter:
             "step": step,
             "loss": mx.stack(self.losses).mean().item(),
             "lr": lr,
-            "tokens_per_s": self.tokens_per_step * (step - self.last_step) / max(elapsed, 1e-9),
+            "tokens_per_s": self.tokens(self.last_step, step) / max(elapsed, 1e-9),
             "peak_mem_mb": peak_mb,
             "grad_norm": mx.stack(self.norms).mean().item(),
         }
@@ -79,6 +80,12 @@ class Reporter:
             live_report(step=step, total_steps=total_steps, loss=record["loss"],
                         tokens_per_s=record["tokens_per_s"] * share, peak_mem_mb=own_peak_mb, share=share)
         return record
+
+    def tokens(self, after: int, upto: int) -> int:
+        """Every rank's tokens in optimizer steps after+1 .. upto."""
+        if callable(self.tokens_per_step):
+            return sum(self.tokens_per_step(s) for s in range(after, upto))
+        return self.tokens_per_step * (upto - after)
 
     def evaluation(self, step: int, val_loss: float) -> None:
         if self.is_main:

@@ -133,10 +133,14 @@ class Transformer(nn.Module):
         return [KVCache() for _ in self.layers]
 
 
-def loss_fn(model, x: mx.array, y: mx.array) -> mx.array:
+def loss_fn(model, x: mx.array, y: mx.array, segments: mx.array | None = None) -> mx.array:
     """Mean next-token cross-entropy over the trained targets (fine-tuning labels a prompt's targets -1:
-    data/records.py; the bundled corpus trains on every position). Any model whose call returns logits."""
-    return masked_cross_entropy(model(x), y)
+    data/records.py; the bundled corpus trains on every position). Any model whose call returns logits;
+    `segments`: packed records, each attending only to itself (packing.py)."""
+    if segments is None:
+        return masked_cross_entropy(model(x), y)
+    from .packing import forward
+    return masked_cross_entropy(forward(model, x, segments), y)
 
 
 def masked_cross_entropy(logits: mx.array, y: mx.array) -> mx.array:

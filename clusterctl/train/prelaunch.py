@@ -10,7 +10,7 @@ import functools
 import os
 
 from ..program import PlannedLaunch
-from ..trainer_contract import HOST_MEMORY, flag_value
+from ..trainer_contract import CONFIG_FLAGS, HOST_MEMORY, flag_value, setting
 from . import strategies
 from .memory import Shape, parse_size
 
@@ -19,15 +19,21 @@ def check_before_launch(planned: PlannedLaunch) -> str | None:
     """Raises a one-line error for a --model or --data the ranks would refuse; then plan_before_launch
     (the strategy that fits, or None when it cannot tell), each host's memory overridden by the inventory's
     CLUSTERCTL_HOST_MEMORY. `run` calls it through trainer_program.BundledTrainer, which the CLI gives it."""
+    from .config import file_settings
+
     args, project, world = list(planned.args), planned.project, planned.world
-    model, adapter = flag_value(args, "--model"), flag_value(args, "--adapter")
-    if adapter and not model and not flag_value(args, "--resume") and not flag_value(args, "--config"):
+    config_file = next((v for v in (flag_value(args, f) for f in CONFIG_FLAGS) if v), None)
+    read = (lambda path: file_settings(_in(project, path))) if config_file else None
+    model, adapter = setting(args, "--model", "model", read), setting(args, "--adapter", "adapter", read)
+    data = setting(args, "--data", "data", read)
+    if flag_value(args, "--fine-tune-type") in ("lora", "dora"):          # mlx-lm's name for --adapter
+        adapter = flag_value(args, "--fine-tune-type")
+    if adapter and not model and not flag_value(args, "--resume"):
         from .config import ConfigError
         raise ConfigError(f"--adapter {adapter} adapts a model: give it with --model DIR (an mlx-lm model directory, "
                           "quantized or not; docs/finetune.md#lora-and-dora)")
     if model and not flag_value(args, "--resume"):
-        check_finetune(_in(project, model), _in(project, flag_value(args, "--data")) if flag_value(args, "--data") else None,
-                       world, adapter)
+        check_finetune(_in(project, model), _in(project, data) if data else None, world, adapter)
     overrides = {host: env[HOST_MEMORY] for host, env in planned.host_env.items() if env.get(HOST_MEMORY)}
     return plan_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
                                       planned.data_dir)
@@ -76,7 +82,7 @@ def plan_before_launch(args: list[str], world: int, memory: dict[str, int], over
     from ..trainer_contract import flag_value
     from .config import ConfigError, resolve
 
-    if flag_value(args, "--resume") or flag_value(args, "--config"):
+    if flag_value(args, "--resume") or any(flag_value(args, f) for f in CONFIG_FLAGS):
         return None
     try:
         config, _ = resolve(list(args), device="gpu" if first_os == "Darwin" else "cpu")
@@ -93,14 +99,47 @@ def plan_before_launch(args: list[str], world: int, memory: dict[str, int], over
     if config.model:             # an mlx-lm model's own shape (prelaunch.py has checked the directory)
         from .lm import read_config, vocab_size
 
-        model_config = read_config(config.model if os.path.isabs(config.model) else os.path.join(project, config.model))
-        shape = Shape.of(config, vocab_size(model_config), model_config)
+        model_dir = _in(project, config.model)
+        model_config = read_config(model_dir)
+        width = _widest_row(model_dir, _in(project, config.data), config) if config.data else None
+        if width is None:
+            return None
+        shape = Shape.of(config, vocab_size(model_config), model_config, (max(config.batch_size // world, 1), width))
     else:
         vocab = _vocab(config, project, data_dir)
         shape = Shape.of(config, vocab) if vocab is not None else None
     if not sizes or shape is None:
         return None
     return strategies.choose(shape, config.strategy, world, min(sizes.values()))
+
+
+def _widest_row(model_dir: str, data_dir: str, config) -> int | None:
+    """The widest row a micro-batch of the run can need: its longest record (tokenized here with the model's
+    tokenizer, as the ranks will), rounded up as rows are; prepared records: their --max-seq-length. None when it
+    cannot tell."""
+    from ..data import records
+    from ..errors import ClusterctlError
+
+    try:
+        prepared = records.read_prepared(data_dir)
+        if prepared is not None:
+            longest = prepared["max_seq_length"]
+        else:
+            paths = [os.path.join(data_dir, n) for n in (records.TRAIN, records.VALID, records.TEST)]
+            stamps = tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths if os.path.isfile(p))
+            longest = min(_longest_record(model_dir, stamps, config.mask_prompt == "on"), config.max_seq_length)
+    except (ClusterctlError, OSError, ValueError, KeyError):
+        return None
+    return -(-max(longest, 1) // records.ROW_MULTIPLE) * records.ROW_MULTIPLE
+
+
+@functools.lru_cache(maxsize=4)
+def _longest_record(model_dir: str, files: tuple, mask: bool) -> int:
+    from ..data import records
+    from .lm import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    return max(len(records.tokenize(r, tokenizer, mask)[0]) for path, _, _ in files for r in records.read_records(path))
 
 
 def _vocab(config, project: str, data_dir: str | None) -> int | None:

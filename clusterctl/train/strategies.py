@@ -5,7 +5,7 @@ rest of train/ asks the registry (`get(name)`, `names()`, `choose(...)`) and nev
 
     entry = get(config.strategy)
     model = entry.wrap(model, group, config, model_type)     # zero3: each rank keeps 1/N of every weight
-    step = entry.make_step(model, optimizer, config, group)  # (x, y) -> (mean loss over the ranks, grad norm)
+    step = entry.make_step(model, optimizer, config, group)  # (x, y[, segments]) -> (mean loss over ranks, norm)
     apply = entry.update(model, optimizer, config, group)    # (loss, grads) -> the same: balanced.py's steps
     entry.estimate(shape, world)                             # memory.Estimate, before anything is allocated
     entry.write(tmp, model, optimizer, group, writer, adapter)   # a checkpoint's arrays (checkpoint.save)
@@ -67,10 +67,10 @@ class Strategy:
         from .step import dp_apply
         return dp_apply(model, optimizer, config, group)
 
-    def loss(self, model, x, y):
-        """The mean loss of one batch, nothing updated (held-out and test scores)."""
+    def loss(self, model, *batch):
+        """The mean loss of one batch (x, y[, segments]), nothing updated (held-out and test scores)."""
         from .model import loss_fn
-        return loss_fn(model, x, y)
+        return loss_fn(model, *batch)
 
     def trained(self, model):
         """The model object that holds the trained parameters whole (what adapters.save and an export read)."""
@@ -92,7 +92,7 @@ class Strategy:
     def _full(self, shape: Shape, world: int) -> tuple[float, float]:
         p4 = shape.params * BYTES
         per_block, logits = memory.activations(shape)
-        return DP_PARAM * p4 + (shape.accum > 1) * p4, shape.n_layers * per_block + logits
+        return DP_PARAM * p4 + (shape.accum > 1) * p4, memory.blocks_kept(shape, per_block) + logits
 
     ACTIVATIONS = 1.0        # an adapter run's activations against dp's formula (ADAPTER_ACT aside)
 
@@ -101,7 +101,7 @@ class Strategy:
         state as dp's parameters are, and the activations of every block, which the adapters' gradients need."""
         per_block, logits = memory.activations(shape)
         return (shape.base_bytes + memory.adapter_state(shape),
-                ADAPTER_ACT * self.ACTIVATIONS * (shape.n_layers * per_block + logits))
+                ADAPTER_ACT * self.ACTIVATIONS * (memory.blocks_kept(shape, per_block) + logits))
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def optimizer_file(self, rank: int) -> str:
@@ -153,7 +153,7 @@ class FullySharded(Strategy):
         p4 = shape.params * BYTES
         per_block, logits = memory.activations(shape)
         state = (FSDP_ONE if world == 1 else FSDP_FULL + FSDP_SHARD / world) * p4 + (shape.accum > 1) * p4
-        return state, FSDP_ACT * (shape.n_layers * per_block + logits)
+        return state, FSDP_ACT * (memory.blocks_kept(shape, per_block) + logits)
 
     def optimizer_file(self, rank: int) -> str:
         return f"optimizer-rank-{rank}.safetensors"
@@ -193,8 +193,8 @@ class ZeRO3(Strategy):
     def update(self, model, optimizer, config, group):
         raise NotImplementedError("zero3 computes its gradients unit by unit: it has no separate update")
 
-    def loss(self, model, x, y):
-        return model.loss(x, y)
+    def loss(self, model, *batch):
+        return model.loss(*batch)
 
     def trained(self, model):
         return model.model

@@ -1,10 +1,12 @@
 """The test set of a fine-tune: `test.jsonl` beside train.jsonl (mlx-lm's layout), scored once at the end of the
-run, as `mlx_lm lora --test` scores it: the mean cross-entropy over every trained target of every test record
-and its exponential, the perplexity. Each record counts once: the rows are dealt to the ranks, every rank scores
-the same number of batches (a rank with fewer rows scores an empty one, which zero3's gathers need) and one
-all_sum adds the ranks' sums.
+run, as `mlx_lm lora --test` scores it: each record alone (per-record attention in packed rows), the mean
+cross-entropy over every trained target of every test record, and its exponential, the perplexity. Each record
+counts once: the global batches are dealt to the ranks, every rank scores the same number of batches (a rank with
+no records left scores a row of padding, which zero3's gathers need) and one all_sum adds the ranks' sums.
+mlx-lm also scores one padding token after each record and leaves out the last batch when it is not whole; ours
+does neither (docs/from-mlx-lm.md#scores says how the two numbers relate).
 
-    result = score(model, config, tokenizer, group)      # None without test.jsonl
+    result = score(model, finetune.test_set(...), config.test_batches, group, entry.loss)
     result = {"loss": ..., "perplexity": ..., "records": ..., "targets": ...}
 """
 from __future__ import annotations
@@ -15,39 +17,37 @@ import os
 TEST = "test.jsonl"
 
 
-def score(model, config, tokenizer, group) -> dict | None:
-    """`config.data`'s test.jsonl scored by `model` (every rank calls this), or None when there is none."""
-    if not config.data or not os.path.isfile(os.path.join(config.data, TEST)):
-        return None
+def evaluate(model, loader, batches: int, group, loss) -> float:
+    """The held-out loss over `loader`'s first `batches` held-out batches (-1: all) on every rank: every trained
+    target weighs the same, summed over the ranks (mlx-lm's definition; the bundled model's batches are all the
+    same size, so it is their mean). `loss`: the strategy's (strategies.Strategy.loss), a batch's mean."""
+    return scored(model, loader, batches, group, loss)[0]
+
+
+def scored(model, loader, batches: int, group, loss) -> tuple[float, int]:
+    """(the mean loss over every trained target, how many there were): see evaluate."""
     import mlx.core as mx
 
-    from ..data import records
-    from .strategies import get
-
-    test = records.read_records(os.path.join(config.data, TEST))
-    packed = records.rows_of(test, tokenizer, config.block_size, config.mask_prompt == "on")
-    rows = mx.array(packed.rows, dtype=mx.int32)
-    labels = mx.array(packed.labels, dtype=mx.int32)
-    rank, world, batch = group.rank(), group.size(), config.batch_size
-    batches = -(-len(packed.rows) // (world * batch))
-    total, count = mx.array(0.0), mx.array(0.0)
-    loss_of = get(config.strategy).loss
     model.eval()
-    for b in range(batches):
-        first = (b * world + rank) * batch
-        mine = list(range(first, min(first + batch, len(packed.rows))))
-        x, y = (rows[mx.array(mine)][:, :-1], labels[mx.array(mine)][:, 1:]) if mine else \
-            (rows[:1, :-1], mx.full(labels[:1, 1:].shape, records.IGNORE, dtype=mx.int32))     # nothing of ours
-        mean = loss_of(model, x, y)
-        targets = (y >= 0).sum().astype(mx.float32)
-        total, count = total + mean * targets, count + targets
+    total, count = mx.array(0.0), mx.array(0.0)
+    for batch in loader.held_out(batches):
+        targets = (batch[1] >= 0).sum().astype(mx.float32)
+        total, count = total + loss(model, *batch) * targets, count + targets
         mx.eval(total, count)
     model.train()
-    if world > 1:
+    if group.size() > 1:
         total = mx.distributed.all_sum(total, group=group, stream=mx.cpu)
         count = mx.distributed.all_sum(count, group=group, stream=mx.cpu)
-    loss = (total / mx.maximum(count, 1.0)).item()
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "records": len(test), "targets": int(count.item())}
+    return (total / mx.maximum(count, 1.0)).item(), int(count.item())
+
+
+def score(model, test, batches: int, group, loss) -> dict:
+    """The test set (`test`: a records.HeldOut of test.jsonl) scored by `model` on every rank: the mean loss over its
+    first `batches` global batches (-1: all; --test-batches) and its exponential."""
+    loss_value, targets = scored(model, test, batches, group, loss)
+    records = min(test.count(batches) * test.batch_size, len(test.seqs))
+    return {"loss": loss_value, "perplexity": math.exp(min(loss_value, 700.0)), "records": records,
+            "targets": targets}
 
 
 def record(out_dir: str, step: int, result: dict) -> None:

@@ -35,14 +35,16 @@ from typing import TYPE_CHECKING, Callable
 import mlx.core as mx
 
 from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
-from ..trainer_contract import MODEL_DIR_ENV, STEP_GLOB, step_dir_name
+from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
+from .testset import evaluate
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
                         announce_quiet, watched)
-from .config import ConfigError, TrainConfig, default_out_dir, resolve
+from .config import ConfigError, TrainConfig, default_out_dir, resolve, resolve_settings
+from .finetune import model_source
 from .metrics import Reporter
-from .model import ModelArgs, Transformer, loss_fn
+from .model import ModelArgs, Transformer
 from .step import cast_model, make_optimizer
 from .stopping import Stopped, Stopping, ignore_stop_signals
 
@@ -121,7 +123,8 @@ def elastic_batch(config: TrainConfig, resumed: dict, world: int, policy: str) -
     return dataclasses.replace(config, accum=total // world)
 
 
-def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict | None = None) -> TrainConfig:
+def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict | None = None,
+                rows: tuple[int, int] | None = None) -> TrainConfig:
     """The strategy to train with (`auto`: the cheapest whose estimate fits the smallest host), or
     MemoryRefused with the numbers (--memory-check off: a warning instead). Rank 0 says what it planned."""
     mine = memory.host_memory()
@@ -129,7 +132,7 @@ def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict 
     smallest = int(mx.distributed.all_min(mx.array(known // 2**20, dtype=mx.int32), group=group,
                                           stream=mx.cpu).item()) if group.size() > 1 else known // 2**20
     host = smallest * 2**20 if smallest >= 0 else None
-    shape = memory.Shape.of(config, vocab_size, model_config)
+    shape = memory.Shape.of(config, vocab_size, model_config, rows)
     try:
         strategy = strategies.choose(shape, config.strategy, group.size(), host)
     except memory.MemoryRefused as e:
@@ -183,104 +186,12 @@ def open_data(config: TrainConfig, rank: int, world: int):
     return tokenizer, vocab_size, train, val
 
 
-@dataclass
-class FineTune:
-    """What `--model` brings: the mlx-lm model, its tokenizer and config.json, and this rank's row loaders."""
-    model: object
-    tokenizer: object
-    config: dict
-    train: object
-    val: object
-    summary: str
-
-
-def model_source(config: TrainConfig, rank: int) -> str:
-    """Where this rank reads --model from: its host's model-store copy when run pushed the model there
-    (MODEL_DIR_ENV, set per host), else --model as given. The run's records keep --model as given."""
-    stored = os.environ.get(MODEL_DIR_ENV)
-    if not stored:
-        return config.model
-    if not os.path.isfile(os.path.join(stored, "config.json")):
-        raise ConfigError(f"{MODEL_DIR_ENV}={stored}: no model there on this host (run puts --model into every "
-                          "host's model store before the launch: run it again)")
-    if rank == 0:
-        print(f"model: {config.model}, read from {stored} (this host's model store)", flush=True)
-    return stored
-
-
-def open_finetune(config: TrainConfig, rank: int, world: int, source: str | None = None) -> FineTune:
-    """The model directory (`source`, else --model: mlx-lm's loader, weights lazily in float32) and the jsonl
-    records of --data, tokenized with the model's tokenizer and packed into rows (data/records.py)."""
-    from ..data import records
-    from . import lm
-
-    if not config.data:
-        raise ConfigError(f"--model {config.model} needs --data DIR: a directory of train.jsonl (and valid.jsonl) "
-                          "records (docs/finetune.md#data)")
-    prepared = records.read_prepared(config.data)
-    if prepared is None and not records.is_records_dir(config.data):
-        raise ConfigError(f"--data {config.data}: with --model, a directory holding train.jsonl (mlx-lm's layout) "
-                          "is needed" + (" (this one holds shards from `data prepare` for the bundled model)"
-                                         if os.path.isfile(os.path.join(config.data, "manifest.json")) else ""))
-    model, tokenizer, model_config = lm.load(source or config.model, getattr(mx, config.precision), config.adapter)
-    if prepared is not None:
-        return FineTune(model, tokenizer, model_config, *prepared_rows(config, prepared, rank, world))
-    train_records, val_records, given = records.read_dir(config.data)
-    mask = config.mask_prompt == "on"
-    packed = records.rows_of(train_records, tokenizer, config.block_size, mask)
-    held = records.rows_of(val_records, tokenizer, config.block_size, mask)
-    train = records.RowLoader(packed, config.batch_size, config.accum, world, rank, config.seed)
-    val = records.RowLoader(held, config.batch_size, 1, world, rank, config.seed + 1, shuffle=False)
-    where = records.VALID if given else f"every {records.VAL_EVERY}th record of {records.TRAIN}"
-    summary = (f"{len(train_records):,} records, {packed.tokens:,} tokens in {len(packed.rows):,} rows of "
-               f"{config.block_size + 1} ({packed.trained:,} trained on); held out: {len(val_records):,} records "
-               f"({where})")
-    return FineTune(model, tokenizer, model_config, train, val, summary)
-
-
-def prepared_rows(config: TrainConfig, manifest: dict, rank: int, world: int):
-    """(train loader, held-out loader, summary) from `clusterctl data prepare`'s rows: this rank's shard only,
-    checked against what they were made with (world, block size, the model's tokenizer, prompt masking)."""
-    from ..data import records
-
-    where = config.data
-    records.check_prepared(manifest, where, world, config.model, config.block_size, config.mask_prompt == "on")
-    mine = records.load_rows(where, manifest["shards"][rank], config.block_size)
-    held = records.load_rows(where, manifest["val"], config.block_size)
-    train = records.RowLoader(mine, config.batch_size, config.accum, 1, 0, config.seed + rank)
-    val = records.RowLoader(held, config.batch_size, 1, world, rank, config.seed + 1, shuffle=False)
-    summary = (f"prepared rows: {len(mine.rows):,} of {config.block_size + 1} on rank {rank} (its shard), "
-               f"{manifest['records']:,} records, {manifest['tokens']:,} tokens in all; held out: "
-               f"{manifest['held_out']['records']:,} records ({manifest['held_out']['from']})")
-    return train, val, summary
-
-
 def portable_spec(tokenizer) -> dict:
     """The tokenizer spec with an absolute path, so `clusterctl generate` finds it from any directory."""
     spec = dict(tokenizer.spec())
     if spec.get("path"):
         spec["path"] = os.path.abspath(spec["path"])
     return spec
-
-
-def micro_batches(loader, step: int, accum: int) -> tuple[mx.array, mx.array]:
-    """The `accum` micro-batches of optimizer step `step`, stacked as (accum, B, L)."""
-    pairs = [loader.batch(step * accum + i) for i in range(accum)]
-    return mx.stack([x for x, _ in pairs]), mx.stack([y for _, y in pairs])
-
-
-def evaluate(model, loader, batches: int, group, loss=loss_fn) -> float:
-    """Mean held-out loss over `batches` fixed batches per rank, averaged over the ranks (`loss`: the strategy's,
-    strategies.Strategy.loss)."""
-    model.eval()
-    total = mx.array(0.0)
-    for i in range(batches):
-        x, y = loader.batch(i)
-        total = total + loss(model, x, y)
-    model.train()
-    if group.size() > 1:
-        total = mx.distributed.all_sum(total, group=group)
-    return (total / (batches * group.size())).item()
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -341,9 +252,10 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
             if balanced is not None:
                 loss, grad_norm = balanced(step)
             else:
-                x, y = micro_batches(data.train, step, config.accum)
-                loss, grad_norm = step_fn(x, y)
+                loss, grad_norm = step_fn(*data.train.step(step, config.accum))
             mx.eval(loss, grad_norm, model.state, optimizer.state)
+            if config.clear_cache_threshold and mx.get_cache_memory() > config.clear_cache_threshold:
+                mx.clear_cache()
             done = step + 1
             last = done == config.steps
             if drift == (rank, done) and entry.replicated:
@@ -430,7 +342,8 @@ def train(argv: list[str] | None = None) -> None:
     config, how = resolve(argv, device=device)
     config, how, out_dir, ckpt, resumed = resolve_run(config, how, argv, group, device)
     if config.model:
-        return train_model(config, how, group, out_dir, ckpt, resumed)
+        sources = resolve_settings(argv, resumed["config"] if resumed else None, device).sources
+        return train_model(config, group, out_dir, ckpt, resumed, sources)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
     config = plan_memory(config, vocab_size, group)            # before anything is allocated
 
@@ -454,43 +367,63 @@ def train(argv: list[str] | None = None) -> None:
             f"{len(train_tokens):,} training tokens on rank 0", ckpt)
 
 
-def train_model(config: TrainConfig, how: str, group, out_dir: str, ckpt, resumed) -> None:
-    """--model: fine-tune an mlx-lm model on jsonl records, then write it as an mlx-lm model directory,
-    <run>/model (export.py), which `clusterctl run` fetches with the run (docs/finetune.md)."""
-    from . import lm
+def train_model(config: TrainConfig, group, out_dir: str, ckpt, resumed, sources: dict) -> None:
+    """--model: fine-tune an mlx-lm model on jsonl records (finetune.py), then write it as an mlx-lm model directory,
+    <run>/model (export.py), or its adapters as <run>/adapters, which `clusterctl run` fetches with the run
+    (docs/finetune.md). With --test alone (mlx-lm's meaning) the adapters given are scored, nothing trained."""
+    from . import finetune, lm
+    from .config import settings_block
     from .export import export
 
     rank, world = group.rank(), group.size()
-    if config.balance == "auto":        # the rows of a step are split evenly: the global order (data/records.py)
+    if config.balance == "auto":        # the records of a step are split evenly: the global order (data/records.py)
         config = dataclasses.replace(config, balance="off")
     source = model_source(config, rank)
-    model_config = lm.read_config(source)              # the plan needs only config.json: before any tokenizing
-    config = plan_memory(config, lm.vocab_size(model_config), group, model_config)
-    ft = open_finetune(config, rank, world, source)
-    model = ft.model
-    if config.adapter:              # the base frozen, the adapters made the same on every rank
+    model_config = lm.read_config(source)
+    tokenizer = lm.load_tokenizer(source, config.trust_remote_code == "on")
+    data = finetune.open_records(config, tokenizer, rank, world)     # before the plan: it needs the rows' width
+    share = data.train.share
+    planned = plan_memory(config, lm.vocab_size(model_config), group, model_config, rows=(share, data.width))
+    if planned.strategy != config.strategy:
+        sources["strategy"] = f"{config.strategy}: the memory plan's choice"
+    config = planned
+    model, _, model_config = lm.load(source, getattr(mx, config.precision), config.adapter, tokenizer=tokenizer)
+    entry = strategies.get(config.strategy)
+    finetune.choose_packing(model, data, lm.vocab_size(model_config), entry.shards_weights, rank)
+    # mlx-lm's rule: --test given without --train only scores (the adapters of --adapter-path, if any)
+    training = config.train == "on" or (config.train is None and config.test != "on")
+    if not training:
+        finetune.scored_adapters(model, config, rank)
+    elif config.adapter:            # the base frozen, the adapters made the same on every rank
         mx.random.seed(config.seed)
         adapters.apply(model, config)
-    model = strategies.get(config.strategy).wrap(model, group, config, ft.config["model_type"])
-    optimizer = make_optimizer(config)
-    start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
-    data = TrainData(train=ft.train, val=ft.val, group=group, start=start)
-    spec = {"type": "mlx-lm", "path": os.path.abspath(source)}
-    base = lm.quantization(ft.config)
-    trained = (f"{config.adapter} adapters of rank {config.lora_rank}, {adapters.count_trainable(model) / 1e6:.3f}M "
-               f"parameters trained, the base frozen{f' ({base})' if base else ''}" if config.adapter
-               else f"trained in {config.precision}")
-    described = (f"model {config.model} ({ft.config['model_type']}, {lm.total_parameters(model) / 1e6:.2f}M parameters, "
-                 f"{trained}), {config.steps} steps at lr {config.lr:g}")
-    run_fit(model, optimizer, data, config, out_dir, (spec, lm.vocab_size(ft.config)), described, ft.summary, ckpt)
-    tested = testset.score(model, config, ft.tokenizer, group)       # test.jsonl beside the data: every rank
-    if rank == 0 and tested is not None:
-        testset.record(out_dir, config.steps, tested)
-    if rank == 0 and config.adapter:
-        path = adapters.publish(out_dir)
+        finetune.start_adapters(model, config, rank)
+    if config.grad_checkpoint == "on":
+        lm.checkpoint_blocks(model)
+    model = entry.wrap(model, group, config, model_config["model_type"])
+    if rank == 0:
+        print(settings_block(config, sources), flush=True)
+    if training:
+        optimizer = make_optimizer(config)
+        start = start_step(ckpt, resumed, model, optimizer, config, rank, world)
+        spec = {"type": "mlx-lm", "path": os.path.abspath(source)}
+        base = lm.quantization(model_config)
+        trained = (f"{config.adapter} adapters of rank {config.lora_rank}, {adapters.count_trainable(model) / 1e6:.3f}M"
+                   f" parameters trained, the base frozen{f' ({base})' if base else ''}" if config.adapter
+                   else f"trained in {config.precision}")
+        described = (f"model {config.model} ({model_config['model_type']}, {lm.total_parameters(model) / 1e6:.2f}M "
+                     f"parameters, {trained}), {config.steps} steps at lr {config.lr:g}")
+        run_fit(model, optimizer, TrainData(train=data.train, val=data.val, group=group, start=start), config, out_dir,
+                (spec, lm.vocab_size(model_config)), described, data.summary, ckpt, data.train.step_tokens)
+    if data.test is not None:
+        tested = testset.score(model, data.test, config.test_batches, group, entry.loss)
+        if rank == 0:
+            testset.record(out_dir, config.steps if training else 0, tested)
+    if rank == 0 and training and config.adapter:
+        path = adapters.publish(out_dir, config.adapter_path)
         print(f"adapters: {path} (mlx-lm's adapter layout: mlx_lm.generate --model {shlex.quote(config.model)} "
               f"--adapter-path {shlex.quote(str(path))}; clusterctl export fuses them into a model)", flush=True)
-    elif rank == 0:
+    elif rank == 0 and training:
         path = export(out_dir, os.path.join(out_dir, "model"), search=[os.getcwd()], source=source)
         print(f"model: {path} (an mlx-lm model directory: mlx_lm.generate --model {shlex.quote(str(path))})", flush=True)
 
@@ -510,11 +443,12 @@ def start_step(ckpt, resumed, model, optimizer, config: TrainConfig, rank: int, 
 
 
 def run_fit(model, optimizer, data: TrainData, config: TrainConfig, out_dir: str, tokenizer: tuple[dict, int],
-            described: str, what: str, ckpt) -> None:
+            described: str, what: str, ckpt, tokens_of: Callable[[int], int] | None = None) -> None:
     """fit with the reporting, checkpointing and summary callbacks; rank 0 says what it trains first.
-    `tokenizer`: (its spec, the vocabulary size), what checkpoints record."""
+    `tokenizer`: (its spec, the vocabulary size), what checkpoints record; `tokens_of(step)`: a step's tokens, every
+    rank's (records differ in length), else batch x block x accum x world."""
     group, world = data.group, data.group.size()
-    tokens_per_step = config.batch_size * config.block_size * config.accum * world
+    tokens_per_step = tokens_of or config.batch_size * config.block_size * config.accum * world
     listeners = [Reporting(Reporter(out_dir, group, tokens_per_step, data.start), config.steps),
                  Checkpointing(out_dir, model, optimizer, config, group, *tokenizer),
                  TrainerSummary(out_dir, group, config), Stoppable(group, config.steps)]
@@ -522,7 +456,9 @@ def run_fit(model, optimizer, data: TrainData, config: TrainConfig, out_dir: str
         listeners.append(Progress(config.steps))
     if group.rank() == 0:
         print(described, flush=True)
-        print(f"{config.strategy} on {world} rank(s): {what}, {tokens_per_step:,} tokens per step, steps "
+        per_step = f"{tokens_per_step:,} tokens per step" if isinstance(tokens_per_step, int) else (
+            f"{config.batch_size:,} records per step")
+        print(f"{config.strategy} on {world} rank(s): {what}, {per_step}, steps "
               f"{data.start + 1}..{config.steps}, run directory {out_dir}" + (f", resumed from {ckpt}" if ckpt else ""),
               flush=True)
     fit(model, optimizer, data, config, Callbacks(*listeners))

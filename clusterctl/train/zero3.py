@@ -47,6 +47,7 @@ from .collectives import reduce_scatter
 from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
 from .model import masked_cross_entropy
+from .packing import block_mask
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,13 @@ def lm_units(model) -> list[Unit]:
             logits = model.lm_head(inner.norm(x))
         return masked_cross_entropy(logits, targets)
 
+    def call_layer(layer, x, segments=None):      # segments: packed records, each attending to itself alone
+        if segments is not None:
+            return layer(x, block_mask(segments))
+        return layer(x, "causal" if x.shape[1] > 1 else None)
+
     embedding = under("model.embed_tokens.")
-    return _units(model, Unit("embedding", embedding, embed), "model.layers.", inner.layers,
-                  lambda layer, x: layer(x, "causal" if x.shape[1] > 1 else None),
+    return _units(model, Unit("embedding", embedding, embed), "model.layers.", inner.layers, call_layer,
                   Unit("head", under("model.norm.") + (embedding if tied else under("lm_head.")), head))
 
 
@@ -115,9 +120,9 @@ def _units(model, embed: Unit, prefix: str, layers, call_layer: Callable, head: 
     """embed, a unit per block (layer i's parameters are those named `prefix` i `.`, loaded into the layer before
     `call_layer(layer, x)`), head; every trainable parameter must be in some unit."""
     def block(layer, mine: str):
-        def call(params, x):
+        def call(params, x, *segments):
             layer.update(tree_unflatten([(k[len(mine):], v) for k, v in params.items()]))
-            return call_layer(layer, x)
+            return call_layer(layer, x, *segments)
         return call
 
     keys = [k for k, _ in tree_flatten(model.parameters())]     # trained and frozen (an adapter run's base)
@@ -273,8 +278,13 @@ class ShardedModel:
 
     # --- the computation ----------------------------------------------------------------------------------
     def _release(self, unit: Unit) -> None:
-        """Put placeholders back where `unit.call` set full weights into the model, so nothing holds them."""
+        """Put placeholders back where `unit.call` set full weights into the model, so nothing holds them, and an
+        adapter run's adapters back as they are (a compiled unit traced anew, for a new shape of rows, leaves its
+        traced arrays in the model)."""
         self._release_keys(unit.keys)
+        mine = [(k, self.replicated[k]) for k in unit.keys if k in self.replicated]
+        if mine:
+            self.model.update(tree_unflatten(mine))
 
     def _release_keys(self, keys) -> None:
         self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in keys
@@ -344,22 +354,24 @@ class ShardedModel:
         self._release(unit)
         return out, back
 
-    def loss(self, tokens: mx.array, targets: mx.array) -> mx.array:
-        """Mean next-token loss of one batch, forward only (held-out evaluation)."""
+    def loss(self, tokens: mx.array, targets: mx.array, *segments: mx.array) -> mx.array:
+        """Mean next-token loss of one batch, forward only (held-out evaluation); `segments`: packed records'
+        (packing.py), which every block is given."""
         units = self.units
         params = self._start(units[0])
         h = tokens
         for i, unit in enumerate(units):
             last = i + 1 == len(units)
             following = self._start(units[i + 1]) if self.prefetch and not last else None
-            h = self._run(unit, params, *((h, targets) if last else (h,)))
+            h = self._run(unit, params, *((h, targets) if last else (h, *segments) if i else (h,)))
             if not last:
                 params = following if following is not None else self._gather(units[i + 1].keys)
         return h
 
-    def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array]) -> mx.array:
+    def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array], *segments) -> mx.array:
         """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
-        gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's)."""
+        gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's).
+        `segments`: packed records' (packing.py), a constant input of every block."""
         units, dropout = self.units, self.dropout
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
@@ -372,7 +384,7 @@ class ShardedModel:
             inputs[i] = h
             if dropout:
                 keys_before[i] = _random_key()
-            h = self._run(units[i], params, h)
+            h = self._run(units[i], params, h, *(segments if i else ()))
             if self.keep or i == n - 2:       # the last block's weights serve its backward pass at once
                 held[i] = params
             params = following if following is not None else self._gather(units[i + 1].keys)
@@ -391,21 +403,22 @@ class ShardedModel:
             if i == 0:                        # the tokens are not differentiable
                 self._vjp(units[0], params, [], [tokens], dh, acc)
             else:
-                _, (dh,) = self._vjp(units[i], params, [inputs[i]], [], dh, acc)
+                _, (dh,) = self._vjp(units[i], params, [inputs[i]], list(segments), dh, acc)
             inputs[i] = None
             del params
         if dropout:
             restore_random_state(after)
         return loss
 
-    def step(self, optimizer, x: mx.array, y: mx.array, max_norm: float):
-        """One optimizer step over the micro-batches x[i], y[i]: (mean loss over the ranks, gradient norm)."""
+    def step(self, optimizer, max_norm: float, x: mx.array, y: mx.array, *segments: mx.array):
+        """One optimizer step over the micro-batches x[i], y[i] (and segments[0][i] for packed records): (mean
+        loss over the ranks, gradient norm)."""
         accum = x.shape[0]
         scale = 1.0 / (accum * self.world)
         acc: dict[str, mx.array] = {}
         loss = mx.array(0.0)
         for i in range(accum):
-            loss = loss + self.micro_batch(x[i], y[i], scale, acc)
+            loss = loss + self.micro_batch(x[i], y[i], scale, acc, *(s[i] for s in segments))
             mx.eval(loss)
         if self.frozen:
             return self._adapter_step(optimizer, acc, loss / accum, max_norm)
@@ -461,6 +474,6 @@ GATHER_MODES = ("prefetch", "plain", "keep")
 def make_zero3_step(sharded: ShardedModel, optimizer, config):
     max_norm = config.max_norm or math.inf
 
-    def step(x, y):
-        return sharded.step(optimizer, x, y, max_norm)
+    def step(*batch):
+        return sharded.step(optimizer, max_norm, *batch)
     return step

@@ -23,7 +23,7 @@ from test_run import assert_nothing_left, wait_for_lines  # noqa: E402
 pytestmark = pytest.mark.ssh
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 TOKEN = clirun.TOKEN
-STEPS = ["--steps", "30", "--batch-size", "4", "--block-size", "64", "--lr", "3e-3", "--warmup", "3",
+STEPS = ["--steps", "30", "--batch-size", "4", "--max-seq-length", "64", "--lr", "3e-3", "--warmup", "3",
          "--report-every", "1", "--eval-every", "0", "--ckpt-every", "0"]
 
 
@@ -142,22 +142,22 @@ def test_a_4bit_base_too_big_for_dp_is_refused_naming_zero3_and_adapted_under_ze
     from clusterctl.train.config import TrainConfig
 
     cluster = make_cluster(2)
-    # a base that outweighs the activations and the adapters (8 blocks of width 256, one row of 16 tokens a rank,
-    # rank-2 adapters on two projections), as a big model's does
+    # a base that outweighs the activations and the adapters (8 blocks of width 256, one record of at most 16 tokens
+    # a rank: a row of 32, rank-2 adapters on two projections), as a big model's does
     base = lmfixture.make_model(tmp_path / "made" / "base", "llama", layers=8, dim=256, mlp=1024)
     lmfixture.quantize(base, tmp_path / "models" / "llama-4bit", bits=4, group_size=64)
     shutil.copytree(made["chat"], tmp_path / "data" / "chat")
     model_config = json.loads((tmp_path / "models" / "llama-4bit" / "config.json").read_text())
     small = {"lora_rank": 2, "lora_keys": "self_attn.q_proj,self_attn.v_proj"}      # small adapters, as QLoRA's are
-    shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=1, block_size=16, **small),
-                            model_config["vocab_size"], model_config)
+    shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=4, max_seq_length=16, **small),
+                            model_config["vocab_size"], model_config, rows=(1, 32))
     dp, zero3 = (strategies.estimate(shape, s, 4).total for s in ("dp", "zero3"))
     assert zero3 < 0.6 * dp, (dp, zero3)
     host = int((dp * zero3) ** 0.5 / memory.BUDGET)
     inventory = cluster.write_inventory(env={"CLUSTERCTL_HOST_MEMORY": str(host)})
     inventory.write_text(inventory.read_text().replace("defaults:\n", "defaults:\n  slots: 2\n", 1))
     lora = ["--model", "models/llama-4bit", "--adapter", "lora", "--data", "data/chat", *STEPS[2:], "--steps", "3",
-            "--batch-size", "1", "--block-size", "16", "--lora-rank", "2", "--lora-keys", small["lora_keys"]]
+            "--batch-size", "4", "--max-seq-length", "16", "--lora-rank", "2", "--lora-keys", small["lora_keys"]]
     r = clusterctl("run", "--hosts", str(inventory), "--backend", "ring", "--plain", "--", *lora, "--strategy", "dp",
                    cwd=tmp_path)
     errors = [line for line in r.stderr.splitlines() if line.strip()]
@@ -256,3 +256,35 @@ def test_ctrl_c_keeps_the_work_export_and_resume_latest_take_it_up_and_kill_keep
     later = int(re.search(r"stopped: SIGTERM received: every rank wrote a checkpoint at step (\d+) and stopped", out).group(1))
     assert later > stop and (tmp_path / "runs" / resumed / "checkpoints" / f"step-{later:06d}" / "state.json").is_file()
     assert_nothing_left(cluster, resumed)
+
+
+def test_mlx_lm_s_config_file_on_two_hosts_gives_what_mlx_lm_gives_there(make_cluster, tmp_path):
+    """Issue 52: mlx-lm's own lora_config.yaml, its paths relative to the project, given unchanged as -c to
+    mlx_lm.lora and to the bundled trainer, each on 2 hosts through `clusterctl run` (ring): the model named only by
+    the file goes into every host's store, the records named by it travel with the project, the ranks split each
+    global batch of 4; both results, scored by mlx-lm's own evaluate, end within 2% of each other (whole records
+    and answers), on a base trained here on plain stories (tests/lmfixture.py `pretrain`)."""
+    from mlxlmscore import score_in_process
+
+    cluster = make_cluster(2)
+    lmfixture.pretrain(tmp_path / "made" / "base")
+    lmfixture.quantize(tmp_path / "made" / "base", tmp_path / "models" / "base-4bit", bits=4, group_size=32)
+    lmfixture.story_tasks(tmp_path / "data")
+    (tmp_path / "lora_config.yaml").write_text(
+        "model: models/base-4bit\ntrain: true\nfine_tune_type: lora\ndata: data/chat\nnum_layers: -1\n"
+        "batch_size: 4\niters: 40\nlearning_rate: 5e-5\nsteps_per_report: 10\nsteps_per_eval: 1000\n"
+        "val_batches: -1\nlora_parameters:\n  rank: 8\n  scale: 20.0\n  dropout: 0.0\n")
+    launch = ["run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain"]
+    r = clusterctl(*launch, "--fetch", "theirs", "-m", "mlx_lm", "lora", "-c", "lora_config.yaml", "--adapter-path",
+                   "theirs", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = clusterctl(*launch, "--", "-c", "lora_config.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "dp on 2 rank(s): 400 records" in r.stdout and "4 records per step" in r.stdout
+    assert "  mask-prompt            off  (mlx-lm's default (the settings use mlx-lm's names))" in r.stdout
+    run_dir = tmp_path / "runs" / TOKEN.search(r.stderr).group(1)
+    sets = [(tmp_path / "data" / "chat", False), (tmp_path / "data" / "chat", True)]
+    ours = score_in_process(tmp_path / "models" / "base-4bit", run_dir / "adapters", sets)
+    theirs = score_in_process(tmp_path / "models" / "base-4bit", tmp_path / "theirs", sets)
+    for got, want in zip(ours, theirs):
+        assert got["no_pad"] == pytest.approx(want["no_pad"], rel=0.02), (ours, theirs)

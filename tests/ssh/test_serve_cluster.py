@@ -225,7 +225,7 @@ def test_adapters_a_run_trained_are_served_on_their_base_fused_once(make_cluster
     data = lmfixture.make_data(tmp_path / "data", "text", valid=False)
     trained = subprocess.run([sys.executable, "-m", "clusterctl", "run", "--plain", "--", "--model", str(model),
                               "--adapter", "lora", "--data", str(data), "--steps", "20", "--batch-size", "4",
-                              "--block-size", "64", "--lr", "2e-2", "--warmup", "2", "--eval-every", "0"],
+                              "--max-seq-length", "64", "--lr", "2e-2", "--warmup", "2", "--eval-every", "0"],
                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert trained.returncode == 0, trained.stderr[-3000:]
     run_id = clirun.TOKEN.search(trained.stderr).group(1)

@@ -19,7 +19,7 @@ pytest.importorskip("mlx_lm")
 import lmfixture  # noqa: E402
 from test_train_multiprocess import ENV, losses, mpirun, ring, run  # noqa: E402
 
-STEPS = ["--batch-size", "4", "--block-size", "64", "--lr", "1e-2", "--warmup", "3", "--report-every", "1",
+STEPS = ["--batch-size", "4", "--max-seq-length", "64", "--lr", "1e-2", "--warmup", "3", "--report-every", "1",
          "--eval-every", "0", "--ckpt-every", "0"]
 
 
@@ -95,8 +95,9 @@ def one_rank_accum_2(inputs, tmp_path_factory):
 def test_two_ranks_train_the_adapters_one_rank_with_accum_2_does(inputs, one_rank_accum_2, strategy, launcher,
                                                                    tmp_path):
     out = tmp_path / "run"
+    # the global batch of 8 records, 4 a rank: what one rank takes in its two micro-batches of 4
     program = adapt(inputs, "llama-4bit", "chat", "--adapter", "lora", "--steps", "8", "--strategy", strategy,
-                    "--out", str(out))
+                    "--batch-size", "8", "--out", str(out))
     run(mpirun(2) + program if launcher == "mpi" else ring(program, tmp_path), world=2)
     assert max_diff(adapter_weights(out / "adapters"), adapter_weights(one_rank_accum_2 / "adapters")) < 5e-5
     ref, got = losses(one_rank_accum_2), losses(out)
@@ -116,8 +117,8 @@ def test_a_test_set_is_scored_once_at_the_end_whatever_the_number_of_ranks(input
     ref = json.loads((one_rank_accum_2 / "trainer.json").read_text())["test"]
     assert ref["records"] == 13 and ref["targets"] > 0 and ref["perplexity"] == pytest.approx(math.exp(ref["loss"]))
     out = tmp_path / "run"
-    r = run(mpirun(2) + adapt(inputs, "llama-4bit", "chat", "--adapter", "lora", "--steps", "8", "--out", str(out)),
-            world=2)
+    r = run(mpirun(2) + adapt(inputs, "llama-4bit", "chat", "--adapter", "lora", "--steps", "8", "--batch-size", "8",
+                              "--out", str(out)), world=2)
     got = json.loads((out / "trainer.json").read_text())["test"]
     assert f"test: loss {got['loss']:.4f}, perplexity {got['perplexity']:.3f} over 13 records of test.jsonl" in r.stdout
     assert (got["records"], got["targets"]) == (ref["records"], ref["targets"])

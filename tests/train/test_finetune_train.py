@@ -14,7 +14,7 @@ pytest.importorskip("mlx_lm")
 import lmfixture  # noqa: E402
 from test_train_multiprocess import losses, mpirun, ring, run  # noqa: E402
 
-STEPS = ["--batch-size", "4", "--block-size", "64", "--lr", "3e-3", "--warmup", "3", "--report-every", "1",
+STEPS = ["--batch-size", "4", "--max-seq-length", "64", "--lr", "3e-3", "--warmup", "3", "--report-every", "1",
          "--eval-every", "0", "--ckpt-every", "0"]
 
 
@@ -49,7 +49,9 @@ def one_rank_accum_2(inputs, tmp_path_factory):
 @pytest.mark.parametrize("strategy, launcher", [("dp", "mpi"), ("zero3", "ring")])
 def test_two_ranks_train_what_one_rank_with_accum_2_does(inputs, one_rank_accum_2, strategy, launcher, tmp_path):
     out = tmp_path / "run"
-    program = finetune(inputs, "llama", "chat", "--steps", "10", "--strategy", strategy, "--out", str(out))
+    # the global batch of 8 records, 4 a rank: what one rank takes in its two micro-batches of 4
+    program = finetune(inputs, "llama", "chat", "--steps", "10", "--strategy", strategy, "--batch-size", "8", "--out",
+                       str(out))
     run(mpirun(2) + program if launcher == "mpi" else ring(program, tmp_path), world=2)
     assert max_diff(params(out), params(one_rank_accum_2)) < 5e-5
     ref, got = losses(one_rank_accum_2), losses(out)
@@ -99,9 +101,10 @@ def test_zero3_resumes_exactly_and_on_another_world_size(inputs, tmp_path):
     assert max_diff(params(part), params(whole)) == 0.0
     state = json.loads((part / "checkpoints" / "step-000006" / "state.json").read_text())
     assert state["model"] == {"mlx_lm": str(inputs["qwen3"])} and state["tokenizer"]["type"] == "mlx-lm"
-    # the 2-rank checkpoint continues on one rank: the same rows (the order does not depend on the world)
-    run(finetune(inputs, "qwen3", "chat", "--steps", "8", *args, "--accum", "2", "--resume", "latest", "--out",
-                 str(part)))
+    # the 2-rank checkpoint continues on one rank: the same records (the order does not depend on the world), 2
+    # in each of its two micro-batches, as each rank had 2 of the global 4
+    run(finetune(inputs, "qwen3", "chat", "--steps", "8", *args, "--batch-size", "2", "--accum", "2", "--resume",
+                 "latest", "--out", str(part)))
     assert sorted(losses(part)) == list(range(1, 9))
 
 
@@ -195,23 +198,23 @@ def test_bfloat16_weights_keep_float32_moments_and_resume_exactly(inputs, tmp_pa
     assert losses(whole)[6][0] == pytest.approx(losses(f32)[6][0], rel=0.02)    # bf16 rounding, not a new run
 
 
-def test_rows_prepared_once_train_each_rank_on_its_own_shard(inputs, tmp_path):
+def test_records_prepared_once_train_each_rank_on_its_own_shard(inputs, tmp_path):
     import subprocess
 
     from test_train_multiprocess import ENV
 
     prep = tmp_path / "prep"
     r = subprocess.run([sys.executable, "-m", "clusterctl", "data", "prepare", str(inputs["chat"]), "--world", "2",
-                        "--out", str(prep), "--tokenizer", str(inputs["qwen3"]), "--block-size", "64"],
+                        "--out", str(prep), "--tokenizer", str(inputs["qwen3"]), "--max-seq-length", "64"],
                        capture_output=True, text=True, env=ENV, timeout=120)
-    assert r.returncode == 0 and "120 records" in r.stdout and "in 2 shards of 30, 30 rows of 65" in r.stdout, r.stderr
+    assert r.returncode == 0 and "120 records" in r.stdout and "in 2 shards of 60, 60 records" in r.stdout, r.stderr
     out = tmp_path / "run"
     program = [sys.executable, "-m", "clusterctl.train", "--model", str(inputs["qwen3"]), "--data", str(prep), *STEPS,
                "--steps", "30", "--strategy", "zero3", "--out", str(out)]
     r = run(mpirun(2) + program, world=2)
-    assert "prepared rows: 30 of 65 on rank 0 (its shard)" in r.stdout
+    assert "prepared records: 60 on rank 0 (its shard), 120 in all" in r.stdout
     curve = losses(out)
     assert curve[30][0] < 0.6 * curve[1][0]
     r = subprocess.run(program[:-2] + ["--out", str(tmp_path / "one")], capture_output=True, text=True, env=ENV,
                        timeout=120)
-    assert r.returncode == 2 and "rows prepared for world size 2, this run has 1 (prepare again with --world 1)" in r.stderr
+    assert r.returncode == 2 and "records prepared for world size 2, this run has 1 (prepare again with --world 1)" in r.stderr

@@ -99,7 +99,7 @@ def test_every_field_is_a_flag_with_help():
                  "--eval-every", "--eval-batches", "--report-every", "--ckpt-every", "--out", "--resume",
                  "--config"):
         assert flag in help_text
-    assert "Sequences per micro-batch PER RANK" in help_text
+    assert "sequences per micro-batch PER RANK" in help_text and "records per micro-batch, GLOBAL" in help_text
 
 
 def test_precedence_flags_over_file_over_checkpoint_over_preset_over_defaults(tmp_path):

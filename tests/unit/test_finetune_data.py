@@ -57,38 +57,57 @@ def test_without_valid_jsonl_every_20th_record_is_held_out(tmp_path):
     assert given and len(train) == 45 and [r.value["text"] for r in held] == ["v"]
 
 
-def test_packing_keeps_every_target_once_and_masks_prompts_and_the_tail():
-    # two sequences: 5 tokens with a 2-token prompt, then 4 tokens of text
-    packed = records.pack([([10, 11, 12, 13, 14], 2), ([20, 21, 22, 23], 0)], block_size=4, filler=0)
-    assert packed.rows == [[10, 11, 12, 13, 14], [14, 20, 21, 22, 23]]
+def test_a_record_becomes_its_inputs_and_targets_with_the_prompt_masked():
     I = records.IGNORE
-    assert packed.labels == [[I, I, 12, 13, 14], [14, 20, 21, 22, 23]]
-    targets = [t for row in packed.labels for t in row[1:]]
-    assert targets == [I, 12, 13, 14, 20, 21, 22, 23] and packed.trained == 7 and packed.tokens == 9
-    tail = records.pack([([1, 2, 3, 4, 5, 6], 0)], block_size=4, filler=99)
-    assert tail.rows == [[1, 2, 3, 4, 5], [5, 6, 99, 99, 99]]
-    assert tail.labels[1] == [5, 6, I, I, I]
+    assert records.pairs([10, 11, 12, 13, 14], 2) == ([10, 11, 12, 13], [I, 12, 13, 14])
+    assert records.pairs([20, 21, 22], 0) == ([20, 21], [21, 22])
+    # mlx-lm's test score also predicts one padding token after the record (docs/from-mlx-lm.md#scores)
+    assert records.pairs([20, 21, 22], 0, pad_target=0) == ([20, 21, 22], [21, 22, 0])
 
 
-class Rows:
-    """A stand-in Packed of n rows whose tokens name the row."""
+def test_packing_fills_rows_longest_first_and_numbers_each_records_positions():
+    seqs = [records.pairs(list(range(100, 100 + n)), 0) for n in (20, 9, 13, 5)]      # 19, 8, 12 and 4 positions
+    rows = records.pack(seqs, filler=0)
+    assert rows.shape == (2, 32)                # the longest rounded up to 32; 19 + 12 in one row, 8 + 4 in the next
+    I = records.IGNORE
+    assert rows.segments[0] == [0] * 19 + [1] * 12 + [-1]
+    assert rows.tokens[0][:19] == seqs[0][0] and rows.tokens[0][19:31] == seqs[2][0] and rows.tokens[0][31] == 0
+    assert rows.labels[0][31] == I and rows.labels[1][12:] == [I] * 20
+    targets = sorted(t for row in rows.labels for t in row if t != I)
+    assert targets == sorted(t for _, lab in seqs for t in lab)                 # every target once
+    apart = records.pack(seqs, filler=0, together=False)
+    assert apart.shape == (4, 32) and all(set(seg) <= {0, -1} for seg in apart.segments)
+
+
+class Seqs(records.Sequences):
+    """n records whose tokens name the record."""
     def __init__(self, n):
-        self.rows = [[r] * 5 for r in range(n)]
-        self.labels = self.rows
-        self.tokens, self.trained = 5 * n, 4 * n
+        super().__init__([[k] * (3 + k % 4) for k in range(n)], [0] * n)
 
 
-def test_one_rank_with_accum_2_takes_the_rows_two_ranks_take():
-    one = records.RowLoader(Rows(10), batch_size=2, accum=2, world=1, rank=0, seed=3)
-    two = [records.RowLoader(Rows(10), batch_size=2, accum=1, world=2, rank=r, seed=3) for r in range(2)]
-    for step in range(8):                  # past an epoch (10 rows, 4 a step): the next permutation continues
+def test_one_rank_with_accum_2_and_half_the_batch_takes_the_records_two_ranks_take():
+    one = records.RecordLoader(Seqs(10), batch_size=2, accum=2, world=1, rank=0, seed=3, filler=0)
+    two = [records.RecordLoader(Seqs(10), batch_size=4, accum=1, world=2, rank=r, seed=3, filler=0) for r in range(2)]
+    for step in range(8):                  # past an epoch (10 records, 4 a step): the next permutation continues
         assert one.indices(2 * step) == two[0].indices(step)
         assert one.indices(2 * step + 1) == two[1].indices(step)
-    seen = [i for step in range(5) for m in (2 * step, 2 * step + 1) for i in one.indices(m)]
+        assert one.step_tokens(step) == two[0].step_tokens(step) == two[1].step_tokens(step)
+    seen = [k for step in range(5) for k in two[0].global_batch(step)]
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))   # each epoch whole
     assert seen[:10] != seen[10:20]        # and reshuffled
-    x, y = one.batch(0)
-    assert x.shape == (2, 4) and y.shape == (2, 4) and x[:, 0].tolist() == one.indices(0)
+    x, y, seg = one.step(0, 2)
+    assert x.shape == y.shape == seg.shape and x.shape[0] == 2
+    with pytest.raises(SourceError, match="the global batch .* which 3 ranks cannot share equally"):
+        records.RecordLoader(Seqs(10), batch_size=4, accum=1, world=3, rank=0, seed=3, filler=0)
+
+
+def test_a_score_reads_every_record_once_in_file_order_every_rank_as_many_batches():
+    seqs = Seqs(7)
+    sets = [records.HeldOut(seqs, batch_size=4, world=2, rank=r, filler=0) for r in range(2)]
+    got = [[sorted({t for row in x.tolist() for t in row if t}) for x, y, s in h.held_out(-1)] for h in sets]
+    assert got[0] == [[1], [4, 5]] and got[1] == [[2, 3], [6]]    # batches: 0, 1 | 2, 3 and 4, 5 | 6 (0 is the filler)
+    assert [len(list(h.held_out(1))) for h in sets] == [1, 1]
+    assert [len(list(h.held_out(-1))) for h in sets] == [2, 2]
 
 
 def test_the_model_chat_template_masks_the_prompt_as_mlx_lm_does(tmp_path):
@@ -122,46 +141,46 @@ def test_a_chat_record_without_a_chat_template_names_the_record(tmp_path):
         records.tokenize(rec, tok, True)
 
 
-def test_prepared_rows_deal_every_row_to_one_shard_and_read_back_as_written(tmp_path):
+def test_prepared_records_deal_every_record_to_one_shard_and_read_back_as_written(tmp_path):
     pytest.importorskip("mlx_lm")
     import lmfixture
     from mlx_lm.utils import load_tokenizer
 
     model = lmfixture.make_model(tmp_path / "m")
     data = lmfixture.make_data(tmp_path / "chat", "chat", records=40)
-    m = records.prepare_records(str(data), 3, str(tmp_path / "prep"), str(model), block_size=32)
-    whole = records.rows_of(records.read_dir(str(data))[0], load_tokenizer(model), 32, True)
-    assert m["kind"] == "records" and m["world_size"] == 3 and m["block_size"] == 32
-    assert [s["rows"] for s in m["shards"]] == [len(whole.rows[r::3]) for r in range(3)]
-    shards = [records.load_rows(str(tmp_path / "prep"), s, 32) for s in m["shards"]]
-    got = sorted(tuple(r + l) for p in shards for r, l in zip(p.rows, p.labels))
-    assert got == sorted(tuple(r + l) for r, l in zip(whole.rows, whole.labels))     # every row once, labels too
+    m = records.prepare_records(str(data), 3, str(tmp_path / "prep"), str(model), max_seq_length=24, mask_prompt=True)
+    whole = records.tokenize_all(records.read_dir(str(data))[0], load_tokenizer(model), True, 24)
+    assert m["kind"] == "records" and m["world_size"] == 3 and m["max_seq_length"] == 24 and whole.cut > 0
+    assert [s["records"] for s in m["shards"]] == [len(range(r, len(whole), 3)) for r in range(3)]
+    shards = [records.load_records(str(tmp_path / "prep"), s) for s in m["shards"]]
+    got = sorted((tuple(t), o) for p in shards for t, o in zip(p.ids, p.offsets))
+    assert got == sorted((tuple(t), o) for t, o in zip(whole.ids, whole.offsets))     # every record once, prompts too
     assert m["tokenizer_sha256"] == records.tokenizer_digest(str(model))
     (tmp_path / "prep" / m["shards"][1]["file"]).write_bytes(b"\0" * 8)
     with pytest.raises(SourceError, match="truncated or corrupted"):
-        records.load_rows(str(tmp_path / "prep"), m["shards"][1], 32)
-    with pytest.raises(SourceError, match="--block-size from 1 to 1048576"):
-        records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(model), block_size=int("9" * 400))
+        records.load_records(str(tmp_path / "prep"), m["shards"][1])
+    with pytest.raises(SourceError, match="--max-seq-length from 1 to 1048576"):
+        records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(model), max_seq_length=int("9" * 400))
     with pytest.raises(SourceError, match="give the mlx-lm model directory you will fine-tune"):
-        records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(data), block_size=32)
+        records.prepare_records(str(data), 2, str(tmp_path / "p2"), str(data), max_seq_length=32)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(SourceError, match="exists and holds no manifest.json of prepared records, which an earlier"):
-        records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), block_size=32)
+        records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), max_seq_length=32)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
     # a manifest.json of someone else's (it was enough to have the directory replaced whole), or a file of yours
     # beside a prepare's own: neither is deleted
     (tmp_path / "mine" / "manifest.json").write_text('{"name": "my project"}')
     with pytest.raises(SourceError, match="holds another manifest.json, which an earlier `data prepare` did not write"):
-        records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), block_size=32)
+        records.prepare_records(str(data), 2, str(tmp_path / "mine"), str(model), max_seq_length=32)
     (tmp_path / "prep" / "notes.txt").write_text("keep")
     with pytest.raises(SourceError, match="holds 'notes.txt', which an earlier"):
-        records.prepare_records(str(data), 2, str(tmp_path / "prep"), str(model), block_size=32)
+        records.prepare_records(str(data), 2, str(tmp_path / "prep"), str(model), max_seq_length=32)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep" == (tmp_path / "prep" / "notes.txt").read_text()
     (tmp_path / "prep" / "notes.txt").unlink()
-    again = records.prepare_records(str(data), 2, str(tmp_path / "prep"), str(model), block_size=32)   # its own: replaced
+    again = records.prepare_records(str(data), 2, str(tmp_path / "prep"), str(model), max_seq_length=32)   # its own: replaced
     assert again["world_size"] == 2 and sorted(os.listdir(tmp_path / "prep")) == sorted(
         ["manifest.json", "val.bin", *(s["file"] for s in again["shards"])])
     from clusterctl.data.shards import read_manifest
-    with pytest.raises(Exception, match="rows prepared from jsonl records for fine-tuning a model"):
+    with pytest.raises(Exception, match="records prepared from jsonl for fine-tuning a model"):
         read_manifest(str(tmp_path / "prep"))
