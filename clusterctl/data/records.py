@@ -200,28 +200,56 @@ def pairs(ids: list[int], offset: int, pad_target: int | None = None) -> tuple[l
     return inputs, labels
 
 
-def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int | None = None,
-         together: bool = True) -> Rows:
-    """(inputs, labels) records into rows, first-fit, longest first, of `width` positions (default: the longest
-    record's, rounded up to ROW_MULTIPLE); positions no record fills are padding (IGNORE labels, segment -1).
-    `together` False: a row for each record (for a model that cannot attend per record: train/packing.py)."""
-    longest = max((len(i) for i, _ in sequences), default=1)
-    width = width or -(-max(longest, 1) // ROW_MULTIPLE) * ROW_MULTIPLE
-    if longest > width:
-        raise SourceError(f"a record of {longest} tokens does not fit a row of {width}")
-    rows: list[list[int]] = []           # the records (indices) in each row
+ATTENTION_ROOM = 4       # wider rows may hold up to 4x the attention scores of a row a record (the memory plan's)
+
+
+def _first_fit(lengths: list[int], width: int, together: bool) -> list[list[int]]:
+    """Records (by index) into rows of `width`, longest first, each into the first row with room for it."""
+    rows: list[list[int]] = []
     free: list[int] = []
-    for k in sorted(range(len(sequences)), key=lambda k: -len(sequences[k][0])):
-        n = len(sequences[k][0])
-        row = next((r for r, room in enumerate(free) if room >= n), None) if together else None
+    for k in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+        row = next((r for r, room in enumerate(free) if room >= lengths[k]), None) if together else None
         if row is None:
             rows.append([])
             free.append(width)
             row = len(rows) - 1
         rows[row].append(k)
-        free[row] -= n
+        free[row] -= lengths[k]
+    return rows
+
+
+def row_width(lengths: list[int]) -> int:
+    """The width that packs these records into the fewest positions (rows x width), first-fit, longest first: from
+    the longest rounded up to ROW_MULTIPLE, wider only while that saves positions and the rows' attention (rows x
+    width^2, what a row's scores take) stays within ATTENTION_ROOM times what one row a record at the narrowest
+    would take; the narrowest of equals."""
+    narrowest = -(-max(max(lengths, default=1), 1) // ROW_MULTIPLE) * ROW_MULTIPLE
+    best, best_cost = narrowest, len(_first_fit(lengths, narrowest, True)) * narrowest
+    limit = ATTENTION_ROOM * len(lengths) * narrowest ** 2
+    width = narrowest + ROW_MULTIPLE
+    while width <= sum(lengths) + ROW_MULTIPLE - 1:
+        rows = len(_first_fit(lengths, width, True))
+        if rows * width ** 2 > limit:
+            break
+        if rows * width < best_cost:
+            best, best_cost = width, rows * width
+        width += ROW_MULTIPLE
+    return best
+
+
+def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int | None = None,
+         together: bool = True) -> Rows:
+    """(inputs, labels) records into rows of `width` positions (default: row_width's, the fewest positions),
+    first-fit, longest first; positions no record fills are padding (IGNORE labels, segment -1). `together` False:
+    a row for each record, as wide as the longest (for a model that cannot attend per record: train/packing.py)."""
+    lengths = [len(i) for i, _ in sequences]
+    longest = max(lengths, default=1)
+    if width is None:
+        width = row_width(lengths) if together else -(-max(longest, 1) // ROW_MULTIPLE) * ROW_MULTIPLE
+    if longest > width:
+        raise SourceError(f"a record of {longest} tokens does not fit a row of {width}")
     tokens, labels, segments = [], [], []
-    for members in rows or [[]]:
+    for members in _first_fit(lengths, width, together) or [[]]:
         t, lab, seg = [], [], []
         for s, k in enumerate(sorted(members)):
             inputs, targets = sequences[k]

@@ -184,3 +184,16 @@ def test_prepared_records_deal_every_record_to_one_shard_and_read_back_as_writte
     from clusterctl.data.shards import read_manifest
     with pytest.raises(Exception, match="records prepared from jsonl for fine-tuning a model"):
         read_manifest(str(tmp_path / "prep"))
+
+
+def test_rows_are_as_wide_as_packs_the_records_into_the_fewest_positions():
+    def positions(lengths):
+        w = records.row_width(lengths)
+        return w, len(records._first_fit(lengths, w, True)) * w
+
+    assert positions([59, 59, 58, 61]) == (64, 256)         # nothing to gain: a row each, as mlx-lm pads them
+    assert positions([15] * 8) == (32, 128)                  # two a row of 32, where mlx-lm computes 8 x 32
+    assert positions([40, 40, 40]) == (128, 128)             # one row of 128, not 3 x 64
+    assert positions([20, 100, 35, 60]) == (224, 224)
+    # wider only while the rows' attention (rows x width^2) stays within 4x a row a record at the narrowest
+    assert positions([10] * 64) == (160, 640)                # 4 rows of 16, not one of 640: 640^2 > 4 x 64 x 32^2
