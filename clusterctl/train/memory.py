@@ -81,6 +81,9 @@ class Shape:
     adapter_params: int = 0
     base_bytes: int = 0
     grad_checkpoint: bool = False   # --grad-checkpoint: a block keeps its input only, and is computed again
+    # a fine-tune's packed rows may be wider than one record's, up to this many times the attention scores of
+    # `batch_size` rows of `block_size` (data/records.py ATTENTION_ROOM); their positions never more
+    attention_room: int = 1
 
     @classmethod
     def of(cls, config, vocab: int, model_config: dict | None = None, rows: tuple[int, int] | None = None) -> "Shape":
@@ -95,8 +98,10 @@ class Shape:
         dim, heads = int(m["hidden_size"]), int(m["num_attention_heads"])
         head_dim = int(m.get("head_dim") or dim // heads)
         batch, block = rows if rows else (config.batch_size, config.block_size)
+        from ..data.records import ATTENTION_ROOM
         shape = cls(int(m["vocab_size"]), int(m["num_hidden_layers"]), dim, heads, int(m["intermediate_size"]),
                     block, batch, config.accum, grad_checkpoint=getattr(config, "grad_checkpoint", "off") == "on",
+                    attention_room=ATTENTION_ROOM if rows else 1,
                     kv_dim=int(m.get("num_key_value_heads") or heads) * head_dim,
                     tied=bool(m.get("tie_word_embeddings", True)), q_dim=heads * head_dim)
         if not getattr(config, "adapter", None):
@@ -154,7 +159,7 @@ def activations(shape: Shape) -> tuple[float, float]:
     """(per block, the logits) in bytes: what dp keeps for the backward pass."""
     tokens = shape.batch_size * shape.block_size
     per_block = BYTES * (tokens * (ACT_DIM * shape.dim + ACT_MLP * shape.mlp_dim)
-                         + ACT_ATTN * shape.batch_size * shape.n_heads * shape.block_size ** 2)
+                         + ACT_ATTN * shape.attention_room * shape.batch_size * shape.n_heads * shape.block_size ** 2)
     return per_block, BYTES * ACT_LOGITS * tokens * shape.vocab
 
 
