@@ -69,14 +69,14 @@ def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
 def ours(root: str, model: str, data: str, batch: int, seq: int, steps: int) -> dict:
     out = os.path.join(root, f"ours-{os.path.basename(model)}")
     wall, _ = timed([sys.executable, "-m", "clusterctl.train", "--model", model, "--data", data, "--adapter", "lora",
-                     "--lora-layers", "-1", "--batch-size", str(batch), "--block-size", str(seq), "--lr", "1e-4", "--min-lr", "0",
+                     "--lora-layers", "-1", "--batch-size", str(batch), "--max-seq-length", str(seq), "--lr", "1e-4", "--min-lr", "0",
                      "--warmup", "2", "--report-every", "1", "--eval-every", "0", "--ckpt-every", "0",
                      "--steps", str(steps), "--out", out], root)
     reports = [x for x in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "tokens_per_s" in x]
     steady = [x["tokens_per_s"] for x in reports[2:]] or [x["tokens_per_s"] for x in reports]
     return {"wall_s": wall, "tokens_per_s": statistics.median(steady), "first_loss": reports[0]["loss"],
             "final_loss": reports[-1]["loss"], "peak_mb": max(x["peak_mem_mb"] for x in reports),
-            "tokens_per_step": batch * seq}
+            "tokens_per_step": batch * seq}       # at most: records of up to seq tokens, packed
 
 
 def mlx_lm(root: str, model: str, data: str, batch: int, seq: int, steps: int) -> dict:
