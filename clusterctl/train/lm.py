@@ -56,10 +56,10 @@ def read_config(path: str) -> dict:
     return config
 
 
-def check_model_dir(path: str, adapter: str | None = None) -> dict:
+def check_model_dir(path: str, adapter: str | None = None, scored_only: bool = False) -> dict:
     """Everything that can be told before loading: config, weights, tokenizer, and (with mlx-lm installed)
-    that mlx-lm has the architecture. A quantized model is for adapters only (`adapter`: --adapter's value).
-    Returns the config."""
+    that mlx-lm has the architecture. A quantized model is for adapters only (`adapter`: --adapter's value), or
+    for scoring (`scored_only`: --test alone). Returns the config."""
     config = read_config(path)
     if not glob.glob(os.path.join(path, "model*.safetensors")):
         raise ConfigError(f"--model {path}: no model*.safetensors weights (mlx-lm reads only safetensors; convert "
@@ -67,7 +67,7 @@ def check_model_dir(path: str, adapter: str | None = None) -> dict:
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ConfigError(f"--model {path}: no tokenizer (tokenizer.json or tokenizer.model); copy the model's "
                           "tokenizer files into the directory")
-    if quantization(config) and not adapter:
+    if quantization(config) and not adapter and not scored_only:
         # full fine-tuning updates every weight, which quantized weights cannot take; adapters leave them frozen
         copy = path.rstrip("/") + "-dequantized"
         raise ConfigError(f"--model {path}: the weights are quantized ({quantization(config)}), and full fine-tuning "
@@ -107,18 +107,18 @@ def architecture(config: dict, path: str) -> str:
     return model_class.__module__.rsplit(".", 1)[-1]
 
 
-def load(path: str, dtype=None, adapter: str | None = None, tokenizer=None):
+def load(path: str, dtype=None, adapter: str | None = None, tokenizer=None, scored_only: bool = False):
     """(model, tokenizer, config): mlx-lm's loader, the floating-point weights cast to `dtype` (float32 by default;
     --precision; a quantized model's packed weights stay as they are), lazily (zero3 slices a group at a time; dp
     evaluates them when it starts). `adapter`: --adapter's value (a quantized model is refused without it);
-    `tokenizer`: one load_tokenizer already read."""
+    `tokenizer`: one load_tokenizer already read; `scored_only`: nothing will be trained (--test alone)."""
     import mlx.core as mx
     from mlx_lm.utils import load_model
     from pathlib import Path
 
     from .step import cast_model
 
-    check_model_dir(path, adapter)
+    check_model_dir(path, adapter, scored_only)
     try:
         model, config = load_model(Path(path), lazy=True)
     except (ValueError, KeyError, TypeError) as e:

@@ -33,7 +33,8 @@ def check_before_launch(planned: PlannedLaunch) -> str | None:
         raise ConfigError(f"--adapter {adapter} adapts a model: give it with --model DIR (an mlx-lm model directory, "
                           "quantized or not; docs/finetune.md#lora-and-dora)")
     if model and not flag_value(args, "--resume"):
-        check_finetune(_in(project, model), _in(project, data) if data else None, world, adapter)
+        scored_only = "--test" in args and "--train" not in args           # mlx-lm's rule: --test alone scores
+        check_finetune(_in(project, model), _in(project, data) if data else None, world, adapter, scored_only)
     overrides = {host: env[HOST_MEMORY] for host, env in planned.host_env.items() if env.get(HOST_MEMORY)}
     return plan_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
                                       planned.data_dir)
@@ -43,12 +44,13 @@ def _in(project: str, path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(project, path)
 
 
-def check_finetune(model_dir: str, data_dir: str | None, world: int, adapter: str | None = None) -> None:
+def check_finetune(model_dir: str, data_dir: str | None, world: int, adapter: str | None = None,
+                   scored_only: bool = False) -> None:
     from ..data import records
     from .config import ConfigError
     from .lm import check_model_dir
 
-    check_model_dir(model_dir, adapter)
+    check_model_dir(model_dir, adapter, scored_only)
     if not data_dir:
         raise ConfigError(f"--model {model_dir} needs --data DIR: a directory of train.jsonl (and valid.jsonl) records")
     prepared = records.read_prepared(data_dir)

@@ -60,6 +60,7 @@ def record(out_dir: str, step: int, result: dict) -> None:
 
     print(f"test: loss {result['loss']:.4f}, perplexity {result['perplexity']:.3f} over {result['records']:,} records "
           f"of {TEST} ({result['targets']:,} targets)", flush=True)
+    os.makedirs(out_dir, exist_ok=True)          # scoring alone (--test without --train) trained nothing there
     with open(os.path.join(out_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps({"step": step, "test_loss": result["loss"], "test_perplexity": result["perplexity"]}) + "\n")
     path = os.path.join(out_dir, TRAINER_SUMMARY)

@@ -387,11 +387,12 @@ def train_model(config: TrainConfig, group, out_dir: str, ckpt, resumed, sources
     if planned.strategy != config.strategy:
         sources["strategy"] = f"{config.strategy}: the memory plan's choice"
     config = planned
-    model, _, model_config = lm.load(source, getattr(mx, config.precision), config.adapter, tokenizer=tokenizer)
-    entry = strategies.get(config.strategy)
-    finetune.choose_packing(model, data, lm.vocab_size(model_config), entry.shards_weights, rank)
     # mlx-lm's rule: --test given without --train only scores (the adapters of --adapter-path, if any)
     training = config.train == "on" or (config.train is None and config.test != "on")
+    model, _, model_config = lm.load(source, getattr(mx, config.precision), config.adapter, tokenizer=tokenizer,
+                                     scored_only=not training)
+    entry = strategies.get(config.strategy)
+    finetune.choose_packing(model, data, lm.vocab_size(model_config), entry.shards_weights, rank)
     if not training:
         finetune.scored_adapters(model, config, rank)
     elif config.adapter:            # the base frozen, the adapters made the same on every rank

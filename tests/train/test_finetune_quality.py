@@ -81,6 +81,12 @@ def test_lora_with_our_defaults_learns_the_answers_and_keeps_what_the_base_knew(
     assert got["text"] <= 1.15 * base["4bit"]["text"], (got, base)
     assert got["answers"] <= theirs["answers"], (got, theirs)
     assert got["answers"] < 0.8 * base["4bit"]["answers"]          # and it learned the task
+    # mlx-lm's --test alone, given to ours: mlx-lm's adapters scored, nothing trained, the number mlx-lm's evaluate
+    # gives them without its padding target
+    printed = ours(lab, lab / "ours-scores-theirs", "--model", "base-4bit", "--data", "chat", "--test",
+                   "--mask-prompt", "--adapter-path", str(lab / "mlx-lm-lora"))
+    said = float(printed.split("test: loss ", 1)[1].split(",")[0])
+    assert said == pytest.approx(theirs["answers"], abs=1e-3) and "step " not in printed
 
 
 def test_a_full_fine_tune_with_our_defaults_learns_the_answers_and_keeps_what_the_base_knew(lab, base):
