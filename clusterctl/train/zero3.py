@@ -265,6 +265,21 @@ class ShardedModel:
                 row = reduce_scatter(pack_rows([flat], self.world), self.group).reshape(-1)
             acc[g.name] = row if acc.get(g.name) is None else acc[g.name] + row
 
+    def _sum(self, arrays: dict[str, mx.array]) -> dict[str, mx.array]:
+        """`arrays` summed over the ranks: one all_sum per dtype, of all of them concatenated (an all_sum each was
+        224 round trips a step for LoRA on a 16-block model: 4.6 s of a 14.7 s step at world 4, measured)."""
+        if self.world == 1:
+            return arrays
+        out = {}
+        for dtype in dict.fromkeys(v.dtype for v in arrays.values()):
+            keys = [k for k, v in arrays.items() if v.dtype == dtype]
+            total = mx.distributed.all_sum(mx.concatenate([arrays[k].reshape(-1) for k in keys]), group=self.group)
+            at = 0
+            for k in keys:
+                out[k] = total[at:at + arrays[k].size].reshape(arrays[k].shape)
+                at += arrays[k].size
+        return out
+
     def _start(self, unit: Unit) -> dict[str, mx.array]:
         params = self._gather(unit.keys)
         if self.prefetch:
@@ -433,9 +448,7 @@ class ShardedModel:
 
         from .step import global_norm
 
-        grads = tree_unflatten(list(acc.items()))
-        if self.world > 1:
-            grads = tree_unflatten([(k, mx.distributed.all_sum(v, group=self.group)) for k, v in tree_flatten(grads)])
+        grads = tree_unflatten(list(self._sum(acc).items()))
         if math.isfinite(max_norm):
             grads, norm = optim.clip_grad_norm(grads, max_norm)
         else:
