@@ -15,8 +15,9 @@ only while it computes:
                     block's input activation (B x L x dim)
     backward        per unit in reverse: gather its weights again, recompute the unit and take its
                     vector-Jacobian product (one extra forward per unit, the price of not keeping every
-                    unit's weights and activations), reduce-scatter its weight gradients into this rank's
-                    slice, drop the full gradients
+                    unit's weights and activations; the unit's output is left out of it, and with it whatever
+                    only the output needs), reduce-scatter its weight gradients into this rank's slice, drop
+                    the full gradients
     update          clip by the global norm (squares summed over the slices, then all_sum), AdamW on the
                     slices only
 
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import mlx.core as mx
@@ -295,11 +295,14 @@ class ShardedModel:
         self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in keys
                                           if k not in self.replicated]))
 
-    def _compiled(self, unit: Unit, kind: str):
+    def _compiled(self, unit: Unit, kind: str, inputs: int = 0, output: bool = False):
         """The unit's forward ("run": weights, inputs -> output) or its vector-Jacobian product ("vjp": weights,
-        inputs, constants, cotangent -> output, weight gradients, input cotangents), each compiled once
-        (mx.compile fuses the elementwise work; the random state is an input for dropout)."""
-        key = (unit.name, kind)
+        `inputs` differentiated inputs, constants, cotangent -> [output,] weight gradients, input cotangents),
+        each compiled once (mx.compile fuses the elementwise work; the random state is an input for dropout).
+        The vjp returns the unit's output only when asked (`output`: the head's loss): a block's recomputed
+        output is not needed, and left out of the compiled graph it is never computed, nor whatever only it
+        needs (a block's down and output projections: the gradients need their inputs, not their results)."""
+        key = (unit.name, kind, inputs, output)
         if key not in self._fns:
             n = len(unit.keys)
             keys = list(unit.keys)
@@ -309,16 +312,16 @@ class ShardedModel:
             def run(*args):
                 return unit.call(dict(zip(keys, args[:n])), *args[n:])
 
-            def vjp(n_inputs, *args):
+            def vjp(*args):
                 # the trained parameters and the inputs are differentiated; a frozen base's are constants
-                primals, rest, cotangent = args[:nd + n_inputs], args[nd + n_inputs:-1], args[-1]
+                primals, rest, cotangent = args[:nd + inputs], args[nd + inputs:-1], args[-1]
                 base, const = dict(zip(fixed, rest[:nf])), rest[nf:]
                 out, grads = mx.vjp(lambda *a: unit.call({**base, **dict(zip(diff, a[:nd]))}, *a[nd:], *const),
                                     list(primals), [cotangent])
-                return (out[0], *grads)
+                return (out[0], *grads) if output else tuple(grads)
 
             state = [mx.random.state]
-            fn = run if kind == "run" else partial(vjp, int(kind[3:]))
+            fn = run if kind == "run" else vjp
             self._fns[key] = mx.compile(fn, inputs=state, outputs=state)
         return self._fns[key]
 
@@ -339,13 +342,15 @@ class ShardedModel:
             return list(unit.keys), []
         return [k for k in unit.keys if k in self.replicated], [k for k in unit.keys if k not in self.replicated]
 
-    def _vjp(self, unit: Unit, params: dict, inputs: list, const: list, cotangent: mx.array, acc: dict):
-        """(output, cotangents of `inputs`) of `unit` at inputs + const (const: not differentiated), its weight
-        gradients reduce-scattered into acc (an adapter run's: its adapters' gradients added into acc whole),
-        everything evaluated and the full weights and gradients dropped."""
+    def _vjp(self, unit: Unit, params: dict, inputs: list, const: list, cotangent: mx.array, acc: dict,
+             output: bool = False):
+        """(output if asked else None, cotangents of `inputs`) of `unit` at inputs + const (const: not
+        differentiated), its weight gradients reduce-scattered into acc (an adapter run's: its adapters' gradients
+        added into acc whole), everything evaluated and the full weights and gradients dropped."""
         diff, fixed = self._split(unit)
-        fn = self._compiled(unit, f"vjp{len(inputs)}")
-        out, *grads = fn(*(params[k] for k in diff), *inputs, *(params[k] for k in fixed), *const, cotangent)
+        fn = self._compiled(unit, "vjp", len(inputs), output)
+        got = fn(*(params[k] for k in diff), *inputs, *(params[k] for k in fixed), *const, cotangent)
+        out, grads = (got[0], got[1:]) if output else (None, got)
         mine = dict(zip(diff, grads[:len(diff)]))
         if self.frozen:
             for k, g in mine.items():
@@ -355,7 +360,7 @@ class ShardedModel:
             self._scatter_into(mine, acc)
             held = [acc[g.name] for g in self._groups(diff)]
         back = grads[len(diff):]
-        mx.eval(out, back, *held)
+        mx.eval(*([out] if output else []), back, *held)
         self._release(unit)
         return out, back
 
@@ -393,7 +398,7 @@ class ShardedModel:
             params = following if following is not None else self._gather(units[i + 1].keys)
         following = held[n - 2]
         after = _random_key() if dropout else None        # where the next micro-batch's masks continue from
-        loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc)
+        loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc, output=True)
         del params
         lowest = self._lowest_trained()
         for i in range(n - 2, lowest - 1, -1):        # blocks and embedding, backward (to the lowest trained unit)
