@@ -21,6 +21,11 @@ only while it computes:
     update          clip by the global norm (squares summed over the slices, then all_sum), AdamW on the
                     slices only
 
+An adapter run (--adapter) shards the frozen base and keeps the adapters whole on every rank. Nothing in the base
+is ever updated, so its groups need not be one dtype each: a unit's frozen tensors (a quantized layer's uint32
+packed weights, its float scales and biases, the norms) are one vector of bytes, each tensor a view of it in its
+own dtype, and one all_gather moves a unit. The adapters' gradients are summed over the ranks in one all_sum.
+
 Re-gathering in the backward pass rather than keeping each unit's gathered weights from the forward pass is
 the memory choice: keeping them (--zero3-gather keep) holds the full model on every rank at the end of the
 forward pass, which is what zero3 is for avoiding; `plain` gathers without prefetching (docs/trainer.md#zero3
@@ -136,25 +141,62 @@ def _units(model, embed: Unit, prefix: str, layers, call_layer: Callable, head: 
 class FlatGroup:
     """Parameters stored as one flat vector, sharded as a whole: rank r holds elements [r*chunk, (r+1)*chunk)
     of the concatenation of `keys` (each flattened row-major, at `offsets`), zero-padded to world x chunk.
-    One all_gather returns the whole vector contiguously, and each parameter is a view of it: no copy."""
+    One all_gather returns the whole vector contiguously, and each parameter is a view of it: no copy.
+
+    A frozen unit's group (an adapter run's base: never updated, so never stepped by AdamW as one dtype) is a
+    vector of bytes: each parameter's bytes, whatever its dtype (`kinds`: a quantized layer's uint32 packed
+    weights beside its float scales and biases), at an offset aligned to ALIGN, so one collective moves them all."""
     name: str
     dtype: mx.Dtype
     keys: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
+    kinds: tuple[mx.Dtype, ...] | None = None     # a byte group's parameters' own dtypes
+
+    def length(self, i: int) -> int:
+        """Elements of the flat vector parameter i takes."""
+        n = math.prod(self.shapes[i])
+        return n if self.kinds is None else n * self.kinds[i].size
 
     @property
     def size(self) -> int:
-        return self.offsets[-1] + math.prod(self.shapes[-1])
+        return self.offsets[-1] + self.length(len(self.keys) - 1)
+
+    def flatten(self, params: dict) -> mx.array:
+        """The group's vector of `params` (key -> full array), unpadded."""
+        if self.kinds is None:
+            return mx.concatenate([params[k].reshape(-1) for k in self.keys])
+        parts, at = [], 0
+        for k, offset in zip(self.keys, self.offsets):
+            if offset > at:
+                parts.append(mx.zeros((offset - at,), dtype=mx.uint8))
+            parts.append(params[k].reshape(-1).view(mx.uint8))
+            at = offset + parts[-1].size
+        return mx.concatenate(parts)
+
+    def views(self, flat: mx.array) -> dict[str, mx.array]:
+        """Each parameter as a view of the gathered vector (viewed as its own dtype in a byte group)."""
+        out = {}
+        for i, (k, shape, at) in enumerate(zip(self.keys, self.shapes, self.offsets)):
+            piece = flat[at:at + self.length(i)]
+            out[k] = (piece if self.kinds is None else piece.view(self.kinds[i])).reshape(shape)
+        return out
 
 
-def flat_groups(units: list[Unit], shapes: dict, dtypes: dict) -> list[FlatGroup]:
-    """A group per unit (and dtype) of the parameters that unit is the first to use (the head's tied output
-    matrix is the embedding's, so it stays in the embedding's group)."""
+ALIGN = 16       # bytes: every parameter of a byte group starts at a multiple (any dtype's view is aligned)
+
+
+def flat_groups(units: list[Unit], shapes: dict, dtypes: dict, frozen: bool = False) -> list[FlatGroup]:
+    """A group per unit of the parameters that unit is the first to use (the head's tied output matrix is the
+    embedding's, so it stays in the embedding's group): one per dtype, or, `frozen` (nothing in them is ever
+    updated), one vector of bytes whatever their dtypes."""
     groups, placed = [], set()
     for unit in units:
         mine = [k for k in unit.keys if k not in placed]
         placed.update(mine)
+        if frozen and mine:
+            groups.append(_byte_group([(unit.name, k) for k in mine], shapes, dtypes))
+            continue
         kinds = list(dict.fromkeys(dtypes[k] for k in mine))
         for dtype in kinds:
             keys = tuple(k for k in mine if dtypes[k] == dtype)
@@ -165,6 +207,20 @@ def flat_groups(units: list[Unit], shapes: dict, dtypes: dict) -> list[FlatGroup
             name = unit.name if len(kinds) == 1 else f"{unit.name}:{str(dtype).removeprefix('mlx.core.')}"
             groups.append(FlatGroup(name, dtype, keys, tuple(shapes[k] for k in keys), tuple(offsets)))
     return groups
+
+
+def _byte_group(span: list[tuple[str, str]], shapes: dict, dtypes: dict) -> FlatGroup:
+    """The frozen parameters `span` ((unit name, key), in order) as one vector of bytes, each at an offset
+    aligned to ALIGN; named after its first and last unit."""
+    keys = tuple(k for _, k in span)
+    offsets, at = [], 0
+    for k in keys:
+        at = -(-at // ALIGN) * ALIGN
+        offsets.append(at)
+        at += math.prod(shapes[k]) * dtypes[k].size
+    first, last = span[0][0], span[-1][0]
+    return FlatGroup(first if first == last else f"{first}..{last}", mx.uint8, keys, tuple(shapes[k] for k in keys),
+                     tuple(offsets), tuple(dtypes[k] for k in keys))
 
 
 class ShardedModel:
@@ -191,11 +247,11 @@ class ShardedModel:
         self.dtypes = {k: v.dtype for k, v in params.items()}
         self.units = transformer_units(model) if hasattr(model, "embedding") else lm_units(model)
         self.groups = flat_groups([Unit(u.name, tuple(k for k in u.keys if k in params), u.call) for u in self.units],
-                                  self.shapes, self.dtypes)
+                                  self.shapes, self.dtypes, frozen=self.frozen)
         self.group_of = {k: g for g in self.groups for k in g.keys}
         self.shards: dict[str, mx.array] = {}
         for g in self.groups:
-            flat = mx.concatenate([params.pop(k).reshape(-1) for k in g.keys])
+            flat = g.flatten({k: params.pop(k) for k in g.keys})
             self._release_keys(g.keys)        # the model must not keep the group's full arrays once evaluated
             # a copy: a slice would be a view that keeps the whole group's buffer alive
             self.shards[g.name] = mx.contiguous(local_chunk(flat, self.world, self.rank))
@@ -251,8 +307,7 @@ class ShardedModel:
         for g in self._groups(keys):
             shard = self.shards[g.name]
             flat = shard if self.world == 1 else mx.distributed.all_gather(shard[None], group=self.group).reshape(-1)
-            for k, shape, at in zip(g.keys, g.shapes, g.offsets):
-                out[k] = flat[at:at + math.prod(shape)].reshape(shape)
+            out.update(g.views(flat))
         return out
 
     def _scatter_into(self, grads: dict[str, mx.array], acc: dict[str, mx.array]) -> None:
