@@ -26,10 +26,12 @@ is ever updated, so its groups need not be one dtype each: a unit's frozen tenso
 packed weights, its float scales and biases, the norms) are one vector of bytes, each tensor a view of it in its
 own dtype, and one all_gather moves a unit. The adapters' gradients are summed over the ranks in one all_sum.
 
-Re-gathering in the backward pass rather than keeping each unit's gathered weights from the forward pass is
-the memory choice: keeping them (--zero3-gather keep) holds the full model on every rank at the end of the
-forward pass, which is what zero3 is for avoiding; `plain` gathers without prefetching (docs/trainer.md#zero3
-has the measured costs of the three). The last block's and the
+The step's collectives run on a stream of their own (`self.comm`), in the order they are issued, which is every
+rank's: on the CPU each stream is a thread, so a prefetched gather runs while the unit before it computes
+(docs/facts/mlx-distributed.md#a-cpu-stream-is-a-thread). Re-gathering in the backward pass rather than keeping
+each unit's gathered weights from the forward pass is the memory choice: keeping them (--zero3-gather keep)
+holds the full model on every rank at the end of the forward pass, which is what zero3 is for avoiding; `plain`
+gathers without prefetching (docs/trainer.md#zero3 has the measured costs of the three). The last block's and the
 head's weights gathered in the forward pass are reused at once by the backward pass, not gathered twice.
 
 Reduce-scatter: `collectives.reduce_scatter` (native sum_scatter on nccl/jaccl, MPI's Reduce_scatter_block
@@ -249,6 +251,11 @@ class ShardedModel:
         self.groups = flat_groups([Unit(u.name, tuple(k for k in u.keys if k in params), u.call) for u in self.units],
                                   self.shapes, self.dtypes, frozen=self.frozen)
         self.group_of = {k: g for g in self.groups for k in g.keys}
+        # the step's collectives (gathers, sums, reduce-scatters) go on a stream of their own, in the order they
+        # are issued, which is every rank's: a gather queued on the stream the units compute on would wait for the
+        # computation queued before it (docs/facts/mlx-distributed.md#a-cpu-stream-is-a-thread). The backends
+        # clusterctl launches (ring, mpi, jaccl) all communicate on a CPU stream.
+        self.comm = mx.new_stream(mx.cpu) if self.world > 1 else None
         self.shards: dict[str, mx.array] = {}
         for g in self.groups:
             flat = g.flatten({k: params.pop(k) for k in g.keys})
@@ -300,15 +307,37 @@ class ShardedModel:
     def _groups(self, keys) -> list[FlatGroup]:
         return list(dict.fromkeys(self.group_of[k] for k in keys if k in self.group_of))
 
-    def _gather(self, keys) -> dict[str, mx.array]:
-        """The full parameters `keys` (and the rest of their groups): one all_gather per group, each parameter
-        a view of the gathered vector; an adapter run's adapters as they are."""
-        out = {k: self.replicated[k] for k in keys if k in self.replicated}
-        for g in self._groups(keys):
-            shard = self.shards[g.name]
-            flat = shard if self.world == 1 else mx.distributed.all_gather(shard[None], group=self.group).reshape(-1)
-            out.update(g.views(flat))
+    def _fetch(self, window: dict, unit: Unit) -> None:
+        """Gather into `window` (group name -> its parameters, each a view of the gathered vector) the groups of
+        `unit` it lacks: one all_gather a group, on the communication stream. Under prefetch only the gathered
+        vectors are evaluated at once: a view evaluated on the computing stream would hold that stream until its
+        gather is done."""
+        missing = [g for g in self._groups(unit.keys) if g.name not in window]
+        if not missing:
+            return
+        if self.world == 1:
+            flats = {g.name: self.shards[g.name] for g in missing}
+        else:
+            flats = {g.name: mx.reshape(mx.distributed.all_gather(self.shards[g.name][None], group=self.group,
+                                                                  stream=self.comm), (-1,), stream=self.comm)
+                     for g in missing}
+            if self.prefetch:
+                mx.async_eval(list(flats.values()))
+        for g in missing:
+            window[g.name] = g.views(flats[g.name])
+
+    def _params(self, window: dict, unit: Unit) -> dict[str, mx.array]:
+        """The unit's full parameters: its groups' from `window`, an adapter run's adapters as they are."""
+        out = {k: self.replicated[k] for k in unit.keys if k in self.replicated}
+        for g in self._groups(unit.keys):
+            out.update((k, v) for k, v in window[g.name].items() if k in unit.keys)
         return out
+
+    def _keep_for(self, window: dict, units) -> None:
+        """Drop from `window` the groups none of `units` uses."""
+        needed = {g.name for u in units for g in self._groups(u.keys)}
+        for name in [name for name in window if name not in needed]:
+            del window[name]
 
     def _scatter_into(self, grads: dict[str, mx.array], acc: dict[str, mx.array]) -> None:
         """Reduce-scatter full gradients (this rank's, of one unit's groups) and add this rank's slices into acc."""
@@ -317,7 +346,12 @@ class ShardedModel:
             if self.world == 1:
                 row = flat
             else:        # the padded (world, chunk) layout the shards have (fsdp.pack_rows of one array)
-                row = reduce_scatter(pack_rows([flat], self.world), self.group).reshape(-1)
+                # computed first, beside the prefetched gather, which must then be done: the ring's large
+                # reduce-scatter and MPI's (mpi4py) run eagerly on this thread, and two collectives at once would
+                # meet the other ranks' in another order
+                mx.eval(flat)
+                mx.synchronize(self.comm)
+                row = reduce_scatter(pack_rows([flat], self.world), self.group, stream=self.comm).reshape(-1)
             acc[g.name] = row if acc.get(g.name) is None else acc[g.name] + row
 
     def _sum(self, arrays: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -328,18 +362,13 @@ class ShardedModel:
         out = {}
         for dtype in dict.fromkeys(v.dtype for v in arrays.values()):
             keys = [k for k, v in arrays.items() if v.dtype == dtype]
-            total = mx.distributed.all_sum(mx.concatenate([arrays[k].reshape(-1) for k in keys]), group=self.group)
+            total = mx.distributed.all_sum(mx.concatenate([arrays[k].reshape(-1) for k in keys]), group=self.group,
+                                           stream=self.comm)
             at = 0
             for k in keys:
                 out[k] = total[at:at + arrays[k].size].reshape(arrays[k].shape)
                 at += arrays[k].size
         return out
-
-    def _start(self, unit: Unit) -> dict[str, mx.array]:
-        params = self._gather(unit.keys)
-        if self.prefetch:
-            mx.async_eval(list(params.values()))
-        return params
 
     # --- the computation ----------------------------------------------------------------------------------
     def _release(self, unit: Unit) -> None:
@@ -422,53 +451,58 @@ class ShardedModel:
     def loss(self, tokens: mx.array, targets: mx.array) -> mx.array:
         """Mean next-token loss of one batch, forward only (held-out evaluation)."""
         units = self.units
-        params = self._start(units[0])
+        window: dict = {}
+        self._fetch(window, units[0])
         h = tokens
         for i, unit in enumerate(units):
             last = i + 1 == len(units)
-            following = self._start(units[i + 1]) if self.prefetch and not last else None
-            h = self._run(unit, params, *((h, targets) if last else (h,)))
+            if self.prefetch and not last:
+                self._fetch(window, units[i + 1])
+            h = self._run(unit, self._params(window, unit), *((h, targets) if last else (h,)))
             if not last:
-                params = following if following is not None else self._gather(units[i + 1].keys)
+                self._fetch(window, units[i + 1])
+                self._keep_for(window, units[i + 1:i + 2])
         return h
 
     def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array]) -> mx.array:
         """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
-        gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's)."""
+        gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's).
+
+        `window` holds the groups gathered now: the unit computing's and, under prefetch, the next one's (every
+        unit's from the forward pass under keep); the last block's stay from the forward pass for its backward."""
         units, dropout = self.units, self.dropout
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
         keys_before: list = [None] * n
-        held: list = [None] * n               # "keep": every unit's weights from the forward pass
-        params = self._start(units[0])
+        window: dict = {}
+        self._fetch(window, units[0])
         h = tokens
         for i in range(n - 1):                # embedding and blocks, forward
-            following = self._start(units[i + 1]) if self.prefetch else None
+            if self.prefetch:
+                self._fetch(window, units[i + 1])
             inputs[i] = h
             if dropout:
                 keys_before[i] = _random_key()
-            h = self._run(units[i], params, h)
-            if self.keep or i == n - 2:       # the last block's weights serve its backward pass at once
-                held[i] = params
-            params = following if following is not None else self._gather(units[i + 1].keys)
-        following = held[n - 2]
+            h = self._run(units[i], self._params(window, units[i]), h)
+            self._fetch(window, units[i + 1])
+            if not self.keep:
+                self._keep_for(window, units[i:] if i == n - 2 else units[i + 1:i + 2])
         after = _random_key() if dropout else None        # where the next micro-batch's masks continue from
-        loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc, output=True)
-        del params
+        loss, (dh,) = self._vjp(units[-1], self._params(window, units[-1]), [h], [targets],
+                                mx.array(scale, dtype=mx.float32), acc, output=True)
         lowest = self._lowest_trained()
         for i in range(n - 2, lowest - 1, -1):        # blocks and embedding, backward (to the lowest trained unit)
-            params = following if following is not None else self._gather(units[i].keys)
-            held[i] = None
-            following = (held[i - 1] if self.keep else self._start(units[i - 1]) if self.prefetch else None
-                         ) if i > lowest else None
+            self._fetch(window, units[i])
+            self._keep_for(window, units[lowest if self.keep else max(i - 1, lowest):i + 1])
+            if self.prefetch and i > lowest:
+                self._fetch(window, units[i - 1])
             if dropout:
                 restore_random_state(keys_before[i])
             if i == 0:                        # the tokens are not differentiable
-                self._vjp(units[0], params, [], [tokens], dh, acc)
+                self._vjp(units[0], self._params(window, units[0]), [], [tokens], dh, acc)
             else:
-                _, (dh,) = self._vjp(units[i], params, [inputs[i]], [], dh, acc)
+                _, (dh,) = self._vjp(units[i], self._params(window, units[i]), [inputs[i]], [], dh, acc)
             inputs[i] = None
-            del params
         if dropout:
             restore_random_state(after)
         return loss
@@ -497,7 +531,7 @@ class ShardedModel:
             self.shards[name] = new
         loss = loss / accum
         if self.world > 1:
-            loss = mx.distributed.all_sum(loss, group=self.group) / self.world
+            loss = mx.distributed.all_sum(loss, group=self.group, stream=self.comm) / self.world
         return loss, norm
 
 
@@ -518,7 +552,7 @@ class ShardedModel:
         self.model.update(updated)
         mx.eval(self.replicated, optimizer.state, norm)
         if self.world > 1:
-            loss = mx.distributed.all_sum(loss, group=self.group) / self.world
+            loss = mx.distributed.all_sum(loss, group=self.group, stream=self.comm) / self.world
         return loss, norm
 
 
