@@ -24,7 +24,9 @@ only while it computes:
 An adapter run (--adapter) shards the frozen base and keeps the adapters whole on every rank. Nothing in the base
 is ever updated, so its groups need not be one dtype each: a unit's frozen tensors (a quantized layer's uint32
 packed weights, its float scales and biases, the norms) are one vector of bytes, each tensor a view of it in its
-own dtype, and one all_gather moves a unit. The adapters' gradients are summed over the ranks in one all_sum.
+own dtype, and a group spans consecutive units until it holds memory.ZERO3_SPAN bytes: one all_gather moves a
+span, where a unit of a 4-bit base is too small for its bytes, not its latency, to be the cost. The adapters'
+gradients are summed over the ranks in one all_sum.
 
 The step's collectives run on a stream of their own (`self.comm`), in the order they are issued, which is every
 rank's: on the CPU each stream is a thread, so a prefetched gather runs while the unit before it computes
@@ -53,6 +55,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .collectives import reduce_scatter
 from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
+from .memory import ZERO3_SPAN
 from .model import masked_cross_entropy
 
 
@@ -188,16 +191,23 @@ class FlatGroup:
 ALIGN = 16       # bytes: every parameter of a byte group starts at a multiple (any dtype's view is aligned)
 
 
-def flat_groups(units: list[Unit], shapes: dict, dtypes: dict, frozen: bool = False) -> list[FlatGroup]:
+def flat_groups(units: list[Unit], shapes: dict, dtypes: dict, frozen: bool = False,
+                span_bytes: int = 0) -> list[FlatGroup]:
     """A group per unit of the parameters that unit is the first to use (the head's tied output matrix is the
     embedding's, so it stays in the embedding's group): one per dtype, or, `frozen` (nothing in them is ever
-    updated), one vector of bytes whatever their dtypes."""
+    updated), one vector of bytes whatever their dtypes, spanning consecutive units until it holds at least
+    `span_bytes`."""
     groups, placed = [], set()
+    span: list[tuple[str, str]] = []          # (unit name, key) of the frozen group being filled
     for unit in units:
         mine = [k for k in unit.keys if k not in placed]
         placed.update(mine)
-        if frozen and mine:
-            groups.append(_byte_group([(unit.name, k) for k in mine], shapes, dtypes))
+        if frozen:
+            span += [(unit.name, k) for k in mine]
+            if span and (sum(math.prod(shapes[k]) * dtypes[k].size for _, k in span) >= span_bytes
+                         or unit is units[-1]):
+                groups.append(_byte_group(span, shapes, dtypes))
+                span = []
             continue
         kinds = list(dict.fromkeys(dtypes[k] for k in mine))
         for dtype in kinds:
@@ -231,7 +241,7 @@ class ShardedModel:
     not evaluated yet (MLX is lazy): one group at a time is evaluated, sliced and dropped, so the full model
     never exists on a rank."""
 
-    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None):
+    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None, span: int = ZERO3_SPAN):
         if gather not in GATHER_MODES:
             raise ValueError(f"zero3 gather mode {gather!r}: one of {', '.join(GATHER_MODES)}")
         self.model, self.group = model, group
@@ -249,7 +259,7 @@ class ShardedModel:
         self.dtypes = {k: v.dtype for k, v in params.items()}
         self.units = transformer_units(model) if hasattr(model, "embedding") else lm_units(model)
         self.groups = flat_groups([Unit(u.name, tuple(k for k in u.keys if k in params), u.call) for u in self.units],
-                                  self.shapes, self.dtypes, frozen=self.frozen)
+                                  self.shapes, self.dtypes, frozen=self.frozen, span_bytes=span)
         self.group_of = {k: g for g in self.groups for k in g.keys}
         # the step's collectives (gathers, sums, reduce-scatters) go on a stream of their own, in the order they
         # are issued, which is every rank's: a gather queued on the stream the units compute on would wait for the
