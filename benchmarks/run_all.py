@@ -162,8 +162,8 @@ def _qlora(r: dict) -> str:
         f"{s} {x['tokens_over_mlx_lm']:.2f}x" for s, x in v.items()) + "; peak per rank " + ", ".join(
         f"{s} {x['peak_over_mlx_lm']:.2f}x" for s, x in v.items()) for backend, v in r["ratios"].items())
     w4 = r.get("world4_ratios")
-    return text + (f"; ring world 4, 16-block 4-bit base: peak zero3/dp {w4['zero3_peak_over_dp']:.2f}, loss "
-                   f"{w4['zero3_loss_vs_dp'] * 100:+.2f}%" if w4 else "")
+    return text + (f"; ring world 4, 16-block 4-bit base: peak zero3/dp {w4['zero3_peak_over_dp']:.2f}, tok/s zero3/dp "
+                   f"{w4['zero3_tokens_over_dp']:.2f}, loss {w4['zero3_loss_vs_dp'] * 100:+.2f}%" if w4 else "")
 
 
 def _qlora_gpu(r: dict) -> str:

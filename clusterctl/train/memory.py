@@ -21,7 +21,8 @@ at worlds 1, 2 and 4: benchmarks/bench_zero3.py checks them, docs/trainer.md#mem
 
 An adapter run (--adapter): the frozen base as stored (base_bytes: packed when quantized), the adapters with
 their gradients and state (adapter_state), ADAPTER_ACT x the activations; under zero3 1/N of the base and
-ZERO3_ADAPTER_UNITS units of it whole.
+ZERO3_ADAPTER_UNITS spans of it whole (a span: consecutive units, at most ZERO3_SPAN bytes beyond
+its last unit).
 
 What counts against it is BUDGET of the smallest host's memory (macOS lets the GPU wire about that much by
 default; the rest is the system's), or CLUSTERCTL_HOST_MEMORY where it is set (a test aid and an override:
@@ -54,9 +55,16 @@ ZERO3_ACT_BLOCKS = 2.5      # the block being recomputed: its forward's activati
 # 8 on every block: 247 MB peak with a 4-bit base, 323 MB with a float32 one (MLX 0.32.4, CPU); the estimate
 # with 1.4 gives 248 and 330 MB
 ADAPTER_ACT = 1.4
-# zero3 with adapters: the frozen base's units held whole at once (the one computing, the next one prefetched,
+# zero3 with adapters: the frozen base's spans held whole at once (the one computing, the next one prefetched,
 # the last block's kept for the backward pass)
 ZERO3_ADAPTER_UNITS = 3.0
+# zero3 with adapters gathers the frozen base a span of consecutive units at a time, closed once it holds this many
+# bytes (a unit at least): a small unit's gather costs its latency, and on ring a waiting rank's polling
+# (docs/facts/mlx-distributed.md#ring-waits-by-polling), not its bytes. Measured at world 4 on ring (4 ranks on
+# 2 cores, a 16-block 4-bit base of 0.47 MB a block, LoRA on every block), a step's median time and the CPU over
+# all ranks: a gather a unit (33 a step) 9.5 s, 19.1 s CPU, peak 20.7 MB; spans of 1 MiB (11 a step) 8.1 s, 15.5 s,
+# 22.5 MB; 4 MiB (3 a step) 7.6 s, 14.9 s, 27.5 MB; dp 4.6 s, 9.0 s, 68.5 MB. 1 MiB: most of the speed, little memory
+ZERO3_SPAN = 2**20
 
 
 class MemoryRefused(BadInput):

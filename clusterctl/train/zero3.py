@@ -15,15 +15,25 @@ only while it computes:
                     block's input activation (B x L x dim)
     backward        per unit in reverse: gather its weights again, recompute the unit and take its
                     vector-Jacobian product (one extra forward per unit, the price of not keeping every
-                    unit's weights and activations), reduce-scatter its weight gradients into this rank's
-                    slice, drop the full gradients
+                    unit's weights and activations; the unit's output is left out of it, and with it whatever
+                    only the output needs), reduce-scatter its weight gradients into this rank's slice, drop
+                    the full gradients
     update          clip by the global norm (squares summed over the slices, then all_sum), AdamW on the
                     slices only
 
-Re-gathering in the backward pass rather than keeping each unit's gathered weights from the forward pass is
-the memory choice: keeping them (--zero3-gather keep) holds the full model on every rank at the end of the
-forward pass, which is what zero3 is for avoiding; `plain` gathers without prefetching (docs/trainer.md#zero3
-has the measured costs of the three). The last block's and the
+An adapter run (--adapter) shards the frozen base and keeps the adapters whole on every rank. Nothing in the base
+is ever updated, so its groups need not be one dtype each: a unit's frozen tensors (a quantized layer's uint32
+packed weights, its float scales and biases, the norms) are one vector of bytes, each tensor a view of it in its
+own dtype, and a group spans consecutive units until it holds memory.ZERO3_SPAN bytes: one all_gather moves a
+span, where a unit of a 4-bit base is too small for its bytes, not its latency, to be the cost. The adapters'
+gradients are summed over the ranks in one all_sum.
+
+The step's collectives run on a stream of their own (`self.comm`), in the order they are issued, which is every
+rank's: on the CPU each stream is a thread, so a prefetched gather runs while the unit before it computes
+(docs/facts/mlx-distributed.md#a-cpu-stream-is-a-thread). Re-gathering in the backward pass rather than keeping
+each unit's gathered weights from the forward pass is the memory choice: keeping them (--zero3-gather keep)
+holds the full model on every rank at the end of the forward pass, which is what zero3 is for avoiding; `plain`
+gathers without prefetching (docs/trainer.md#zero3 has the measured costs of the three). The last block's and the
 head's weights gathered in the forward pass are reused at once by the backward pass, not gathered twice.
 
 Reduce-scatter: `collectives.reduce_scatter` (native sum_scatter on nccl/jaccl, MPI's Reduce_scatter_block
@@ -37,7 +47,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import mlx.core as mx
@@ -46,6 +55,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .collectives import reduce_scatter
 from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
+from .memory import ZERO3_SPAN
 from .model import masked_cross_entropy
 from .packing import block_mask
 
@@ -141,25 +151,69 @@ def _units(model, embed: Unit, prefix: str, layers, call_layer: Callable, head: 
 class FlatGroup:
     """Parameters stored as one flat vector, sharded as a whole: rank r holds elements [r*chunk, (r+1)*chunk)
     of the concatenation of `keys` (each flattened row-major, at `offsets`), zero-padded to world x chunk.
-    One all_gather returns the whole vector contiguously, and each parameter is a view of it: no copy."""
+    One all_gather returns the whole vector contiguously, and each parameter is a view of it: no copy.
+
+    A frozen unit's group (an adapter run's base: never updated, so never stepped by AdamW as one dtype) is a
+    vector of bytes: each parameter's bytes, whatever its dtype (`kinds`: a quantized layer's uint32 packed
+    weights beside its float scales and biases), at an offset aligned to ALIGN, so one collective moves them all."""
     name: str
     dtype: mx.Dtype
     keys: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
+    kinds: tuple[mx.Dtype, ...] | None = None     # a byte group's parameters' own dtypes
+
+    def length(self, i: int) -> int:
+        """Elements of the flat vector parameter i takes."""
+        n = math.prod(self.shapes[i])
+        return n if self.kinds is None else n * self.kinds[i].size
 
     @property
     def size(self) -> int:
-        return self.offsets[-1] + math.prod(self.shapes[-1])
+        return self.offsets[-1] + self.length(len(self.keys) - 1)
+
+    def flatten(self, params: dict) -> mx.array:
+        """The group's vector of `params` (key -> full array), unpadded."""
+        if self.kinds is None:
+            return mx.concatenate([params[k].reshape(-1) for k in self.keys])
+        parts, at = [], 0
+        for k, offset in zip(self.keys, self.offsets):
+            if offset > at:
+                parts.append(mx.zeros((offset - at,), dtype=mx.uint8))
+            parts.append(params[k].reshape(-1).view(mx.uint8))
+            at = offset + parts[-1].size
+        return mx.concatenate(parts)
+
+    def views(self, flat: mx.array) -> dict[str, mx.array]:
+        """Each parameter as a view of the gathered vector (viewed as its own dtype in a byte group)."""
+        out = {}
+        for i, (k, shape, at) in enumerate(zip(self.keys, self.shapes, self.offsets)):
+            piece = flat[at:at + self.length(i)]
+            out[k] = (piece if self.kinds is None else piece.view(self.kinds[i])).reshape(shape)
+        return out
 
 
-def flat_groups(units: list[Unit], shapes: dict, dtypes: dict) -> list[FlatGroup]:
-    """A group per unit (and dtype) of the parameters that unit is the first to use (the head's tied output
-    matrix is the embedding's, so it stays in the embedding's group)."""
+ALIGN = 16       # bytes: every parameter of a byte group starts at a multiple (any dtype's view is aligned)
+
+
+def flat_groups(units: list[Unit], shapes: dict, dtypes: dict, frozen: bool = False,
+                span_bytes: int = 0) -> list[FlatGroup]:
+    """A group per unit of the parameters that unit is the first to use (the head's tied output matrix is the
+    embedding's, so it stays in the embedding's group): one per dtype, or, `frozen` (nothing in them is ever
+    updated), one vector of bytes whatever their dtypes, spanning consecutive units until it holds at least
+    `span_bytes`."""
     groups, placed = [], set()
+    span: list[tuple[str, str]] = []          # (unit name, key) of the frozen group being filled
     for unit in units:
         mine = [k for k in unit.keys if k not in placed]
         placed.update(mine)
+        if frozen:
+            span += [(unit.name, k) for k in mine]
+            if span and (sum(math.prod(shapes[k]) * dtypes[k].size for _, k in span) >= span_bytes
+                         or unit is units[-1]):
+                groups.append(_byte_group(span, shapes, dtypes))
+                span = []
+            continue
         kinds = list(dict.fromkeys(dtypes[k] for k in mine))
         for dtype in kinds:
             keys = tuple(k for k in mine if dtypes[k] == dtype)
@@ -172,13 +226,27 @@ def flat_groups(units: list[Unit], shapes: dict, dtypes: dict) -> list[FlatGroup
     return groups
 
 
+def _byte_group(span: list[tuple[str, str]], shapes: dict, dtypes: dict) -> FlatGroup:
+    """The frozen parameters `span` ((unit name, key), in order) as one vector of bytes, each at an offset
+    aligned to ALIGN; named after its first and last unit."""
+    keys = tuple(k for _, k in span)
+    offsets, at = [], 0
+    for k in keys:
+        at = -(-at // ALIGN) * ALIGN
+        offsets.append(at)
+        at += math.prod(shapes[k]) * dtypes[k].size
+    first, last = span[0][0], span[-1][0]
+    return FlatGroup(first if first == last else f"{first}..{last}", mx.uint8, keys, tuple(shapes[k] for k in keys),
+                     tuple(offsets), tuple(dtypes[k] for k in keys))
+
+
 class ShardedModel:
     """A model whose parameters live as this rank's slices of flat groups (`self.shards`, group name -> 1-D
     array of `chunk` elements; `self.groups` says what is where). Build it from a model whose parameters are
     not evaluated yet (MLX is lazy): one group at a time is evaluated, sliced and dropped, so the full model
     never exists on a rank."""
 
-    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None):
+    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None, span: int = ZERO3_SPAN):
         if gather not in GATHER_MODES:
             raise ValueError(f"zero3 gather mode {gather!r}: one of {', '.join(GATHER_MODES)}")
         self.model, self.group = model, group
@@ -196,11 +264,16 @@ class ShardedModel:
         self.dtypes = {k: v.dtype for k, v in params.items()}
         self.units = transformer_units(model) if hasattr(model, "embedding") else lm_units(model)
         self.groups = flat_groups([Unit(u.name, tuple(k for k in u.keys if k in params), u.call) for u in self.units],
-                                  self.shapes, self.dtypes)
+                                  self.shapes, self.dtypes, frozen=self.frozen, span_bytes=span)
         self.group_of = {k: g for g in self.groups for k in g.keys}
+        # the step's collectives (gathers, sums, reduce-scatters) go on a stream of their own, in the order they
+        # are issued, which is every rank's: a gather queued on the stream the units compute on would wait for the
+        # computation queued before it (docs/facts/mlx-distributed.md#a-cpu-stream-is-a-thread). The backends
+        # clusterctl launches (ring, mpi, jaccl) all communicate on a CPU stream.
+        self.comm = mx.new_stream(mx.cpu) if self.world > 1 else None
         self.shards: dict[str, mx.array] = {}
         for g in self.groups:
-            flat = mx.concatenate([params.pop(k).reshape(-1) for k in g.keys])
+            flat = g.flatten({k: params.pop(k) for k in g.keys})
             self._release_keys(g.keys)        # the model must not keep the group's full arrays once evaluated
             # a copy: a slice would be a view that keeps the whole group's buffer alive
             self.shards[g.name] = mx.contiguous(local_chunk(flat, self.world, self.rank))
@@ -249,16 +322,37 @@ class ShardedModel:
     def _groups(self, keys) -> list[FlatGroup]:
         return list(dict.fromkeys(self.group_of[k] for k in keys if k in self.group_of))
 
-    def _gather(self, keys) -> dict[str, mx.array]:
-        """The full parameters `keys` (and the rest of their groups): one all_gather per group, each parameter
-        a view of the gathered vector; an adapter run's adapters as they are."""
-        out = {k: self.replicated[k] for k in keys if k in self.replicated}
-        for g in self._groups(keys):
-            shard = self.shards[g.name]
-            flat = shard if self.world == 1 else mx.distributed.all_gather(shard[None], group=self.group).reshape(-1)
-            for k, shape, at in zip(g.keys, g.shapes, g.offsets):
-                out[k] = flat[at:at + math.prod(shape)].reshape(shape)
+    def _fetch(self, window: dict, unit: Unit) -> None:
+        """Gather into `window` (group name -> its parameters, each a view of the gathered vector) the groups of
+        `unit` it lacks: one all_gather a group, on the communication stream. Under prefetch only the gathered
+        vectors are evaluated at once: a view evaluated on the computing stream would hold that stream until its
+        gather is done."""
+        missing = [g for g in self._groups(unit.keys) if g.name not in window]
+        if not missing:
+            return
+        if self.world == 1:
+            flats = {g.name: self.shards[g.name] for g in missing}
+        else:
+            flats = {g.name: mx.reshape(mx.distributed.all_gather(self.shards[g.name][None], group=self.group,
+                                                                  stream=self.comm), (-1,), stream=self.comm)
+                     for g in missing}
+            if self.prefetch:
+                mx.async_eval(list(flats.values()))
+        for g in missing:
+            window[g.name] = g.views(flats[g.name])
+
+    def _params(self, window: dict, unit: Unit) -> dict[str, mx.array]:
+        """The unit's full parameters: its groups' from `window`, an adapter run's adapters as they are."""
+        out = {k: self.replicated[k] for k in unit.keys if k in self.replicated}
+        for g in self._groups(unit.keys):
+            out.update((k, v) for k, v in window[g.name].items() if k in unit.keys)
         return out
+
+    def _keep_for(self, window: dict, units) -> None:
+        """Drop from `window` the groups none of `units` uses."""
+        needed = {g.name for u in units for g in self._groups(u.keys)}
+        for name in [name for name in window if name not in needed]:
+            del window[name]
 
     def _scatter_into(self, grads: dict[str, mx.array], acc: dict[str, mx.array]) -> None:
         """Reduce-scatter full gradients (this rank's, of one unit's groups) and add this rank's slices into acc."""
@@ -267,14 +361,29 @@ class ShardedModel:
             if self.world == 1:
                 row = flat
             else:        # the padded (world, chunk) layout the shards have (fsdp.pack_rows of one array)
-                row = reduce_scatter(pack_rows([flat], self.world), self.group).reshape(-1)
+                # computed first, beside the prefetched gather, which must then be done: the ring's large
+                # reduce-scatter and MPI's (mpi4py) run eagerly on this thread, and two collectives at once would
+                # meet the other ranks' in another order
+                mx.eval(flat)
+                mx.synchronize(self.comm)
+                row = reduce_scatter(pack_rows([flat], self.world), self.group, stream=self.comm).reshape(-1)
             acc[g.name] = row if acc.get(g.name) is None else acc[g.name] + row
 
-    def _start(self, unit: Unit) -> dict[str, mx.array]:
-        params = self._gather(unit.keys)
-        if self.prefetch:
-            mx.async_eval(list(params.values()))
-        return params
+    def _sum(self, arrays: dict[str, mx.array]) -> dict[str, mx.array]:
+        """`arrays` summed over the ranks: one all_sum per dtype, of all of them concatenated (an all_sum each was
+        224 round trips a step for LoRA on a 16-block model: 4.6 s of a 14.7 s step at world 4, measured)."""
+        if self.world == 1:
+            return arrays
+        out = {}
+        for dtype in dict.fromkeys(v.dtype for v in arrays.values()):
+            keys = [k for k, v in arrays.items() if v.dtype == dtype]
+            total = mx.distributed.all_sum(mx.concatenate([arrays[k].reshape(-1) for k in keys]), group=self.group,
+                                           stream=self.comm)
+            at = 0
+            for k in keys:
+                out[k] = total[at:at + arrays[k].size].reshape(arrays[k].shape)
+                at += arrays[k].size
+        return out
 
     # --- the computation ----------------------------------------------------------------------------------
     def _release(self, unit: Unit) -> None:
@@ -290,11 +399,14 @@ class ShardedModel:
         self.model.update(tree_unflatten([(k, mx.zeros((0,), dtype=self.dtypes[k])) for k in keys
                                           if k not in self.replicated]))
 
-    def _compiled(self, unit: Unit, kind: str):
+    def _compiled(self, unit: Unit, kind: str, inputs: int = 0, output: bool = False):
         """The unit's forward ("run": weights, inputs -> output) or its vector-Jacobian product ("vjp": weights,
-        inputs, constants, cotangent -> output, weight gradients, input cotangents), each compiled once
-        (mx.compile fuses the elementwise work; the random state is an input for dropout)."""
-        key = (unit.name, kind)
+        `inputs` differentiated inputs, constants, cotangent -> [output,] weight gradients, input cotangents),
+        each compiled once (mx.compile fuses the elementwise work; the random state is an input for dropout).
+        The vjp returns the unit's output only when asked (`output`: the head's loss): a block's recomputed
+        output is not needed, and left out of the compiled graph it is never computed, nor whatever only it
+        needs (a block's down and output projections: the gradients need their inputs, not their results)."""
+        key = (unit.name, kind, inputs, output)
         if key not in self._fns:
             n = len(unit.keys)
             keys = list(unit.keys)
@@ -304,16 +416,16 @@ class ShardedModel:
             def run(*args):
                 return unit.call(dict(zip(keys, args[:n])), *args[n:])
 
-            def vjp(n_inputs, *args):
+            def vjp(*args):
                 # the trained parameters and the inputs are differentiated; a frozen base's are constants
-                primals, rest, cotangent = args[:nd + n_inputs], args[nd + n_inputs:-1], args[-1]
+                primals, rest, cotangent = args[:nd + inputs], args[nd + inputs:-1], args[-1]
                 base, const = dict(zip(fixed, rest[:nf])), rest[nf:]
                 out, grads = mx.vjp(lambda *a: unit.call({**base, **dict(zip(diff, a[:nd]))}, *a[nd:], *const),
                                     list(primals), [cotangent])
-                return (out[0], *grads)
+                return (out[0], *grads) if output else tuple(grads)
 
             state = [mx.random.state]
-            fn = run if kind == "run" else partial(vjp, int(kind[3:]))
+            fn = run if kind == "run" else vjp
             self._fns[key] = mx.compile(fn, inputs=state, outputs=state)
         return self._fns[key]
 
@@ -334,13 +446,15 @@ class ShardedModel:
             return list(unit.keys), []
         return [k for k in unit.keys if k in self.replicated], [k for k in unit.keys if k not in self.replicated]
 
-    def _vjp(self, unit: Unit, params: dict, inputs: list, const: list, cotangent: mx.array, acc: dict):
-        """(output, cotangents of `inputs`) of `unit` at inputs + const (const: not differentiated), its weight
-        gradients reduce-scattered into acc (an adapter run's: its adapters' gradients added into acc whole),
-        everything evaluated and the full weights and gradients dropped."""
+    def _vjp(self, unit: Unit, params: dict, inputs: list, const: list, cotangent: mx.array, acc: dict,
+             output: bool = False):
+        """(output if asked else None, cotangents of `inputs`) of `unit` at inputs + const (const: not
+        differentiated), its weight gradients reduce-scattered into acc (an adapter run's: its adapters' gradients
+        added into acc whole), everything evaluated and the full weights and gradients dropped."""
         diff, fixed = self._split(unit)
-        fn = self._compiled(unit, f"vjp{len(inputs)}")
-        out, *grads = fn(*(params[k] for k in diff), *inputs, *(params[k] for k in fixed), *const, cotangent)
+        fn = self._compiled(unit, "vjp", len(inputs), output)
+        got = fn(*(params[k] for k in diff), *inputs, *(params[k] for k in fixed), *const, cotangent)
+        out, grads = (got[0], got[1:]) if output else (None, got)
         mine = dict(zip(diff, grads[:len(diff)]))
         if self.frozen:
             for k, g in mine.items():
@@ -350,7 +464,7 @@ class ShardedModel:
             self._scatter_into(mine, acc)
             held = [acc[g.name] for g in self._groups(diff)]
         back = grads[len(diff):]
-        mx.eval(out, back, *held)
+        mx.eval(*([out] if output else []), back, *held)
         self._release(unit)
         return out, back
 
@@ -358,54 +472,60 @@ class ShardedModel:
         """Mean next-token loss of one batch, forward only (held-out evaluation); `segments`: packed records'
         (packing.py), which every block is given."""
         units = self.units
-        params = self._start(units[0])
+        window: dict = {}
+        self._fetch(window, units[0])
         h = tokens
         for i, unit in enumerate(units):
             last = i + 1 == len(units)
-            following = self._start(units[i + 1]) if self.prefetch and not last else None
-            h = self._run(unit, params, *((h, targets) if last else (h, *segments) if i else (h,)))
+            if self.prefetch and not last:
+                self._fetch(window, units[i + 1])
+            h = self._run(unit, self._params(window, unit), *((h, targets) if last else (h, *segments) if i else (h,)))
             if not last:
-                params = following if following is not None else self._gather(units[i + 1].keys)
+                self._fetch(window, units[i + 1])
+                self._keep_for(window, units[i + 1:i + 2])
         return h
 
     def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array], *segments) -> mx.array:
         """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
         gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's).
-        `segments`: packed records' (packing.py), a constant input of every block."""
+        `segments`: packed records' (packing.py), a constant input of every block.
+
+        `window` holds the groups gathered now: the unit computing's and, under prefetch, the next one's (every
+        unit's from the forward pass under keep); the last block's stay from the forward pass for its backward."""
         units, dropout = self.units, self.dropout
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
         keys_before: list = [None] * n
-        held: list = [None] * n               # "keep": every unit's weights from the forward pass
-        params = self._start(units[0])
+        window: dict = {}
+        self._fetch(window, units[0])
         h = tokens
         for i in range(n - 1):                # embedding and blocks, forward
-            following = self._start(units[i + 1]) if self.prefetch else None
+            if self.prefetch:
+                self._fetch(window, units[i + 1])
             inputs[i] = h
             if dropout:
                 keys_before[i] = _random_key()
-            h = self._run(units[i], params, h, *(segments if i else ()))
-            if self.keep or i == n - 2:       # the last block's weights serve its backward pass at once
-                held[i] = params
-            params = following if following is not None else self._gather(units[i + 1].keys)
-        following = held[n - 2]
+            h = self._run(units[i], self._params(window, units[i]), h, *(segments if i else ()))
+            self._fetch(window, units[i + 1])
+            if not self.keep:
+                self._keep_for(window, units[i:] if i == n - 2 else units[i + 1:i + 2])
         after = _random_key() if dropout else None        # where the next micro-batch's masks continue from
-        loss, (dh,) = self._vjp(units[-1], params, [h], [targets], mx.array(scale, dtype=mx.float32), acc)
-        del params
+        loss, (dh,) = self._vjp(units[-1], self._params(window, units[-1]), [h], [targets],
+                                mx.array(scale, dtype=mx.float32), acc, output=True)
         lowest = self._lowest_trained()
         for i in range(n - 2, lowest - 1, -1):        # blocks and embedding, backward (to the lowest trained unit)
-            params = following if following is not None else self._gather(units[i].keys)
-            held[i] = None
-            following = (held[i - 1] if self.keep else self._start(units[i - 1]) if self.prefetch else None
-                         ) if i > lowest else None
+            self._fetch(window, units[i])
+            self._keep_for(window, units[lowest if self.keep else max(i - 1, lowest):i + 1])
+            if self.prefetch and i > lowest:
+                self._fetch(window, units[i - 1])
             if dropout:
                 restore_random_state(keys_before[i])
             if i == 0:                        # the tokens are not differentiable
-                self._vjp(units[0], params, [], [tokens], dh, acc)
+                self._vjp(units[0], self._params(window, units[0]), [], [tokens], dh, acc)
             else:
-                _, (dh,) = self._vjp(units[i], params, [inputs[i]], list(segments), dh, acc)
+                _, (dh,) = self._vjp(units[i], self._params(window, units[i]), [inputs[i]], list(segments), dh,
+                                     acc)
             inputs[i] = None
-            del params
         if dropout:
             restore_random_state(after)
         return loss
@@ -435,7 +555,7 @@ class ShardedModel:
             self.shards[name] = new
         loss = loss / accum
         if self.world > 1:
-            loss = mx.distributed.all_sum(loss, group=self.group) / self.world
+            loss = mx.distributed.all_sum(loss, group=self.group, stream=self.comm) / self.world
         return loss, norm
 
 
@@ -446,9 +566,7 @@ class ShardedModel:
 
         from .step import global_norm
 
-        grads = tree_unflatten(list(acc.items()))
-        if self.world > 1:
-            grads = tree_unflatten([(k, mx.distributed.all_sum(v, group=self.group)) for k, v in tree_flatten(grads)])
+        grads = tree_unflatten(list(self._sum(acc).items()))
         if math.isfinite(max_norm):
             grads, norm = optim.clip_grad_norm(grads, max_norm)
         else:
@@ -458,7 +576,7 @@ class ShardedModel:
         self.model.update(updated)
         mx.eval(self.replicated, optimizer.state, norm)
         if self.world > 1:
-            loss = mx.distributed.all_sum(loss, group=self.group) / self.world
+            loss = mx.distributed.all_sum(loss, group=self.group, stream=self.comm) / self.world
         return loss, norm
 
 

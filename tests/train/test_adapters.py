@@ -106,6 +106,49 @@ def test_two_ranks_train_the_adapters_one_rank_with_accum_2_does(inputs, one_ran
         assert got[step][0] == pytest.approx(ref[step][0], rel=1e-5), step
 
 
+def test_zero3_gathers_a_frozen_unit_as_one_vector_of_bytes_and_steps_the_adapters_as_dp(inputs):
+    """One process: an adapter run's frozen 4-bit base under zero3 is stored as one vector of bytes per unit (the
+    layers' uint32 packed weights, their float scales and biases and the norms together: one all_gather moves a
+    unit), or per span of units; either way 3 steps with dropout give dp's losses and adapters, and the spans change
+    nothing but the gathers (the same losses to the bit as a gather per unit)."""
+    from mlx.utils import tree_flatten
+
+    from clusterctl.train import adapters, lm, strategies
+    from clusterctl.train.config import TrainConfig
+    from clusterctl.train.step import make_optimizer
+    from clusterctl.train.zero3 import ShardedModel
+
+    config = TrainConfig(model=str(inputs["llama-4bit"]), adapter="lora", lora_layers=-1, lr=1e-2, warmup=0,
+                         lora_dropout=0.1)
+    tokens = mx.random.randint(0, 200, (3, 2, 17), key=mx.random.key(1))
+    group = mx.distributed.init()
+
+    def train(strategy, **wrap):
+        model, _, _ = lm.load(config.model, mx.float32, "lora")
+        mx.random.seed(0)
+        adapters.apply(model, config)
+        model.train()                                 # the adapters' dropout on, as fit turns it on
+        if strategy == "zero3":
+            model = ShardedModel(model, group, dropout=True, **wrap)
+        step = strategies.get(strategy).make_step(model, make_optimizer(config), config, group)
+        mx.random.seed(5)
+        curve = [step(t[None, :, :-1], t[None, :, 1:])[0].item() for t in tokens]
+        trained = strategies.get(strategy).trained(model).trainable_parameters()
+        return curve, dict(tree_flatten(trained)), model
+
+    dp, dp_adapters, _ = train("dp")
+    unit, unit_adapters, per_unit = train("zero3", span=0)
+    spans, _, spanned = train("zero3")
+    units = [u for u in per_unit.units if any(k in per_unit.group_of for k in u.keys)]
+    assert [g.name for g in per_unit.groups] == [u.name for u in units]          # a group, so a gather, a unit
+    kinds = {str(k) for g in per_unit.groups for k in g.kinds}
+    assert all(g.dtype == mx.uint8 for g in per_unit.groups) and {"mlx.core.uint32", "mlx.core.float32"} <= kinds
+    assert len(spanned.groups) < len(per_unit.groups)                            # the small base: spans of units
+    assert spans == unit
+    assert unit == pytest.approx(dp, rel=1e-5)
+    assert max_diff(unit_adapters, dp_adapters) < 1e-5
+
+
 def test_a_test_set_is_scored_once_at_the_end_whatever_the_number_of_ranks(inputs, one_rank_accum_2, tmp_path):
     """test.jsonl beside the data: the mean loss over its trained targets and the perplexity, in the output,
     metrics.jsonl and trainer.json; two ranks (each scoring its share, one all_sum) give what one rank gives for
