@@ -75,6 +75,41 @@ def pytest_runtest_setup(item):
         pytest.fail(_ungrouped[0], pytrace=False)
 
 
+# ---- an MPI singleton's identity left in a worker's C environment ----------------------------------
+# mx.distributed.init() in a test's own process (mlx-lm's evaluate calls it) starts an MPI singleton, which putenv's
+# PMIX_* / OMPI_* into the C environment: os.environ does not show it, but every subprocess a later test on this
+# worker starts without env= inherits it, and an mpirun among them exits 1 without a word. The test that did it
+# fails here, by name, instead of an unrelated mpirun test much later.
+
+def _c_environment_mpi_identity() -> set[str]:
+    """The MPI identity names in this process's C environment (libc's `environ`, where putenv writes; neither
+    os.environ nor /proc/self/environ, which holds the environment the process was started with, sees them)."""
+    import ctypes
+
+    try:
+        entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError):
+        return set()
+    names, i = set(), 0
+    while entries[i] is not None:
+        name = entries[i].split(b"=", 1)[0].decode(errors="replace")
+        if name.startswith(("PMIX_", "OMPI_COMM_WORLD_", "OMPI_MCA_ess")):
+            names.add(name)
+        i += 1
+    return names
+
+
+@pytest.fixture(autouse=True)
+def _no_mpi_singleton_left_behind():
+    before = _c_environment_mpi_identity()
+    yield
+    left = _c_environment_mpi_identity() - before
+    if left:
+        pytest.fail(f"this test started an MPI singleton in the test process ({sorted(left)[0]} is now in its C "
+                    "environment): every later mpirun started from this worker would fail; run MLX's distributed "
+                    "code in a process of its own", pytrace=False)
+
+
 # ---- tests skipped for want of `unshare -m` (sshcluster.requires_private_roots) -----------------
 # A -ra line among many is easy to miss, and on a machine where `unshare -m` works such a skip hides a
 # broken test cluster. So they are listed in a block of their own, and such a skip fails the run where

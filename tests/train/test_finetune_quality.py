@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
-from mlxlmscore import score  # noqa: E402
+from mlxlmscore import score_in_process  # noqa: E402
 
 STEPS = 40
 
@@ -38,8 +38,10 @@ def lab(tmp_path_factory):
 
 def scores(lab, model, adapter=None) -> dict:
     """answers-only and whole-record losses on the chat test set, and the loss on held-out plain stories (mlx-lm's
-    evaluate, in this process: what `mlx_lm.lora --test` runs)."""
-    got = score(str(lab / model), str(adapter) if adapter else None,
+    evaluate, in a process of its own as `mlx_lm.lora --test` runs: its evaluate initialises MLX's distributed
+    group, and an MPI singleton's identity left in this worker's C environment would make every mpirun a later test
+    starts here exit 1 without a word)."""
+    got = score_in_process(str(lab / model), str(adapter) if adapter else None,
                 [(str(lab / "chat"), True), (str(lab / "chat"), False), (str(lab / "text"), False)])
     return {"answers": got[0]["no_pad"], "records": got[1]["no_pad"], "text": got[2]["no_pad"]}
 

@@ -60,7 +60,7 @@ def setup(config, seed=None):
     mx.random.seed(rank_seed(config.seed, 0))
     data = TrainData(train=BatchLoader(train_tokens, config.batch_size, config.block_size, config.seed, 0),
                      val=BatchLoader(val_tokens, config.batch_size, config.block_size, config.seed + 1, 0),
-                     group=mx.distributed.init())
+                     group=mx.distributed.init(backend="ring"))
     return model, optimizer, data, vocab_size
 
 

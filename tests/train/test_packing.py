@@ -92,7 +92,7 @@ def test_one_optimizer_step_on_packed_rows_equals_it_on_padded_rows(tmp_path):
         model = load_model(Path(lmfixture.make_model(tmp_path / "m", "llama")))[0]
         import mlx.optimizers as optim
 
-        step = make_dp_step(model, optim.SGD(0.5), config, mx.distributed.init())   # linear in the gradients
+        step = make_dp_step(model, optim.SGD(0.5), config, mx.distributed.init(backend="ring"))   # linear in the gradients
         rows = records.pack(sequences, filler=0, together=together)
         batch = records.stack([rows], 0, segments=together)
         loss, _ = step(*batch)
@@ -133,7 +133,7 @@ def test_our_test_score_is_mlx_lm_s_evaluate_with_and_without_its_padding_target
     data = lmfixture.make_data(tmp_path / "d", "chat", records=40)
     (data / "test.jsonl").write_text((data / "valid.jsonl").read_text() * 3)        # 12 records: whole batches of 4
     tokenizer = load_tokenizer(model_dir)
-    group = mx.distributed.init()
+    group = mx.distributed.init(backend="ring")       # a world of one without MPI (tests/conftest.py)
     for mask in (True, False):
         args = types.SimpleNamespace(data=str(data), mask_prompt=mask, train=False, test=True, hf_dataset=None)
         test = CacheDataset(load_dataset(args, tokenizer)[2])
