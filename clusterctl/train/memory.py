@@ -21,8 +21,8 @@ at worlds 1, 2 and 4: benchmarks/bench_zero3.py checks them, docs/trainer.md#mem
 
 An adapter run (--adapter): the frozen base as stored (base_bytes: packed when quantized), the adapters with
 their gradients and state (adapter_state), ADAPTER_ACT x the activations; under zero3 1/N of the base and
-ZERO3_ADAPTER_UNITS spans of it whole (a span: consecutive units, at most ZERO3_SPAN bytes beyond
-its last unit).
+ZERO3_ADAPTER_UNITS spans of it whole (a span: consecutive units holding at most zero3_span() bytes (ZERO3_SPAN,
+or an eighth of a small base), or one unit larger than that).
 
 What counts against it is BUDGET of the smallest host's memory (macOS lets the GPU wire about that much by
 default; the rest is the system's), or CLUSTERCTL_HOST_MEMORY where it is set (a test aid and an override:
@@ -58,13 +58,21 @@ ADAPTER_ACT = 1.4
 # zero3 with adapters: the frozen base's spans held whole at once (the one computing, the next one prefetched,
 # the last block's kept for the backward pass)
 ZERO3_ADAPTER_UNITS = 3.0
-# zero3 with adapters gathers the frozen base a span of consecutive units at a time, closed once it holds this many
-# bytes (a unit at least): a small unit's gather costs its latency, and on ring a waiting rank's polling
+# zero3 with adapters gathers the frozen base a span of consecutive units at a time, holding at most this many
+# bytes (or one unit larger than that): a small unit's gather costs its latency, and on ring a waiting rank's polling
 # (docs/facts/mlx-distributed.md#ring-waits-by-polling), not its bytes. Measured at world 4 on ring (4 ranks on
 # 2 cores, a 16-block 4-bit base of 0.47 MB a block, LoRA on every block), a step's median time and the CPU over
 # all ranks: a gather a unit (33 a step) 9.5 s, 19.1 s CPU, peak 20.7 MB; spans of 1 MiB (11 a step) 8.1 s, 15.5 s,
 # 22.5 MB; 4 MiB (3 a step) 7.6 s, 14.9 s, 27.5 MB; dp 4.6 s, 9.0 s, 68.5 MB. 1 MiB: most of the speed, little memory
 ZERO3_SPAN = 2**20
+# ... and at most this share of the whole base: 3 spans held whole at once must stay a small part of a small base,
+# or zero3 would save little memory over dp (a 5 MB base of 8 blocks: spans of one block, 0.6 MB)
+ZERO3_SPAN_SHARE = 1 / 8
+
+
+def zero3_span(base_bytes: float) -> int:
+    """The bytes a span of zero3's frozen base closes at, for a base of `base_bytes`."""
+    return int(min(ZERO3_SPAN, base_bytes * ZERO3_SPAN_SHARE))
 
 
 class MemoryRefused(BadInput):

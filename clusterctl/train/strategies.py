@@ -30,7 +30,7 @@ from ..errors import CheckpointError, ConfigError
 from ..trainer_contract import DEFAULT_STRATEGY
 from . import memory
 from .memory import (ADAPTER_ACT, BYTES, DP_PARAM, FSDP_ACT, FSDP_FULL, FSDP_ONE, FSDP_SHARD,
-                     ZERO3_ACT_BLOCKS, ZERO3_ADAPTER_UNITS, ZERO3_SHARD, ZERO3_SPAN, ZERO3_UNITS, Estimate, MemoryRefused, Shape)
+                     ZERO3_ACT_BLOCKS, ZERO3_ADAPTER_UNITS, ZERO3_SHARD, ZERO3_UNITS, Estimate, MemoryRefused, Shape)
 
 AUTO = "auto"           # --strategy auto: not an entry, the planner's choice among them (choose)
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -213,7 +213,7 @@ class ZeRO3(Strategy):
         """1/N of the base, a few spans of the base whole while they compute, zero3's activations."""
         per_block, logits = memory.activations(shape)
         unit = shape.base_bytes * shape.largest_unit / shape.params
-        span = min(shape.base_bytes, ZERO3_SPAN + unit)      # a span closes once it holds ZERO3_SPAN bytes
+        span = min(shape.base_bytes, max(unit, memory.zero3_span(shape.base_bytes)))   # units up to that, or one
         state = shape.base_bytes / world + ZERO3_ADAPTER_UNITS * span + memory.adapter_state(shape)
         act = ADAPTER_ACT * (shape.n_layers * BYTES * shape.batch_size * shape.block_size * shape.dim
                              + ZERO3_ACT_BLOCKS * per_block + logits)

@@ -24,7 +24,7 @@ only while it computes:
 An adapter run (--adapter) shards the frozen base and keeps the adapters whole on every rank. Nothing in the base
 is ever updated, so its groups need not be one dtype each: a unit's frozen tensors (a quantized layer's uint32
 packed weights, its float scales and biases, the norms) are one vector of bytes, each tensor a view of it in its
-own dtype, and a group spans consecutive units until it holds memory.ZERO3_SPAN bytes: one all_gather moves a
+own dtype, and a group spans consecutive units while it holds at most memory.zero3_span() bytes: one all_gather moves a
 span, where a unit of a 4-bit base is too small for its bytes, not its latency, to be the cost. The adapters'
 gradients are summed over the ranks in one all_sum.
 
@@ -55,7 +55,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from .collectives import reduce_scatter
 from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
-from .memory import ZERO3_SPAN
+from .memory import zero3_span
 from .model import masked_cross_entropy
 from .packing import block_mask
 
@@ -200,19 +200,21 @@ def flat_groups(units: list[Unit], shapes: dict, dtypes: dict, frozen: bool = Fa
                 span_bytes: int = 0) -> list[FlatGroup]:
     """A group per unit of the parameters that unit is the first to use (the head's tied output matrix is the
     embedding's, so it stays in the embedding's group): one per dtype, or, `frozen` (nothing in them is ever
-    updated), one vector of bytes whatever their dtypes, spanning consecutive units until it holds at least
-    `span_bytes`."""
+    updated), one vector of bytes whatever their dtypes, spanning consecutive units while it holds at most
+    `span_bytes` (a unit larger than that is a span of its own)."""
     groups, placed = [], set()
     span: list[tuple[str, str]] = []          # (unit name, key) of the frozen group being filled
+    held = 0                                  # its bytes
     for unit in units:
         mine = [k for k in unit.keys if k not in placed]
         placed.update(mine)
         if frozen:
-            span += [(unit.name, k) for k in mine]
-            if span and (sum(math.prod(shapes[k]) * dtypes[k].size for _, k in span) >= span_bytes
-                         or unit is units[-1]):
+            size = sum(math.prod(shapes[k]) * dtypes[k].size for k in mine)
+            if span and held + size > span_bytes:
                 groups.append(_byte_group(span, shapes, dtypes))
-                span = []
+                span, held = [], 0
+            span += [(unit.name, k) for k in mine]
+            held += size
             continue
         kinds = list(dict.fromkeys(dtypes[k] for k in mine))
         for dtype in kinds:
@@ -223,6 +225,8 @@ def flat_groups(units: list[Unit], shapes: dict, dtypes: dict, frozen: bool = Fa
                 at += math.prod(shapes[k])
             name = unit.name if len(kinds) == 1 else f"{unit.name}:{str(dtype).removeprefix('mlx.core.')}"
             groups.append(FlatGroup(name, dtype, keys, tuple(shapes[k] for k in keys), tuple(offsets)))
+    if span:
+        groups.append(_byte_group(span, shapes, dtypes))
     return groups
 
 
@@ -246,7 +250,7 @@ class ShardedModel:
     not evaluated yet (MLX is lazy): one group at a time is evaluated, sliced and dropped, so the full model
     never exists on a rank."""
 
-    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None, span: int = ZERO3_SPAN):
+    def __init__(self, model, group, gather: str = "prefetch", dropout: bool | None = None, span: int | None = None):
         if gather not in GATHER_MODES:
             raise ValueError(f"zero3 gather mode {gather!r}: one of {', '.join(GATHER_MODES)}")
         self.model, self.group = model, group
@@ -263,6 +267,8 @@ class ShardedModel:
         self.shapes = {k: tuple(v.shape) for k, v in params.items()}
         self.dtypes = {k: v.dtype for k, v in params.items()}
         self.units = transformer_units(model) if hasattr(model, "embedding") else lm_units(model)
+        if span is None:        # memory.zero3_span of the frozen base (its packed bytes when quantized)
+            span = zero3_span(sum(math.prod(s) * self.dtypes[k].size for k, s in self.shapes.items()))
         self.groups = flat_groups([Unit(u.name, tuple(k for k in u.keys if k in params), u.call) for u in self.units],
                                   self.shapes, self.dtypes, frozen=self.frozen, span_bytes=span)
         self.group_of = {k: g for g in self.groups for k in g.keys}

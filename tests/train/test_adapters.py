@@ -109,11 +109,12 @@ def test_two_ranks_train_the_adapters_one_rank_with_accum_2_does(inputs, one_ran
 def test_zero3_gathers_a_frozen_unit_as_one_vector_of_bytes_and_steps_the_adapters_as_dp(inputs):
     """One process: an adapter run's frozen 4-bit base under zero3 is stored as one vector of bytes per unit (the
     layers' uint32 packed weights, their float scales and biases and the norms together: one all_gather moves a
-    unit), or per span of units; either way 3 steps with dropout give dp's losses and adapters, and the spans change
-    nothing but the gathers (the same losses to the bit as a gather per unit)."""
+    unit), or per span of units (at most an eighth of the base by default: a unit each, on a base this small);
+    either way 3 steps with dropout give dp's losses and adapters, and the spans change nothing but the gathers
+    (the same losses to the bit as a gather per unit)."""
     from mlx.utils import tree_flatten
 
-    from clusterctl.train import adapters, lm, strategies
+    from clusterctl.train import adapters, lm, memory, strategies
     from clusterctl.train.config import TrainConfig
     from clusterctl.train.step import make_optimizer
     from clusterctl.train.zero3 import ShardedModel
@@ -121,7 +122,7 @@ def test_zero3_gathers_a_frozen_unit_as_one_vector_of_bytes_and_steps_the_adapte
     config = TrainConfig(model=str(inputs["llama-4bit"]), adapter="lora", lora_layers=-1, lr=1e-2, warmup=0,
                          lora_dropout=0.1)
     tokens = mx.random.randint(0, 200, (3, 2, 17), key=mx.random.key(1))
-    group = mx.distributed.init()
+    group = mx.distributed.init(backend="ring")       # a world of one without MPI (tests/conftest.py)
 
     def train(strategy, **wrap):
         model, _, _ = lm.load(config.model, mx.float32, "lora")
@@ -138,12 +139,15 @@ def test_zero3_gathers_a_frozen_unit_as_one_vector_of_bytes_and_steps_the_adapte
 
     dp, dp_adapters, _ = train("dp")
     unit, unit_adapters, per_unit = train("zero3", span=0)
-    spans, _, spanned = train("zero3")
+    spans, _, spanned = train("zero3", span=memory.ZERO3_SPAN)
+    _, _, default = train("zero3")
     units = [u for u in per_unit.units if any(k in per_unit.group_of for k in u.keys)]
     assert [g.name for g in per_unit.groups] == [u.name for u in units]          # a group, so a gather, a unit
     kinds = {str(k) for g in per_unit.groups for k in g.kinds}
     assert all(g.dtype == mx.uint8 for g in per_unit.groups) and {"mlx.core.uint32", "mlx.core.float32"} <= kinds
     assert len(spanned.groups) < len(per_unit.groups)                            # the small base: spans of units
+    # by default a span holds at most an eighth of the base: on a base this small, a unit
+    assert len(default.groups) == len(per_unit.groups)
     assert spans == unit
     assert unit == pytest.approx(dp, rel=1e-5)
     assert max_diff(unit_adapters, dp_adapters) < 1e-5
