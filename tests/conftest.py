@@ -99,6 +99,29 @@ def _c_environment_mpi_identity() -> set[str]:
     return names
 
 
+def forget_mpi_singleton() -> None:
+    """Remove an MPI singleton's identity from this process's C environment (unsetenv), for a module whose tests
+    exercise the default world itself (mx.distributed.init() with no backend): later subprocesses start clean."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    for name in _c_environment_mpi_identity() | _c_environment_names(("OMPI_", "ORTE_")):
+        libc.unsetenv(name.encode())
+
+
+def _c_environment_names(prefixes: tuple[str, ...]) -> set[str]:
+    import ctypes
+
+    entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    names, i = set(), 0
+    while entries[i] is not None:
+        name = entries[i].split(b"=", 1)[0].decode(errors="replace")
+        if name.startswith(prefixes) and name not in os.environ:      # what putenv added, not the user's own
+            names.add(name)
+        i += 1
+    return names
+
+
 @pytest.fixture(autouse=True)
 def _no_mpi_singleton_left_behind():
     before = _c_environment_mpi_identity()

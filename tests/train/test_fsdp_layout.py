@@ -19,6 +19,23 @@ from clusterctl.train.fsdp import (
 )
 
 
+
+
+@pytest.fixture(autouse=True)
+def _default_world_forgotten():
+    """These tests exercise the default world (mx.distributed.init() with no backend), which starts an MPI
+    singleton in this process: its identity is taken out of the C environment after each (tests/conftest.py)."""
+    from conftest import forget_mpi_singleton
+
+    yield
+    forget_mpi_singleton()
+
+def _world_of_one_on_ring(monkeypatch):
+    """fsdp's default group is mx.distributed.init()'s, which would start an MPI singleton in this process
+    (tests/conftest.py): a world of one on ring instead."""
+    one = mx.distributed.init(backend="ring")
+    monkeypatch.setattr(mx.distributed, "init", lambda *a, **k: one)
+
 def test_chunk_size_rounds_up():
     assert [chunk_size(n, 2) for n in (1, 2, 5, 6)] == [1, 1, 3, 3]
     assert chunk_size(15, 4) == 4
@@ -64,7 +81,8 @@ def test_world_of_one_is_a_plain_optimizer_step_and_returns_a_tuple_only_with_ma
     model, grads = model_and_grads()
     reference = optim.AdamW(learning_rate=0.1)
     expected = reference.apply_gradients(grads, model.parameters())
-    updated = fsdp_apply_gradients(grads, model.parameters(), optim.AdamW(learning_rate=0.1))
+    one = mx.distributed.init(backend="ring")     # a world of one without MPI (tests/conftest.py)
+    updated = fsdp_apply_gradients(grads, model.parameters(), optim.AdamW(learning_rate=0.1), fsdp_group=one)
     assert isinstance(updated, dict)
     for (k, a), (_, b) in zip(tree_flatten(updated), tree_flatten(expected)):
         assert mx.array_equal(a, b), k
@@ -72,7 +90,7 @@ def test_world_of_one_is_a_plain_optimizer_step_and_returns_a_tuple_only_with_ma
     clipped, norm = optim.clip_grad_norm(grads, 0.01)
     expected = optim.AdamW(learning_rate=0.1).apply_gradients(clipped, model.parameters())
     updated, grad_norm = fsdp_apply_gradients(grads, model.parameters(), optim.AdamW(learning_rate=0.1),
-                                              max_norm=0.01)
+                                              fsdp_group=one, max_norm=0.01)
     assert grad_norm.item() == pytest.approx(norm.item(), rel=1e-6) and norm.item() > 0.01
     for (k, a), (_, b) in zip(tree_flatten(updated), tree_flatten(expected)):
         assert mx.allclose(a, b, atol=1e-7), k
@@ -82,7 +100,8 @@ def test_a_gradient_without_a_parameter_is_refused():
     model, grads = model_and_grads()
     grads["extra"] = mx.zeros((2,))
     with pytest.raises(ValueError, match="no parameter for gradient"):
-        fsdp_apply_gradients(grads, model.parameters(), optim.SGD(learning_rate=0.1))
+        fsdp_apply_gradients(grads, model.parameters(), optim.SGD(learning_rate=0.1),
+                             fsdp_group=mx.distributed.init(backend="ring"))
 
 
 def test_reduce_scatter_on_a_group_of_one_is_the_identity():

@@ -118,7 +118,7 @@ def test_rotary_models_pack_exactly(models):
     assert all(packing.packs_exactly(models[k], 300) for k in models)
 
 
-def test_our_test_score_is_mlx_lm_s_evaluate_with_and_without_its_padding_target(tmp_path, models):
+def test_our_test_score_is_mlx_lm_s_evaluate_with_and_without_its_padding_target(tmp_path, models, monkeypatch):
     """`mlx_lm.lora --test` runs mlx_lm.tuner.trainer.evaluate with default_loss, which also scores the padding token
     after each record; ours leaves it out. Scored with that target added (HeldOut's pad_target), ours equals it;
     without it, ours equals mlx-lm's evaluate with the padding target masked out."""
@@ -134,6 +134,10 @@ def test_our_test_score_is_mlx_lm_s_evaluate_with_and_without_its_padding_target
     (data / "test.jsonl").write_text((data / "valid.jsonl").read_text() * 3)        # 12 records: whole batches of 4
     tokenizer = load_tokenizer(model_dir)
     group = mx.distributed.init(backend="ring")       # a world of one without MPI (tests/conftest.py)
+    # mlx-lm's evaluate calls init() and all_sum on the default group: both on this world of one
+    all_sum = mx.distributed.all_sum
+    monkeypatch.setattr(mx.distributed, "init", lambda *a, **k: group)
+    monkeypatch.setattr(mx.distributed, "all_sum", lambda x, **k: all_sum(x, **{**k, "group": group}))
     for mask in (True, False):
         args = types.SimpleNamespace(data=str(data), mask_prompt=mask, train=False, test=True, hf_dataset=None)
         test = CacheDataset(load_dataset(args, tokenizer)[2])
