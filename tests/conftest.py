@@ -82,9 +82,12 @@ def pytest_runtest_setup(item):
 # fails here, by name, instead of an unrelated mpirun test much later.
 
 def _c_environment_mpi_identity() -> set[str]:
-    """The MPI identity names in this process's C environment (libc's `environ`, where putenv writes; neither
-    os.environ nor /proc/self/environ, which holds the environment the process was started with, sees them)."""
+    """The names of an MPI process's identity (clusterctl.hosts.local.mpi_identity: what the product leaves out of
+    every local command's environment) in this process's C environment: libc's `environ`, where putenv writes;
+    neither os.environ nor /proc/self/environ (the environment the process was started with) sees them."""
     import ctypes
+
+    from clusterctl.hosts.local import mpi_identity
 
     try:
         entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
@@ -93,33 +96,21 @@ def _c_environment_mpi_identity() -> set[str]:
     names, i = set(), 0
     while entries[i] is not None:
         name = entries[i].split(b"=", 1)[0].decode(errors="replace")
-        if name.startswith(("PMIX_", "OMPI_COMM_WORLD_", "OMPI_MCA_ess")):
+        if mpi_identity(name):
             names.add(name)
         i += 1
     return names
 
 
 def forget_mpi_singleton() -> None:
-    """Remove an MPI singleton's identity from this process's C environment (unsetenv), for a module whose tests
-    exercise the default world itself (mx.distributed.init() with no backend): later subprocesses start clean."""
+    """Remove an MPI singleton's identity from this process's C environment (unsetenv; what os.environ holds, the
+    environment pytest was given, stays), for a module whose tests exercise the default world itself
+    (mx.distributed.init() with no backend): later subprocesses start clean."""
     import ctypes
 
     libc = ctypes.CDLL(None)
-    for name in _c_environment_mpi_identity() | _c_environment_names(("OMPI_", "ORTE_")):
+    for name in _c_environment_mpi_identity() - set(os.environ):
         libc.unsetenv(name.encode())
-
-
-def _c_environment_names(prefixes: tuple[str, ...]) -> set[str]:
-    import ctypes
-
-    entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
-    names, i = set(), 0
-    while entries[i] is not None:
-        name = entries[i].split(b"=", 1)[0].decode(errors="replace")
-        if name.startswith(prefixes) and name not in os.environ:      # what putenv added, not the user's own
-            names.add(name)
-        i += 1
-    return names
 
 
 @pytest.fixture(autouse=True)

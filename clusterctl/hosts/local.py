@@ -35,13 +35,17 @@ _MPI_IDENTITY = {"OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports"
                  "ORTE_SCHIZO_DETECTION"}
 
 
+def mpi_identity(name: str) -> bool:
+    """Whether an environment variable is part of an MPI process's identity (above)."""
+    return name.startswith(_MPI_IDENTITY_PREFIXES) or name in _MPI_IDENTITY
+
+
 def environment() -> dict[str, str]:
     """What a local command inherits: os.environ, never the C environment beneath it, and without an MPI
     process's identity (docs/facts/launchers.md#mpirun-under-an-mpi-singleton). MLX's MPI backend, initialised
     in this process, puts a singleton's identity in the C environment with putenv, where os.environ does not
     see it; a process started by one that had done so (a notebook's `!clusterctl run`) has it in os.environ."""
-    return {k: v for k, v in os.environ.items()
-            if not (k.startswith(_MPI_IDENTITY_PREFIXES) or k in _MPI_IDENTITY)}
+    return {k: v for k, v in os.environ.items() if not mpi_identity(k)}
 
 
 class LocalTransport(Transport):

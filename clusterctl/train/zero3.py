@@ -24,8 +24,8 @@ only while it computes:
 An adapter run (--adapter) shards the frozen base and keeps the adapters whole on every rank. Nothing in the base
 is ever updated, so its groups need not be one dtype each: a unit's frozen tensors (a quantized layer's uint32
 packed weights, its float scales and biases, the norms) are one vector of bytes, each tensor a view of it in its
-own dtype, and a group spans consecutive units while it holds at most memory.zero3_span() bytes: one all_gather moves a
-span, where a unit of a 4-bit base is too small for its bytes, not its latency, to be the cost. The adapters'
+own dtype, and a group spans consecutive units while it holds at most memory.zero3_span() bytes: one all_gather
+moves a span, where a unit of a 4-bit base is too small for its bytes, not its latency, to be the cost. The adapters'
 gradients are summed over the ranks in one all_sum.
 
 The step's collectives run on a stream of their own (`self.comm`), in the order they are issued, which is every
