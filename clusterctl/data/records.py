@@ -263,9 +263,21 @@ def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int |
     return Rows(tokens, labels, segments)
 
 
-def stack(batches: list[Rows], filler: int, segments: bool = True):
+PICK_MULTIPLE = 8        # the trained positions a micro-batch lists, rounded up to this (few compiled shapes)
+
+
+def trained_positions(labels: list[list[list[int]]]) -> list[list[int]]:
+    """For each micro-batch's (rows, width) labels, the flat indices (row x width + column) of the positions with a
+    target, all micro-batches' lists padded with -1 to one length, a multiple of PICK_MULTIPLE: the only positions
+    whose output (the model's head, its largest matrix for a small model) the loss needs (model.loss_fn)."""
+    picks = [[k for k, t in enumerate(t for row in rows for t in row) if t != IGNORE] for rows in labels]
+    n = -(-max(max((len(p) for p in picks), default=1), 1) // PICK_MULTIPLE) * PICK_MULTIPLE
+    return [p + [-1] * (n - len(p)) for p in picks]
+
+
+def stack(batches: list[Rows], filler: int, segments: bool = True, picks: bool = False):
     """Micro-batches as (accum, rows, width) arrays (x, y and, for packed rows, segments), each padded to the
-    largest's shape."""
+    largest's shape; `picks`: then also (accum, K) the trained positions of each (trained_positions)."""
     import mlx.core as mx
 
     n = max(b.shape[0] for b in batches)
@@ -275,7 +287,11 @@ def stack(batches: list[Rows], filler: int, segments: bool = True):
         return [r + [value] * (w - len(r)) for r in rows] + [[value] * w for _ in range(n - len(rows))]
 
     kinds = (("tokens", filler), ("labels", IGNORE)) + ((("segments", -1),) if segments else ())
-    return tuple(mx.array([grow(getattr(b, f), v) for b in batches], dtype=mx.int32) for f, v in kinds)
+    arrays = {f: [grow(getattr(b, f), v) for b in batches] for f, v in kinds}
+    out = tuple(mx.array(a, dtype=mx.int32) for a in arrays.values())
+    if picks:
+        out += (mx.array(trained_positions(arrays["labels"]), dtype=mx.int32),)
+    return out
 
 
 class RecordLoader:
@@ -285,6 +301,7 @@ class RecordLoader:
     arrays: tokens, labels and segments."""
 
     packed = True           # records share rows (per-record attention); False: a row each (finetune.py)
+    picked = False          # also the trained positions: the model's head computed there alone (finetune.py)
 
     def __init__(self, seqs: Sequences, batch_size: int, accum: int, world: int, rank: int, seed: int, filler: int,
                  ranks_alike: int = 1):
@@ -325,10 +342,11 @@ class RecordLoader:
 
     def step(self, s: int, accum: int):
         """Optimizer step s's micro-batches, stacked: (x, y, segments), (accum, rows, width) each (no segments when
-        each record has a row of its own)."""
+        each record has a row of its own), then the trained positions when `picked` (stack)."""
         if accum != self.accum:
             raise ValueError(f"this loader deals micro-batches for --accum {self.accum}, not {accum}")
-        return stack([self.rows(s * accum + i) for i in range(accum)], self.filler, self.packed)
+        return stack([self.rows(s * accum + i) for i in range(accum)], self.filler, self.packed,
+                     self.packed and self.picked)
 
     def step_tokens(self, s: int) -> int:
         """The real tokens of optimizer step s, every rank's (what tokens/s counts)."""

@@ -7,7 +7,8 @@ the optimizer and fit.
     records = open_records(config, tokenizer, rank, world)
     records.width                                     # the widest row a micro-batch can need: the memory plan's
     model, tokenizer, model_config = lm.load(source, ...)
-    packed = choose_packing(model, records, ...)       # per-record attention, checked on this model
+    packed = choose_packing(model, records, ...)       # per-record attention (and the head at targets alone),
+                                                       # checked on this model
 """
 from __future__ import annotations
 
@@ -121,9 +122,11 @@ def choose_packing(model, data: Records, vocab: int, known: bool, rank: int) -> 
     """Whether records share rows with per-record attention (packing.py): `known` for a strategy that cuts the model
     itself (zero3: llama, mistral, qwen2, qwen3, whose rotary attention packs exactly), else checked on the model
     by one small forward pass. Otherwise every record gets a row of its own, and rank 0 says so."""
-    from .packing import packs_exactly
+    from .packing import packs_exactly, splits_exactly
 
     if known or packs_exactly(model, vocab):
+        # the head's logits only where a target is (not at a masked prompt or padding): checked on this model
+        data.train.picked = known or splits_exactly(model, vocab)
         return True
     data.one_record_a_row()
     if rank == 0:

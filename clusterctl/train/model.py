@@ -133,14 +133,22 @@ class Transformer(nn.Module):
         return [KVCache() for _ in self.layers]
 
 
-def loss_fn(model, x: mx.array, y: mx.array, segments: mx.array | None = None) -> mx.array:
+def loss_fn(model, x: mx.array, y: mx.array, segments: mx.array | None = None,
+            picks: mx.array | None = None) -> mx.array:
     """Mean next-token cross-entropy over the trained targets (fine-tuning labels a prompt's targets -1:
     data/records.py; the bundled corpus trains on every position). Any model whose call returns logits;
-    `segments`: packed records, each attending only to itself (packing.py)."""
+    `segments`: packed records, each attending only to itself (packing.py); `picks`: the flat indices of the
+    trained positions (-1: none), so the head computes logits there alone (packing.hidden and output_layer, for a
+    model packing.splits_exactly has checked) - the same loss, without the head's work at prompts and padding."""
     if segments is None:
         return masked_cross_entropy(model(x), y)
-    from .packing import forward
-    return masked_cross_entropy(forward(model, x, segments), y)
+    from .packing import forward, hidden, output_layer
+    if picks is None:
+        return masked_cross_entropy(forward(model, x, segments), y)
+    h = hidden(model, x, segments)
+    at = mx.maximum(picks, 0)
+    h = h.reshape(-1, h.shape[-1])[at]
+    return masked_cross_entropy(output_layer(model)(h), mx.where(picks >= 0, y.reshape(-1)[at], -1))
 
 
 def masked_cross_entropy(logits: mx.array, y: mx.array) -> mx.array:

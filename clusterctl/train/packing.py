@@ -3,6 +3,7 @@
 
     logits = forward(model, tokens, segments)      # segments: (B, L) record numbers within each row, -1 padding
     packs_exactly(model)                           # whether this model computes a record the same packed or alone
+    output_layer(model)(hidden(model, tokens, segments))   # the same, in two halves (splits_exactly checks it)
 
 The mask is block-diagonal and causal: position i sees position j when both belong to the same record and j <= i
 (padding sees padding, so no softmax row is empty). It reaches the model the way a KV cache's mask does: mlx-lm's
@@ -61,6 +62,35 @@ def forward(model, tokens: mx.array, segments: mx.array | None) -> mx.array:
         return model(tokens)
     shared = SegmentCache(segments)         # one mask, built once, for every layer
     return model(tokens, cache=[shared] * len(model.layers))
+
+
+def hidden(model, tokens: mx.array, segments: mx.array) -> mx.array:
+    """An mlx-lm model's last hidden states for packed rows, before its output layer (model.model: every mlx-lm
+    model keeps its body there and its head apart: `lm_head`, or the embedding matrix when tied)."""
+    shared = SegmentCache(segments)
+    return model.model(tokens, cache=[shared] * len(model.layers))
+
+
+def output_layer(model):
+    """The model's head: hidden states -> logits (lm_head, or the tied embedding matrix)."""
+    head = getattr(model, "lm_head", None)
+    return head if head is not None else model.model.embed_tokens.as_linear
+
+
+def splits_exactly(model, vocab: int, tolerance: float = 1e-3) -> bool:
+    """Whether output_layer(hidden(x)) is the model's own output (a model that scales or caps its logits, or keeps
+    its body elsewhere, is not: its loss then takes every position's logits)."""
+    tokens = mx.random.randint(0, vocab, (1, 12), key=mx.random.key(11))
+    segments = mx.array([[0] * 5 + [1] * 7])
+    try:
+        split = output_layer(model)(hidden(model, tokens, segments))
+        whole = forward(model, tokens, segments)
+        diff = mx.abs(split.astype(mx.float32) - whole.astype(mx.float32)).max()
+        scale = mx.abs(whole.astype(mx.float32)).max()
+        mx.eval(diff, scale)
+    except Exception:  # noqa: BLE001 - a model that does not split so computes every position's logits
+        return False
+    return bool(diff.item() <= tolerance * max(scale.item(), 1.0))
 
 
 def packs_exactly(model, vocab: int, tolerance: float = 1e-3) -> bool:

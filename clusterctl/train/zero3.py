@@ -106,8 +106,11 @@ def lm_units(model) -> list[Unit]:
         load(inner.embed_tokens, params, "model.embed_tokens.")
         return inner.embed_tokens(tokens)
 
-    def head(params, x, targets):
+    def head(params, x, targets, picks=None):     # picks: the trained positions alone (model.loss_fn)
         load(inner.norm, params, "model.norm.")
+        if picks is not None:
+            at = mx.maximum(picks, 0)
+            x, targets = x.reshape(-1, x.shape[-1])[at], mx.where(picks >= 0, targets.reshape(-1)[at], -1)
         if tied:
             load(inner.embed_tokens, params, "model.embed_tokens.")
             logits = inner.embed_tokens.as_linear(inner.norm(x))
@@ -491,14 +494,16 @@ class ShardedModel:
                 self._keep_for(window, units[i + 1:i + 2])
         return h
 
-    def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array], *segments) -> mx.array:
+    def micro_batch(self, tokens, targets, scale: float, acc: dict[str, mx.array], *packed) -> mx.array:
         """Forward and backward of one micro-batch; adds `scale` x the sum over ranks of the weight
         gradients into this rank's slices in `acc`. Returns the micro-batch's mean loss (this rank's).
-        `segments`: packed records' (packing.py), a constant input of every block.
+        `packed`: packed records' segments (packing.py), a constant input of every block, then perhaps the
+        trained positions (records.trained_positions), the head's.
 
         `window` holds the groups gathered now: the unit computing's and, under prefetch, the next one's (every
         unit's from the forward pass under keep); the last block's stay from the forward pass for its backward."""
         units, dropout = self.units, self.dropout
+        segments, picks = packed[:1], packed[1:]
         n = len(units)
         inputs: list = [None] * n            # inputs[i]: unit i's input activation
         keys_before: list = [None] * n
@@ -516,7 +521,7 @@ class ShardedModel:
             if not self.keep:
                 self._keep_for(window, units[i:] if i == n - 2 else units[i + 1:i + 2])
         after = _random_key() if dropout else None        # where the next micro-batch's masks continue from
-        loss, (dh,) = self._vjp(units[-1], self._params(window, units[-1]), [h], [targets],
+        loss, (dh,) = self._vjp(units[-1], self._params(window, units[-1]), [h], [targets, *picks],
                                 mx.array(scale, dtype=mx.float32), acc, output=True)
         lowest = self._lowest_trained()
         for i in range(n - 2, lowest - 1, -1):        # blocks and embedding, backward (to the lowest trained unit)
@@ -536,15 +541,15 @@ class ShardedModel:
             restore_random_state(after)
         return loss
 
-    def step(self, optimizer, max_norm: float, x: mx.array, y: mx.array, *segments: mx.array):
-        """One optimizer step over the micro-batches x[i], y[i] (and segments[0][i] for packed records): (mean
-        loss over the ranks, gradient norm)."""
+    def step(self, optimizer, max_norm: float, x: mx.array, y: mx.array, *packed: mx.array):
+        """One optimizer step over the micro-batches x[i], y[i] (and, for packed records, segments and perhaps
+        the trained positions: packed[j][i]): (mean loss over the ranks, gradient norm)."""
         accum = x.shape[0]
         scale = 1.0 / (accum * self.world)
         acc: dict[str, mx.array] = {}
         loss = mx.array(0.0)
         for i in range(accum):
-            loss = loss + self.micro_batch(x[i], y[i], scale, acc, *(s[i] for s in segments))
+            loss = loss + self.micro_batch(x[i], y[i], scale, acc, *(s[i] for s in packed))
             mx.eval(loss)
         if self.frozen:
             return self._adapter_step(optimizer, acc, loss / accum, max_norm)

@@ -76,6 +76,14 @@ def test_a_packed_batch_computes_each_record_as_the_same_records_padded(models, 
     assert flat_p.keys() == flat_d.keys() and flat_p
     for k in flat_p:
         assert mx.allclose(flat_p[k], flat_d[k], rtol=1e-4, atol=1e-6).item(), k
+    # and with the head computed at the trained positions alone (the loader's picks): the same loss and gradients
+    assert packing.splits_exactly(model, 300)
+    [picks] = records.trained_positions([packed.labels])
+    assert len(picks) % records.PICK_MULTIPLE == 0 and sum(p >= 0 for p in picks) == 2 + 4 + 5 + 6
+    loss_picked, g_picked = nn.value_and_grad(model, loss_fn)(model, px, py, ps, mx.array(picks))
+    assert loss_picked.item() == pytest.approx(loss_padded.item(), rel=1e-6)
+    for k, g in tree_flatten(g_picked):
+        assert mx.allclose(g, flat_d[k], rtol=1e-4, atol=1e-6).item(), k
 
 
 def test_one_optimizer_step_on_packed_rows_equals_it_on_padded_rows(tmp_path):
@@ -88,20 +96,23 @@ def test_one_optimizer_step_on_packed_rows_equals_it_on_padded_rows(tmp_path):
     config = types.SimpleNamespace(max_norm=0.0, accum=1)
     sequences = [records.pairs(ids, offset) for ids, offset in SEQS]
     results = []
-    for together in (True, False):
+    # padded; packed; packed with the head at the trained positions alone
+    for together, picks in ((False, False), (True, False), (True, True)):
         model = load_model(Path(lmfixture.make_model(tmp_path / "m", "llama")))[0]
         import mlx.optimizers as optim
 
         step = make_dp_step(model, optim.SGD(0.5), config, mx.distributed.init(backend="ring"))   # linear in the gradients
         rows = records.pack(sequences, filler=0, together=together)
-        batch = records.stack([rows], 0, segments=together)
+        batch = records.stack([rows], 0, segments=together, picks=picks)
+        assert len(batch) == 2 + together + picks
         loss, _ = step(*batch)
         mx.eval(model.parameters())
         results.append((loss.item(), dict(tree_flatten(model.parameters()))))
-    (la, pa), (lb, pb) = results
-    assert la == pytest.approx(lb, rel=1e-6)
-    for k in pa:
-        assert mx.allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6).item(), k
+    (la, pa), *others = results
+    for lb, pb in others:
+        assert la == pytest.approx(lb, rel=1e-6)
+        for k in pa:
+            assert mx.allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6).item(), k
 
 
 def test_a_model_with_absolute_positions_is_found_not_to_pack(tmp_path):
@@ -116,6 +127,19 @@ def test_a_model_with_absolute_positions_is_found_not_to_pack(tmp_path):
 
 def test_rotary_models_pack_exactly(models):
     assert all(packing.packs_exactly(models[k], 300) for k in models)
+
+
+def test_a_model_that_scales_its_logits_is_found_not_to_split(models):
+    """The head at the trained positions alone needs output_layer(hidden(x)) to be the model's output: a model that
+    computes more after its head (here: logits doubled, as gemma's caps or cohere's scale change them) is found."""
+    class Scaled(type(models["llama"])):
+        def __call__(self, *args, **kwargs):
+            return 2 * super().__call__(*args, **kwargs)
+
+    model = models["llama"]
+    scaled = Scaled(model.args)
+    scaled.update(model.parameters())
+    assert packing.splits_exactly(model, 300) and not packing.splits_exactly(scaled, 300)
 
 
 def test_our_test_score_is_mlx_lm_s_evaluate_with_and_without_its_padding_target(tmp_path, models, monkeypatch):
