@@ -16,9 +16,10 @@ trains on exactly the records two ranks do (the same run, to float rounding), an
 continues the same sequence. Every rank reads and tokenizes the whole file: fine-tuning sets are small beside the
 model (a 10,000-record set is a few MB), and the global order needs every record's place.
 
-A rank's records are packed into rows (packing.py's layout: first-fit, longest first, into rows as wide as the
-longest record rounded up to 32 tokens), each position carrying its record's segment number, so attention stays
-inside a record (train/packing.py) and packed training computes what padded training computes, record by
+Under --group-by-length an epoch's permutation is then sorted by length in windows of LENGTH_WINDOW records, cut
+into runs that are shuffled (RecordLoader._order), so a batch's records are near in length. A rank's records are packed into rows (first-fit, longest first, into rows at least as wide as the longest
+record rounded up to 8 tokens: row_width), each position carrying its record's segment number, so attention
+stays inside a record (train/packing.py) and packed training computes what padded training computes, record by
 record, without computing the padding. A record longer than --max-seq-length is cut to it, as mlx-lm cuts it.
 Targets that belong to a prompt carry the label -1 (IGNORE), which the loss leaves out.
 """
@@ -173,7 +174,7 @@ def tokenize_all(records: list[Record], tokenizer, mask_prompt: bool, max_len: i
     return Sequences(ids, offsets, cut)
 
 
-ROW_MULTIPLE = 32      # a row's width is rounded up to this (as mlx-lm pads), so few shapes are compiled
+ROW_MULTIPLE = 8       # a row's width is rounded up to this, so few shapes are compiled (a new one: ~20 ms)
 
 
 @dataclass(frozen=True)
@@ -218,34 +219,38 @@ def _first_fit(lengths: list[int], width: int, together: bool) -> list[list[int]
     return rows
 
 
-def row_width(lengths: list[int]) -> int:
-    """The width that packs these records into the fewest positions (rows x width), first-fit, longest first: from
-    the longest rounded up to ROW_MULTIPLE, wider only while that saves positions and the rows' attention (rows x
-    width^2, what a row's scores take) stays within ATTENTION_ROOM times what one row a record at the narrowest
-    would take; the narrowest of equals."""
+def row_width(lengths: list[int], attention: float = 0.0) -> int:
+    """The width that packs these records at the least work, first-fit, longest first: from the longest rounded up
+    to ROW_MULTIPLE, wider while that saves work and the rows' attention (rows x width^2, what a row's scores take)
+    stays within ATTENTION_ROOM times what one row a record at the narrowest would take; the narrowest of equals.
+    The work of a row is width x (1 + attention x width): a position's own work, and its attention to the width of
+    its row (`attention`: that share per position of width, packing.attention_share's; 0: positions alone)."""
+    def work(rows: int, width: int) -> float:
+        return rows * width * (1.0 + attention * width)
+
     narrowest = -(-max(max(lengths, default=1), 1) // ROW_MULTIPLE) * ROW_MULTIPLE
-    best, best_cost = narrowest, len(_first_fit(lengths, narrowest, True)) * narrowest
+    best, best_cost = narrowest, work(len(_first_fit(lengths, narrowest, True)), narrowest)
     limit = ATTENTION_ROOM * len(lengths) * narrowest ** 2
     width = narrowest + ROW_MULTIPLE
     while width <= sum(lengths) + ROW_MULTIPLE - 1:
         rows = len(_first_fit(lengths, width, True))
         if rows * width ** 2 > limit:
             break
-        if rows * width < best_cost:
-            best, best_cost = width, rows * width
+        if work(rows, width) < best_cost:
+            best, best_cost = width, work(rows, width)
         width += ROW_MULTIPLE
     return best
 
 
 def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int | None = None,
-         together: bool = True) -> Rows:
-    """(inputs, labels) records into rows of `width` positions (default: row_width's, the fewest positions),
-    first-fit, longest first; positions no record fills are padding (IGNORE labels, segment -1). `together` False:
-    a row for each record, as wide as the longest (for a model that cannot attend per record: train/packing.py)."""
+         together: bool = True, attention: float = 0.0) -> Rows:
+    """(inputs, labels) records into rows of `width` positions (default: row_width's, the least work), first-fit,
+    longest first; positions no record fills are padding (IGNORE labels, segment -1). `together` False: a row for
+    each record, as wide as the longest (for a model that cannot attend per record: train/packing.py)."""
     lengths = [len(i) for i, _ in sequences]
     longest = max(lengths, default=1)
     if width is None:
-        width = row_width(lengths) if together else -(-max(longest, 1) // ROW_MULTIPLE) * ROW_MULTIPLE
+        width = row_width(lengths, attention) if together else -(-max(longest, 1) // ROW_MULTIPLE) * ROW_MULTIPLE
     if longest > width:
         raise SourceError(f"a record of {longest} tokens does not fit a row of {width}")
     tokens, labels, segments = [], [], []
@@ -294,6 +299,10 @@ def stack(batches: list[Rows], filler: int, segments: bool = True, picks: bool =
     return out
 
 
+LENGTH_WINDOW = 256       # records of an epoch's permutation sorted by length together (RecordLoader._order),
+LENGTH_RUN = 16           # in runs of this many, shuffled
+
+
 class RecordLoader:
     """The records of this rank's micro-batches: micro-batch m (of optimizer step m // accum) holds this rank's
     slice of global batch m: `batch_size` records (global) of an epoch's permutation, which depends on (seed,
@@ -302,6 +311,8 @@ class RecordLoader:
 
     packed = True           # records share rows (per-record attention); False: a row each (finetune.py)
     picked = False          # also the trained positions: the model's head computed there alone (finetune.py)
+    attention = 0.0         # a position's attention work per position of its row's width (row_width)
+    grouped = False         # --group-by-length: an epoch's order sorted by length in windows (_order)
 
     def __init__(self, seqs: Sequences, batch_size: int, accum: int, world: int, rank: int, seed: int, filler: int,
                  ranks_alike: int = 1):
@@ -317,11 +328,29 @@ class RecordLoader:
         self._pairs: dict[int, tuple[list[int], list[int]]] = {}
 
     def _order(self, epoch: int) -> list[int]:
+        """The epoch's order: a permutation. `grouped` (--group-by-length): each LENGTH_WINDOW records of it then
+        sorted by length and cut into runs of LENGTH_RUN, the runs of a window shuffled. So a batch's records are
+        near in length (little padding, as in mlx-lm's batches of records sorted by length), the lengths come in
+        no order through the epoch, and which records meet in a batch changes from epoch to epoch. Either way it
+        depends on (seed, epoch) only, not on the batch size (one rank with --accum 2 takes the records two ranks
+        take)."""
         if epoch not in self._orders:
+            rng = random.Random(f"clusterctl-records:{self.seed}:{epoch}")
             order = list(range(len(self.seqs)))
-            random.Random(f"clusterctl-records:{self.seed}:{epoch}").shuffle(order)
+            rng.shuffle(order)
+            if self.grouped:
+                order = self._by_length(order, rng)
             self._orders = {epoch: order}        # the loader walks forward: one epoch's order at a time
         return self._orders[epoch]
+
+    def _by_length(self, order: list[int], rng: random.Random) -> list[int]:
+        out = []
+        for w in range(0, len(order), LENGTH_WINDOW):
+            window = sorted(order[w:w + LENGTH_WINDOW], key=lambda k: len(self.seqs.ids[k]))
+            runs = [window[r:r + LENGTH_RUN] for r in range(0, len(window), LENGTH_RUN)]
+            rng.shuffle(runs)
+            out += [k for run in runs for k in run]
+        return out
 
     def global_batch(self, g: int) -> list[int]:
         """The records of global batch g, every rank's."""
@@ -338,7 +367,8 @@ class RecordLoader:
         return self._pairs[k]
 
     def rows(self, m: int) -> Rows:
-        return pack([self._pair(k) for k in self.indices(m)], self.filler, together=self.packed)
+        return pack([self._pair(k) for k in self.indices(m)], self.filler, together=self.packed,
+                    attention=self.attention)
 
     def step(self, s: int, accum: int):
         """Optimizer step s's micro-batches, stacked: (x, y, segments), (accum, rows, width) each (no segments when
@@ -360,6 +390,7 @@ class HeldOut:
     also score the token after each record's last, as mlx-lm does (docs/from-mlx-lm.md#scores)."""
 
     packed = True
+    attention = 0.0         # as RecordLoader's
 
     def __init__(self, seqs: Sequences, batch_size: int, world: int, rank: int, filler: int,
                  pad_target: int | None = None):
@@ -380,7 +411,7 @@ class HeldOut:
             first = b * self.batch_size + self.rank * share
             mine = range(first, min(first + share, (b + 1) * self.batch_size, len(self.seqs)))
             rows = pack([pairs(self.seqs.ids[k], self.seqs.offsets[k], self.pad_target) for k in mine], self.filler,
-                        together=self.packed)
+                        together=self.packed, attention=self.attention)
             kinds = (rows.tokens, rows.labels) + ((rows.segments,) if self.packed else ())
             yield tuple(mx.array(a, dtype=mx.int32) for a in kinds)
 

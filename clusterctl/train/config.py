@@ -61,6 +61,11 @@ class TrainConfig:
     mask_prompt: str = _opt("on", "With --model: on trains only on the answers of chat and prompt/completion records "
                                   "(as mlx-lm's --mask-prompt), off on every token.", choices=("on", "off"),
                             switch=True)
+    group_by_length: str = _opt("off", "With --model: on draws batches of records near in length (each 256 records "
+                                       "of an epoch's order sorted by length, as mlx-lm sorts its batches): fewer "
+                                       "padded positions, a faster step; off: batches at random, a better model at "
+                                       "the same steps (docs/finetune.md#batches).", choices=("on", "off"),
+                                switch=True)
     max_seq_length: int = _opt(2048, "With --model: a record longer than this many tokens is cut to it (mlx-lm's "
                                      "--max-seq-length).", metavar="N")
     resume_adapter_file: str | None = _opt(None, "With --adapter: start the adapters from these weights (an "

@@ -53,11 +53,13 @@ class Records:
     def _sets(self):
         return [self.train.seqs, self.val.seqs] + ([self.test.seqs] if self.test is not None else [])
 
+    def loaders(self) -> list:
+        return [s for s in (self.train, self.val, self.test) if s is not None]
+
     def one_record_a_row(self) -> None:
         """Each record in a row of its own, under the model's own causal mask (a model packing would change)."""
-        for s in (self.train, self.val, self.test):
-            if s is not None:
-                s.packed = False
+        for s in self.loaders():
+            s.packed = False
 
 
 def open_records(config, tokenizer, rank: int, world: int) -> Records:
@@ -97,6 +99,7 @@ def open_records(config, tokenizer, rank: int, world: int) -> Records:
                    f"{len(held):,} records ({where})")
         if seqs.cut:
             summary += f"; {seqs.cut:,} records longer than --max-seq-length {cut} cut to it"
+    train.grouped = config.group_by_length == "on"
     val = records.HeldOut(held, config.batch_size, world, rank, pad)
     return Records(train, val, test_set(config, tokenizer, rank, world), summary)
 
@@ -122,11 +125,13 @@ def choose_packing(model, data: Records, vocab: int, known: bool, rank: int) -> 
     """Whether records share rows with per-record attention (packing.py): `known` for a strategy that cuts the model
     itself (zero3: llama, mistral, qwen2, qwen3, whose rotary attention packs exactly), else checked on the model
     by one small forward pass. Otherwise every record gets a row of its own, and rank 0 says so."""
-    from .packing import packs_exactly, splits_exactly
+    from .packing import attention_share, packs_exactly, splits_exactly
 
     if known or packs_exactly(model, vocab):
         # the head's logits only where a target is (not at a masked prompt or padding): checked on this model
         data.train.picked = known or splits_exactly(model, vocab)
+        for s in data.loaders():
+            s.attention = attention_share(model)          # how much wider rows cost: records.row_width
         return True
     data.one_record_a_row()
     if rank == 0:

@@ -93,6 +93,32 @@ def splits_exactly(model, vocab: int, tolerance: float = 1e-3) -> bool:
     return bool(diff.item() <= tolerance * max(scale.item(), 1.0))
 
 
+def attention_share(model) -> float:
+    """A position's attention work per position of its row's width, over the rest of its work in the blocks (what
+    records.row_width weighs a wider row by): per layer, attention takes 2 x the queries' width a key (scores, then
+    the weighted values), about 3 times that with its backward pass; the projections and the MLP take their weights'
+    size, twice with the backward pass (an adapter run's frozen weights pass gradients through, no more). 0 for a
+    model whose attention width is not found (a q_proj, or a fused qkv_proj / c_attn, in its blocks)."""
+    import mlx.nn as nn
+
+    weights = queries = 0
+    for layer in model.layers:
+        for name, m in layer.named_modules():
+            if isinstance(m, nn.QuantizedLinear):
+                size = m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+            elif isinstance(m, nn.Linear):
+                size = m.weight.size
+            else:
+                continue
+            weights += size
+            last = name.rsplit(".", 1)[-1]
+            if last == "q_proj" or name.endswith("q_proj.linear"):
+                queries += m.weight.shape[0]
+            elif last in ("qkv_proj", "c_attn") or name.endswith(("qkv_proj.linear", "c_attn.linear")):
+                queries += m.weight.shape[0] // 3
+    return 3.0 * queries / weights if weights and queries else 0.0
+
+
 def packs_exactly(model, vocab: int, tolerance: float = 1e-3) -> bool:
     """Whether two records packed in one row give each the logits it has alone (a forward pass of a few dozen
     tokens: the model's own check of what `forward` assumes)."""

@@ -68,15 +68,15 @@ def test_a_record_becomes_its_inputs_and_targets_with_the_prompt_masked():
 def test_packing_fills_rows_longest_first_and_numbers_each_records_positions():
     seqs = [records.pairs(list(range(100, 100 + n)), 0) for n in (20, 9, 13, 5)]      # 19, 8, 12 and 4 positions
     rows = records.pack(seqs, filler=0)
-    assert rows.shape == (2, 32)                # the longest rounded up to 32; 19 + 12 in one row, 8 + 4 in the next
+    assert rows.shape == (2, 24)                # the longest rounded up to 8; 19 + 4 in one row, 12 + 8 in the next
     I = records.IGNORE
-    assert rows.segments[0] == [0] * 19 + [1] * 12 + [-1]
-    assert rows.tokens[0][:19] == seqs[0][0] and rows.tokens[0][19:31] == seqs[2][0] and rows.tokens[0][31] == 0
-    assert rows.labels[0][31] == I and rows.labels[1][12:] == [I] * 20
+    assert rows.segments[0] == [0] * 19 + [1] * 4 + [-1]
+    assert rows.tokens[0][:19] == seqs[0][0] and rows.tokens[0][19:23] == seqs[3][0] and rows.tokens[0][23] == 0
+    assert rows.labels[0][23] == I and rows.labels[1][20:] == [I] * 4
     targets = sorted(t for row in rows.labels for t in row if t != I)
     assert targets == sorted(t for _, lab in seqs for t in lab)                 # every target once
     apart = records.pack(seqs, filler=0, together=False)
-    assert apart.shape == (4, 32) and all(set(seg) <= {0, -1} for seg in apart.segments)
+    assert apart.shape == (4, 24) and all(set(seg) <= {0, -1} for seg in apart.segments)
 
 
 class Seqs(records.Sequences):
@@ -85,9 +85,12 @@ class Seqs(records.Sequences):
         super().__init__([[k] * (3 + k % 4) for k in range(n)], [0] * n)
 
 
-def test_one_rank_with_accum_2_and_half_the_batch_takes_the_records_two_ranks_take():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_one_rank_with_accum_2_and_half_the_batch_takes_the_records_two_ranks_take(grouped):
     one = records.RecordLoader(Seqs(10), batch_size=2, accum=2, world=1, rank=0, seed=3, filler=0)
     two = [records.RecordLoader(Seqs(10), batch_size=4, accum=1, world=2, rank=r, seed=3, filler=0) for r in range(2)]
+    for loader in (one, *two):
+        loader.grouped = grouped
     for step in range(8):                  # past an epoch (10 records, 4 a step): the next permutation continues
         assert one.indices(2 * step) == two[0].indices(step)
         assert one.indices(2 * step + 1) == two[1].indices(step)
@@ -97,8 +100,30 @@ def test_one_rank_with_accum_2_and_half_the_batch_takes_the_records_two_ranks_ta
     assert seen[:10] != seen[10:20]        # and reshuffled
     x, y, seg = one.step(0, 2)
     assert x.shape == y.shape == seg.shape and x.shape[0] == 2
+    one.picked = True
+    x, y, seg, picks = one.step(0, 2)
+    assert picks.shape[0] == 2 and picks.shape[1] % records.PICK_MULTIPLE == 0
+    for i in range(2):          # the flat positions with a target, then -1
+        trained = [k for k, t in enumerate(y[i].reshape(-1).tolist()) if t != records.IGNORE]
+        assert [p for p in picks[i].tolist() if p >= 0] == trained and set(picks[i].tolist()[len(trained):]) <= {-1}
     with pytest.raises(SourceError, match="the global batch .* which 3 ranks cannot share equally"):
         records.RecordLoader(Seqs(10), batch_size=4, accum=1, world=3, rank=0, seed=3, filler=0)
+
+
+def test_grouped_by_length_a_batch_holds_records_near_in_length_in_no_order_through_the_epoch():
+    lengths = [8 + (k * 37) % 90 for k in range(600)]
+    seqs = records.Sequences([[1] * n for n in lengths], [0] * 600)
+    loader = records.RecordLoader(seqs, batch_size=8, accum=1, world=1, rank=0, seed=1, filler=0)
+    plain = [loader.global_batch(g) for g in range(75)]
+    loader.grouped, loader._orders = True, {}
+    grouped = [loader.global_batch(g) for g in range(75)]
+    assert sorted(sum(grouped, [])) == list(range(600))                  # an epoch: every record once
+
+    def spread(batches):
+        return sum(max(lengths[k] for k in b) - min(lengths[k] for k in b) for b in batches) / len(batches)
+    assert spread(grouped) < spread(plain) / 4
+    firsts = [lengths[b[0]] for b in grouped[:32]]                          # runs of 16 in shuffled order
+    assert firsts != sorted(firsts)
 
 
 def test_a_score_reads_every_record_once_in_file_order_every_rank_as_many_batches():
@@ -186,14 +211,19 @@ def test_prepared_records_deal_every_record_to_one_shard_and_read_back_as_writte
         read_manifest(str(tmp_path / "prep"))
 
 
-def test_rows_are_as_wide_as_packs_the_records_into_the_fewest_positions():
-    def positions(lengths):
-        w = records.row_width(lengths)
+def test_rows_are_as_wide_as_packs_the_records_at_the_least_work():
+    def positions(lengths, attention=0.0):
+        w = records.row_width(lengths, attention)
         return w, len(records._first_fit(lengths, w, True)) * w
 
-    assert positions([59, 59, 58, 61]) == (64, 256)         # nothing to gain: a row each, as mlx-lm pads them
-    assert positions([15] * 8) == (32, 128)                  # two a row of 32, where mlx-lm computes 8 x 32
-    assert positions([40, 40, 40]) == (128, 128)             # one row of 128, not 3 x 64
-    assert positions([20, 100, 35, 60]) == (224, 224)
+    # positions alone (attention 0): the fewest positions, rows rounded up to 8 tokens
+    assert positions([59, 59, 58, 61]) == (120, 240)        # two a row, where mlx-lm computes 4 x 64
+    assert positions([15] * 8) == (16, 128)                  # a row each of 16 (two a row of 32 is no fewer)
+    assert positions([40, 40, 40]) == (40, 120)              # nothing to gain by packing
+    assert positions([20, 100, 35, 60]) == (216, 216)
     # wider only while the rows' attention (rows x width^2) stays within 4x a row a record at the narrowest
-    assert positions([10] * 64) == (160, 640)                # 4 rows of 16, not one of 640: 640^2 > 4 x 64 x 32^2
+    assert positions([10] * 64) == (40, 640)                 # 16 rows of 40, not one of 640: 640^2 > 4 x 64 x 16^2
+    # a row's attention weighed (the work of a position grows with its row's width): narrower rows
+    assert positions([59, 59, 58, 61], 1 / 192) == (64, 256)     # the benchmark model's weight: a row each
+    assert positions([20, 100, 35, 60], 1 / 192) == (120, 240)   # 100 + 20 and 60 + 35, not all four in 216
+    assert positions([10] * 64, 1 / 20) == (24, 768)             # attention-heavy: two a row, not four
