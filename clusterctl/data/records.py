@@ -17,10 +17,12 @@ continues the same sequence. Every rank reads and tokenizes the whole file: fine
 model (a 10,000-record set is a few MB), and the global order needs every record's place.
 
 Under --group-by-length an epoch's permutation is then sorted by length in windows of LENGTH_WINDOW records, cut
-into runs that are shuffled (RecordLoader._order), so a batch's records are near in length. A rank's records are packed into rows (first-fit, longest first, into rows at least as wide as the longest
-record rounded up to 8 tokens: row_width), each position carrying its record's segment number, so attention
-stays inside a record (train/packing.py) and packed training computes what padded training computes, record by
-record, without computing the padding. A record longer than --max-seq-length is cut to it, as mlx-lm cuts it.
+into runs that are shuffled (RecordLoader._order), so a batch's records are near in length.
+
+A rank's records are packed into rows (first-fit, longest first, into rows at least as wide as the longest record
+rounded up to 8 tokens: row_width), each position carrying its record's segment number, so attention stays inside
+a record (train/packing.py) and packed training computes what padded training computes, record by record,
+without computing the padding. A record longer than --max-seq-length is cut to it, as mlx-lm cuts it.
 Targets that belong to a prompt carry the label -1 (IGNORE), which the loss leaves out.
 """
 from __future__ import annotations
