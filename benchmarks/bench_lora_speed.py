@@ -85,7 +85,7 @@ def main() -> int:
                                        "--adapter-path", theirs_dir])
                 reports = [json.loads(line.split("LORA_METRICS ", 1)[1]) for line in r.stdout.splitlines()
                            if "LORA_METRICS " in line]
-                theirs_tps = statistics.median([x["tokens_per_s"] for x in reports if x["rank"] == 0][2:])
+                theirs_tps = statistics.median([x["real_tokens_per_s"] for x in reports if x["rank"] == 0][2:])
                 base = os.path.join(project, "models", "base-4bit")
                 sets = [(os.path.join(project, "data", data), mask)]
                 held_theirs = score_in_process(base, os.path.join(project, theirs_dir), sets)[0]["no_pad"]
