@@ -145,10 +145,15 @@ def loss_fn(model, x: mx.array, y: mx.array, segments: mx.array | None = None,
     from .packing import forward, hidden, output_layer
     if picks is None:
         return masked_cross_entropy(forward(model, x, segments), y)
-    h = hidden(model, x, segments)
+    h, y = at_picks(hidden(model, x, segments), y, picks)
+    return masked_cross_entropy(output_layer(model)(h), y)
+
+
+def at_picks(h: mx.array, y: mx.array, picks: mx.array) -> tuple[mx.array, mx.array]:
+    """The hidden states (rows, width, dim) and targets (rows, width) at the flat positions `picks` (-1: padding of
+    the list, its target then -1): what the head and the loss need where only those positions are trained."""
     at = mx.maximum(picks, 0)
-    h = h.reshape(-1, h.shape[-1])[at]
-    return masked_cross_entropy(output_layer(model)(h), mx.where(picks >= 0, y.reshape(-1)[at], -1))
+    return h.reshape(-1, h.shape[-1])[at], mx.where(picks >= 0, y.reshape(-1)[at], -1)
 
 
 def masked_cross_entropy(logits: mx.array, y: mx.array) -> mx.array:

@@ -56,7 +56,7 @@ from .collectives import reduce_scatter
 from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
 from .memory import zero3_span
-from .model import masked_cross_entropy
+from .model import at_picks, masked_cross_entropy
 from .packing import block_mask
 
 
@@ -109,8 +109,7 @@ def lm_units(model) -> list[Unit]:
     def head(params, x, targets, picks=None):     # picks: the trained positions alone (model.loss_fn)
         load(inner.norm, params, "model.norm.")
         if picks is not None:
-            at = mx.maximum(picks, 0)
-            x, targets = x.reshape(-1, x.shape[-1])[at], mx.where(picks >= 0, targets.reshape(-1)[at], -1)
+            x, targets = at_picks(x, targets, picks)
         if tied:
             load(inner.embed_tokens, params, "model.embed_tokens.")
             logits = inner.embed_tokens.as_linear(inner.norm(x))
