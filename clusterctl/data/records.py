@@ -179,6 +179,11 @@ def tokenize_all(records: list[Record], tokenizer, mask_prompt: bool, max_len: i
 ROW_MULTIPLE = 8       # a row's width is rounded up to this, so few shapes are compiled (a new one: ~20 ms)
 
 
+def round_up(n: int, multiple: int = ROW_MULTIPLE) -> int:
+    """n (at least 1) rounded up to a multiple: a row's width from its longest record, by default."""
+    return -(-max(n, 1) // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class Rows:
     """A micro-batch of packed rows, (rows, width) each: `tokens` the inputs, `labels` the targets (IGNORE: not
@@ -230,7 +235,7 @@ def row_width(lengths: list[int], attention: float = 0.0) -> int:
     def work(rows: int, width: int) -> float:
         return rows * width * (1.0 + attention * width)
 
-    narrowest = -(-max(max(lengths, default=1), 1) // ROW_MULTIPLE) * ROW_MULTIPLE
+    narrowest = round_up(max(lengths, default=1))
     best, best_cost = narrowest, work(len(_first_fit(lengths, narrowest, True)), narrowest)
     limit = ATTENTION_ROOM * len(lengths) * narrowest ** 2
     width = narrowest + ROW_MULTIPLE
@@ -252,7 +257,7 @@ def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int |
     lengths = [len(i) for i, _ in sequences]
     longest = max(lengths, default=1)
     if width is None:
-        width = row_width(lengths, attention) if together else -(-max(longest, 1) // ROW_MULTIPLE) * ROW_MULTIPLE
+        width = row_width(lengths, attention) if together else round_up(longest)
     if longest > width:
         raise SourceError(f"a record of {longest} tokens does not fit a row of {width}")
     tokens, labels, segments = [], [], []
@@ -278,7 +283,7 @@ def trained_positions(labels: list[list[list[int]]]) -> list[list[int]]:
     target, all micro-batches' lists padded with -1 to one length, a multiple of PICK_MULTIPLE: the only positions
     whose output (the model's head, its largest matrix for a small model) the loss needs (model.loss_fn)."""
     picks = [[k for k, t in enumerate(t for row in rows for t in row) if t != IGNORE] for rows in labels]
-    n = -(-max(max((len(p) for p in picks), default=1), 1) // PICK_MULTIPLE) * PICK_MULTIPLE
+    n = round_up(max((len(p) for p in picks), default=1), PICK_MULTIPLE)
     return [p + [-1] * (n - len(p)) for p in picks]
 
 

@@ -45,10 +45,9 @@ class Records:
     @property
     def width(self) -> int:
         """The widest row one of the sets can need (the longest record, rounded up as rows are)."""
-        from ..data.records import ROW_MULTIPLE
+        from ..data.records import round_up
 
-        longest = max(max((len(t) for t in s.ids), default=1) for s in self._sets())
-        return -(-longest // ROW_MULTIPLE) * ROW_MULTIPLE
+        return round_up(max(max((len(t) for t in s.ids), default=1) for s in self._sets()))
 
     def _sets(self):
         return [self.train.seqs, self.val.seqs] + ([self.test.seqs] if self.test is not None else [])

@@ -132,7 +132,7 @@ def _widest_row(model_dir: str, data_dir: str, config) -> int | None:
             longest = min(_longest_record(model_dir, stamps, config.mask_prompt == "on"), config.max_seq_length)
     except (ClusterctlError, OSError, ValueError, KeyError):
         return None
-    return -(-max(longest, 1) // records.ROW_MULTIPLE) * records.ROW_MULTIPLE
+    return records.round_up(longest)
 
 
 @functools.lru_cache(maxsize=4)
