@@ -129,8 +129,9 @@ def choose_packing(model, data: Records, vocab: int, known: bool, rank: int) -> 
     if known or packs_exactly(model, vocab):
         # the head's logits only where a target is (not at a masked prompt or padding): checked on this model
         data.train.picked = known or splits_exactly(model, vocab)
+        share = attention_share(model)                    # how much wider rows cost: records.row_width
         for s in data.loaders():
-            s.attention = attention_share(model)          # how much wider rows cost: records.row_width
+            s.attention = share
         return True
     data.one_record_a_row()
     if rank == 0:
