@@ -216,6 +216,15 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+EXCHANGED = 2**20       # the ranks agree on the smallest host's memory in whole MiB (an int32 all_min)
+
+
+def in_exchanged_units(size: int) -> int:
+    """A host's memory as the ranks see it once exchanged: whole MiB, rounded down. The controller's early
+    refusal (prelaunch.py) rounds the same way, so that it and the ranks refuse exactly the same runs."""
+    return size // EXCHANGED
+
+
 def host_memory() -> int | None:
     """This host's memory in bytes: CLUSTERCTL_HOST_MEMORY where set, else the physical memory (lowered to
     a cgroup's limit on Linux); None when the system does not say."""

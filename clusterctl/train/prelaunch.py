@@ -12,7 +12,7 @@ import os
 from ..program import PlannedLaunch
 from ..trainer_contract import CONFIG_FLAGS, HOST_MEMORY, flag_value, setting
 from . import strategies
-from .memory import Shape, parse_size
+from .memory import EXCHANGED, Shape, in_exchanged_units, parse_size
 
 
 def check_before_launch(planned: PlannedLaunch) -> str | None:
@@ -112,7 +112,8 @@ def plan_before_launch(args: list[str], world: int, memory: dict[str, int], over
         shape = Shape.of(config, vocab) if vocab is not None else None
     if not sizes or shape is None:
         return None
-    return strategies.choose(shape, config.strategy, world, min(sizes.values()))
+    smallest = in_exchanged_units(min(sizes.values())) * EXCHANGED      # as the ranks will see it
+    return strategies.choose(shape, config.strategy, world, smallest)
 
 
 def _widest_row(model_dir: str, data_dir: str, config) -> int | None:

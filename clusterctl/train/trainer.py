@@ -129,9 +129,10 @@ def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict 
     MemoryRefused with the numbers (--memory-check off: a warning instead). Rank 0 says what it planned."""
     mine = memory.host_memory()
     known = mine if mine is not None else -1
-    smallest = int(mx.distributed.all_min(mx.array(known // 2**20, dtype=mx.int32), group=group,
-                                          stream=mx.cpu).item()) if group.size() > 1 else known // 2**20
-    host = smallest * 2**20 if smallest >= 0 else None
+    units = memory.in_exchanged_units(known) if known >= 0 else -1
+    smallest = int(mx.distributed.all_min(mx.array(units, dtype=mx.int32), group=group,
+                                          stream=mx.cpu).item()) if group.size() > 1 else units
+    host = smallest * memory.EXCHANGED if smallest >= 0 else None
     shape = memory.Shape.of(config, vocab_size, model_config, rows)
     try:
         strategy = strategies.choose(shape, config.strategy, group.size(), host)

@@ -138,19 +138,20 @@ def test_a_4bit_base_too_big_for_dp_is_refused_naming_zero3_and_adapted_under_ze
     under dp and under zero3 at world 4 (2 hosts, 2 ranks each): dp is refused on the controller in one line naming
     zero3, before any host starts; zero3, each rank holding a quarter of the frozen base, trains and brings the
     adapters home."""
+    from clusterctl.data import records
     from clusterctl.train import memory, strategies
     from clusterctl.train.config import TrainConfig
 
     cluster = make_cluster(2)
     # a base that outweighs the activations and the adapters (8 blocks of width 256, one record of at most 16 tokens
-    # a rank: a row of 32, rank-2 adapters on two projections), as a big model's does
+    # a rank: a row of 16, rank-2 adapters on two projections), as a big model's does
     base = lmfixture.make_model(tmp_path / "made" / "base", "llama", layers=8, dim=256, mlp=1024)
     lmfixture.quantize(base, tmp_path / "models" / "llama-4bit", bits=4, group_size=64)
     shutil.copytree(made["chat"], tmp_path / "data" / "chat")
     model_config = json.loads((tmp_path / "models" / "llama-4bit" / "config.json").read_text())
     small = {"lora_rank": 2, "lora_keys": "self_attn.q_proj,self_attn.v_proj"}      # small adapters, as QLoRA's are
     shape = memory.Shape.of(TrainConfig(model="m", adapter="lora", batch_size=4, max_seq_length=16, **small),
-                            model_config["vocab_size"], model_config, rows=(1, 32))
+                            model_config["vocab_size"], model_config, rows=(1, records.round_up(16)))
     dp, zero3 = (strategies.estimate(shape, s, 4).total for s in ("dp", "zero3"))
     assert zero3 < 0.6 * dp, (dp, zero3)
     host = int((dp * zero3) ** 0.5 / memory.BUDGET)

@@ -98,6 +98,26 @@ def test_run_refuses_on_the_controller_with_the_smallest_hosts_memory(tmp_path):
     assert check([*ARGS, "--memory-check", "off"], 2, {"h1": small}, {}, "Linux", str(tmp_path)) is None
 
 
+def test_the_controller_rounds_a_hosts_memory_down_to_whole_mib_as_the_ranks_exchange_it(tmp_path):
+    """The ranks agree on the smallest host in whole MiB (an int32 all_min); a host whose memory clears the need only
+    by its bytes past the last whole MiB would be passed by the controller and then refused by every rank."""
+    import math
+
+    from clusterctl.train.config import resolve
+
+    config, _ = resolve(list(ARGS), device="cpu")
+    need = estimate(Shape.of(config, 257), "dp", 2).total
+    by_bytes = math.ceil(need / memory.BUDGET)                   # the fewest bytes that fit, counted exactly
+    while memory.usable(by_bytes) < need:
+        by_bytes += 1
+    assert by_bytes % MB and memory.usable(by_bytes // MB * MB) < need     # its whole MiB alone do not fit
+    with pytest.raises(MemoryRefused, match="under dp at world 2"):
+        plan_before_launch(ARGS, 2, {"h1": by_bytes}, {}, "Linux", str(tmp_path))
+    whole = (by_bytes // MB + 1) * MB
+    assert memory.in_exchanged_units(whole) * memory.EXCHANGED == whole
+    assert plan_before_launch(ARGS, 2, {"h1": whole}, {}, "Linux", str(tmp_path)) == "dp"
+
+
 def test_run_leaves_to_the_ranks_what_it_cannot_tell(tmp_path):
     check = plan_before_launch
     tiny = {"h1": 10 * MB}
