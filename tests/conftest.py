@@ -1,4 +1,6 @@
+import fcntl
 import os
+import shutil
 import sys
 
 import pytest
@@ -23,6 +25,28 @@ def make_cluster(tmp_path_factory):
     yield make
     for cluster in clusters:
         cluster.stop_all()
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory, worker_id):
+    """A directory holding `base`, the small llama trained on plain stories (lmfixture.pretrain: deterministic, its
+    seed fixed), and `base-4bit`, it quantized by mlx-lm's convert: made once per suite run, whichever xdist worker
+    asks first (a file lock in the run's temporary root, which every worker shares), as the quality check and the
+    two-host config test both start from it. Copy it before changing anything in it."""
+    import lmfixture
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    root = shared / "pretrained"
+    with open(shared / "pretrained.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "made").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            lmfixture.pretrain(root / "base")
+            lmfixture.quantize(root / "base", root / "base-4bit", bits=4, group_size=32)
+            (root / "made").touch()
+    return root
 
 
 # ---- running side by side (tests/run.sh: pytest-xdist, CONTRIBUTING.md#running-side-by-side) -------------

@@ -14,6 +14,7 @@ as -c, ours and mlx_lm.lora must end within 2% of each other (whole records and 
 with the numbers, is benchmarks/bench_lora_quality.py.
 """
 import json
+import shutil
 import subprocess
 import sys
 
@@ -22,33 +23,36 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 import lmfixture  # noqa: E402
-from mlxlmscore import score_in_process  # noqa: E402
+from mlxlmscore import score_many_in_process  # noqa: E402
 
 STEPS = 40
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(tmp_path_factory, pretrained):
     root = tmp_path_factory.mktemp("quality")
-    lmfixture.pretrain(root / "base")
-    lmfixture.quantize(root / "base", root / "base-4bit", bits=4, group_size=32)
+    for name in ("base", "base-4bit"):
+        shutil.copytree(pretrained / name, root / name)
     lmfixture.story_tasks(root)
     return root
 
 
-def scores(lab, model, adapter=None) -> dict:
-    """answers-only and whole-record losses on the chat test set, and the loss on held-out plain stories (mlx-lm's
-    evaluate, in a process of its own as `mlx_lm.lora --test` runs: its evaluate initialises MLX's distributed
-    group, and an MPI singleton's identity left in this worker's C environment would make every mpirun a later test
-    starts here exit 1 without a word)."""
-    got = score_in_process(str(lab / model), str(adapter) if adapter else None,
-                [(str(lab / "chat"), True), (str(lab / "chat"), False), (str(lab / "text"), False)])
-    return {"answers": got[0]["no_pad"], "records": got[1]["no_pad"], "text": got[2]["no_pad"]}
+def scores(lab, *jobs) -> list[dict]:
+    """For each (model, adapters or None) of `jobs`: the answers-only and whole-record losses on the chat test set,
+    and the loss on held-out plain stories (mlx-lm's evaluate without its padding target, all the jobs in one
+    process of their own as `mlx_lm.lora --test` runs: its evaluate initialises MLX's distributed group, and an MPI
+    singleton's identity left in this worker's C environment would make every mpirun a later test starts here exit
+    1 without a word)."""
+    got = score_many_in_process([(lab / model, adapter) for model, adapter in jobs],
+                                [(lab / "chat", True), (lab / "chat", False), (lab / "text", False)],
+                                losses=("no_pad",))
+    return [{"answers": a["no_pad"], "records": r["no_pad"], "text": t["no_pad"]} for a, r, t in got]
 
 
 @pytest.fixture(scope="module")
 def base(lab):
-    return {"4bit": scores(lab, "base-4bit"), "float": scores(lab, "base")}
+    four, full = scores(lab, ("base-4bit", None), ("base", None))
+    return {"4bit": four, "float": full}
 
 
 def mlx_lm_lora(lab, model, out, *extra):
@@ -75,10 +79,9 @@ def test_lora_with_our_defaults_learns_the_answers_and_keeps_what_the_base_knew(
     assert "  lr                     1e-05  (fine-tune default)" in block
     assert "  optimizer              adam  (fine-tune default)" in block
     assert f"  steps                  {STEPS}  (flag)" in block and "  mask-prompt            on  (fine-tune default)" in block
-    got = scores(lab, "base-4bit", lab / "ours-lora" / "adapters")
     # mlx-lm's defaults, on a model of 2 blocks (its default of 16 layers refuses one with fewer: -1 is all of them)
-    theirs = scores(lab, "base-4bit", mlx_lm_lora(lab, "base-4bit", lab / "mlx-lm-lora", "--iters", str(STEPS),
-                                                  "--num-layers", "-1"))
+    mlx_lm_lora(lab, "base-4bit", lab / "mlx-lm-lora", "--iters", str(STEPS), "--num-layers", "-1")
+    got, theirs = scores(lab, ("base-4bit", lab / "ours-lora" / "adapters"), ("base-4bit", lab / "mlx-lm-lora"))
     print(json.dumps({"base": base["4bit"], "ours": got, "mlx_lm": theirs}))
     assert got["text"] <= 1.15 * base["4bit"]["text"], (got, base)
     assert got["answers"] <= theirs["answers"], (got, theirs)
@@ -93,9 +96,9 @@ def test_lora_with_our_defaults_learns_the_answers_and_keeps_what_the_base_knew(
 
 def test_a_full_fine_tune_with_our_defaults_learns_the_answers_and_keeps_what_the_base_knew(lab, base):
     ours(lab, lab / "ours-full", "--model", "base", "--data", "chat", "--steps", str(STEPS), "--test", "off")
-    got = scores(lab, "ours-full/model")
-    theirs = scores(lab, "base", mlx_lm_lora(lab, "base", lab / "mlx-lm-full", "--fine-tune-type", "full", "--iters",
-                                             str(STEPS), "--num-layers", "-1"))
+    mlx_lm_lora(lab, "base", lab / "mlx-lm-full", "--fine-tune-type", "full", "--iters", str(STEPS), "--num-layers",
+                "-1")
+    got, theirs = scores(lab, ("ours-full/model", None), ("base", lab / "mlx-lm-full"))
     print(json.dumps({"base": base["float"], "ours": got, "mlx_lm": theirs}))
     assert got["text"] <= 1.15 * base["float"]["text"], (got, base)
     assert got["answers"] <= theirs["answers"], (got, theirs)
@@ -130,8 +133,7 @@ lora_parameters:
     printed = ours(lab, lab / "ours-config", "-c", str(config))
     assert "  mask-prompt            off  (mlx-lm's default (the settings use mlx-lm's names))" in printed
     assert f"  steps                  {STEPS}  (config {config})" in printed
-    got = scores(lab, "base-4bit", lab / "ours-config" / "adapters")
-    theirs = scores(lab, "base-4bit", theirs_dir)
+    got, theirs = scores(lab, ("base-4bit", lab / "ours-config" / "adapters"), ("base-4bit", theirs_dir))
     print(json.dumps({"ours": got, "mlx_lm": theirs}))
     for key in ("records", "answers"):
         assert got[key] == pytest.approx(theirs[key], rel=0.02), (key, got, theirs)
