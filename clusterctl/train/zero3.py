@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .collectives import reduce_scatter
@@ -301,7 +302,22 @@ class ShardedModel:
         return tree_unflatten(list(self.shards.items()))
 
     def num_parameters(self) -> int:
-        return sum(math.prod(s) for s in self.shapes.values()) + sum(v.size for v in self.replicated.values())
+        """The count lm.total_parameters gives the whole model (mlx-lm's): each leaf layer's parameters, a quantized
+        layer's weight as the values it packs and its scales and biases not at all, a LoRA layer's own a and b not
+        at all (it has a child layer), read from the full shapes, as no rank holds the whole."""
+        sizes = {**{k: math.prod(s) for k, s in self.shapes.items()}, **{k: v.size for k, v in self.replicated.items()}}
+        leaves = dict(tree_flatten(self.model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)))
+        total = 0
+        for name, size in sizes.items():
+            owner, _, leaf = name.rpartition(".")
+            if owner not in leaves:
+                continue
+            bits = getattr(leaves[owner], "bits", None)
+            if bits is None or leaf == "bias":
+                total += size
+            elif leaf == "weight":
+                total += size * 32 // bits
+        return total
 
     def trainable_parameters(self):
         """An adapter run's adapters (whole on every rank); a full fine-tune's are all in `shards`."""
