@@ -383,13 +383,14 @@ def test_a_run_that_does_not_fit_is_refused_before_training_and_auto_picks_what_
 
 @pytest.mark.parametrize("strategy", ["dp", "fsdp", "zero3"])
 def test_the_memory_estimate_is_within_20_percent_of_the_measured_peak(strategy, tmp_path):
-    """strategies.estimate against the largest mx.get_peak_memory() of any rank (metrics.jsonl), at worlds 1, 2
-    and 4, for the issue's parameter-dominated model."""
+    """strategies.estimate against the largest mx.get_peak_memory() of any rank (metrics.jsonl), at worlds 1 and 4,
+    for the issue's parameter-dominated model: the whole model on one rank, and a quarter of it a rank (world 2
+    divides by the same formula; benchmarks/bench_zero3.py measures it there)."""
     from clusterctl.train.memory import Shape
     from clusterctl.train.strategies import estimate
     shape = Shape(vocab=257, n_layers=4, dim=384, n_heads=4, mlp_dim=1536, block_size=16, batch_size=2)
     ratios = {}
-    for world in (1, 2, 4):
+    for world in (1, 4):
         out = tmp_path / f"w{world}"
         run((mpirun(world) if world > 1 else []) + train_cmd(*ISSUE_MODEL, "--strategy", strategy, "--steps", "2", "--report-every", "1",
                                       "--eval-every", "0", "--ckpt-every", "0", "--balance", "off", "--check-sync", "0",
