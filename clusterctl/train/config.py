@@ -38,10 +38,12 @@ def _opt(default, help: str, **extra):
 class TrainConfig:
     preset: str | None = _opt(None, presets.help_text(), metavar="|".join(presets.PRESETS))
     # model
-    model: str | None = _opt(None, "Fine-tune this local mlx-lm model directory (config.json, safetensors, tokenizer; "
-                                   "needs mlx-lm) instead of training the bundled model from scratch; --data names "
+    model: str | None = _opt(None, "Fine-tune this mlx-lm model: a directory (config.json, safetensors, tokenizer; "
+                                   "needs mlx-lm), or through `clusterctl run` a Hugging Face id (ORG/NAME, resolved "
+                                   "in the hub's cache on the controller: docs/models.md) instead of training the bundled "
+                                   "model from scratch; --data names "
                                    "a directory of train.jsonl / valid.jsonl records (docs/finetune.md). The model "
-                                   "flags below are then the model's own.", metavar="DIR")
+                                   "flags below are then the model's own.", metavar="DIR|ORG/NAME")
     precision: str = _opt("float32", "float32: weights, gradients and AdamW state in float32; bfloat16: weights and "
                                      "gradients in bfloat16 (half the memory, and bfloat16 compute where the device has "
                                      "it), AdamW's moments in float32 and each update computed in float32, then rounded "
@@ -116,7 +118,7 @@ class TrainConfig:
     clear_cache_threshold: int = _opt(0, "Free MLX's buffer cache after a step when it holds more than this many "
                                          "bytes (0: never; mlx-lm's --clear-cache-threshold).", metavar="BYTES")
     balance: str = _opt("auto", "Shares of the global batch: auto (in proportion to each rank's measured speed, "
-                                "even while the ranks are within 20%% of each other), off (even), or fixed "
+                                "even while the ranks are within 10%% of each other), off (even), or fixed "
                                 "weights W1,W2,... one per rank (see docs/trainer.md#balanced-data-parallelism).",
                         metavar="auto|off|W1,W2,...")
     check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "

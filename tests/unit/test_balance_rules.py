@@ -148,3 +148,14 @@ def test_the_replica_that_drifted_is_the_one_outside_the_majority():
     assert b.sync_differs([(9.0, 9.0), same, same, same]) == [0]
     assert b.sync_differs([same, (1.0, 2.5)]) == [0, 1]          # two ranks: either may have drifted
     assert b.sync_differs([same, (3.0, 3.0), (4.0, 4.0)]) == [0, 1, 2]
+
+
+def test_the_balance_flag_s_help_quotes_the_threshold_the_rule_uses():
+    """--balance's help says when shares stay even: the rule's own TOLERANCE, not a figure written apart."""
+    from dataclasses import fields
+
+    from clusterctl.train import balance
+    from clusterctl.train.config import TrainConfig
+
+    said = next(f.metadata["help"] for f in fields(TrainConfig) if f.name == "balance")
+    assert f"within {balance.TOLERANCE:.0%}%" in said, said
