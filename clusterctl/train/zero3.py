@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .collectives import reduce_scatter
@@ -263,6 +262,13 @@ class ShardedModel:
         self.dropout = getattr(getattr(model, "args", None), "dropout", 0.0) > 0 if dropout is None else dropout
         params = dict(tree_flatten(model.parameters()))
         trained = {k for k, _ in tree_flatten(model.trainable_parameters())}
+        # counted as dp counts it (mlx-lm's count for its models: a 4-bit weight as the values it packs), while whole
+        if hasattr(model, "embedding"):
+            from .model import count_parameters
+            self.parameter_count = count_parameters(model)
+        else:
+            from .lm import total_parameters
+            self.parameter_count = total_parameters(model)
         # an adapter run (--adapter): the frozen base is what is sharded, gathered unit by unit and never updated;
         # the adapters stay whole on every rank (`replicated`), their gradients averaged over the ranks as dp's
         self.frozen = len(trained) < len(params)
@@ -302,22 +308,8 @@ class ShardedModel:
         return tree_unflatten(list(self.shards.items()))
 
     def num_parameters(self) -> int:
-        """The count lm.total_parameters gives the whole model (mlx-lm's): each leaf layer's parameters, a quantized
-        layer's weight as the values it packs and its scales and biases not at all, a LoRA layer's own a and b not
-        at all (it has a child layer), read from the full shapes, as no rank holds the whole."""
-        sizes = {**{k: math.prod(s) for k, s in self.shapes.items()}, **{k: v.size for k, v in self.replicated.items()}}
-        leaves = dict(tree_flatten(self.model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)))
-        total = 0
-        for name, size in sizes.items():
-            owner, _, leaf = name.rpartition(".")
-            if owner not in leaves:
-                continue
-            bits = getattr(leaves[owner], "bits", None)
-            if bits is None or leaf == "bias":
-                total += size
-            elif leaf == "weight":
-                total += size * 32 // bits
-        return total
+        """The whole model's parameter count, as the unsharded model prints it (taken before its weights were let go)."""
+        return self.parameter_count
 
     def trainable_parameters(self):
         """An adapter run's adapters (whole on every rank); a full fine-tune's are all in `shards`."""
