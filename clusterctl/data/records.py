@@ -19,10 +19,11 @@ model (a 10,000-record set is a few MB), and the global order needs every record
 Under --group-by-length an epoch's permutation is then sorted by length in windows of LENGTH_WINDOW records, cut
 into runs that are shuffled (RecordLoader._order), so a batch's records are near in length.
 
-A rank's records are packed into rows (first-fit, longest first, into rows at least as wide as the longest record
-rounded up to 8 tokens: row_width), each position carrying its record's segment number, so attention stays inside
-a record (train/packing.py) and packed training computes what padded training computes, record by record,
-without computing the padding. A record longer than --max-seq-length is cut to it, as mlx-lm cuts it.
+A rank's records are packed into rows (first-fit, longest first, into rows at least as wide as the longest record,
+wider where that is less work: row_width; then no wider than the fullest row), each position carrying its record's
+segment number, so attention stays inside a record (train/packing.py) and packed training computes what padded
+training computes, record by record, without computing the padding. A record longer than --max-seq-length is cut
+to it, as mlx-lm cuts it.
 Targets that belong to a prompt carry the label -1 (IGNORE), which the loss leaves out.
 """
 from __future__ import annotations
@@ -176,7 +177,8 @@ def tokenize_all(records: list[Record], tokenizer, mask_prompt: bool, max_len: i
     return Sequences(ids, offsets, cut)
 
 
-ROW_MULTIPLE = 8       # a row's width is rounded up to this, so few shapes are compiled (a new one: ~20 ms)
+ROW_MULTIPLE = 8       # the widths row_width tries step by this; pack then trims a row to its fullest (a new width
+                       # compiles the step anew: ~10 ms, once)
 
 
 def round_up(n: int, multiple: int = ROW_MULTIPLE) -> int:
@@ -251,17 +253,22 @@ def row_width(lengths: list[int], attention: float = 0.0) -> int:
 
 def pack(sequences: list[tuple[list[int], list[int]]], filler: int, width: int | None = None,
          together: bool = True, attention: float = 0.0) -> Rows:
-    """(inputs, labels) records into rows of `width` positions (default: row_width's, the least work), first-fit,
-    longest first; positions no record fills are padding (IGNORE labels, segment -1). `together` False: a row for
-    each record, as wide as the longest (for a model that cannot attend per record: train/packing.py)."""
+    """(inputs, labels) records into rows of `width` positions (default: row_width's, the least work, then trimmed
+    to the fullest row), first-fit, longest first; positions no record fills are padding (IGNORE labels, segment
+    -1). `together` False: a row for each record, as wide as the longest (for a model that cannot attend per
+    record: train/packing.py)."""
     lengths = [len(i) for i, _ in sequences]
     longest = max(lengths, default=1)
-    if width is None:
+    chosen = width is None
+    if chosen:
         width = row_width(lengths, attention) if together else round_up(longest)
     if longest > width:
         raise SourceError(f"a record of {longest} tokens does not fit a row of {width}")
+    placed = _first_fit(lengths, width, together) or [[]]
+    if chosen:      # no wider than the fullest row: the rounding chose how records share rows, not extra padding
+        width = max(max(sum(lengths[k] for k in members) for members in placed), 1)
     tokens, labels, segments = [], [], []
-    for members in _first_fit(lengths, width, together) or [[]]:
+    for members in placed:
         t, lab, seg = [], [], []
         for s, k in enumerate(sorted(members)):
             inputs, targets = sequences[k]

@@ -68,15 +68,19 @@ def test_a_record_becomes_its_inputs_and_targets_with_the_prompt_masked():
 def test_packing_fills_rows_longest_first_and_numbers_each_records_positions():
     seqs = [records.pairs(list(range(100, 100 + n)), 0) for n in (20, 9, 13, 5)]      # 19, 8, 12 and 4 positions
     rows = records.pack(seqs, filler=0)
-    assert rows.shape == (2, 24)                # the longest rounded up to 8; 19 + 4 in one row, 12 + 8 in the next
+    # placed in rows of 24 (the longest rounded up to 8): 19 + 4 in one, 8 + 12 in the next; then trimmed to the
+    # fullest row's 23, which computes no position that no record fills in every row
+    assert rows.shape == (2, 23)
     I = records.IGNORE
-    assert rows.segments[0] == [0] * 19 + [1] * 4 + [-1]
-    assert rows.tokens[0][:19] == seqs[0][0] and rows.tokens[0][19:23] == seqs[3][0] and rows.tokens[0][23] == 0
-    assert rows.labels[0][23] == I and rows.labels[1][20:] == [I] * 4
+    assert rows.segments[0] == [0] * 19 + [1] * 4 and rows.segments[1] == [0] * 8 + [1] * 12 + [-1] * 3
+    assert rows.tokens[0][:19] == seqs[0][0] and rows.tokens[0][19:23] == seqs[3][0] and rows.tokens[1][20] == 0
+    assert rows.labels[1][20:] == [I] * 3
     targets = sorted(t for row in rows.labels for t in row if t != I)
     assert targets == sorted(t for _, lab in seqs for t in lab)                 # every target once
     apart = records.pack(seqs, filler=0, together=False)
-    assert apart.shape == (4, 24) and all(set(seg) <= {0, -1} for seg in apart.segments)
+    assert apart.shape == (4, 19) and all(set(seg) <= {0, -1} for seg in apart.segments)
+    # a width given is kept as it is
+    assert records.pack(seqs, filler=0, width=32).shape == (2, 32)
 
 
 class Seqs(records.Sequences):
