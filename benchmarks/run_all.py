@@ -214,7 +214,19 @@ def _dashboard(r: dict) -> str:
             f"{t['pairs_min']:.3f}..{t['pairs_max']:.3f})")
 
 
-SUMMARIES = {"serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
+def _lora_speed(r: dict) -> str:
+    return "; ".join(f"{name}: ours/mlx-lm tokens/s {x['ours_over_mlx_lm']:.2f}x at held-out "
+                     f"{x['held_out_ours_over_mlx_lm']:.3f}x, grouped {x['ours_grouped_over_mlx_lm']:.2f}x at "
+                     f"{x['held_out_ours_grouped_over_mlx_lm']:.3f}x" for name, x in r["results"].items())
+
+
+def _lora_bound(r: dict) -> str:
+    q = r["results"]["over_mlx_lm"]
+    return (f"prompts trained, one process, tokens/s over mlx-lm's batches: ours {q['ours_random']:.3f}x, grouped "
+            f"{q['ours_grouped']:.3f}x, the ceiling (no padding, per-record attention) {q['ceiling']:.3f}x")
+
+
+SUMMARIES = {"lora_speed": _lora_speed, "lora_bound": _lora_bound, "serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3, "relay": _relay, "main_job": _main_job, "dashboard": _dashboard}
