@@ -226,7 +226,8 @@ def _lora_bound(r: dict) -> str:
             f"{q['ours_grouped']:.3f}x, the ceiling (no padding, per-record attention) {q['ceiling']:.3f}x")
 
 
-SUMMARIES = {"lora_speed": _lora_speed, "lora_bound": _lora_bound, "serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
+SUMMARIES = {"lora_speed": _lora_speed, "lora_bound": _lora_bound,
+             "serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
              "zero3": _zero3, "relay": _relay, "main_job": _main_job, "dashboard": _dashboard}
