@@ -249,6 +249,10 @@ class CheckpointError(BadInput):
     """A checkpoint that cannot be found, read, or resumed with these settings."""
 
 
+class NoSpace(ClusterctlError):
+    """A write that failed for want of space on a host (a checkpoint): exit 1, and `run` does not restart it."""
+
+
 class DestinationRefused(BadInput):
     """A directory a command would replace whole that it cannot prove it wrote (no marker of its own), or one
     that is, or holds, what must survive it: the current directory, the run, the model it was made from."""

@@ -25,6 +25,7 @@ from ..hosts.fanout import run_all
 from ..hosts.stdinfeed import StdinFeed
 from ..hosts.quoting import quote_path
 from ..inventory import Cluster
+from . import causes
 from .backends import Backend
 from .job import Launch, prepare
 from .launchers import choose_site, sweep
@@ -112,7 +113,13 @@ class Attempts:
     def restart_while_failing(self, launch: Launch, outcome: Outcome) -> tuple[Launch, Outcome]:
         """Restart while the policy says so; the last attempt's (launch, outcome). A stop by the user
         between attempts ends the job with nothing running."""
+        previous: Outcome | None = None
         while self.policy.should_restart(outcome.state, self.restarts):
+            refusal = unfixable(outcome, previous)
+            if refusal:
+                outcome = replace(outcome, reason=f"{outcome.reason}; not restarted: {refusal}")
+                break
+            previous = outcome
             try:
                 with signals_stop():
                     plan = self._restart(launch, outcome)
@@ -209,6 +216,19 @@ class Attempts:
         if not lost:
             return cluster, whole, plan
         return cluster, whole.narrowed(cluster), plan
+
+
+def unfixable(outcome: Outcome, previous: Outcome | None) -> str | None:
+    """Why a restart cannot fix this failure (pure), or None: a full disk or a missing file is met again by the
+    next attempt, and so is running out of memory at the step where the attempt before did too."""
+    ok, why = outcome.restartable
+    if not ok:
+        return why
+    oom = causes.OUT_OF_MEMORY
+    if (previous is not None and outcome.cause is not None and outcome.cause.kind == oom and previous.cause is not None
+            and previous.cause.kind == oom and outcome.step is not None and outcome.step == previous.step):
+        return f"out of memory at step {outcome.step} twice: the next attempt would run out there again"
+    return None
 
 
 def checkpoint_steps(connector: Connector, launch: Launch) -> dict[str, int | None]:

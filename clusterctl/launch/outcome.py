@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .causes import Cause
 from .plan import LaunchPlan
 
 
@@ -38,6 +39,15 @@ class Outcome:
     fresh_plan: LaunchPlan | None = None      # REPLAN: the plan the pre-flight found, to launch again from
     rank0_wrote: bool | None = None   # rank 0 left files in its run directory (None: it did not say)
     stacks: str | None = None         # STALLED: where every rank's stacks were saved (runs/<id>/stacks/<time>)
+    cause: Cause | None = None        # what the failed rank's last lines say (causes.py); None: killed, lost, no rank
+    step: int | None = None           # the failed rank's last reported step (None: it reported none)
+
+    @property
+    def restartable(self) -> tuple[bool, str]:
+        """(whether a restart may help, why not): a full disk or a missing file is met again by the next attempt."""
+        if self.cause is not None and not self.cause.restartable:
+            return False, f"a restart would meet the same {self.cause.kind}"
+        return True, ""
 
     @property
     def state(self) -> AttemptState:

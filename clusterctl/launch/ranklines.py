@@ -22,6 +22,7 @@ from typing import Callable, TextIO
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
 from ..progress import RANK_METRICS, Unreadable
 from ..progress import parse as parse_metrics
+from . import causes
 from .bootstrap import parse_line
 from .job import Launch
 from .outcome import AttemptState, Outcome
@@ -52,6 +53,8 @@ class Rank:
         self.bar_shown: dict[str, str] = {}   # stream -> the bar update last shown (its final line repeats it)
         self.stop_s = 0.0                     # it stops with its work kept within this long when asked (0: it cannot)
         self.stopped: int | None = None       # asked, it stopped at this step, its checkpoint written (stop.py)
+        self.step: int | None = None          # the last step its metrics lines reported
+        self.cause: causes.Cause | None = None    # why it failed, from its last lines (None: killed, or no failure)
 
     def write(self, line: str) -> None:
         for log in self.logs:
@@ -119,6 +122,7 @@ class RankLines:
         if metrics is not None:
             r.stop_s = metrics.get("stop_s", r.stop_s)
             r.stopped = int(metrics["stopped"]) if "stopped" in metrics else r.stopped
+            r.step = metrics["step"] if isinstance(metrics.get("step"), int) else r.step
             self.watch.progress(rank, r.last_seen, structured=True)
             if metrics.get("quiet_s"):
                 self.watch.quiet(rank, r.last_seen, metrics["quiet_s"])
@@ -157,7 +161,7 @@ class RankLines:
             code = int(payload) if payload.lstrip("-").isdigit() else 1
             r.exit_code = 128 - code if code < 0 else code
             return Outcome(r.exit_code, f"rank {r.rank} on {r.host} {_lost(code)}", failed_rank=r.rank,
-                           ended_as=AttemptState.LOST)
+                           ended_as=AttemptState.LOST, step=r.step)
         # "<code> <1 if the rank left files in its run directory, else 0>"
         r.exit_code = _exit_code(payload)
         r.wrote = payload.partition(" ")[2] == "1"
@@ -165,10 +169,26 @@ class RankLines:
             return Outcome(r.exit_code, f"the ranks were asked to stop (clusterctl kill, or a signal to a rank) and wrote "
                            f"a checkpoint at step {self.stopped_step}", ended_as=AttemptState.STOPPED)
         if r.exit_code != 0:
-            return Outcome(r.exit_code, f"rank {r.rank} on {r.host} exited {r.exit_code}", failed_rank=r.rank)
+            r.cause = causes.read(list(r.tail))
+            said = f": {r.cause.line}" if r.cause.line else ""
+            return Outcome(r.exit_code, f"rank {r.rank} on {r.host} exited {r.exit_code}{said}", failed_rank=r.rank,
+                           cause=r.cause, step=r.step)
         if all(x.exit_code == 0 for x in self.ranks):
             return Outcome(EXIT_OK, f"all {len(self.ranks)} ranks finished")
         return None
+
+    def followers(self, cause: Outcome) -> tuple[list[str], list[str]]:
+        """The other ranks that failed: (those that followed a peer's failure, those that failed on their own too),
+        each as "rank N on HOST (its line)", "(the same)" where its line is the cause's."""
+        followed, also = [], []
+        for r in self.ranks:
+            if r.rank == cause.failed_rank or r.exit_code in (None, 0):
+                continue
+            said = r.cause.line if r.cause is not None and r.cause.line else f"exited {r.exit_code}"
+            same = cause.cause is not None and said == cause.cause.line
+            entry = f"rank {r.rank} on {r.host} ({'the same' if same else said[:120]})"
+            (also if causes.rank(r.cause, lost=False) == 2 else followed).append(entry)
+        return followed, also
 
     def stop_bound(self) -> float | None:
         """How long the ranks still running said a stop with their work kept may take (the longest), None when one

@@ -16,8 +16,10 @@ The loop is one dispatch on its phase, as torchrun's agent's (`_invoke_run`) is 
 
     Running(since, checked)  lines routed; every CHECK_S the timeouts, the stall watch, the world check, the
                              pre-flight and the launcher's own end are read
-      -> Failing(failure, since)  a rank failed: held CAUSE_WAIT_S for the word of a rank lost before it
-      -> Ended(outcome)
+      -> Failing(failure, since)  a rank failed: held CAUSE_WAIT_S for the word of a rank lost before it, or,
+                                  when it only followed a peer (its collective lost the connection: causes.py),
+                                  up to FOLLOWED_WAIT_S for the word of the rank whose own failure came first
+      -> Ended(outcome)           the first cause named, with its fix; the ranks that followed from it listed
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from ..errors import (
     exit_for_signal,
 )
 from ..hosts.connector import Connector
+from . import causes
 from .job import Launch
 from .launchers import sweep
 from .outcome import AttemptState, Outcome
@@ -53,6 +56,9 @@ FINISH_TIMEOUT_S = 30.0
 # reporting its exit (killed, its host gone; hosts/scripts/ranks.py): that one is the cause, not the ranks
 # that failed after losing it.
 CAUSE_WAIT_S = 0.5
+# A rank that failed only because a peer did (its collective lost the connection: causes.PEER_LOST) is held this
+# long for the word of the rank whose own failure (a full disk, out of memory) or death came first.
+FOLLOWED_WAIT_S = 5.0
 PREFLIGHT_WAIT_S = 30.0
 PREFLIGHT_DEFER_S = 1.0   # a pre-flight beside the launch starts once the ranks are up, or this long after it
 CHECK_S = 0.2             # how often the timeouts and the stall watch are read, whatever the ranks print
@@ -79,13 +85,16 @@ class Running:
 @dataclass(frozen=True)
 class Failing:
     """A rank failed at `since`: its failure is held CAUSE_WAIT_S for the rank starter's word that another rank
-    died before it without reporting its exit (that one is the cause); a lost rank's failure is final."""
+    died before it without reporting its exit (that one is the cause), or FOLLOWED_WAIT_S when it only followed a
+    peer's failure; a lost rank's failure is final, and the hold ends once every rank has ended."""
 
     failure: Outcome
     since: float
 
-    def over(self, now: float) -> bool:
-        return self.failure.state is AttemptState.LOST or now - self.since > CAUSE_WAIT_S
+    def over(self, now: float, everyone_ended: bool = False) -> bool:
+        if self.failure.state is AttemptState.LOST or everyone_ended:
+            return True
+        return now - self.since > (FOLLOWED_WAIT_S if _strength(self.failure) == 0 else CAUSE_WAIT_S)
 
 
 @dataclass(frozen=True)
@@ -99,13 +108,32 @@ Phase = Running | Failing | Ended
 
 
 def on_failure(phase: Running | Failing, failure: Outcome, now: float) -> Failing:
-    """A rank's failure (pure): the first is held from now; later, only a lost rank's word replaces the one held
-    (the hold still ends CAUSE_WAIT_S after the first failure)."""
+    """A rank's failure (pure): the first is held from now; later, one that is more of a first cause replaces
+    it (a lost rank's word, or a rank's own error over one that followed a peer; the first of equals stays), the
+    hold still counted from the first failure."""
     if isinstance(phase, Running):
         return Failing(failure, now)
-    if failure.state is AttemptState.LOST:
+    if _strength(failure) > _strength(phase.failure):
         return Failing(failure, phase.since)
     return phase
+
+
+def _strength(failure: Outcome) -> int:
+    return causes.rank(failure.cause, failure.state is AttemptState.LOST)
+
+
+def named(failure: Outcome, host: str, others: tuple[list[str], list[str]]) -> Outcome:
+    """The failure that came first in cause, said in one line: its rank's own words, the fix where one is known
+    (causes.Cause.fix), the ranks that failed after it because of it ("followed from it") and those that failed
+    on their own as well ("also"); their errors stay in their logs."""
+    reason = failure.reason
+    fix = failure.cause.fix(host) if failure.cause is not None else None
+    if fix:
+        reason += f" -> {fix}"
+    for label, ranks in zip(("followed from it", "also"), others):
+        if ranks:
+            reason += f"; {label}: " + ", ".join(ranks[:3]) + (f" and {len(ranks) - 3} more" if len(ranks) > 3 else "")
+    return replace(failure, reason=reason)
 
 
 class _Preflight:
@@ -233,8 +261,10 @@ class Supervisor:
         return self._checks(phase, lines, proc, queued, check)
 
     def _failing(self, phase: Failing, lines: RankLines, proc, queued: queue.Queue) -> Phase:
-        if phase.over(time.monotonic()):
-            return Ended(phase.failure)
+        if phase.over(time.monotonic(), all(r.exit_code is not None for r in lines.ranks)):
+            failed = phase.failure.failed_rank
+            host = lines.ranks[failed].host if failed is not None else "its host"
+            return Ended(named(phase.failure, host, lines.followers(phase.failure)))
         line = _next_line(queued, 0.05)
         return phase if line is None else self._routed(phase, lines.handle(line), lines, proc, queued)
 

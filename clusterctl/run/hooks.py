@@ -186,6 +186,7 @@ def attempt_record(attempt: int, cluster: Cluster, launch: Launch, outcome: Outc
             "ended": iso(time.time()), "outcome": _RECORDED.get(outcome.state, "failed"), "exit_code": outcome.exit_code,
             "reason": outcome.reason, "failed_rank": failed,
             "failed_host": launch.rank_hosts[failed] if failed is not None and failed < len(launch.rank_hosts) else None,
+            "cause": outcome.cause.kind if outcome.cause is not None else None,
             "last_lines": outcome.tail, "resumed_from": resumed_from, "log_dir": os.path.basename(launch.log_dir),
             **({"stacks": os.path.relpath(outcome.stacks, launch.run_dir)} if outcome.stacks else {})}
 

@@ -151,6 +151,9 @@ class Checkpointing(Callback):
         self.out_dir, self.model, self.optimizer, self.config, self.group = out_dir, model, optimizer, config, group
         self.tokenizer_spec, self.vocab_size = tokenizer_spec, vocab_size
         self.rows: list[int] | None = None
+        # before any rank of this run writes one (a checkpoint needs every rank): a killed writer's leftovers
+        for name in checkpoint.remove_stale(out_dir):
+            print(f"checkpoint: removed {name}, a temporary copy left by a writer that was stopped", flush=True)
 
     def on_shares(self, step, info):
         self.rows = info["rows"]           # a resumed run starts from these shares

@@ -34,7 +34,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import fsync_tree, write_text
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NoSpace
 from ..trainer_contract import STEP_GLOB, checkpoint_step, step_dir_name
 from .fsdp import chunk_size
 from .strategies import get
@@ -74,32 +74,90 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
     final = root / step_dir_name(step)
     nonce = int_from_rank0(int.from_bytes(os.urandom(3), "little"), group)
     tmp = root / f".{final.name}.tmp-{nonce:06x}"
-    writer = False
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-        writer = True
-    barrier(group)
-    if rank != 0:
-        root.mkdir(parents=True, exist_ok=True)
-        try:                        # succeeds only for the first rank on a disk rank 0 does not share
+    writer = False           # this rank made tmp (rank 0, and the first rank on each disk rank 0 does not share)
+    try:
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
             writer = True
-        except FileExistsError:
-            pass
-    barrier(group)
-    get(strategy).write(tmp, model, optimizer, group, writer, state.get("adapter"))
-    barrier(group)                 # every shard is on disk before the directory becomes visible
-    if writer:
-        write_text(str(tmp / "state.json"), json.dumps({"format": FORMAT, "step": step, **state}, indent=1))
-        fsync_tree(str(tmp))        # on disk before its name is: a power loss never leaves `latest` on a hollow one
-        if final.exists():          # left by an earlier run that got further before it was stopped
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        write_text(str(root / "latest"), final.name + "\n", durable=True)
-        _prune(root, keep, final.name)
-    barrier(group)
+        barrier(group)
+        if rank != 0:
+            root.mkdir(parents=True, exist_ok=True)
+            try:                        # succeeds only for the first rank on a disk rank 0 does not share
+                tmp.mkdir()
+                writer = True
+            except FileExistsError:
+                pass
+        barrier(group)
+        get(strategy).write(tmp, model, optimizer, group, writer, state.get("adapter"))
+        barrier(group)                 # every shard is on disk before the directory becomes visible
+        if writer:
+            write_text(str(tmp / "state.json"), json.dumps({"format": FORMAT, "step": step, **state}, indent=1))
+            fsync_tree(str(tmp))        # on disk before its name is: a power loss never leaves `latest` on a hollow one
+            if final.exists():          # left by an earlier run that got further before it was stopped
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            write_text(str(root / "latest"), final.name + "\n", durable=True)
+            _prune(root, keep, final.name)
+        barrier(group)
+    except BaseException as e:
+        # this rank's own failure, or a peer's (its collective lost the connection): either way nothing half
+        # written stays behind on this host (a killed writer's is removed at the next start: remove_stale)
+        used = _size(tmp) if tmp.is_dir() else 0
+        shutil.rmtree(tmp, ignore_errors=True)       # the save fails on every rank: no rank of it needs it
+        if isinstance(e, (OSError, RuntimeError)) and _no_space(root, e):
+            raise NoSpace(f"checkpoint at step {step} not written: no space left on device in {root} "
+                          f"({_mib(shutil.disk_usage(root).free)} free after removing its partial copy; a checkpoint "
+                          f"takes {_mib(_checkpoint_size(root) or used)}, --keep {keep or 'all'}): free space there "
+                          "or lower --keep, then --resume latest") from None
+        raise
     return final
+
+
+LOW_SPACE = 4 * 2**20      # a write that failed with less free than this in its filesystem failed for want of space
+
+
+def _no_space(root: Path, e: BaseException) -> bool:
+    """Whether a failed write failed for want of space: ENOSPC / EDQUOT, or MLX's "[write] Unable to write" (its
+    message carries no errno) on a filesystem with almost nothing free."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return "Unable to write" in str(e) and shutil.disk_usage(root).free < LOW_SPACE
+    except OSError:
+        return False
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def steps_in(root) -> list[Path]:
+    """The whole checkpoints in a checkpoints/ directory, oldest first."""
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if checkpoint_step(p.name) is not None) if root.is_dir() else []
+
+
+def _checkpoint_size(root: Path) -> int:
+    """The newest whole checkpoint's size on this disk (0: none yet)."""
+    steps = steps_in(root)
+    return _size(steps[-1]) if steps else 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def remove_stale(out_dir: str) -> list[str]:
+    """The temporary directories a killed writer left in <out>/checkpoints (never a whole checkpoint): removed at
+    a run's start, before any rank of it writes one. Their names."""
+    root = Path(out_dir) / "checkpoints"
+    stale = [p for p in root.iterdir() if p.name.startswith(".step-") and ".tmp-" in p.name] if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in stale]
 
 
 ZERO3_MANIFEST = "zero3.json"

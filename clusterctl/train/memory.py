@@ -194,6 +194,25 @@ def adapter_state(shape: Shape) -> float:
     return DP_PARAM * a4 + (shape.accum > 1) * a4
 
 
+# An optimizer's state, in copies of the parameters it trains (mlx.optimizers: Adam's two moments; SGD's momentum
+# and the others' one state at most, counted as one)
+OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2}
+
+
+def checkpoint_bytes(shape: Shape, optimizer: str) -> int:
+    """One checkpoint on a host's disk: the trained parameters (the adapters alone in an adapter run) and the
+    optimizer's state for them, in float32 (each host ends with a whole one, whatever the strategy)."""
+    trained = shape.adapter_params or shape.params
+    return int(trained * BYTES * (1 + OPTIMIZER_SLOTS.get(optimizer, 1)))
+
+
+def checkpoints_held(steps: int, every: int, keep: int) -> int:
+    """The most checkpoints a run holds on a disk at once: those --keep keeps (0: every one it writes, one each
+    --ckpt-every steps and the last) and, while one is written, that one beside them."""
+    written = (steps // every if every else 0) + 1
+    return min(keep + 1, written) if keep else written
+
+
 def usable(host_bytes: int) -> int:
     return int(BUDGET * host_bytes)
 

@@ -24,6 +24,7 @@ only through its callbacks (callbacks.py).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shlex
 import sys
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Callable
 
 import mlx.core as mx
 
-from ..errors import EXIT_INTERRUPTED, ClusterctlError, DataError
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import STEP_GLOB, step_dir_name
 from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
 from .testset import evaluate
@@ -124,9 +125,12 @@ def elastic_batch(config: TrainConfig, resumed: dict, world: int, policy: str) -
 
 
 def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict | None = None,
-                rows: tuple[int, int] | None = None) -> TrainConfig:
+                rows: tuple[int, int] | None = None, out_dir: str | None = None) -> TrainConfig:
     """The strategy to train with (`auto`: the cheapest whose estimate fits the smallest host), or
-    MemoryRefused with the numbers (--memory-check off: a warning instead). Rank 0 says what it planned."""
+    MemoryRefused with the numbers (--memory-check off: a warning instead). Rank 0 says what it planned. With
+    `out_dir` (a run that writes checkpoints), this rank's disk is checked for them too (plan_disk)."""
+    if out_dir is not None:
+        plan_disk(config, memory.Shape.of(config, vocab_size, model_config, rows), out_dir)
     mine = memory.host_memory()
     known = mine if mine is not None else -1
     units = memory.in_exchanged_units(known) if known >= 0 else -1
@@ -152,6 +156,33 @@ def plan_memory(config: TrainConfig, vocab_size: int, group, model_config: dict 
         print(f"memory: about {memory.gb(est.total)} per rank under {chose} at world {group.size()} ({others}){where}",
               flush=True)
     return dataclasses.replace(config, strategy=strategy)
+
+
+def plan_disk(config: TrainConfig, shape, out_dir: str) -> None:
+    """Refuse (NoSpace, one line naming the directory) a run whose checkpoints cannot fit in the free space of
+    this rank's disk: the most it holds at once (memory.checkpoints_held) less those already there (a resumed
+    run's), each as memory.checkpoint_bytes says; under twice that, a warning. --memory-check off: a warning
+    instead of the refusal. Every rank checks its own disk (docs/trainer.md#checkpoint-space)."""
+    import shutil
+
+    from ..errors import NoSpace
+
+    root = os.path.join(out_dir, "checkpoints")
+    where = next(p for p in (root, out_dir, os.path.dirname(os.path.abspath(out_dir)), "/") if os.path.isdir(p))
+    each = memory.checkpoint_bytes(shape, config.optimizer)
+    held = memory.checkpoints_held(config.steps, config.ckpt_every, config.keep)
+    there = len(checkpoint.steps_in(root)) if os.path.isdir(root) else 0
+    need, free = max(held - there, 1) * each, shutil.disk_usage(where).free
+    if free >= 2 * need:
+        return
+    mib = 2 ** 20
+    text = (f"not enough free space for this run's checkpoints in {os.path.abspath(root)}: {free / mib:.1f} MiB free, "
+            f"they need about {need / mib:.1f} MiB ({held} at most at once, --keep {config.keep or 'all'} and one being "
+            f"written, {each / mib:.1f} MiB each)")
+    if free < need and config.memory_check == "on":
+        raise NoSpace(f"{text}: free space there, or lower --keep or raise --ckpt-every (--memory-check off: try "
+                      "anyway)")
+    print(f"warning: {text.replace('not enough', 'little')}: a checkpoint may not fit later", flush=True)
 
 
 def out_dir_for(config: TrainConfig, group) -> str:
@@ -346,7 +377,7 @@ def train(argv: list[str] | None = None) -> None:
         sources = resolve_settings(argv, resumed["config"] if resumed else None, device).sources
         return train_model(config, group, out_dir, ckpt, resumed, sources)
     tokenizer, vocab_size, train_tokens, val_tokens = open_data(config, rank, world)
-    config = plan_memory(config, vocab_size, group)            # before anything is allocated
+    config = plan_memory(config, vocab_size, group, out_dir=out_dir)     # before anything is allocated
 
     mx.random.seed(config.seed)                                # identical initial parameters on every rank
     model = Transformer(ModelArgs.from_config(config, vocab_size))
@@ -384,12 +415,13 @@ def train_model(config: TrainConfig, group, out_dir: str, ckpt, resumed, sources
     tokenizer = lm.load_tokenizer(source, config.trust_remote_code == "on")
     data = finetune.open_records(config, tokenizer, rank, world)     # before the plan: it needs the rows' width
     share = data.train.share
-    planned = plan_memory(config, lm.vocab_size(model_config), group, model_config, rows=(share, data.width))
+    training = config.train == "on" or (config.train is None and config.test != "on")
+    planned = plan_memory(config, lm.vocab_size(model_config), group, model_config, rows=(share, data.width),
+                          out_dir=out_dir if training else None)
     if planned.strategy != config.strategy:
         sources["strategy"] = f"{config.strategy}: the memory plan's choice"
     config = planned
     # mlx-lm's rule: --test given without --train only scores (the adapters of --adapter-path, if any)
-    training = config.train == "on" or (config.train is None and config.test != "on")
     model, _, model_config = lm.load(source, getattr(mx, config.precision), config.adapter, tokenizer=tokenizer,
                                      scored_only=not training)
     entry = strategies.get(config.strategy)
@@ -472,6 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterctlError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a write of the run's (its metrics, its summary) into a disk that filled: one line, where
+        where = os.environ.get("CLUSTERCTL_RUN_DIR") or os.getcwd()
+        what = e.filename or where
+        print(f"error: no space left on device writing {what} ({_free(where)} free in {where}): free space there "
+              "or lower --keep, then --resume latest", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     except Stopped as e:           # rank 0 has said so (callbacks.Stoppable)
         ignore_stop_signals()
         return e.exit_code
@@ -479,3 +520,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _free(path: str) -> str:
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB"
+    except OSError:
+        return "unknown"

@@ -5,7 +5,16 @@ import queue
 from clusterctl.launch.bootstrap import MARK
 from clusterctl.launch.outcome import AttemptState, Outcome
 from clusterctl.launch.ranklines import Rank, RankLines
-from clusterctl.launch.supervise import CAUSE_WAIT_S, Failing, Running, Supervisor, _Preflight, on_failure
+from clusterctl.launch import causes
+from clusterctl.launch.supervise import (
+    CAUSE_WAIT_S,
+    FOLLOWED_WAIT_S,
+    Failing,
+    Running,
+    Supervisor,
+    _Preflight,
+    on_failure,
+)
 from clusterctl.launch.world import WorldCheck
 
 
@@ -19,6 +28,21 @@ def test_the_first_failure_is_held_and_only_a_lost_ranks_word_replaces_it():
     lost = Outcome(137, "rank 0 on h1 was killed by SIGKILL", failed_rank=0, ended_as=AttemptState.LOST)
     assert on_failure(failing, lost, 10.3) == Failing(lost, 10.0)   # the cause; the hold does not start again
     assert on_failure(Running(since=0.0, checked=0.0), lost, 5.0).over(5.0)    # a lost rank's word is final
+
+
+def test_a_rank_that_followed_a_peer_is_held_longer_and_the_ranks_own_failure_replaces_it():
+    peer = causes.Cause(causes.PEER_LOST, "RuntimeError: [ring] connection to a peer was lost")
+    followed = Outcome(1, "rank 0 on h1 exited 1", failed_rank=0, cause=peer)
+    failing = on_failure(Running(since=0.0, checked=0.0), followed, 10.0)
+    assert not failing.over(10.0 + CAUSE_WAIT_S + 0.01) and failing.over(10.0 + FOLLOWED_WAIT_S + 0.01)
+    assert failing.over(10.1, everyone_ended=True)                  # no word can come any more
+    full = causes.Cause(causes.DISK_FULL, "error: checkpoint at step 300 not written: no space left on device")
+    own = Outcome(1, "rank 1 on h2 exited 1", failed_rank=1, cause=full)
+    assert on_failure(failing, own, 11.0) == Failing(own, 10.0)     # its own failure came first in cause
+    other = Outcome(1, "rank 2 on h3 exited 1", failed_rank=2, cause=peer)
+    held = on_failure(failing, own, 11.0)
+    assert on_failure(held, other, 11.5) is held                    # a follower never replaces a cause
+    assert held.over(10.0 + CAUSE_WAIT_S + 0.01)                    # own failure: the short hold
 
 
 class Launcher:
@@ -56,7 +80,18 @@ def test_the_loop_ends_in_the_state_its_phases_lead_to(tmp_path):
     first = watch(tmp_path, started + [f"{MARK}1 exit 3 0", f"{MARK}0 exit 1 0"])
     assert (first.state, first.exit_code, first.failed_rank) == (AttemptState.FAILED, 3, 1)
     cause = watch(tmp_path, started + [f"{MARK}1 exit 3 0", f"{MARK}0 lost -9"])
-    assert (cause.state, cause.failed_rank, cause.reason) == (AttemptState.LOST, 0, "rank 0 on h1 was killed by SIGKILL")
+    assert (cause.state, cause.failed_rank) == (AttemptState.LOST, 0)
+    assert cause.reason == "rank 0 on h1 was killed by SIGKILL; followed from it: rank 1 on h2 (exited 3)"
+    # rank 0 exits first, on a lost peer; rank 1's own failure, a full disk, is named, with its fix
+    full = watch(tmp_path, started + [f"{MARK}0 err RuntimeError: [ring] connection to a peer was lost",
+                                      f"{MARK}0 exit 1 0",
+                                      f"{MARK}1 err error: checkpoint at step 300 not written: no space left on "
+                                      f"device in /w/runs/x/checkpoints (0 B free)", f"{MARK}1 exit 1 0"])
+    assert full.failed_rank == 1 and full.cause.kind == causes.DISK_FULL and not full.restartable[0]
+    assert full.reason.startswith("rank 1 on h2 exited 1: error: checkpoint at step 300 not written: no space left on "
+                                  "device in /w/runs/x/checkpoints (0 B free) -> free space on h2"), full.reason
+    assert full.reason.endswith("; followed from it: rank 0 on h1 (RuntimeError: [ring] connection to a peer was "
+                                "lost)"), full.reason
     gone = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=1))
     assert gone.reason.startswith("the launcher exited 1 before rank 1 on h2 reported an exit") and gone.failed_rank == 1
 

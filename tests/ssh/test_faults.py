@@ -1,0 +1,88 @@
+"""Faults named by their cause (launch/causes.py, supervise.py's first cause): a host's disk fills while the bundled
+trainer runs on 2 test hosts; h2's root, its workdir in it, is a small filesystem of its own (a 24 MB tmpfs this
+machine mounts and fills, bound over h2's root in its private mount namespace only)."""
+import errno
+import json
+import os
+import re
+import subprocess
+from functools import partial
+
+import clirun
+import pytest
+from sshcluster import requires_private_roots
+
+pytestmark = pytest.mark.ssh
+
+CHECKPOINT = re.compile(r"\] step (\d+) \| checkpoint ")
+TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
+         "--batch-size", "4", "--steps", "400", "--report-every", "10", "--eval-every", "0", "--ckpt-every", "20",
+         "--keep", "2", "--balance", "off"]
+clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MB tmpfs here, and a way to fill it to the last byte; unmounted afterwards."""
+    disk = tmp_path / "h2disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this machine cannot mount a tmpfs ({mounted.stderr.strip()}): a full disk needs one")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def fill(disk) -> None:
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+
+
+def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume_takes_it_up(make_cluster, tmp_path,
+                                                                                            small_disk):
+    cluster = make_cluster(2)
+    requires_private_roots(cluster, "h2's workdir on a filesystem of its own")
+    cluster.mount_over(2, str(cluster.host_root), str(small_disk))      # h2's whole root, its workdir in it
+    job = clirun.start("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "2",
+                       "--restart-delay", "1", "--", *TRAIN, cwd=tmp_path, own_cache=True)
+    lines = []
+    try:
+        for line in job.stdout:            # the first checkpoint is written on both hosts, then h2's disk fills
+            lines.append(line)
+            if CHECKPOINT.search(line):
+                fill(small_disk)
+                break
+        out, _ = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    text = "".join(lines) + out
+    assert job.returncode == 1, text[-3000:]
+    [failed] = [line for line in text.splitlines() if line.startswith("run ") and " failed: " in line]
+    # h2, the path there and the cause, in the one line; rank 0's lost connection follows from it; no restart
+    assert "failed: rank 1 on h2 exited 1: error: " in failed and "no space left on device" in failed, failed
+    assert f"{cluster.workdir}/runs/" in failed, failed
+    assert "followed from it: rank 0 on h1 (RuntimeError: [ring] connection to a peer was lost)" in failed, failed
+    assert failed.endswith("; not restarted: a restart would meet the same disk full"), failed
+    assert "restart 1 of 2" not in text
+    run_id = clirun.TOKEN.search(text).group(1)
+    for i in (1, 2):                       # no temporary checkpoint directory on either host
+        left = cluster.ssh(i, f"ls -a {cluster.workdir}/runs/{run_id}/checkpoints")
+        assert left.returncode == 0 and not [n for n in left.stdout.split() if ".tmp-" in n], left.stdout
+        assert "latest" in left.stdout.split()      # the checkpoint before it is still the newest
+    summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    assert summary["exit_code"] == 1 and summary["reason"] == failed.split(" failed: ", 1)[1]
+
+    os.remove(small_disk / "filler")       # space freed: --resume latest continues the run from its checkpoint
+    again = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
+                       *TRAIN, "--resume", "latest", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert re.search(r"resumed from \S+/checkpoints/step-0000[2-9]0", again.stdout), again.stdout[:3000]
+    assert "step 400/400" in again.stdout
