@@ -50,9 +50,11 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
                                                                                             small_disk):
     cluster = make_cluster(2)
     requires_private_roots(cluster, "h2's workdir on a filesystem of its own")
+    project = tmp_path / "project"       # the project run copies: the small disk stays out of it
+    project.mkdir()
     cluster.mount_over(2, str(cluster.host_root), str(small_disk))      # h2's whole root, its workdir in it
     job = clirun.start("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "2",
-                       "--restart-delay", "1", "--", *TRAIN, cwd=tmp_path, own_cache=True)
+                       "--restart-delay", "1", "--", *TRAIN, cwd=project, own_cache=True)
     lines = []
     try:
         for line in job.stdout:            # the first checkpoint is written on both hosts, then h2's disk fills
@@ -77,12 +79,26 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
         left = cluster.ssh(i, f"ls -a {cluster.workdir}/runs/{run_id}/checkpoints")
         assert left.returncode == 0 and not [n for n in left.stdout.split() if ".tmp-" in n], left.stdout
         assert "latest" in left.stdout.split()      # the checkpoint before it is still the newest
-    summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    summary = json.loads((project / "runs" / run_id / "summary.json").read_text())
     assert summary["exit_code"] == 1 and summary["reason"] == failed.split(" failed: ", 1)[1]
 
     os.remove(small_disk / "filler")       # space freed: --resume latest continues the run from its checkpoint
     again = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
-                       *TRAIN, "--resume", "latest", cwd=tmp_path)
+                       *TRAIN, "--resume", "latest", cwd=project)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert re.search(r"resumed from \S+/checkpoints/step-0000[2-9]0", again.stdout), again.stdout[:3000]
     assert "step 400/400" in again.stdout
+
+    # less free space on h2 than the run's checkpoints need: refused as the ranks start, naming h2, not restarted
+    fill(small_disk)
+    filler = small_disk / "filler"
+    os.truncate(filler, filler.stat().st_size - 2**19)      # 0.5 MiB left: 3 checkpoints of this model need more
+    short = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "1",
+                       "--restart-delay", "1", "--", *TRAIN, cwd=project)
+    assert short.returncode == 1, short.stdout[-2000:] + short.stderr[-2000:]
+    failed = next((line for line in short.stderr.splitlines() if " failed: " in line), short.stderr[-3000:])
+    assert re.search(r"failed: rank 1 on h2 exited 1: error: not enough free space for this run's checkpoints in "
+                     rf"{re.escape(cluster.workdir)}/runs/\S+/checkpoints: [\d.]+ MiB free, they need about", failed), failed
+    assert failed.endswith("; not restarted: a restart would meet the same disk full"), failed
+    assert "step 1/" not in short.stdout                    # refused before training
+

@@ -164,3 +164,18 @@ def test_an_adapter_run_too_big_for_dp_is_refused_naming_zero3_which_shards_its_
     assert choose(shape, "auto", 4, host) == "zero3"
     with pytest.raises(MemoryRefused, match="under dp at world 4.* pass --strategy zero3"):
         choose(shape, "dp", 4, host)
+
+
+def test_the_checkpoints_a_run_holds_at_once_and_their_size():
+    from clusterctl.train.memory import checkpoint_bytes, checkpoints_held
+
+    assert checkpoints_held(1000, 200, 3) == 4          # --keep 3, and one being written
+    assert checkpoints_held(1000, 200, 0) == 6          # every one: steps 200..1000 and the last
+    assert checkpoints_held(100, 200, 3) == 1           # only the last
+    assert checkpoints_held(400, 0, 3) == 1             # --ckpt-every 0: the end only
+    assert checkpoints_held(400, 200, 1) == 2
+    shape = Shape(vocab=100, n_layers=1, dim=8, n_heads=2, mlp_dim=16, block_size=8, batch_size=2)
+    assert checkpoint_bytes(shape, "adamw") == shape.params * 4 * 3        # the parameters and Adam's two moments
+    assert checkpoint_bytes(shape, "sgd") == shape.params * 4 * 2
+    from dataclasses import replace
+    assert checkpoint_bytes(replace(shape, adapter_params=50), "adam") == 50 * 4 * 3     # an adapter run: its adapters

@@ -103,3 +103,22 @@ def test_a_rank_that_died_without_reporting_is_described_by_its_status():
     assert _lost(143) == "was killed by SIGTERM"
     assert _lost(255).startswith("lost its ssh connection (status 255)")
     assert _lost(3) == "ended with status 3 without reporting its exit"
+
+
+def test_a_fault_a_restart_cannot_fix_is_not_restarted_and_says_why():
+    from clusterctl.launch import causes
+    from clusterctl.launch.attempts import unfixable
+
+    def failed(kind, step=None):
+        return Outcome(1, "rank 1 on h2 exited 1", failed_rank=1, cause=causes.Cause(kind, "the line"), step=step)
+
+    assert unfixable(failed(causes.DISK_FULL), None) == "a restart would meet the same disk full"
+    assert unfixable(failed(causes.MISSING_FILE), None) == "a restart would meet the same missing file"
+    assert unfixable(failed(causes.PEER_LOST), None) is None and unfixable(failed(causes.OTHER), None) is None
+    killed = Outcome(137, "rank 1 on h2 was killed by SIGKILL", failed_rank=1, ended_as=AttemptState.LOST)
+    assert unfixable(killed, None) is None
+    # out of memory: one restart; at the same step again, none
+    assert unfixable(failed(causes.OUT_OF_MEMORY, 40), None) is None
+    assert unfixable(failed(causes.OUT_OF_MEMORY, 40), failed(causes.OUT_OF_MEMORY, 20)) is None
+    assert unfixable(failed(causes.OUT_OF_MEMORY, 40), failed(causes.OUT_OF_MEMORY, 40)) == \
+        "out of memory at step 40 twice: the next attempt would run out there again"
