@@ -190,6 +190,14 @@ class RankLines:
             (also if causes.rank(r.cause, lost=False) == 2 else followed).append(entry)
         return followed, also
 
+    def heartbeats(self, now: float) -> dict[str, float]:
+        """Each host's seconds since the last line of any of its live ranks (output or the bootstrap's heartbeat)."""
+        ages: dict[str, float] = {}
+        for r in self.ranks:
+            if r.started and r.exit_code is None:
+                ages[r.host] = min(ages.get(r.host, float("inf")), now - r.last_seen)
+        return ages
+
     def stop_bound(self) -> float | None:
         """How long the ranks still running said a stop with their work kept may take (the longest), None when one
         of them cannot stop so (it never said, or no longer does: docs/run.md#ctrl-c-and-sigterm)."""

@@ -147,6 +147,15 @@ class Stacks:
             return groups[1][1][0], groups[1][0]
         return None
 
+    def together(self) -> str | None:
+        """Where every rank is, when there are several on more than one host and all are at the same place (pure):
+        a collective that waits on every rank at once."""
+        groups = self.groups()
+        hosts = {r.host for r in self.ranks}
+        if len(groups) == 1 and len(groups[0][1]) > 1 and len(hosts) > 1 and not self.errors:
+            return groups[0][0]
+        return None
+
     def save(self, run_dir: str) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.taken))
         folder = os.path.join(run_dir, STACKS_DIR, stamp)

@@ -136,6 +136,16 @@ def named(failure: Outcome, host: str, others: tuple[list[str], list[str]]) -> O
     return replace(failure, reason=reason)
 
 
+def waiting_together(place: str, heartbeats: dict[str, float]) -> str:
+    """A stall where every rank waits at one place, on several hosts, said (pure): the ranks wait for each other
+    in a collective, which usually means the link between the hosts (the data plane) — the hosts themselves
+    still answer when their heartbeats go on (`heartbeats`: host -> seconds since its last line)."""
+    beats = ", ".join(f"{host} {age:.0f}s ago" for host, age in heartbeats.items())
+    return (f"every rank waits at the same place ({place}): in a collective, for each other, which usually means the "
+            f"link between the hosts (the data plane): check it with `clusterctl doctor --data-plane`"
+            + (f"; the hosts' last heartbeats: {beats}" if beats else ""))
+
+
 class _Preflight:
     """The pre-flight beside a launch that started from the cached plan. If it fails, the job is stopped and
     its error raised (a missing script or python is named, not just a rank's exit); if it finds the hosts
@@ -342,10 +352,12 @@ class Supervisor:
                 reason += f"; the stacks could not be taken: {e}"
                 self.emit(reason, True)
                 return Outcome(EXIT_STALLED, reason, ended_as=AttemptState.STALLED)
-            odd = taken.odd_one_out()
+            odd, together = taken.odd_one_out(), taken.together()
             if odd is not None:
                 failed = odd[0]
                 reason += f"; rank {odd[0]} is the odd one out: {odd[1]}"
+            elif together is not None:
+                reason += "; " + waiting_together(together, lines.heartbeats(time.monotonic()))
             for text in [reason] + taken.screen():
                 self.emit(text, True)
             reason += f" (stacks: {os.path.relpath(folder)})"

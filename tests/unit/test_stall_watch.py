@@ -236,3 +236,18 @@ def test_a_fixed_timeout_for_a_service_counts_from_its_last_answer():
 def test_the_policy_says_where_a_services_progress_comes_from():
     assert "first health answer" in StallPolicy.parse(None, health=_health).describe()
     assert StallPolicy.parse(None, health=_health) == StallPolicy.parse(None)     # the probe is not the policy
+
+
+def test_every_rank_at_one_place_on_several_hosts_is_a_wait_for_each_other_that_points_to_the_data_plane():
+    from clusterctl.launch.supervise import waiting_together
+
+    rank0 = recorded()[0]
+    both = [rank0, RankStacks(1, "h2", 98, rank0.text, rank0.source, rank0.kinds)]      # rank 1 where rank 0 is
+    stacks = Stacks("x", 0.0, both)
+    assert stacks.together() == "mx.eval(x) at stall.py:10" and stacks.odd_one_out() is None
+    assert Stacks("x", 0.0, [rank0, RankStacks(1, "h1", 98, rank0.text, rank0.source, rank0.kinds)]).together() is None
+    assert Stacks("x", 0.0, recorded()).together() is None                       # two places
+    said = waiting_together(stacks.together(), {"h1": 0.4, "h2": 1.2})
+    assert said == ("every rank waits at the same place (mx.eval(x) at stall.py:10): in a collective, for each other, "
+                    "which usually means the link between the hosts (the data plane): check it with `clusterctl doctor "
+                    "--data-plane`; the hosts' last heartbeats: h1 0s ago, h2 1s ago")
