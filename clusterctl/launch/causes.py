@@ -74,8 +74,8 @@ def read(tail: list[str]) -> Cause:
         for kind, pattern in _PATTERNS:
             if pattern.search(line):
                 return Cause(kind, line)
-    errors = [line for line in lines if _ERROR_LINE.match(line)]
-    return Cause(OTHER, (errors or lines or [""])[-1])
+    errors = [line for line in lines if _ERROR_LINE.match(line)]      # a program's ordinary output says no cause
+    return Cause(OTHER, (errors or [""])[-1])
 
 
 def rank(cause: Cause | None, lost: bool) -> int:

@@ -58,7 +58,14 @@ class RunInfo:
             return self.status + after
         if self.status == "stopped":
             return (f"stopped: {self.reason}" if self.reason else "stopped") + after
-        return (f"exit {self.exit_code}: {self.reason}" if self.reason else f"exit {self.exit_code}") + after
+        reason = _cause_only(self.reason) if self.reason else ""
+        return (f"exit {self.exit_code}: {reason}" if reason else f"exit {self.exit_code}") + after
+
+
+def _cause_only(reason: str) -> str:
+    """A failure's reason as a table cell: its cause, without the fix and the ranks that followed from it
+    (launch/supervise.py named; summary.json keeps the whole line)."""
+    return re.sub(r" -> [^;]*|; (?:followed from it|also): .*?(?=; not restarted: |$)", "", reason)
 
 
 def attempts(run_dir: str) -> list[int]:

@@ -9,6 +9,7 @@ import subprocess
 from functools import partial
 
 import clirun
+import dataplane
 import pytest
 from sshcluster import requires_private_roots
 
@@ -102,3 +103,40 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     assert failed.endswith("; not restarted: a restart would meet the same disk full"), failed
     assert "step 1/" not in short.stdout                    # refused before training
 
+
+
+def test_the_data_plane_dropped_between_the_hosts_is_a_stall_that_names_it(make_cluster, tmp_path):
+    """SSH stays up (the ranks' heartbeats go on), their ring connections drop: every rank waits in its step's
+    collective; the stall line says they wait for each other, points to the data plane, exit 125 as any stall."""
+    why = dataplane.available()
+    if why:
+        pytest.skip(f"the data plane cannot be dropped here: {why}")
+    cluster = make_cluster(2)
+    project = tmp_path / "project"
+    project.mkdir()
+    job = clirun.start("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--stall-timeout", "8",
+                       # no checkpoint while the link is down: one announces a quiet phase that the verdict waits out
+                       "--", *TRAIN, "--steps", "100000", "--ckpt-every", "0", cwd=project, own_cache=True)
+    lines, drop = [], None
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if re.search(r"\] step +20/", line):
+                run_id = clirun.TOKEN.search("".join(lines)).group(1)
+                ranks = project / "runs" / run_id / "ranks.json"
+                ranks = ranks if ranks.exists() else next((project / "runs" / run_id).glob("attempt-*/ranks.json"))
+                drop = dataplane.DataPlaneDrop(dataplane.endpoints(str(ranks))).__enter__()
+                break
+        out, _ = job.communicate(timeout=120)
+    finally:
+        job.kill()
+        if drop is not None:
+            drop.__exit__(None, None, None)
+    text = "".join(lines) + out
+    assert drop is not None, text[-3000:]
+    assert job.returncode == 125, text[-3000:]
+    failed = next(line for line in text.splitlines() if " failed: " in line)
+    assert "failed: stalled: no progress from any rank for " in failed, failed
+    assert re.search(r"every rank waits at the same place \(.+\): in a collective, for each other, which usually means "
+                     r"the link between the hosts \(the data plane\): check it with `clusterctl doctor --data-plane`; "
+                     r"the hosts' last heartbeats: h1 \ds ago, h2 \ds ago", failed), failed

@@ -33,6 +33,7 @@ def test_the_trainers_own_checkpoint_line_and_an_empty_tail():
     assert causes.read(["step 300 | loss 2.1", line]) == causes.Cause(causes.DISK_FULL, line)
     assert causes.read([]) == causes.Cause(causes.OTHER, "")
     assert causes.read(["", "  "]).line == ""
+    assert causes.read(["attempt 2 /w/runs/x", "done"]) == causes.Cause(causes.OTHER, "")    # output, not an error
 
 
 def test_a_first_cause_outranks_a_follower_and_fixes_name_the_host():

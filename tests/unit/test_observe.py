@@ -390,3 +390,17 @@ def test_the_latest_checkpoint_is_the_newest_run_that_holds_a_whole_one(tmp_path
     assert latest_checkpoint(str(tmp_path)) == ("20261102-100000-bbbbbb", "step-000010")
     step("20261101-100000-aaaaaa", "step-001000")
     assert latest_checkpoint(str(tmp_path)) == ("20261102-100000-bbbbbb", "step-000010")
+
+
+def test_a_runs_outcome_cell_is_the_cause_without_its_fix_and_followers():
+    from clusterctl.observe.runs import RunInfo
+
+    reason = ("rank 1 on h2 exited 1: error: no space left on device writing /w/runs/x (0.0 MiB free in /w/runs/x): "
+              "free space there -> free space on h2; followed from it: rank 0 on h1 (RuntimeError: [ring] connection "
+              "to a peer was lost); not restarted: a restart would meet the same disk full")
+    info = RunInfo(run_id="x", dir="/r/x", start=None, duration_s=None, hosts=["h1", "h2"], world=2, backend="ring",
+                   status="failed", exit_code=1, reason=reason, final_loss=None, final_val_loss=None, restarts=1)
+    assert info.outcome == ("exit 1: rank 1 on h2 exited 1: error: no space left on device writing /w/runs/x (0.0 MiB "
+                            "free in /w/runs/x): free space there; not restarted: a restart would meet the same disk "
+                            "full, after 1 restart")
+
