@@ -567,10 +567,29 @@ class SSHCluster:
                 except ProcessLookupError:
                     pass
                 self.stop_host(host.index)
+        self._sweep_strays()
         for host in self.hosts:
             harvest_mlx_kernels(host.dir / "tmp")
         if self.inventory_only:
             self._forget_host_keys()
+
+    def _sweep_strays(self) -> None:
+        """Kill what still runs in this cluster's directories once every sshd is gone: a process whose session
+        ended before it (a test stopped mid-run) is no longer among any sshd's descendants. Only a safety net for
+        the next tests' sake: the tests that check for leftovers do so before stopping the cluster."""
+        root = str(self.root)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if cwd == root or cwd.startswith(root + "/") or cwd.startswith(str(self.host_root) + "/"):
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _forget_host_keys(self) -> None:
         """In inventory_only mode the hosts' own OpenSSH records its peers in the login user's known_hosts
