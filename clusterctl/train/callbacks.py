@@ -247,6 +247,10 @@ class TrainerSummary(Callback):
 # loading, restoring and the first step's compile (on a Linux CPU host MLX compiles its kernels then:
 # docs/run.md#a-slow-first-step-on-linux), an evaluation, a checkpoint. A hang there is caught this late.
 QUIET_S = 600.0
+# Once an evaluation or a checkpoint has been timed, the next of its kind announces QUIET_TIMES its longest so far,
+# at least QUIET_MIN_S (never more than QUIET_S): a hang there (a link between the hosts dropped mid-checkpoint)
+# is then a stall within a minute or so, not ten.
+QUIET_TIMES, QUIET_MIN_S = 10.0, 60.0
 BEAT_S = 1.0          # at most one progress line a second from each rank
 
 
@@ -274,14 +278,30 @@ class Progress(Callback):
         self.total_steps = total_steps
         self.last_beat = 0.0
         self.quiet = True
+        self.phase: tuple[str, float] | None = None     # the quiet phase under way: (what, since)
+        self.longest: dict[str, float] = {}             # each kind's longest quiet phase so far, in seconds
         announce_quiet()          # the first step: graph building and, on a Linux CPU, kernel compiles
 
     def on_step(self, step, loss, grad_norm):
         now = time.monotonic()
+        if self.phase is not None:
+            what, since = self.phase
+            self.longest[what] = max(self.longest.get(what, 0.0), now - since)
+            self.phase = None
         if self.quiet or now - self.last_beat >= BEAT_S or step == self.total_steps:
             report(step=step, total_steps=self.total_steps)
             self.last_beat, self.quiet = now, False
 
     def on_quiet(self, step, what):
-        announce_quiet()
+        if self.phase is None:         # an evaluation and a checkpoint at one step: one phase, the first's kind
+            self.phase = (what, time.monotonic())
+        announce_quiet(quiet_for(self.longest.get(what)))
         self.quiet = True
+
+
+def quiet_for(longest: float | None) -> float:
+    """The quiet phase to announce for a kind of phase whose longest so far took `longest` seconds (None: never
+    timed yet): QUIET_S, else QUIET_TIMES that, within [QUIET_MIN_S, QUIET_S]."""
+    if longest is None:
+        return QUIET_S
+    return min(QUIET_S, max(QUIET_MIN_S, QUIET_TIMES * longest))

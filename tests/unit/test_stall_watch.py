@@ -251,3 +251,30 @@ def test_every_rank_at_one_place_on_several_hosts_is_a_wait_for_each_other_that_
     assert said == ("every rank waits at the same place (mx.eval(x) at stall.py:10): in a collective, for each other, "
                     "which usually means the link between the hosts (the data plane): check it with `clusterctl doctor "
                     "--data-plane`; the hosts' last heartbeats: h1 0s ago, h2 1s ago")
+
+
+def test_a_quiet_phase_of_a_kind_already_timed_is_announced_at_ten_times_its_longest_within_bounds():
+    from clusterctl.train.callbacks import QUIET_MIN_S, QUIET_S, quiet_for
+
+    assert quiet_for(None) == QUIET_S                # never timed: the long default
+    assert quiet_for(0.3) == QUIET_MIN_S             # a quick checkpoint: a minute, not ten
+    assert quiet_for(12.0) == 120.0
+    assert quiet_for(300.0) == QUIET_S               # capped
+
+
+def test_progress_times_each_kind_of_quiet_phase_and_announces_from_it(monkeypatch):
+    from clusterctl.train import callbacks
+
+    said, clock = [], [100.0]
+    monkeypatch.setattr(callbacks, "watched", lambda: True)
+    monkeypatch.setattr(callbacks, "report", lambda **kw: said.append(kw))
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock[0])
+    p = callbacks.Progress(100)
+    p.on_step(1, None, None)
+    p.on_quiet(20, "checkpoint")
+    clock[0] += 2.0                                   # the checkpoint took 2 s
+    p.on_step(21, None, None)
+    p.on_quiet(40, "checkpoint")
+    p.on_quiet(40, "evaluation")                      # never timed: the default
+    quiet = [kw["quiet_s"] for kw in said if "quiet_s" in kw]
+    assert quiet == [callbacks.QUIET_S, callbacks.QUIET_S, 60.0, callbacks.QUIET_S], said
