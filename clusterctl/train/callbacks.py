@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from contextlib import ExitStack, contextmanager
 
@@ -154,6 +155,23 @@ class Checkpointing(Callback):
         # before any rank of this run writes one (a checkpoint needs every rank): a killed writer's leftovers
         for name in checkpoint.remove_stale(out_dir):
             print(f"checkpoint: removed {name}, a temporary copy left by a writer that was stopped", flush=True)
+        self.short = False                 # this rank's disk had no room for the next checkpoint at the last report
+
+    def on_report(self, step, lr):
+        """Each report, this rank's disk against the newest checkpoint's size: said once when the next would not
+        fit (a disk filling up is named before a checkpoint fails on it), and once when it would again."""
+        space = checkpoint.space(self.out_dir)
+        if space is None:
+            return
+        free, need = space
+        where = os.path.join(os.path.abspath(self.out_dir), "checkpoints")
+        if free < need and not self.short:
+            print(f"warning: no space left on device for the next checkpoint in {where}: {free / 2**20:.1f} MiB free, "
+                  f"the last took {need / 2**20:.1f} MiB: free space there, or that checkpoint fails the run",
+                  file=sys.stderr, flush=True)
+        elif free >= need and self.short:
+            print(f"checkpoint: room again in {where} ({free / 2**20:.1f} MiB free)", flush=True)
+        self.short = free < need
 
     def on_shares(self, step, info):
         self.rows = info["rows"]           # a resumed run starts from these shares

@@ -146,6 +146,17 @@ def _checkpoint_size(root: Path) -> int:
     return _size(steps[-1]) if steps else 0
 
 
+def space(out_dir: str) -> tuple[int, int] | None:
+    """(free bytes, the newest checkpoint's size) on this rank's disk under <out>/checkpoints; None before the
+    first checkpoint, or when the disk cannot be asked."""
+    root = Path(out_dir) / "checkpoints"
+    try:
+        need = _checkpoint_size(root)
+        return (shutil.disk_usage(root).free, need) if need else None
+    except OSError:
+        return None
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 

@@ -16,8 +16,10 @@ from sshcluster import requires_private_roots
 pytestmark = pytest.mark.ssh
 
 CHECKPOINT = re.compile(r"\] step (\d+) \| checkpoint ")
+# a report each step, a checkpoint each 100: what the test does between a report and the next checkpoint has
+# about 100 steps of time
 TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
-         "--batch-size", "4", "--steps", "400", "--report-every", "10", "--eval-every", "0", "--ckpt-every", "20",
+         "--batch-size", "4", "--steps", "400", "--report-every", "1", "--eval-every", "0", "--ckpt-every", "100",
          "--keep", "2", "--balance", "off"]
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 
@@ -58,10 +60,17 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
                        "--restart-delay", "1", "--", *TRAIN, cwd=project, own_cache=True)
     lines = []
     try:
-        for line in job.stdout:            # the first checkpoint is written on both hosts, then h2's disk fills
+        # the first checkpoint is written on both hosts, then h2's disk fills; named, it is freed and the run
+        # goes on; it fills again, for good
+        fills = 0
+        for line in job.stdout:
             lines.append(line)
-            if CHECKPOINT.search(line):
+            if (CHECKPOINT.search(line) and fills == 0) or ("checkpoint: room again" in line and fills == 1):
                 fill(small_disk)
+                fills += 1
+            elif "warning: no space left on device for the next checkpoint" in line and fills == 1:
+                os.remove(small_disk / "filler")
+            if fills == 2:
                 break
         out, _ = job.communicate(timeout=240)
     finally:
@@ -75,6 +84,10 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     assert "followed from it: rank 0 on h1 (RuntimeError: [ring] connection to a peer was lost)" in failed, failed
     assert failed.endswith("; not restarted: a restart would meet the same disk full"), failed
     assert "restart 1 of 2" not in text
+    # named as it filled, at a report before a checkpoint; freed, the run went on
+    assert fills == 2 and "[rank 1 h2] checkpoint: room again in " in text, text[-3000:]
+    assert re.search(r"\[rank 1 h2\] warning: no space left on device for the next checkpoint in "
+                     rf"{re.escape(cluster.workdir)}/runs/\S+/checkpoints: 0\.\d MiB free", text), text[-3000:]
     run_id = clirun.TOKEN.search(text).group(1)
     for i in (1, 2):                       # no temporary checkpoint directory on either host
         left = cluster.ssh(i, f"ls -a {cluster.workdir}/runs/{run_id}/checkpoints")
@@ -87,7 +100,7 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     again = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
                        *TRAIN, "--resume", "latest", cwd=project)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert re.search(r"resumed from \S+/checkpoints/step-0000[2-9]0", again.stdout), again.stdout[:3000]
+    assert re.search(r"resumed from \S+/checkpoints/step-000[1-3]00", again.stdout), again.stdout[:3000]
     assert "step 400/400" in again.stdout
 
     # less free space on h2 than the run's checkpoints need: refused as the ranks start, naming h2, not restarted
@@ -121,7 +134,7 @@ def test_the_data_plane_dropped_between_the_hosts_is_a_stall_that_names_it(make_
     try:
         for line in job.stdout:
             lines.append(line)
-            if re.search(r"\] step +20/", line):
+            if re.search(r"\] step +20/", line):      # between checkpoints (--ckpt-every 0 below)
                 run_id = clirun.TOKEN.search("".join(lines)).group(1)
                 ranks = project / "runs" / run_id / "ranks.json"
                 ranks = ranks if ranks.exists() else next((project / "runs" / run_id).glob("attempt-*/ranks.json"))
