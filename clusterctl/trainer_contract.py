@@ -14,6 +14,10 @@ from __future__ import annotations
 import re
 
 STEP_GLOB = "step-*"                   # every checkpoint directory (and nothing else) matches it
+CHECKPOINTS = "checkpoints"            # in a run directory: the checkpoints, on every host that writes one
+# a checkpoint being written (train/checkpoint.py save): what a writer killed mid-write leaves, which the trainer
+# removes at its next start and run's sweep after a failed attempt (launch/launchers.py)
+CHECKPOINT_TMP_GLOB = ".step-*.tmp-*"
 _STEP_DIR = re.compile(r"step-(\d+)")
 _REPORT = re.compile(r"^step +(\d+)/\d+ \|")
 

@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..hosts.fanout import run_all
 from ..hosts.quoting import quote_path
 from ..inventory import Cluster
+from ..trainer_contract import CHECKPOINT_TMP_GLOB, CHECKPOINTS, RUNS_DIR
 from .backends import Backend
 from .site import LaunchSite
 
@@ -49,10 +50,11 @@ def sweep_pattern(run_id: str | None) -> str:
     return f"clusterctl-ru[n]-{run_id}"
 
 
-def sweep_script(run_id: str | None, rank_files: str | None = None) -> str:
+def sweep_script(run_id: str | None, rank_files: str | None = None, run_dir: str | None = None) -> str:
     """The POSIX sh a host runs to kill what is left of a run (None: of every clusterctl run): every rank
     carries its run id on its command line. Exit 1, listing them, when something would not die. Then the
-    pid and stacks files killed ranks left in `rank_files` (hosts/scripts/stackdump.py) are removed."""
+    pid and stacks files killed ranks left in `rank_files` (hosts/scripts/stackdump.py) are removed, and in the
+    run's directory there (`run_dir`) the checkpoint a killed writer left half written (trainer_contract)."""
     pattern = shlex.quote(sweep_pattern(run_id))
     wait = f"i=0; while pgrep -f {pattern} >/dev/null 2>&1 && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done"
     # TERM, wait for them to go; KILL what is left, and wait again, so that nothing of the run is still
@@ -62,6 +64,8 @@ def sweep_script(run_id: str | None, rank_files: str | None = None) -> str:
         folder = quote_path(rank_files)
         tidy = (f"rm -f {folder}/rank-*.pid {folder}/rank-*.stacks {folder}/rank-*.partial 2>/dev/null; "
                 f"rmdir {folder} 2>/dev/null; ")
+    if run_dir:
+        tidy += f"rm -rf {quote_path(run_dir)}/{CHECKPOINTS}/{CHECKPOINT_TMP_GLOB} 2>/dev/null; "
     return (f"pkill -TERM -f {pattern} 2>/dev/null; {wait}; pkill -KILL -f {pattern} 2>/dev/null; {wait}; {tidy}"
             f"if pgrep -f {pattern} >/dev/null 2>&1; then "
             f"ps -o pid=,stat=,args= -p \"$(pgrep -d, -f {pattern})\" | cut -c1-160; exit 1; fi")
@@ -71,7 +75,8 @@ def sweep(connector: Connector, run_id: str | None, timeout: float = 15.0) -> li
     """Kill whatever is left of this run (None: of every clusterctl run) on every host (sweep_script).
     Returns the hosts where something may survive (unreachable, or a process that would not die)."""
     def one(host):
-        script = sweep_script(run_id, connector.rank_files_dir(host, run_id) if run_id else None)
+        script = sweep_script(run_id, connector.rank_files_dir(host, run_id) if run_id else None,
+                              f"{host.workdir.rstrip('/')}/{RUNS_DIR}/{run_id}" if run_id else None)
         with connector.transport(host) as t:
             return t.run(script, timeout=timeout)
 

@@ -35,7 +35,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..atomic import fsync_tree, write_text
 from ..errors import CheckpointError, NoSpace
-from ..trainer_contract import STEP_GLOB, checkpoint_step, step_dir_name
+from ..trainer_contract import CHECKPOINT_TMP_GLOB, CHECKPOINTS, STEP_GLOB, checkpoint_step, step_dir_name
 from .fsdp import chunk_size
 from .strategies import get
 
@@ -164,8 +164,8 @@ def _mib(n: int) -> str:
 def remove_stale(out_dir: str) -> list[str]:
     """The temporary directories a killed writer left in <out>/checkpoints (never a whole checkpoint): removed at
     a run's start, before any rank of it writes one. Their names."""
-    root = Path(out_dir) / "checkpoints"
-    stale = [p for p in root.iterdir() if p.name.startswith(".step-") and ".tmp-" in p.name] if root.is_dir() else []
+    root = Path(out_dir) / CHECKPOINTS
+    stale = list(root.glob(CHECKPOINT_TMP_GLOB)) if root.is_dir() else []
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return [p.name for p in stale]
@@ -317,7 +317,7 @@ def write_model(tmp: Path, model, adapter: dict | None) -> None:
 def _prune(root: Path, keep: int, newest: str) -> None:
     steps = sorted(p for p in root.iterdir() if checkpoint_step(p.name) is not None)
     old = steps[:-keep] if keep else []
-    stale_tmp = [p for p in root.iterdir() if p.name.startswith(".step-") and ".tmp-" in p.name]
+    stale_tmp = list(root.glob(CHECKPOINT_TMP_GLOB))
     for path in old + stale_tmp:
         if path.name != newest:
             shutil.rmtree(path, ignore_errors=True)

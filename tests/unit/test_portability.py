@@ -70,7 +70,8 @@ def every_script(cluster, tmp_path) -> dict[str, str]:
         "probe + module check (pre-flight)": probe_script(python=host.python, workdir=host.workdir, mpi_lib_dir=None,
                                                           peers=[], mesh_config=None, ssh_config=None, full=False)
         + module_check(host, "pkg.train"),
-        "sweep": sweep_script("20261124-000000-abcdef", "~/work dir/.clusterctl/runs/20261124-000000-abcdef"),
+        "sweep": sweep_script("20261124-000000-abcdef", "~/work dir/.clusterctl/runs/20261124-000000-abcdef",
+                              "~/work dir/runs/20261124-000000-abcdef"),
         "rsync's remote side": remote_rsync_path("~/work dir/sub") + " --server -lpt . .",
         "launch from the first host": LAUNCH_HOST_FACTS,
         "a command with env": remote_command(shell_command(["python3", "-c", "print(1)"], cwd="~/w d"), env=True),
@@ -122,3 +123,18 @@ def test_the_checker_catches_a_gnu_ism_and_a_syntax_error(tmp_path):
     path = tmp_path / "broken.sh"
     path.write_text("if [ -f x ]; then echo\n")        # no fi
     assert subprocess.run(["/bin/sh", "-n", str(path)], capture_output=True).returncode != 0
+
+
+def test_the_sweep_removes_a_killed_writers_half_written_checkpoint_and_nothing_else(tmp_path):
+    """The sweep's shell, run here by /bin/sh on a run directory with spaces: the temporary checkpoint directory
+    goes, the whole checkpoints and `latest` stay."""
+    import subprocess
+
+    run = tmp_path / "work dir" / "runs" / "20261124-000000-abcdef"
+    for name in ("step-000100", ".step-000200.tmp-0a1b2c"):
+        (run / "checkpoints" / name).mkdir(parents=True)
+        (run / "checkpoints" / name / "model.safetensors").write_text("x")
+    (run / "checkpoints" / "latest").write_text("step-000100\n")
+    script = sweep_script("20261124-000000-abcdef", str(tmp_path / "work dir" / ".clusterctl" / "runs" / "x"), str(run))
+    assert subprocess.run(["/bin/sh", "-c", script]).returncode == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000100"]
