@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -35,7 +36,7 @@ import mlx.core as mx
 
 from ..atomic import write_text
 from ..progress import report
-from ..trainer_contract import TRAINER_SUMMARY
+from ..trainer_contract import CHECKPOINTS, TRAINER_SUMMARY
 from . import checkpoint, strategies
 from .metrics import Reporter
 from .model import ModelArgs
@@ -156,22 +157,25 @@ class Checkpointing(Callback):
         for name in checkpoint.remove_stale(out_dir):
             print(f"checkpoint: removed {name}, a temporary copy left by a writer that was stopped", flush=True)
         self.short = False                 # this rank's disk had no room for the next checkpoint at the last report
+        self.last_size = checkpoint.newest_size(out_dir)      # a resumed run's newest; then each one written
 
     def on_report(self, step, lr):
-        """Each report, this rank's disk against the newest checkpoint's size: said once when the next would not
-        fit (a disk filling up is named before a checkpoint fails on it), and once when it would again."""
-        space = checkpoint.space(self.out_dir)
-        if space is None:
+        """Each report, this rank's free disk space against the newest checkpoint's size: said once when the next
+        would not fit (a disk filling up is named before a checkpoint fails on it), and once when it would again."""
+        if not self.last_size:
             return
-        free, need = space
-        where = os.path.join(os.path.abspath(self.out_dir), "checkpoints")
-        if free < need and not self.short:
-            print(f"warning: no space left on device for the next checkpoint in {where}: {free / 2**20:.1f} MiB free, "
-                  f"the last took {need / 2**20:.1f} MiB: free space there, or that checkpoint fails the run",
+        where = os.path.join(os.path.abspath(self.out_dir), CHECKPOINTS)
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            return
+        if free < self.last_size and not self.short:
+            print(f"warning: no space left on device for the next checkpoint in {where}: {checkpoint.mib(free)} free, "
+                  f"the last took {checkpoint.mib(self.last_size)}: free space there, or that checkpoint fails the run",
                   file=sys.stderr, flush=True)
-        elif free >= need and self.short:
-            print(f"checkpoint: room again in {where} ({free / 2**20:.1f} MiB free)", flush=True)
-        self.short = free < need
+        elif free >= self.last_size and self.short:
+            print(f"checkpoint: room again in {where} ({checkpoint.mib(free)} free)", flush=True)
+        self.short = free < self.last_size
 
     def on_shares(self, step, info):
         self.rows = info["rows"]           # a resumed run starts from these shares
@@ -190,6 +194,7 @@ class Checkpointing(Callback):
             from .adapters import described
             state["adapter"] = described(config, self.model)
         path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
+        self.last_size = checkpoint.newest_size(self.out_dir)
         if group.rank() == 0:
             print(f"step {step} | checkpoint {path}", flush=True)
 

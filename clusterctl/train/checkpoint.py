@@ -107,8 +107,8 @@ def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: in
         shutil.rmtree(tmp, ignore_errors=True)       # the save fails on every rank: no rank of it needs it
         if isinstance(e, (OSError, RuntimeError)) and _no_space(root, e):
             raise NoSpace(f"checkpoint at step {step} not written: no space left on device in {root} "
-                          f"({_mib(shutil.disk_usage(root).free)} free after removing its partial copy; a checkpoint "
-                          f"takes {_mib(_checkpoint_size(root) or used)}, --keep {keep or 'all'}): free space there "
+                          f"({mib(shutil.disk_usage(root).free)} free after removing its partial copy; a checkpoint "
+                          f"takes {mib(_checkpoint_size(root) or used)}, --keep {keep or 'all'}): free space there "
                           "or lower --keep, then --resume latest") from None
         raise
     return final
@@ -146,18 +146,12 @@ def _checkpoint_size(root: Path) -> int:
     return _size(steps[-1]) if steps else 0
 
 
-def space(out_dir: str) -> tuple[int, int] | None:
-    """(free bytes, the newest checkpoint's size) on this rank's disk under <out>/checkpoints; None before the
-    first checkpoint, or when the disk cannot be asked."""
-    root = Path(out_dir) / "checkpoints"
-    try:
-        need = _checkpoint_size(root)
-        return (shutil.disk_usage(root).free, need) if need else None
-    except OSError:
-        return None
+def newest_size(out_dir: str) -> int:
+    """The newest whole checkpoint's size in <out>/checkpoints on this rank's disk (0: none yet)."""
+    return _checkpoint_size(Path(out_dir) / CHECKPOINTS)
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
@@ -315,7 +309,7 @@ def write_model(tmp: Path, model, adapter: dict | None) -> None:
 
 
 def _prune(root: Path, keep: int, newest: str) -> None:
-    steps = sorted(p for p in root.iterdir() if checkpoint_step(p.name) is not None)
+    steps = steps_in(root)
     old = steps[:-keep] if keep else []
     stale_tmp = list(root.glob(CHECKPOINT_TMP_GLOB))
     for path in old + stale_tmp:

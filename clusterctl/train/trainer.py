@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable
 import mlx.core as mx
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, DataError
-from ..trainer_contract import STEP_GLOB, step_dir_name
+from ..trainer_contract import CHECKPOINTS, STEP_GLOB, step_dir_name
 from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
 from .testset import evaluate
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
@@ -167,18 +167,17 @@ def plan_disk(config: TrainConfig, shape, out_dir: str) -> None:
 
     from ..errors import NoSpace
 
-    root = os.path.join(out_dir, "checkpoints")
+    root = os.path.join(out_dir, CHECKPOINTS)
     where = next(p for p in (root, out_dir, os.path.dirname(os.path.abspath(out_dir)), "/") if os.path.isdir(p))
     each = memory.checkpoint_bytes(shape, config.optimizer)
     held = memory.checkpoints_held(config.steps, config.ckpt_every, config.keep)
-    there = len(checkpoint.steps_in(root)) if os.path.isdir(root) else 0
-    need, free = max(held - there, 1) * each, shutil.disk_usage(where).free
+    need, free = max(held - len(checkpoint.steps_in(root)), 1) * each, shutil.disk_usage(where).free
     if free >= 2 * need:
         return
-    mib = 2 ** 20
-    text = (f"not enough free space for this run's checkpoints in {os.path.abspath(root)}: {free / mib:.1f} MiB free, "
-            f"they need about {need / mib:.1f} MiB ({held} at most at once, --keep {config.keep or 'all'} and one being "
-            f"written, {each / mib:.1f} MiB each)")
+    mib = checkpoint.mib
+    text = (f"not enough free space for this run's checkpoints in {os.path.abspath(root)}: {mib(free)} free, "
+            f"they need about {mib(need)} ({held} at most at once, --keep {config.keep or 'all'} and one being "
+            f"written, {mib(each)} each)")
     if free < need and config.memory_check == "on":
         raise NoSpace(f"{text}: free space there, or lower --keep or raise --ckpt-every (--memory-check off: try "
                       "anyway)")
@@ -526,6 +525,6 @@ def _free(path: str) -> str:
     import shutil
 
     try:
-        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB"
+        return checkpoint.mib(shutil.disk_usage(path).free)
     except OSError:
         return "unknown"
