@@ -278,3 +278,28 @@ def test_progress_times_each_kind_of_quiet_phase_and_announces_from_it(monkeypat
     p.on_quiet(40, "evaluation")                      # never timed: the default
     quiet = [kw["quiet_s"] for kw in said if "quiet_s" in kw]
     assert quiet == [callbacks.QUIET_S, callbacks.QUIET_S, 60.0, callbacks.QUIET_S], said
+
+
+def test_a_rank_that_does_not_answer_is_told_by_its_process_state():
+    """hosts/scripts/stacks.py's state(): a real process stopped with SIGSTOP reads as stopped (ps -o stat=, which
+    procps and macOS's ps both answer); running again, nothing is said."""
+    import signal
+    import subprocess
+    import time
+
+    from clusterctl.hosts.scripts import stacks as script
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while script.state(proc.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert script.state(proc.pid).startswith("it is stopped (process state T: SIGSTOP")
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        assert script.state(proc.pid) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert script.state(proc.pid) is None            # gone: ps prints nothing

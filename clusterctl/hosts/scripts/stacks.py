@@ -41,6 +41,25 @@ def kind_of(path):
     return "library" if os.sep + "site-packages" + os.sep in path else "program"
 
 
+# what a process's state letter (ps -o stat=, the same on Linux's procps and macOS's BSD ps) says of one that did
+# not answer the signal asking for its stacks
+STATES = {"T": "it is stopped (process state T: SIGSTOP, Ctrl-Z or a debugger holds it; SIGCONT resumes it)",
+          "D": "it is stuck in the kernel (process state D: waiting on a disk or a network file system)",
+          "U": "it is stuck in the kernel (process state U: waiting on a disk or a network file system)",
+          "Z": "it has exited (process state Z)"}
+
+
+def state(pid):
+    """Why a process did not answer, by its state, or None (running or sleeping: only slow, or its signal is blocked)."""
+    try:
+        done = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    letter = done.stdout.strip()[:1]
+    return STATES.get(letter)
+
+
 def py_spy(pid):
     found = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(found):
@@ -98,6 +117,9 @@ def main(argv):
             entry["error"] = "could not be signalled"
         elif r not in settled:
             entry["error"] = "did not answer within %gs (its dump, if any, is incomplete)" % timeout
+            why = state(pid)
+            if why:
+                entry["error"] = "did not answer within %gs: %s" % (timeout, why)
         for line in entry["text"].splitlines():
             m = FRAME.match(line)
             if m:
