@@ -503,19 +503,8 @@ def _rdma_devices(p: HostProbe, cluster: Cluster, backend: str, shown: str, stat
 
 # ---- data plane --------------------------------------------------------------------------------
 
-def dataplane_peers(cluster: Cluster) -> dict[str, list[str]]:
-    """The hosts whose address and ring port each host's data-plane probe connects to: every other host, or, for a
-    backend whose ranks only talk to their ring neighbours, the next host in inventory order (a ring rank connects
-    to the next rank's address and accepts from the previous one, so a Thunderbolt ring's addresses, each on the
-    cable from the host before, are reachable from exactly there: docs/facts/macos.md#thunderbolt-addresses)."""
-    names = [h.name for h in cluster.hosts]
-    if backends.get(cluster.launch.backend).neighbours_only:
-        return {name: [names[(i + 1) % len(names)]] if len(names) > 1 else [] for i, name in enumerate(names)}
-    return {name: [n for n in names if n != name] for name in names}
-
-
 def dataplane(probes: list[HostProbe], cluster: Cluster) -> list[Finding]:
-    """TCP from every host to the address and ring port of each host it must reach (dataplane_peers;
+    """TCP from every host to the address and ring port of each host it must reach (launch/dataplane.py peers;
     docs/facts/launchers.md#mlx-launch-ring-ports); the subnet `run` pins MPI to (docs/facts/launchers.md#btl-tcp-if-include)."""
     if len(probes) < 2:
         return [Finding("data-plane", CLUSTER, PASS, "one host: its ranks talk over loopback")]

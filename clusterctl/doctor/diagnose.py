@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ClusterctlError
 from ..hosts.connector import Connector
-from ..hosts.facts import choose_libmpi, ring_port
+from ..hosts.facts import choose_libmpi
 from ..hosts.fanout import run_all
-from ..hosts.probe import DataplaneSpec, HostProbe, dataplane_command, parse_probe, probe_script
+from ..hosts.probe import HostProbe, parse_probe, probe_script
 from ..hosts.transport import read_until
 from ..inventory import Cluster, Host
-from ..launch import backends
+from ..launch import backends, dataplane
 from ..launch.plan import plan_from_probes
 from . import checks, smoke
 from .options import LM_PACKAGE, DoctorOptions, version_here
@@ -125,28 +125,17 @@ def _probe_all(connector: Connector, phases: dict[str, float]) -> list[HostProbe
 
 
 def _dataplane_phase(connector: Connector, probes: list[HostProbe], transports: dict) -> None:
+    """The data-plane probe (launch/dataplane.py) on the hosts whose python answered, over their open connections."""
     cluster = connector.cluster
-    if len(cluster.hosts) < 2 or not all(h.address for h in cluster.hosts):
+    if not dataplane.askable(cluster):
         return
-    live = [p for p in probes if p.facts is not None and p.facts.get("python_path")]
-    budget = max(3.0, connector.connect_timeout)
-    per_ip = cluster.launch.connections_per_ip
-
-    by_name = {p.host.name: p for p in live}
-    peers = checks.dataplane_peers(cluster)
-
-    def run(host: Host):
-        p = by_name[host.name]
-        spec = DataplaneSpec(p.host.name, p.host.address, ring_port(p.host, per_ip), budget,
-                             tuple((q.host.name, q.host.address, ring_port(q.host, per_ip)) for q in live
-                                   if q.host.name in peers[p.host.name]))
-        return transports[p.host.name].run(dataplane_command(p.host.python, spec), timeout=budget + 10)
-
-    group = run_all([p.host for p in live], run, deadline=budget + 15)
-    for p in live:
-        outcome = group[p.host.name]
-        if outcome.error is None:
-            p.facts.dataplane = parse_probe(outcome.value.stdout).dataplane
+    live = {p.host.name: p for p in probes if p.facts is not None and p.facts.get("python_path")}
+    results = dataplane.probe(cluster, [p.host for p in live.values()],
+                              lambda host, command, timeout: transports[host.name].run(command, timeout=timeout),
+                              max(dataplane.MIN_BUDGET_S, connector.connect_timeout))
+    for name, result in results.items():
+        if result is not None:
+            live[name].facts.dataplane = result
 
 
 def smoke_tests(cluster: Cluster) -> tuple[list[backends.Backend], bool]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from clusterctl.doctor import checks
+from clusterctl.launch import dataplane
 from clusterctl.doctor.report import CLUSTER, FAIL, PASS, WARN, Finding, Report, render_matrix, render_table
 from clusterctl.doctor.smoke import judge
 from clusterctl.hosts import facts as host_facts
@@ -304,11 +305,11 @@ def test_a_ring_checks_each_host_to_the_next_and_needs_no_shared_subnet():
     the next host can reach it, and that is all MLX's ring needs (docs/facts/macos.md#thunderbolt-addresses)."""
     ring = parse("hosts:\n" + "".join(f"  - {{name: h{i}, address: 10.99.{i - 1}.2}}\n" for i in range(1, 4))
                  + "launch: {backend: ring}\n", "i.yaml")
-    assert checks.dataplane_peers(ring) == {"h1": ["h2"], "h2": ["h3"], "h3": ["h1"]}
-    assert checks.dataplane_peers(CLUSTER4)["h2"] == ["h1", "h3", "h4"]          # mpi: every other host
+    assert dataplane.peers(ring) == {"h1": ["h2"], "h2": ["h3"], "h3": ["h1"]}
+    assert dataplane.peers(CLUSTER4)["h2"] == ["h1", "h3", "h4"]          # mpi: every other host
     two = parse("hosts: [{name: a, address: 10.99.0.1}, {name: b, address: 10.99.0.2}]\nlaunch: {backend: ring}\n",
                 "i.yaml")
-    assert checks.dataplane_peers(two) == {"a": ["b"], "b": ["a"]}
+    assert dataplane.peers(two) == {"a": ["b"], "b": ["a"]}
     probes = []
     for i in range(1, 4):
         p = probe(i, ring, iface=[f"2: en2    inet 10.99.{i - 1}.2/30 brd 10.99.{i - 1}.3 scope global en2"])
