@@ -13,6 +13,7 @@ import click
 from ..launch import backends
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
+from ..launch.restart import DATA_PLANE_WAIT_S
 from ..trainer_contract import RUNS_DIR
 from . import app
 from .console import Bars, TransferProgress, one_line, size, stored_line
@@ -129,6 +130,19 @@ class PrintedRun:
     def restarting(self, launch, restart, max_restarts, reason, delay_s):
         click.secho(f"run {launch.run_id}: {reason}; restart {restart} of {max_restarts} in {delay_s:g}s "
                     f"(logs of the attempt that failed: {_shown(launch.log_dir)}/)", fg="yellow", err=True)
+
+    def data_plane_down(self, launch, restart, broken, limit_s):
+        shown = "; ".join(broken[:3]) + (f"; and {len(broken) - 3} more" if len(broken) > 3 else "")
+        click.secho(f"run {launch.run_id}: restart {restart} waits for the data plane, up to {limit_s:g}s "
+                    f"(--data-plane-wait): {shown}", fg="yellow", err=True)
+
+    def data_plane_up(self, launch, restart, waited_s, limit_s):
+        if waited_s is None:
+            click.secho(f"run {launch.run_id}: the data plane still does not answer after {limit_s:g}s; restart "
+                        f"{restart} launches all the same", fg="yellow", err=True)
+        else:
+            click.echo(f"run {launch.run_id}: the data plane answers again after {waited_s:.0f}s; restart {restart} "
+                       "goes on", err=True)
 
     def spread(self, step, holder, hosts):
         click.echo(f"elastic: copied checkpoint {step} from {holder} to {', '.join(hosts)} (away while it was "
@@ -369,6 +383,10 @@ class RunCommand(click.Command):
                    "CLUSTERCTL_RESUME_DIR. Each attempt logs into runs/<id>/attempt-K/.")
 @click.option("--restart-delay", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
               help="Seconds between an attempt's end and the next one's pre-flight.")
+@click.option("--data-plane-wait", type=click.FloatRange(min=0), default=DATA_PLANE_WAIT_S, show_default=True,
+              metavar="S", help="After an attempt that failed because its hosts could not reach each other (the "
+                                "link between them dropped), the restart waits up to S seconds for every host to reach "
+                                "the others again before it launches; 0: launch at once.")
 @click.option("--elastic", type=click.IntRange(min=1), metavar="MIN",
               help="With --max-restarts: restart on the hosts that answer, as long as they run at least MIN ranks "
                    "(data-parallel only; a host that comes back is used again at the next restart).")
@@ -378,7 +396,8 @@ class RunCommand(click.Command):
                    "as CLUSTERCTL_ELASTIC_BATCH).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
-            fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, elastic, elastic_batch):
+            fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, data_plane_wait, elastic,
+            elastic_batch):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -414,7 +433,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     # -m is taken by split_run_words (click's --module only documents it), so the module is the split's
     script, args, module = words.script, words.args, words.module
     attempts = AttemptSettings(runs_dir=runs_dir, launch_from=launch_from, dry_run=dry_run, preflight=not no_preflight,
-                               restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch),
+                               restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch,
+                                                     data_plane_wait),
                                watch=Settings(rank0_only=rank0_only, start_timeout=start_timeout,
                                               hang_timeout=hang_timeout, stall=StallPolicy.parse(stall_timeout)))
     options = RunOptions(script=script, args=tuple(args), module=module, backend=backend, launcher=launcher,

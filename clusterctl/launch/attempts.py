@@ -8,7 +8,8 @@
 
 An attempt whose pre-flight finds the hosts changed since the cached plan is launched again at once from
 the fresh plan. Between attempts: --restart-delay, the re-check of the hosts (the pre-flight; with
---elastic, every host of the inventory, keeping those that answer), the sweep of what is left of the run.
+--elastic, every host of the inventory, keeping those that answer), the sweep of what is left of the run, and,
+after a data-plane fault, the wait for the hosts to reach each other again (launch/dataplane.py).
 What the use case adds (its events, the run's record, data re-staged for a new world, the checkpoint the
 next attempt resumes from) comes through an AttemptHooks object.
 """
@@ -25,7 +26,7 @@ from ..hosts.fanout import run_all
 from ..hosts.stdinfeed import StdinFeed
 from ..hosts.quoting import quote_path
 from ..inventory import Cluster
-from . import causes
+from . import causes, dataplane
 from .backends import Backend
 from .job import Launch, prepare
 from .launchers import choose_site, sweep
@@ -85,6 +86,9 @@ class AttemptHooks:
     def attempted(self, attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float) -> None: ...
     def restarting(self, launch: Launch, restart: int, reason: str) -> None: ...
     def recheck_failed(self, restart: int, error: ClusterctlError) -> None: ...
+    # after a data-plane fault: the restart waits for the hosts to reach each other again (launch/dataplane.py)
+    def data_plane_down(self, launch: Launch, restart: int, broken: list[str]) -> None: ...
+    def data_plane_up(self, launch: Launch, restart: int, waited_s: float | None) -> None: ...   # None: not in time
     def reshaped(self, cluster: Cluster, lost: dict[str, str], run_dir: str) -> None: ...   # another world
     def resuming(self, connector: Connector, launch: Launch) -> None: ...   # the next attempt is about to start
 
@@ -189,6 +193,8 @@ class Attempts:
                 # what an earlier attempt left on a host that did not answer when it was stopped (a Mac that
                 # slept through it) would hold the ranks' ports: gone before the next launch
                 sweep(connector, self.run_id)
+                if outcome.cause is not None and outcome.cause.kind == causes.DATA_PLANE:
+                    self._wait_for_data_plane(connector, launch)
                 self.hooks.resuming(connector, launch)
                 self.cluster, self.connector = cluster, connector
                 return plan
@@ -197,6 +203,17 @@ class Attempts:
                 if self.restarts >= self.policy.max_restarts:
                     raise
                 outcome = Outcome(e.exit_code, f"the pre-flight failed: {e}")
+
+    def _wait_for_data_plane(self, connector: Connector, launch: Launch) -> None:
+        """The attempt failed because its hosts could not reach each other: launching again into a dead link would
+        fail at once, so this restart first waits, up to --data-plane-wait, for every host to reach the others."""
+        limit = self.policy.data_plane_wait_s
+        if limit <= 0:
+            return
+        waited = dataplane.wait_until_up(connector, limit, lambda broken: self.hooks.data_plane_down(
+            launch, self.restarts, broken))
+        if waited is None or waited > 0:
+            self.hooks.data_plane_up(launch, self.restarts, waited)
 
     def _recheck(self, whole: Connector, before: Cluster) -> tuple[Cluster, Connector, LaunchPlan]:
         kwargs = {"script": self.program.script, "module": self.program.module, "needs_mpi": self.backend.needs_mpi}

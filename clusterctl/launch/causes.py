@@ -8,8 +8,9 @@ lost. When several ranks fail, the supervisor (supervise.py) names the one whose
     cause.fix(host)       # what to do, in words, where one is known
 
 The patterns are the messages the failing code prints: Python's OSError texts (ENOSPC, ENOMEM, ENOENT), MLX's
-own (`[write] Unable to write`, `[malloc]`), the bundled trainer's checkpoint line (train/checkpoint.py), and the
-ring's and Open MPI's words for a lost peer. Anything else is an error of the rank's own (OTHER).
+own (`[write] Unable to write`, `[malloc]`), the bundled trainer's checkpoint line (train/checkpoint.py), the
+ring's words for peers it could not connect to (the data plane), and the ring's and Open MPI's for a lost peer.
+Anything else is an error of the rank's own (OTHER).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ DISK_FULL = "disk full"
 OUT_OF_MEMORY = "out of memory"
 MISSING_FILE = "missing file"
 PEER_LOST = "peer lost"
+DATA_PLANE = "data plane"       # the ranks could not reach each other (the stall watchdog says so too: supervise.py)
 OTHER = "error"
 
 _PATTERNS = (
@@ -28,6 +30,8 @@ _PATTERNS = (
     (OUT_OF_MEMORY, re.compile(r"\bMemoryError\b|out of memory|std::bad_alloc|\[malloc\]|\[metal::malloc\]|"
                                r"Cannot allocate memory|\[Errno 12\]|Unable to allocate", re.I)),
     (MISSING_FILE, re.compile(r"\bFileNotFoundError\b|No such file or directory|\bModuleNotFoundError\b", re.I)),
+    (DATA_PLANE, re.compile(r"\[ring\] Couldn't connect|could not form the world of \d+ the launcher started: \[ring\]",
+                            re.I)),
     (PEER_LOST, re.compile(r"connection to a peer was lost|Connection reset by peer|Broken pipe|"
                            r"\[ring\].*(?:lost|closed|reset|failed)|lost communication with|"
                            r"MPI_ERR_(?:PROC_FAILED|COMM)|connection refused by a peer", re.I)),
@@ -61,6 +65,9 @@ class Cause:
             return f"{host} ran out of memory: a smaller --batch-size, --grad-checkpoint, or --strategy fsdp / zero3"
         if self.kind == MISSING_FILE:
             return f"the file is missing on {host}: copy it there (`clusterctl sync`) or fix the path"
+        if self.kind == DATA_PLANE:
+            return "the ranks could not reach each other: check the link between the hosts " \
+                   "(`clusterctl doctor --data-plane`)"
         if self.kind == PEER_LOST:
             return "a rank on another host failed or went away, or the link between hosts dropped " \
                    "(`clusterctl doctor --data-plane`)"
@@ -80,9 +87,10 @@ def read(tail: list[str]) -> Cause:
 
 def rank(cause: Cause | None, lost: bool) -> int:
     """How strongly a failure is a first cause: a rank that died without reporting (killed, its host gone) or
-    failed on its own (2) over one that followed a peer (0); an exit with no line to read is in between (1)."""
+    failed on its own (2) over one that followed a peer (0); an exit with no line to read, or one that could not
+    reach its peers (they may have failed to start), is in between (1)."""
     if lost:
         return 2
-    if cause is None or not cause.line:
+    if cause is None or not cause.line or cause.kind == DATA_PLANE:
         return 1
     return 0 if cause.followed else 2

@@ -22,6 +22,9 @@ BATCH_POLICIES = ("rank", "global")
 # stopped answering (asleep, unplugged), not a slow step: a restartable run watches for it unless
 # --hang-timeout says otherwise.
 SILENT_HOST_S = 60.0
+# After an attempt that failed because its hosts could not reach each other (launch/dataplane.py), the restart waits
+# this long at most for the link to come back before it launches again (--data-plane-wait).
+DATA_PLANE_WAIT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class RestartPolicy:
     delay_s: float = 10.0
     elastic: int | None = None        # continue on the hosts that answer, while at least this many ranks remain
     batch: str = "rank"               # after a world change: keep each rank's batch, or the global batch
+    data_plane_wait_s: float = DATA_PLANE_WAIT_S   # after a data-plane fault: how long a restart waits for the link
 
     @property
     def enabled(self) -> bool:
@@ -42,6 +46,8 @@ class RestartPolicy:
             raise UsageError(f"--max-restarts {self.max_restarts}: give 0 or more")
         if self.delay_s < 0:
             raise UsageError(f"--restart-delay {self.delay_s:g}: give 0 or more seconds")
+        if self.data_plane_wait_s < 0:
+            raise UsageError(f"--data-plane-wait {self.data_plane_wait_s:g}: give 0 or more seconds")
         if self.batch not in BATCH_POLICIES:
             raise UsageError(f"--elastic-batch {self.batch!r}: one of {', '.join(BATCH_POLICIES)}")
         if self.elastic is None:

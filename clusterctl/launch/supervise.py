@@ -342,7 +342,7 @@ class Supervisor:
             return None
         reason = (f"stalled: the endpoint has not answered a health request for {stall.silent_s:.0f}s while its ranks "
                   "run" if lines.watch.policy.health else f"stalled: no progress from any rank for {stall.silent_s:.0f}s")
-        failed, folder = None, None
+        failed, folder, cause = None, None, None
         if self.connector is not None:
             try:
                 from .stacks import collect as collect_stacks      # a stall only: not on every launch
@@ -357,11 +357,14 @@ class Supervisor:
                 failed = odd[0]
                 reason += f"; rank {odd[0]} is the odd one out: {odd[1]}"
             elif together is not None:
-                reason += "; " + waiting_together(together, lines.heartbeats(time.monotonic()))
+                said = waiting_together(together, lines.heartbeats(time.monotonic()))
+                reason += "; " + said
+                cause = causes.Cause(causes.DATA_PLANE, said)
             for text in [reason] + taken.screen():
                 self.emit(text, True)
             reason += f" (stacks: {os.path.relpath(folder)})"
-        return Outcome(EXIT_STALLED, reason, failed_rank=failed, ended_as=AttemptState.STALLED, stacks=folder)
+        return Outcome(EXIT_STALLED, reason, failed_rank=failed, ended_as=AttemptState.STALLED, stacks=folder,
+                       cause=cause)
 
     def _finish(self, lines: RankLines, proc, queued: queue.Queue) -> Outcome:
         """Every rank reported success: let the launcher shut down in order, keep its last words, and hold it

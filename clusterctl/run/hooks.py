@@ -46,6 +46,7 @@ class RunHooks(AttemptHooks):
         self.policy = options.attempts.restart
         self.record: RunRecord | None = None
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
+        self.data_plane_waited: float | None = None   # seconds the restart before it waited for the link (dataplane.py)
         self.copy = copy                    # the project's copy beside the first launch, its ranks waiting for it
         self.own_env = host_env or {}       # each host's own (its model-store copy of the program's model)
         self.live: LiveRun | None = None    # the attempt being watched's live state
@@ -129,10 +130,21 @@ class RunHooks(AttemptHooks):
 
     def attempted(self, attempt: int, cluster: Cluster, launch: Launch, outcome: Outcome, started: float) -> None:
         resumed_from = None if self.resume_point is None else step_dir_name(self.resume_point)
-        self.record.attempt(attempt_record(attempt, cluster, launch, outcome, started, resumed_from))
+        record = attempt_record(attempt, cluster, launch, outcome, started, resumed_from)
+        if self.data_plane_waited is not None:       # before this attempt, its restart waited for the link
+            record["data_plane_wait_s"] = round(self.data_plane_waited, 1)
+            self.data_plane_waited = None
+        self.record.attempt(record)
 
     def restarting(self, launch: Launch, restart: int, reason: str) -> None:
         self.events.restarting(launch, restart, self.policy.max_restarts, reason, self.policy.delay_s)
+
+    def data_plane_down(self, launch: Launch, restart: int, broken: list[str]) -> None:
+        self.events.data_plane_down(launch, restart, broken, self.policy.data_plane_wait_s)
+
+    def data_plane_up(self, launch: Launch, restart: int, waited_s: float | None) -> None:
+        self.data_plane_waited = self.policy.data_plane_wait_s if waited_s is None else waited_s
+        self.events.data_plane_up(launch, restart, waited_s, self.policy.data_plane_wait_s)
 
     def recheck_failed(self, restart: int, error: ClusterctlError) -> None:
         self.record.attempt({"attempt": restart, "outcome": "pre-flight failed", "reason": str(error),

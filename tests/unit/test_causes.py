@@ -18,6 +18,7 @@ def tail(name: str) -> list[str]:
     ("missing-file.txt", causes.MISSING_FILE, False),
     ("oom-python.txt", causes.OUT_OF_MEMORY, True),
     ("peer-lost-ring.txt", causes.PEER_LOST, True),
+    ("data-plane-ring-init.txt", causes.DATA_PLANE, True),
     ("other.txt", causes.OTHER, True),
 ])
 def test_each_recorded_failure_is_read_as_its_cause_with_the_line_that_says_it(name, kind, restartable):
@@ -43,3 +44,11 @@ def test_a_first_cause_outranks_a_follower_and_fixes_name_the_host():
     assert "h2" in own.fix("h2") and "--keep" in own.fix("h2")
     assert "doctor --data-plane" in peer.fix("h1")
     assert causes.read(tail("other.txt")).fix("h1") is None
+
+
+def test_ranks_that_could_not_reach_each_other_point_to_the_data_plane_but_yield_to_a_rank_that_failed_on_its_own():
+    link, own = causes.read(tail("data-plane-ring-init.txt")), causes.read(tail("other.txt"))
+    # a peer that never started (an import error) also leaves its neighbours unable to connect: it comes first
+    assert causes.rank(own, lost=False) > causes.rank(link, lost=False) > causes.rank(
+        causes.read(tail("peer-lost-ring.txt")), lost=False)
+    assert not link.followed and "doctor --data-plane" in link.fix("h3")

@@ -53,6 +53,7 @@ def test_the_policy_restarts_failures_until_used_up_but_never_a_users_stop():
     (RestartPolicy(1, elastic=2), {"shrink_refusal": "the program's own reason"}, "the program's own reason"),
     (RestartPolicy(1, batch="both"), {}, "one of rank, global"),
     (RestartPolicy(-1), {}, "give 0 or more"),
+    (RestartPolicy(1, data_plane_wait_s=-5), {}, "--data-plane-wait -5: give 0 or more seconds"),
 ])
 def test_combinations_that_cannot_work_are_refused_before_anything_starts(policy, kwargs, message):
     args = {"world": 4, "backend": "ring", "preflight": True, **kwargs}
@@ -122,3 +123,47 @@ def test_a_fault_a_restart_cannot_fix_is_not_restarted_and_says_why():
     assert unfixable(failed(causes.OUT_OF_MEMORY, 40), failed(causes.OUT_OF_MEMORY, 20)) is None
     assert unfixable(failed(causes.OUT_OF_MEMORY, 40), failed(causes.OUT_OF_MEMORY, 40)) == \
         "out of memory at step 40 twice: the next attempt would run out there again"
+
+
+def test_a_restart_after_a_data_plane_fault_waits_until_every_host_reaches_the_others(monkeypatch):
+    """launch/dataplane.py's wait, its probe replaced by answers recorded from hosts/scripts/dataplane.py (the link
+    down: connect fails with EINVAL through a blackhole route; then up), on a clock that only sleeps advance."""
+    from clusterctl.inventory import parse
+    from clusterctl.launch import dataplane
+
+    cluster = parse("hosts:\n  - {name: h1, address: 10.0.0.1}\n  - {name: h2, address: 10.0.0.2}\n", "i.yaml")
+    down = {"h1": {"address": "10.0.0.1", "port": 32323, "bind": None, "accepted": [],
+                   "connect": {"h2": {"ok": False, "error": "[Errno 22] Invalid argument"}}},
+            "h2": {"address": "10.0.0.2", "port": 32324, "bind": None, "accepted": [],
+                   "connect": {"h1": {"ok": False, "error": "[Errno 22] Invalid argument"}}}}
+    up = {"h1": {"address": "10.0.0.1", "port": 32323, "bind": None, "accepted": ["h2"], "connect": {"h2": {"ok": True}}},
+          "h2": {"address": "10.0.0.2", "port": 32324, "bind": None, "accepted": ["h1"], "connect": {"h1": {"ok": True}}}}
+    assert dataplane.broken(cluster, down) == ["h1 -> h2 (10.0.0.2:32324): [Errno 22] Invalid argument",
+                                               "h2 -> h1 (10.0.0.1:32323): [Errno 22] Invalid argument"]
+    assert dataplane.broken(cluster, up) == []
+    assert dataplane.broken(cluster, {"h1": None, "h2": {**up["h2"], "bind": "[Errno 98] Address already in use"}}) == [
+        "h1: the probe did not run", "h2 cannot listen on 10.0.0.2:32324: [Errno 98] Address already in use"]
+
+    class Connector:
+        connect_timeout = 3.0
+
+        def __init__(self, cluster):
+            self.cluster = cluster
+
+    now = [0.0]
+    answers = []
+    monkeypatch.setattr(dataplane, "probe", lambda cluster, hosts, run, budget: answers.pop(0))
+    told = []
+    answers[:] = [down, down, down, up]          # back at the fourth probe, after 3 polls
+    waited = dataplane.wait_until_up(Connector(cluster), 60, told.append, clock=lambda: now[0],
+                                     sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert waited == 3 * dataplane.POLL_S and len(told) == 1 and told[0][0].startswith("h1 -> h2 (10.0.0.2:32324)")
+    answers[:] = [down] * 10                      # never back within the limit: None, after at most limit seconds
+    now[0] = 0.0
+    assert dataplane.wait_until_up(Connector(cluster), 12, told.append, clock=lambda: now[0],
+                                   sleep=lambda s: now.__setitem__(0, now[0] + s)) is None
+    assert now[0] <= 12
+    answers[:] = [up]
+    assert dataplane.wait_until_up(Connector(cluster), 60, told.append, clock=lambda: now[0], sleep=None) == 0.0
+    one = parse("hosts:\n  - {name: h1, address: 10.0.0.1}\n", "i.yaml")          # nothing to ask: one host
+    assert dataplane.wait_until_up(Connector(one), 60, told.append) == 0.0
