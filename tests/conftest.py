@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import sshcluster  # noqa: E402
+from smalldisk import SmallDisk  # noqa: E402
 from sshcluster import NO_PRIVATE_ROOTS, SSHCluster  # noqa: E402
 
 
@@ -25,6 +26,16 @@ def make_cluster(tmp_path_factory):
     yield make
     for cluster in clusters:
         cluster.stop_all()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MB tmpfs of its own (tests/smalldisk.py), to bind over a test host's root and fill; unmounted afterwards."""
+    disk = SmallDisk(tmp_path / "smalldisk", "24m")
+    with disk as mounted:
+        if mounted is None:
+            pytest.skip(f"{disk.why}: a full disk needs one")
+        yield mounted
 
 
 @pytest.fixture(scope="session")

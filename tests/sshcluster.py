@@ -111,6 +111,21 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def rank_pid(run_id: str, rank: int) -> int:
+    """The python of rank `rank` of this run (every simulated host is this machine)."""
+    for pid in subprocess.run(["pgrep", "-f", f"clusterctl-run-{run_id}"], capture_output=True, text=True).stdout.split():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv[0]) and b"clusterctl.train" in argv and env.get(b"MLX_RANK") == str(rank).encode():
+            return int(pid)
+    raise AssertionError(f"no rank {rank} of run {run_id}")
+
+
 def caffeinates(pids) -> dict[int, int]:
     """The caffeinate processes on this machine (every simulated host lives here) that watch one of `pids`
     (`caffeinate ... -w PID`, as the bootstrap starts them on a Mac): watched pid -> caffeinate's pid."""
@@ -431,6 +446,14 @@ class SSHCluster:
         except subprocess.TimeoutExpired:
             pass
         host.proc = None
+
+    def restart_sshd(self, index: int) -> None:
+        """Restart host `index`'s sshd as an administrator does (Remote Login switched off and on): the listener
+        stops, refusing connections until the new one is up; the sessions it started go on."""
+        host = self.host(index)
+        host.proc.terminate()            # sshd's SIGTERM ends the listener only; its sessions are on their own
+        host.proc.wait(timeout=10)
+        self.start_host(index)
 
     def freeze(self, index: int) -> None:
         """SIGSTOP the listener: TCP connects still complete (kernel backlog), but no banner ever comes."""

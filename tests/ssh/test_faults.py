@@ -1,11 +1,8 @@
 """Faults named by their cause (launch/causes.py, supervise.py's first cause): a host's disk fills while the bundled
 trainer runs on 2 test hosts; h2's root, its workdir in it, is a small filesystem of its own (a 24 MB tmpfs this
 machine mounts and fills, bound over h2's root in its private mount namespace only)."""
-import errno
 import json
-import os
 import re
-import subprocess
 from functools import partial
 
 import clirun
@@ -24,38 +21,13 @@ TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", 
 clusterctl = partial(clirun.clusterctl, timeout=300, own_cache=True)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 24 MB tmpfs here, and a way to fill it to the last byte; unmounted afterwards."""
-    disk = tmp_path / "h2disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine cannot mount a tmpfs ({mounted.stderr.strip()}): a full disk needs one")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
-def fill(disk) -> None:
-    with open(disk / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC, e
-
-
 def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume_takes_it_up(make_cluster, tmp_path,
                                                                                             small_disk):
     cluster = make_cluster(2)
     requires_private_roots(cluster, "h2's workdir on a filesystem of its own")
     project = tmp_path / "project"       # the project run copies: the small disk stays out of it
     project.mkdir()
-    cluster.mount_over(2, str(cluster.host_root), str(small_disk))      # h2's whole root, its workdir in it
+    cluster.mount_over(2, str(cluster.host_root), str(small_disk.path))      # h2's whole root, its workdir in it
     job = clirun.start("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "2",
                        "--restart-delay", "1", "--", *TRAIN, cwd=project, own_cache=True)
     lines = []
@@ -66,10 +38,10 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
         for line in job.stdout:
             lines.append(line)
             if (CHECKPOINT.search(line) and fills == 0) or ("checkpoint: room again" in line and fills == 1):
-                fill(small_disk)
+                small_disk.fill()
                 fills += 1
             elif "warning: no space left on device for the next checkpoint" in line and fills == 1:
-                os.remove(small_disk / "filler")
+                small_disk.free()
             if fills == 2:
                 break
         out, _ = job.communicate(timeout=240)
@@ -96,7 +68,7 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     summary = json.loads((project / "runs" / run_id / "summary.json").read_text())
     assert summary["exit_code"] == 1 and summary["reason"] == failed.split(" failed: ", 1)[1]
 
-    os.remove(small_disk / "filler")       # space freed: --resume latest continues the run from its checkpoint
+    small_disk.free()       # space freed: --resume latest continues the run from its checkpoint
     again = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--",
                        *TRAIN, "--resume", "latest", cwd=project)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
@@ -104,9 +76,7 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     assert "step 400/400" in again.stdout
 
     # less free space on h2 than the run's checkpoints need: refused as the ranks start, naming h2, not restarted
-    fill(small_disk)
-    filler = small_disk / "filler"
-    os.truncate(filler, filler.stat().st_size - 2**19)      # 0.5 MiB left: 3 checkpoints of this model need more
+    small_disk.fill(leave=2**19)      # 0.5 MiB left: 3 checkpoints of this model need more
     short = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "1",
                        "--restart-delay", "1", "--", *TRAIN, cwd=project)
     assert short.returncode == 1, short.stdout[-2000:] + short.stderr[-2000:]
