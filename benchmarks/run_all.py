@@ -226,7 +226,16 @@ def _lora_bound(r: dict) -> str:
             f"{q['ours_grouped']:.3f}x, the ceiling (no padding, per-record attention) {q['ceiling']:.3f}x")
 
 
-SUMMARIES = {"lora_speed": _lora_speed, "lora_bound": _lora_bound,
+def _storm(r: dict) -> str:
+    def seconds(f):
+        return "no attempt lost" if f["detection_s"] is None else f"{f['detection_s']:.1f} / {f['recovery_s']:.1f} s"
+    f = r["final"]
+    faults = "; ".join(f"{x['fault'].split(' (')[0]} {seconds(x)}" for x in r["faults"])
+    return (f"6 faults through one run, detection / recovery abs.: {faults}; {r['restarts']} restarts; final loss "
+            f"{f['storm']['loss']:.6f} {'=' if f['equal'] else '!='} undisturbed {f['undisturbed']['loss']:.6f}")
+
+
+SUMMARIES = {"storm": _storm, "lora_speed": _lora_speed, "lora_bound": _lora_bound,
              "serve": _serve, "finetune": _finetune, "qlora": _qlora, "qlora_gpu": _qlora_gpu,
              "doctor": _doctor, "launch": _launch, "fsdp": _fsdp, "bench": _bench, "sync": _sync,
              "prepare": _prepare, "train": _train, "panel": _panel, "stall": _stall, "balance": _balance,
