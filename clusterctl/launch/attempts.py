@@ -51,6 +51,7 @@ class AttemptSettings:
     restart: RestartPolicy = RestartPolicy()   # --max-restarts, --restart-delay, --elastic, --elastic-batch
     watch: Settings = Settings()      # rank0_only, --start-timeout, --hang-timeout as given (the restart policy
                                       # may watch anyway), --stall-timeout's StallPolicy
+    run_id: str | None = None         # the run's id, when it was chosen before (a detached run's); else a new one
 
     def with_progress(self, health: Callable[[], float | None]) -> AttemptSettings:
         """These settings with a service's progress (when its endpoint last answered a health request) as what
@@ -106,7 +107,7 @@ class Attempts:
         self.whole = whole                # the inventory's hosts, all of them
         self.cluster, self.connector = whole.cluster, whole
         self.restarts = 0
-        self.run_id: str | None = None
+        self.run_id: str | None = settings.run_id
         self.run_dir = ""
 
     def first(self, plan: LaunchPlan, preflight, copy=None) -> tuple[Launch, Outcome | None]:

@@ -101,6 +101,17 @@ class RunOptions:
     # the hosts' telemetry sampled every this many seconds while the job runs (observe/hostwatch.py: the live panel's
     # host rows, a host swapping or throttled told and recorded); None: not sampled
     telemetry_interval: float | None = HOST_SAMPLE_S
+    # a detached run's supervisor: what the command that detached it staged (run/detached.py); run stages nothing
+    staged: Staged | None = None
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What staging gave the ranks, when another process staged the run: every rank's extra environment and each
+    host's own (where its ranks read the program's model)."""
+
+    extra_env: Mapping[str, str]
+    host_env: Mapping[str, Mapping[str, str]]
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -195,7 +206,45 @@ class RunResult:
         return code if 0 <= code < 256 else EXIT_FAILED
 
 
+@dataclass(frozen=True)
+class Ready:
+    """A run checked and resolved, before anything moves (_ready): what run and a detached run's start share."""
+
+    program: Program
+    cluster: Cluster
+    backend: backends.Backend
+    connector: Connector
+    project: str
+    fetch_paths: tuple[str, ...]
+    model: str | None          # the program's model as a directory here, which staging puts into the hosts' stores
+    checks: bool               # the program's own checks before a launch apply
+    warm: bool                 # a cached plan: launch at once, the pre-flight beside it
+
+
 def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEvents()) -> RunResult:
+    ready = _ready(cluster, options, events)
+    program, cluster, backend, connector, project = (ready.program, ready.cluster, ready.backend, ready.connector,
+                                                     ready.project)
+    settings, policy, checks = options.attempts, options.attempts.restart, ready.checks
+    # a warm launch does not wait for the project's copy: it starts beside the launcher, each rank waiting for
+    # its host's copy to end before its program runs (the copy's token: the bootstrap's gate)
+    if options.staged is not None:      # a detached run's supervisor: staged by the command that detached it
+        extra_env, copy, host_env = dict(options.staged.extra_env), None, dict(options.staged.host_env)
+    else:
+        extra_env, copy, host_env = ({}, None, {}) if settings.dry_run else stage(
+            connector, options, program, project, events, beside=ready.warm, model=ready.model)
+    if policy.elastic is not None:
+        extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
+    plan, preflight = _plan(cluster, connector, settings, program, needs_mpi=backend.needs_mpi)
+    if checks:       # and with what the pre-flight just found
+        _check_program(cluster, plan, program, project, options)
+    return _attempts(ready, options, events, extra_env, copy, host_env, plan, preflight)
+
+
+def _ready(cluster: Cluster | None, options: RunOptions, events: RunEvents) -> Ready:
+    """Everything run checks and resolves before anything moves: the program, the cluster (--env, data-plane
+    addresses), the backend's and the restart policy's refusals, the program's own checks on the last plan, and
+    the inputs that must already be on the hosts."""
     program = program_for(options.script, options.args, options.module, options.kinds)
     settings = options.attempts
     fetch_paths = check_fetch_paths(options.fetch_paths)          # a bad PATH: refused before anything starts
@@ -222,25 +271,26 @@ def run(cluster: Cluster | None, options: RunOptions, events: RunEvents = RunEve
     # now, so that a host ssh cannot use is named before anything moves
     warm = settings.preflight and not settings.dry_run and cached_plan(cluster) is not None
     connector = Connector(cluster, connect_timeout=options.connect_timeout, lazy=warm)
-    program, model = (program, None) if settings.dry_run else _model_here(program, project)
-    checks = program.kind.checks_before_launch and not settings.dry_run
+    staged = options.staged is not None      # the model is in the hosts' stores already (Staged.host_env)
+    program, model = (program, None) if settings.dry_run or staged else _model_here(program, project)
+    # a supervisor's checks ran where the run was detached from (its paths are that machine's)
+    checks = program.kind.checks_before_launch and not settings.dry_run and not staged
     if checks:       # what is known before anything moves: the last plan's memory, the inventory's env
         _check_program(cluster, cached_plan(cluster) or LaunchPlan.from_inventory(cluster), program, project, options)
     uncopied = [(flag, path) for flag, path, copied in _program_inputs(program, options, project) if not copied]
     given = program.kind.store_model(program.args)
-    if given is not None and model is None and not settings.dry_run:     # not here: it must be on every host
+    if given is not None and model is None and not settings.dry_run and not staged:   # not here: on every host
         uncopied.append(("model", given))
     if uncopied and settings.preflight and not settings.dry_run and not all(h.local for h in cluster.hosts):
         check_inputs_on_hosts(connector, uncopied, synced=options.sync)
-    # a warm launch does not wait for the project's copy: it starts beside the launcher, each rank waiting for
-    # its host's copy to end before its program runs (the copy's token: the bootstrap's gate)
-    extra_env, copy, host_env = ({}, None, {}) if settings.dry_run else stage(
-        connector, options, program, project, events, beside=warm, model=model)
-    if policy.elastic is not None:
-        extra_env["CLUSTERCTL_ELASTIC_BATCH"] = policy.batch
-    plan, preflight = _plan(cluster, connector, settings, program, needs_mpi=backend.needs_mpi)
-    if checks:       # and with what the pre-flight just found
-        _check_program(cluster, plan, program, project, options)
+    return Ready(program, cluster, backend, connector, project, fetch_paths, model, checks, warm)
+
+
+def _attempts(ready: Ready, options: RunOptions, events: RunEvents, extra_env: dict[str, str], copy,
+              host_env: dict, plan: LaunchPlan, preflight) -> RunResult:
+    """The job's attempts to their end, then what it produced brought home and its summary written."""
+    program, connector, project, fetch_paths = ready.program, ready.connector, ready.project, ready.fetch_paths
+    settings, backend = options.attempts, ready.backend
     if not settings.watch.stall.enabled:
         extra_env["CLUSTERCTL_STALL"] = "off"      # nobody listens: the bundled trainer sends no step lines
     hooks = RunHooks(options, program, backend, extra_env, events, connector, copy, host_env)

@@ -150,8 +150,15 @@ def fetch_run_dir(connector: Connector, run_id: str, local_dir: str, progress: P
     (files, bytes); (0, 0) when the job wrote nothing there. `progress(host, done, total)`: the bytes as they
     come, of the total the host listed before the copy."""
     host = connector.cluster.hosts[0]
+    return fetch_tree(connector, host, connector.run_dir(host, run_id), local_dir, progress)
+
+
+def fetch_tree(connector: Connector, host, remote_dir: str, local_dir: str,
+               progress: Progress | None = None) -> tuple[int, int]:
+    """Every file under remote_dir on `host` (names starting with "." left out) into local_dir, each landing
+    atomically; (files, bytes)."""
     with connector.transport(host) as transport, transport.files() as session:
-        got = _get_tree(session, connector.run_dir(host, run_id), local_dir,
+        got = _get_tree(session, remote_dir, local_dir,
                         (lambda done, total: progress(host.name, done, total)) if progress else None)
     return len(got), sum(nbytes for _, nbytes in got)
 
