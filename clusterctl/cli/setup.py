@@ -50,9 +50,11 @@ def mesh_cmd(inventory_path, dry_run, undo, as_json, connect_timeout, strict_hos
 @click.option("--requirements", "requirements_file", type=click.Path(exists=True, dir_okay=False),
               help="What the project needs, pip's format (MLX is pinned beside it unless it names MLX). "
                    "Default: MLX, numpy and PyYAML at this machine's versions.")
-@click.option("--with", "extras", type=click.Choice(["lm"]), multiple=True,
+@click.option("--with", "extras", type=click.Choice(["lm", "supervisor"]), multiple=True,
               help="lm: mlx-lm (fine-tuning, serve) at this machine's version, which must have it. Without it, "
-                   "mlx-lm is installed all the same whenever this machine has it.")
+                   "mlx-lm is installed all the same whenever this machine has it. supervisor: clusterctl's own "
+                   "requirements (click, paramiko, PyYAML, rich), so that a host can supervise a detached run "
+                   "(run --detach).")
 @click.option("--offline", is_flag=True, help="Hosts without internet: download the wheels for each kind of "
               "host here, send them, install from them alone.")
 @click.option("--dry-run", is_flag=True, help="Say what each host would get; change nothing.")
@@ -74,7 +76,8 @@ def python_cmd(inventory_path, requirements_file, extras, offline, dry_run, as_j
             what = f"failed: {h.error}" if h.error else (h.changes[-1] if h.changes else "nothing to change")
             click.echo(f"{h.host}: {what} ({h.seconds:.0f} s)", err=True)
 
-    result = setup_python(connector, requirements_file, dry_run, progress, offline=offline, with_lm="lm" in extras)
+    result = setup_python(connector, requirements_file, dry_run, progress, offline=offline, with_lm="lm" in extras,
+                          supervisor="supervisor" in extras)
     if as_json:
         click.echo(json.dumps(result.as_dict(dry_run), indent=2))
     else:

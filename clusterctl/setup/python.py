@@ -117,6 +117,18 @@ def check_extras(with_lm: bool) -> None:
                          "install it here first (pip install 'clusterctl[lm]'), then run setup python again")
 
 
+# `--with supervisor`: what clusterctl itself needs to run on a host as a detached run's supervisor (pyproject.toml's
+# dependencies that its `run` imports; detach/supervisor.py NEEDS), at this machine's versions
+SUPERVISOR_PACKAGES = ("click", "paramiko", "PyYAML", "rich")
+
+
+def with_supervisor(reqs: list[str]) -> list[str]:
+    """reqs and clusterctl's own requirements at this machine's versions, those reqs does not name already."""
+    names = {_name(line)[0].lower() for line in reqs}
+    return [*reqs, *(f"{n}=={version_here(n)}" if version_here(n) else n
+                     for n in SUPERVISOR_PACKAGES if n.lower() not in names)]
+
+
 def requirements(host_os: str, path: str | None = None) -> list[str]:
     """What a host's venv gets (pure but for reading this machine's installed versions and `path`): MLX at
     this machine's version (its `cpu` extra on Linux: the plain wheel has no backend there), then either the
@@ -212,18 +224,19 @@ def download_wheels(reqs: list[str], want: str, platforms: list[str], dest: str)
 
 def setup_python(connector: Connector, requirements_file: str | None = None, dry_run: bool = False,
                  progress: Callable[[HostPython], None] = lambda h: None, check: bool = True,
-                 offline: bool = False, with_lm: bool = False) -> PythonResult:
+                 offline: bool = False, with_lm: bool = False, supervisor: bool = False) -> PythonResult:
     check_extras(with_lm)
     cluster = connector.cluster
     want = this_python()
     seen_reqs: dict[str, list[str]] = {}
-    wheels = _send_wheels(connector, want, requirements_file) if offline and not dry_run else {}
+    wheels = _send_wheels(connector, want, requirements_file, supervisor) if offline and not dry_run else {}
 
     def one(host: Host) -> HostPython:
         began = time.monotonic()
         with connector.transport(host) as t:
             host_os = t.run("uname -s", 30).stdout.strip()
-            reqs = seen_reqs.setdefault(host_os, requirements(host_os, requirements_file))
+            reqs = seen_reqs.setdefault(host_os, (with_supervisor if supervisor else list)(
+                requirements(host_os, requirements_file)))
             r = t.run(script(host, want, reqs, dry_run, wheels=wheels.get(host.name)), TIMEOUT_S)
         lines = r.stdout.splitlines()
         done = HostPython(host.name, seconds=time.monotonic() - began)
@@ -254,7 +267,8 @@ def setup_python(connector: Connector, requirements_file: str | None = None, dry
     return result
 
 
-def _send_wheels(connector: Connector, want: str, requirements_file: str | None) -> dict[str, str]:
+def _send_wheels(connector: Connector, want: str, requirements_file: str | None,
+                 supervisor: bool = False) -> dict[str, str]:
     """For the hosts whose venv does not hold what is asked yet: the wheels of each kind of host, downloaded
     here and sent to <workdir>/.clusterctl/wheels/<kind> there; host -> that folder (relative to the workdir)."""
     from dataclasses import replace
@@ -266,7 +280,7 @@ def _send_wheels(connector: Connector, want: str, requirements_file: str | None)
     def ask(host: Host):
         with connector.transport(host) as t:
             key = platform_key(t.run(PLATFORM_FACTS, 30).stdout)
-            reqs = requirements(key[0], requirements_file)
+            reqs = (with_supervisor if supervisor else list)(requirements(key[0], requirements_file))
             needed = t.run(script(host, want, reqs, False, check=True), 60).stdout.splitlines()
         return key, reqs, not any(line.startswith("python ") for line in needed)
 

@@ -74,3 +74,13 @@ def test_offline_wheels_are_fetched_for_each_hosts_own_platform_tags():
     assert tags[0] == "manylinux_2_36_x86_64" and tags[-2:] == ["manylinux_2_17_x86_64", "manylinux2014_x86_64"]
     intel = wheel_platforms("Darwin", "x86_64", "13.6")
     assert intel[0] == "macosx_13_0_x86_64" and "macosx_10_9_x86_64" in intel
+
+
+def test_with_supervisor_adds_clusterctls_own_requirements_at_this_machines_versions_once():
+    from clusterctl.setup.python import SUPERVISOR_PACKAGES, with_supervisor
+
+    got = with_supervisor(["mlx==0.32.4", "PyYAML==6.0.1"])
+    assert got[:2] == ["mlx==0.32.4", "PyYAML==6.0.1"]          # the user's pin of one of them is kept
+    added = got[2:]
+    assert [line.split("==")[0] for line in added] == [n for n in SUPERVISOR_PACKAGES if n != "PyYAML"]
+    assert all("==" in line for line in added)                   # this machine has them all: pinned
