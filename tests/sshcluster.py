@@ -91,6 +91,22 @@ def free_port(address: str) -> int:
         return s.getsockname()[1]
 
 
+def namespace_mates(pids: list[int]) -> list[int]:
+    """The processes whose mount namespace is one of `pids`' own, where that is not this process's (a host's
+    private root: tests/sshcluster.py start_host)."""
+    def ns(pid) -> str | None:
+        try:
+            return os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            return None
+
+    ours = ns(os.getpid())
+    theirs = {n for n in map(ns, pids) if n is not None and n != ours}
+    if not theirs:
+        return []
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid() and ns(e) in theirs]
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of pid, from /proc (deepest last)."""
     children: dict[int, list[int]] = {}
@@ -432,11 +448,14 @@ class SSHCluster:
         return self.hosts[index - 1]
 
     def stop_host(self, index: int) -> None:
-        """Kill host `index`'s sshd and every session under it: connections are then refused."""
+        """Kill host `index`'s sshd and every session under it, and, with private roots, every process in the host's
+        own mount namespace (one that left its session: a detached supervisor): connections are then refused, and
+        nothing of the host runs on, as when a machine dies."""
         host = self.host(index)
         if host.proc is None:
             return
-        for pid in [host.pid] + descendants(host.pid):
+        tree = [host.pid] + descendants(host.pid)
+        for pid in tree + [p for p in namespace_mates(tree) if p not in tree]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

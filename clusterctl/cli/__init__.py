@@ -10,7 +10,7 @@ core's work (run/, doctor/, bench/, transfer/, hosts/).
     data.py     data prepare, data push, generate, export     setup.py   setup mesh, setup python, setup network
     bench.py    bench                                         models.py  models, models push, models rm
     serve.py    serve
-    observe.py  runs, logs, plot, ps, kill, stacks, completion
+    observe.py  runs, logs, plot, ps, kill, stacks, attach, completion
     top.py      top                                           reference.py  docs/cli.md, written from the commands
     dashboard.py  dashboard
 

@@ -34,8 +34,8 @@ class Failure(click.ClickException):
 MODULES = {"hosts": "hosts", "exec": "hosts", "init": "hosts", "ssh-close": "hosts", "doctor": "doctor", "hostfile": "launch",
            "run": "launch", "sync": "sync", "data": "data", "generate": "data", "export": "data", "bench": "bench",
            "runs": "observe", "logs": "observe", "plot": "observe", "ps": "observe", "kill": "observe",
-           "completion": "observe", "stacks": "observe", "setup": "setup", "serve": "serve", "models": "models",
-           "top": "top", "dashboard": "dashboard"}
+           "completion": "observe", "stacks": "observe", "attach": "observe", "setup": "setup", "serve": "serve",
+           "models": "models", "top": "top", "dashboard": "dashboard"}
 
 
 class _Group(click.Group):

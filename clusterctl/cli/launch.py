@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import click
 
@@ -302,6 +302,35 @@ def _all_options(words: list[str], takes_value: dict[str, bool]) -> bool:
     return True
 
 
+# what a detached run's supervisor is not given of the run's own words (cli/launch.py supervisor_argv): what applies
+# here only (the inventory's path, this machine's --env and stdin, the staging that happened here, the detach
+# itself), each replaced by what the supervisor does instead (SUPERVISOR_WORDS)
+HERE_ONLY = frozenset({"--hosts", "--env", "--runs-dir", "--data", "--all-shards", "--direct", "--no-sync",
+                       "--no-stdin", "--plain", "--dry-run", "--detach", "--supervisor", "--handoff"})
+
+
+def supervisor_argv(words: RunWords, takes_value: dict[str, bool], runs_dir: str) -> list[str]:
+    """The words of `run` that the supervisor of this run, detached, runs with (pure): clusterctl's options less
+    HERE_ONLY (in any spelling: --opt VALUE, --opt=VALUE), then its own (no copy: staged; no stdin; its runs
+    directory; plain output, no terminal), then the program as given."""
+    out, i, given = [], 0, words.options
+    while i < len(given):
+        word = given[i]
+        name = word.split("=", 1)[0] if word.startswith("--") else word
+        skip_value = takes_value.get(name, False) and "=" not in word
+        if name in HERE_ONLY:
+            i += 2 if skip_value else 1
+            continue
+        out.extend(given[i:i + (2 if skip_value else 1)])
+        i += 2 if skip_value else 1
+    out += ["--no-sync", "--no-stdin", "--plain", "--runs-dir", runs_dir]
+    if words.module is not None:
+        return [*out, "-m", words.module, *words.args]
+    if words.script is not None:
+        return [*out, words.script, *words.args]
+    return [*out, "--", *words.args]
+
+
 class RunCommand(click.Command):
     """`run`'s parser: split_run_words decides what is clusterctl's and what is the program's; click then
     parses clusterctl's options alone, and the program's words arrive untouched."""
@@ -394,10 +423,18 @@ class RunCommand(click.Command):
               help="After the world changes, keep each rank's batch (the global batch changes with the world), or "
                    "keep the global batch by changing the bundled trainer's --accum (exported to every program "
                    "as CLUSTERCTL_ELASTIC_BATCH).")
+@click.option("--detach", is_flag=True,
+              help="Hand the job to a supervisor on one of its hosts and return at once: it goes on while this "
+                   "machine sleeps or goes away; follow it with `clusterctl attach RUN` "
+                   "(docs/run.md#close-the-lid-detached-runs).")
+@click.option("--supervisor", "supervisor_host", metavar="HOST",
+              help="With --detach: the host the supervisor runs on (default: the first).")
+@click.option("--handoff", "handoff_path", hidden=True, metavar="FILE",
+              help="A detached run's supervisor: the run as handed over (clusterctl/detach/handoff.py).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
             fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, data_plane_wait, elastic,
-            elastic_batch):
+            elastic_batch, detach, supervisor_host, handoff_path):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -445,7 +482,21 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
                          # the bundled trainer's checks before a launch are the trainer's own (run imports no train/)
                          kinds=(BundledTrainer(prelaunch=check_before_launch, strategy_shrink=shrink_refusal,
                                                settings_file=file_settings),))
-    result = run(app.load(inventory_path) if inventory_path else None, options, PrintedRun(live=panel_wanted(plain)))
+    if supervisor_host and not detach:
+        raise click.UsageError("--supervisor says where a detached run's supervisor goes: give --detach too")
+    if detach:
+        _detach(words, options, inventory_path, supervisor_host, fetch_paths, data_dir, elastic)
+        return
+    cluster = app.load(inventory_path) if inventory_path else None
+    if handoff_path:        # a detached run's supervisor, on its host (clusterctl/detach/supervisor.py)
+        from ..detach import handoff
+        from ..run import Staged
+        handed = handoff.read(handoff_path)
+        os.unlink(handoff_path)        # it holds the inventory's env values: read once, kept nowhere
+        cluster = handed.cluster
+        options = replace(options, staged=Staged(handed.extra_env, handed.host_env),
+                          attempts=replace(attempts, run_id=handed.run_id))
+    result = run(cluster, options, PrintedRun(live=panel_wanted(plain)))
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))
@@ -459,6 +510,28 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
     click.secho(f"run {launch.run_id} failed: {outcome.reason}", fg="red", err=True)
     print_tail(launch, outcome)
     sys.exit(result.exit_code)
+
+
+def _detach(words: RunWords, options, inventory_path: str | None, supervisor_host: str | None, fetch_paths,
+            data_dir: str | None, elastic: int | None) -> None:
+    """run --detach: staged from here, handed to its supervisor on a host (run/detached.py); how to follow it."""
+    from ..detach.supervisor import DETACHED_DIR
+    from ..run.detached import detach
+
+    if fetch_paths:
+        raise click.UsageError("--detach and --fetch: a detached run's outputs stay on its hosts; its run directory "
+                               "comes home with `clusterctl attach` or `clusterctl runs` once it ended")
+    if data_dir and elastic is not None:
+        raise click.UsageError("--detach with --data and --elastic: the shards are cut again for a smaller world "
+                               "from this machine's copy, which a detached run cannot count on; run it attached")
+    command = click.get_current_context().command
+    argv = supervisor_argv(words, command.takes_value(), DETACHED_DIR)
+    detached = detach(app.load(inventory_path) if inventory_path else None, options, argv, supervisor_host,
+                      PrintedRun(live=False))
+    click.echo(f"run {detached.run_id}: detached; its supervisor runs on {detached.host} (pid {detached.pid})", err=True)
+    click.echo(f"  follow it:  clusterctl attach {detached.run_id}   (Ctrl-C there leaves it running)", err=True)
+    click.echo(f"  stop it:    clusterctl kill {detached.run_id}", err=True)
+    click.echo(detached.run_id)
 
 
 def print_tail(launch, outcome) -> None:

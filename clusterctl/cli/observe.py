@@ -43,6 +43,8 @@ def runs_cmd(runs_dir, everywhere, as_json):
     """List runs: kind, model, strategy, hosts, outcome, final loss."""
     from ..observe.runs import list_all, list_runs
 
+    from ..detach.follow import refresh_all
+    refresh_all(runs_dir)       # detached runs asked how they are; those that ended come home
     infos = list_all(runs_dir) if everywhere else list_runs(runs_dir)
     if as_json:
         click.echo(json.dumps([i.as_json() for i in infos], indent=2))
@@ -229,6 +231,8 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
 
     if (run_ref is None) == (not every_run):
         raise click.UsageError("give a RUN or --all (not both)")
+    if run_ref is not None and _stop_detached(runs_dir, run_ref, wait_s, connect_timeout):
+        return
     if every_run:       # the runs this machine supervises are stopped through their own process first
         run_id, run_dirs = None, [i.dir for i in list_all(runs_dir) if i.status == "running"]
     else:
@@ -255,6 +259,75 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
         click.secho(f"kill: could not confirm that every process of {what} is gone on {names}", fg="red", err=True)
         sys.exit(1)
     click.echo(f"kill: {what}: no process left on {len(result.remaining)} host(s)", err=True)
+
+
+@app.command("clusterctl attach latest")
+@click.argument("run_ref", metavar="RUN", default="latest")
+@runs_dir_option
+@app.connect_timeout_option()
+def attach_cmd(run_ref, runs_dir, connect_timeout):
+    """Follow a detached run (run --detach) from its supervising host: everything it printed, from the start, as it
+    comes; Ctrl-C leaves it running. Once it ended, its run directory comes home and attach exits with its code."""
+    from ..detach import follow as detached
+    from ..errors import UsageError
+    from ..observe.runs import resolve
+
+    info = resolve(runs_dir, run_ref)
+    record = detached.Record.read(info.dir)
+    if record is None:
+        raise UsageError(f"run {info.run_id} was not detached: its supervisor is the `clusterctl run` that started "
+                         f"it (`clusterctl logs {info.run_id} -f` follows its ranks)")
+    if detached.is_home(info.dir):
+        click.echo(open(os.path.join(info.dir, "supervisor.log"), encoding="utf-8", errors="replace").read(), nl=False)
+        sys.exit(_detached_end(info.dir, record, None))
+    try:
+        state = detached.follow(record, click.echo, connect_timeout=connect_timeout)
+    except KeyboardInterrupt:
+        click.secho(f"\nattach: detached from run {record.run_id}; it goes on under its supervisor on "
+                    f"{record.supervisor} (`clusterctl attach {record.run_id}` follows it again, `clusterctl kill "
+                    f"{record.run_id}` stops it)", fg="yellow", err=True)
+        sys.exit(0)
+    sys.exit(_detached_end(info.dir, record, state))
+
+
+def _detached_end(run_dir: str, record, state: dict | None) -> int:
+    """A detached run that ended: its run directory home (once), its outcome said; its exit code."""
+    from ..detach import follow as detached
+    from ..observe.runs import run_info
+
+    if state is not None and not detached.is_home(run_dir):
+        files, nbytes = detached.settle(record, run_dir, state)
+        click.echo(f"attach: run {record.run_id} came home from {record.supervisor}: {files} files, "
+                   f"{nbytes / 1e6:.1f} MB in {run_dir}", err=True)
+    info = run_info(run_dir)
+    click.echo(f"attach: run {record.run_id}: {info.outcome}", err=True)
+    return info.exit_code if info.exit_code is not None and 0 <= info.exit_code < 256 else 1
+
+
+def _stop_detached(runs_dir: str, run_ref: str, wait_s: float, connect_timeout: float) -> bool:
+    """kill RUN for a detached run still under its supervisor: SIGTERM to the supervisor, which stops the ranks
+    with their checkpoint as `run` does; the run then comes home. False: not such a run (kill goes on as for any)."""
+    from ..detach import follow as detached
+    from ..errors import ClusterctlError, UsageError
+    from ..observe.runs import resolve
+
+    try:
+        info = resolve(runs_dir, run_ref)
+    except UsageError:
+        return False
+    record = detached.Record.read(info.dir)
+    if record is None or detached.is_home(info.dir):
+        return False
+    now = detached.stop(record, info.dir, wait_s, connect_timeout)
+    if now.get("state") == "running":
+        raise ClusterctlError(f"kill: run {record.run_id}'s supervisor on {record.supervisor} still runs after "
+                              f"{wait_s:g}s (its ranks may still be writing their checkpoint); kill it again later")
+    if now.get("state") not in ("ended", "lost"):
+        raise ClusterctlError(f"kill: run {record.run_id}'s supervisor on {record.supervisor} could not be asked: "
+                              f"{now.get('why') or now.get('state')}")
+    click.echo(f"kill: run {record.run_id} stopped by its supervisor on {record.supervisor}; its run directory came "
+               f"home: {info.dir}", err=True)
+    return True
 
 
 @app.command("clusterctl completion bash >> ~/.bashrc")

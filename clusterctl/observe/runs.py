@@ -47,6 +47,7 @@ class RunInfo:
     kind: str | None = None         # record.describe: train, fine-tune, serve, program (None: an older record)
     model: str | None = None
     strategy: str | None = None
+    supervisor: str | None = None   # a detached run not yet home: the host its supervisor runs on
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -54,6 +55,8 @@ class RunInfo:
     @property
     def outcome(self) -> str:
         after = f", after {self.restarts} restart{'s' * (self.restarts != 1)}" if self.restarts else ""
+        if self.supervisor is not None:      # detached, not yet home
+            return f"{self.status} (detached, on {self.supervisor})" + (f": {self.reason}" if self.reason else "")
         if self.status in ("running", "unknown"):
             return self.status + after
         if self.status == "stopped":
@@ -212,6 +215,16 @@ def run_info(run_dir: str) -> RunInfo:
                        _text(summary.get("backend")) or _text(launch.get("backend")),
                        _status(summary), code, _text(summary.get("reason")), loss, val,
                        max(_int(summary.get("restarts")) or 0, 0), **tested, **_described(summary))
+    detached = _read_json(os.path.join(run_dir, "detached.json"))
+    if detached is not None:        # a detached run not yet home (detach/follow.py): as its supervisor's host said
+        said = _read_json(os.path.join(run_dir, "detached-state.json")) or {}
+        state = said.get("state")
+        status = "running" if state == "running" else "unknown"
+        why = None if state in (None, "running") else f"{state}" + (f": {said['why']}" if said.get("why") else "")
+        start = id_time(run_id)
+        return RunInfo(run_id, run_dir, iso(start) if start is not None else None, None,
+                       [h.get("name") for h in (detached.get("cluster") or {}).get("hosts", []) if isinstance(h, dict)],
+                       None, None, status, None, why, None, None, supervisor=_text(detached.get("supervisor")))
     facts = _read_json(os.path.join(run_dir, FACTS)) or {}
     start = id_time(run_id)
     alive = run_alive(run_dir)

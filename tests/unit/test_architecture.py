@@ -5,6 +5,7 @@
     cli -> dashboard (the web page) -> observe / serve (its endpoints' health) / launch (the backends) / hosts
     cli -> setup (mesh, python) -> doctor / launch / hosts
     cli, setup -> inventory_load (an inventory checked against the backend registry) -> launch
+    cli, run, observe -> detach (a detached run's supervisor on its host: handoff, start, follow) -> transfer / hosts
 
 launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
 import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.
@@ -24,13 +25,14 @@ BASE = {"_version", "errors", "atomic", "figure", "digest", "progress", "trainer
 # what each part may import from clusterctl (besides itself and the base modules)
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
-            "inventory_load", "dashboard"},
+            "inventory_load", "dashboard", "detach"},
     "dashboard": {"observe", "serve", "launch", "hosts"},
     "serve": {"run", "launch", "transfer", "hosts", "observe"},
     "setup": {"doctor", "launch", "transfer", "hosts", "inventory_load"},
     "inventory_load": {"launch"},
-    "run": {"launch", "transfer", "hosts", "observe"},
-    "observe": {"launch", "hosts"},
+    "run": {"launch", "transfer", "hosts", "observe", "detach"},
+    "observe": {"launch", "hosts", "detach"},
+    "detach": {"hosts", "transfer"},
     "doctor": {"launch", "hosts"},
     "bench": {"launch", "transfer", "hosts"},
     "launch": {"hosts"},

@@ -23,6 +23,9 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     stacks.py       asks a run's ranks on one host for their stacks (stackdump.py's files) and reads them
     stopranks.py    asks a run's ranks on one host to stop with their work kept (a signal to each rank's own pid)
     rankpids.py     a run's live ranks on one host from their pid files: a piece of stacks.py and stopranks.py
+    detach.py       a detached run's keeper on its supervising host: the supervisor started in a session of its own,
+                    its pid and exit code recorded (clusterctl/detach/supervisor.py)
+    follow.py       that supervisor's state, its output followed from an offset, SIGTERM to it (detach/follow.py)
     telemetry.py    one sample of a host's memory, pressure, swap, load, GPU, heat, disk and run processes (`top`)
 """
 from __future__ import annotations

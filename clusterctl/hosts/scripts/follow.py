@@ -1,0 +1,105 @@
+"""A detached run's supervisor as seen on its host (clusterctl/detach/follow.py):
+
+    python -c TEXT FOLDER state             one JSON line: {"state": "running"|"ended"|"lost", "code", "pid", ...}
+    python -c TEXT FOLDER follow OFFSET     FOLDER/supervisor.log from byte OFFSET, as it grows, until the
+                                            supervisor has ended; then the state line, after END_MARK
+    python -c TEXT FOLDER stop              SIGTERM to the supervisor (it stops the ranks, with their
+                                            checkpoint, as `run` does on SIGTERM); the state line
+
+"lost": no exit.json, and the supervisor's pid is gone (or is another process now): the host restarted, or the
+keeper was killed with it. POSIX only.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+END_MARK = "\x1eclusterctl-supervisor-state "
+POLL_S = 0.25
+
+
+def start_time(pid):
+    try:
+        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return " ".join(out.split()) or None
+
+
+def state(folder):
+    try:
+        with open(os.path.join(folder, "exit.json")) as f:
+            ended = json.load(f)
+        return {"state": "ended", "code": ended.get("code"), "ended": ended.get("ended")}
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(folder, "supervisor.pid")) as f:
+            pid_text, _, started = f.read().strip().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return {"state": "lost" if os.path.isdir(folder) else "unknown", "why": "no supervisor.pid"}
+    now = start_time(pid)
+    if now is not None and (not started or now == started):
+        return {"state": "running", "pid": pid}
+    try:                     # it ended between the two reads
+        with open(os.path.join(folder, "exit.json")) as f:
+            ended = json.load(f)
+        return {"state": "ended", "code": ended.get("code"), "ended": ended.get("ended")}
+    except (OSError, ValueError):
+        return {"state": "lost", "pid": pid, "why": "its process is gone and it left no exit code"}
+
+
+def follow(folder, offset):
+    path = os.path.join(folder, "supervisor.log")
+    out = sys.stdout.buffer
+    while not os.path.exists(path):
+        if state(folder)["state"] != "running":
+            break
+        time.sleep(POLL_S)
+    last = b"\n"
+    with open(path, "rb") if os.path.exists(path) else open(os.devnull, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                out.write(chunk)
+                out.flush()
+                last = chunk[-1:]
+                continue
+            now = state(folder)
+            if now["state"] != "running":
+                rest = f.read()
+                if rest:
+                    out.write(rest)
+                    last = rest[-1:]
+                out.write(("" if last == b"\n" else "\n").encode() + (END_MARK + json.dumps(now) + "\n").encode())
+                out.flush()
+                return 0
+            time.sleep(POLL_S)
+
+
+def stop(folder):
+    now = state(folder)
+    if now["state"] == "running":
+        try:
+            os.kill(now["pid"], signal.SIGTERM)
+            now["signalled"] = True
+        except OSError as e:
+            now["why"] = "SIGTERM: %s" % e.strerror
+    return now
+
+
+def main(args):
+    folder = os.path.expanduser(args[0])
+    if args[1] in ("state", "stop"):
+        print(json.dumps(state(folder) if args[1] == "state" else stop(folder)))
+        return 0
+    return follow(folder, int(args[2]) if len(args) > 2 else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

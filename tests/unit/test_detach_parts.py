@@ -1,0 +1,126 @@
+"""Detached runs' pure parts and host scripts, run here for real (clusterctl/detach/, hosts/scripts/detach.py and
+follow.py): the supervisor's words, the handoff, the keeper that outlives its command, following its output."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from clusterctl.cli.launch import RunCommand, run_cmd, split_run_words, supervisor_argv
+from clusterctl.detach import handoff
+from clusterctl.errors import UsageError
+from clusterctl.hosts.scripts import program
+from clusterctl.inventory import parse
+
+INVENTORY = """\
+defaults:
+  user: me
+  mesh_identity_file: ~/.ssh/clusterctl_mesh
+  env:
+    HF_TOKEN: !secret hf_abc
+hosts:
+  - name: mini1
+    hostname: 10.0.0.1
+    identity_file: /nonexistent/laptop_key
+    address: 192.168.2.1
+    slots: 2
+  - name: mini2
+    port: 2222
+    address: 192.168.2.2
+launch:
+  backend: ring
+"""
+
+
+def words(*argv):
+    assert isinstance(run_cmd, RunCommand)
+    return split_run_words(list(argv), run_cmd.takes_value())
+
+
+def test_the_supervisor_gets_the_runs_own_options_less_what_applies_here_and_the_program_as_given():
+    w = words("--hosts", "inv.yaml", "--detach", "--supervisor=mini2", "--env", "HF_TOKEN", "--max-restarts", "2",
+              "--stall-timeout=30", "--runs-dir", "elsewhere", "--data", "shards", "train.py", "--lr", "3e-4", "--env")
+    got = supervisor_argv(w, run_cmd.takes_value(), ".clusterctl/detached")
+    assert got == ["--max-restarts", "2", "--stall-timeout=30", "--no-sync", "--no-stdin", "--plain", "--runs-dir",
+                   ".clusterctl/detached", "train.py", "--lr", "3e-4", "--env"]     # the program's --env is its own
+    bundled = supervisor_argv(words("--detach", "--", "--steps", "100"), run_cmd.takes_value(), "d")
+    assert bundled[-3:] == ["--", "--steps", "100"]
+    module = supervisor_argv(words("--detach", "-m", "mlx_lm", "lora", "--train"), run_cmd.takes_value(), "d")
+    assert module[-4:] == ["-m", "mlx_lm", "lora", "--train"]
+
+
+def test_the_handoff_carries_the_whole_cluster_seen_from_the_supervising_host(tmp_path):
+    cluster = parse(INVENTORY, str(tmp_path / "inventory.yaml"))
+    seen = handoff.as_seen_from(cluster, "mini1")
+    assert [h.identity_file for h in seen.hosts] == ["~/.ssh/clusterctl_mesh"] * 2    # the laptop's key is not there
+    given = handoff.Handoff("20261206-120000-abcdef", "mini1", seen, ("--plain",), {"X": "1"}, {"mini2": {"M": "/m"}})
+    path = str(tmp_path / "handoff.json")
+    handoff.write(path, given)
+    assert os.stat(path).st_mode & 0o777 == 0o600            # it holds the env's secret values
+    back = handoff.read(path)
+    assert back == given and back.cluster.hosts[0].secret_env == ("HF_TOKEN",)
+    assert back.cluster.secrets == ["hf_abc"]
+    with pytest.raises(KeyError):
+        handoff.as_seen_from(cluster, "nobody")
+    with pytest.raises(UsageError, match="not a detached run's handoff"):
+        handoff.from_json(json.dumps({"version": 1, "run_id": "x"}))
+    with pytest.raises(UsageError, match="another version"):
+        handoff.from_json(json.dumps({"version": 99}))
+    # an ssh_config path that is not on the supervising host is dropped there, not included
+    data = json.loads(handoff.to_json(dataclasses.replace(given, cluster=dataclasses.replace(
+        seen, ssh_config=str(tmp_path / "absent")))))
+    assert handoff.cluster_from_dict(data["cluster"]).ssh_config is None
+
+
+def run_script(name, *args, env=None, timeout=30):
+    return subprocess.run([sys.executable, "-c", program(name), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_the_keeper_outlives_its_command_records_the_supervisor_and_follow_reads_it_to_its_end(tmp_path):
+    folder, work = tmp_path / "detached" / "r1", tmp_path / "work"
+    work.mkdir()
+    (work / "lib").mkdir()
+    (work / "lib" / "marker.py").write_text("print('imported from the workdir-relative PYTHONPATH')\n")
+    supervisor = "import marker, sys, time\nfor i in range(5):\n    print('line', i, flush=True); time.sleep(0.2)\n" \
+                 "sys.exit(3)\n"
+    env = {**os.environ, "PYTHONPATH": "lib"}
+    began = time.monotonic()
+    started = run_script("detach.py", str(folder), str(work), sys.executable, "-c", supervisor, env=env)
+    assert time.monotonic() - began < 10 and started.returncode == 0, started.stderr
+    pid = json.loads(started.stdout)["pid"]
+    assert os.getsid(pid) != os.getsid(0)                      # a session of its own: no terminal, no SIGHUP
+    state = json.loads(run_script("follow.py", str(folder), "state").stdout)
+    assert state == {"state": "running", "pid": pid}
+    followed = run_script("follow.py", str(folder), "follow", "0")
+    text, _, last = followed.stdout.rpartition("\x1eclusterctl-supervisor-state ")
+    assert text.splitlines() == ["imported from the workdir-relative PYTHONPATH",
+                                 *(f"line {i}" for i in range(5))]
+    assert json.loads(last)["state"] == "ended" and json.loads(last)["code"] == 3
+    # from an offset: only what came after it
+    tail = run_script("follow.py", str(folder), "follow", str(len("imported from the workdir-relative PYTHONPATH\n")))
+    assert tail.stdout.splitlines()[0] == "line 0"
+    assert (folder / "supervisor.log").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_supervisor_killed_is_ended_by_its_signal_and_one_whose_keeper_died_too_is_lost(tmp_path):
+    folder, work = tmp_path / "r2", tmp_path / "work"
+    work.mkdir()
+    started = run_script("detach.py", str(folder), str(work), sys.executable, "-c", "import time; time.sleep(60)")
+    pid = json.loads(started.stdout)["pid"]
+    stopped = json.loads(run_script("follow.py", str(folder), "stop").stdout)
+    assert stopped["signalled"] is True
+    deadline = time.monotonic() + 10
+    while json.loads(run_script("follow.py", str(folder), "state").stdout)["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    ended = json.loads(run_script("follow.py", str(folder), "state").stdout)
+    assert ended["state"] == "ended" and ended["code"] == -15
+    # no exit.json and the recorded pid gone (the host restarted): lost
+    (folder / "exit.json").unlink()
+    assert json.loads(run_script("follow.py", str(folder), "state").stdout)["state"] == "lost"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
