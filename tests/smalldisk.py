@@ -34,11 +34,11 @@ class SmallDisk:
 
     def fill(self, leave: int = 0) -> None:
         """Write until the disk is full, then give back `leave` bytes."""
-        with open(self.filler, "ab") as f:
+        # unbuffered: a buffered file's close would write what it still holds, and meet ENOSPC outside the loop
+        with open(self.filler, "ab", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError as e:
                 assert e.errno == errno.ENOSPC, e
         if leave:

@@ -266,8 +266,10 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
 @runs_dir_option
 @app.connect_timeout_option()
 def attach_cmd(run_ref, runs_dir, connect_timeout):
-    """Follow a detached run (run --detach) from its supervising host: everything it printed, from the start, as it
-    comes; Ctrl-C leaves it running. Once it ended, its run directory comes home and attach exits with its code."""
+    """Follow a detached run (run --detach) as it goes.
+
+    A run started with `run --detach` is followed from its supervising host: everything it printed, as it comes.
+    Once it ended, its run directory comes home and attach exits with the run's exit code."""
     from ..detach import follow as detached
     from ..errors import UsageError
     from ..observe.runs import resolve
