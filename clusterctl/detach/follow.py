@@ -41,6 +41,9 @@ class Record:
     def host(self) -> Host:
         return self.cluster.host(self.supervisor)
 
+    def connector(self, connect_timeout: float) -> Connector:
+        return Connector(self.cluster, connect_timeout=connect_timeout)
+
     def write(self, run_dir: str) -> None:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         write_text(os.path.join(run_dir, RECORD), json.dumps({
@@ -66,7 +69,7 @@ def is_home(run_dir: str) -> bool:
 def state(record: Record, connect_timeout: float = 10.0, op: str = "state") -> dict:
     """How the supervisor is ({"state": "running"|"ended"|"lost"|"unreachable"|..., ...}), asked on its host
     (op "stop": SIGTERM to it first, supervisor.state)."""
-    connector = Connector(record.cluster, connect_timeout=connect_timeout)
+    connector = record.connector(connect_timeout)
     try:
         return supervisor.state(connector, record.host, record.run_id, op=op)
     except Exception as e:        # noqa: BLE001 - any way of not reaching it is "unreachable", said with its reason
@@ -76,7 +79,7 @@ def state(record: Record, connect_timeout: float = 10.0, op: str = "state") -> d
 def follow(record: Record, write: Callable[[str], None], offset: int = 0, connect_timeout: float = 10.0) -> dict:
     """Write the supervisor's output from byte `offset` as it comes, to the supervisor's end; its state then.
     KeyboardInterrupt stops following (the run goes on)."""
-    connector = Connector(record.cluster, connect_timeout=connect_timeout)
+    connector = record.connector(connect_timeout)
     host = record.host
     lines: queue.Queue = queue.Queue()
     with connector.transport(host) as t:
@@ -106,7 +109,7 @@ def home(record: Record, run_dir: str, connect_timeout: float = 10.0) -> tuple[i
     """The supervising host's run directory of an ended run into run_dir (files, bytes), marked home."""
     from ..transfer.stage import fetch_tree
 
-    connector = Connector(record.cluster, connect_timeout=connect_timeout)
+    connector = record.connector(connect_timeout)
     got = fetch_tree(connector, record.host, record.folder, run_dir)
     write_text(os.path.join(run_dir, HOME_MARK), json.dumps({"at": time.time(), "files": got[0], "bytes": got[1]}))
     return got

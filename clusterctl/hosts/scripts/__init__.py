@@ -26,6 +26,7 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     detach.py       a detached run's keeper on its supervising host: the supervisor started in a session of its own,
                     its pid and exit code recorded (clusterctl/detach/supervisor.py)
     follow.py       that supervisor's state, its output followed from an offset, SIGTERM to it (detach/follow.py)
+    proctime.py     a process's start time (ps -o lstart=): a piece of detach.py and follow.py
     telemetry.py    one sample of a host's memory, pressure, swap, load, GPU, heat, disk and run processes (`top`)
 """
 from __future__ import annotations

@@ -18,14 +18,7 @@ import subprocess
 import sys
 import time
 
-
-def start_time(pid):
-    try:
-        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return " ".join(out.split())
+from .proctime import start_time
 
 
 def write_json(path, value):
@@ -61,7 +54,7 @@ def keep(folder, workdir, argv, report):
     pid_file = os.path.join(folder, "supervisor.pid")
     tmp = pid_file + ".tmp"
     with open(tmp, "w") as f:
-        f.write("%d %s\n" % (proc.pid, start_time(proc.pid)))
+        f.write("%d %s\n" % (proc.pid, start_time(proc.pid) or ""))
     os.replace(tmp, pid_file)
     os.write(report, json.dumps({"pid": proc.pid}).encode())
     os.close(report)

@@ -12,30 +12,29 @@ keeper was killed with it. POSIX only.
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
+
+from .proctime import start_time
 
 END_MARK = "\x1eclusterctl-supervisor-state "
 POLL_S = 0.25
 
 
-def start_time(pid):
+def ended(folder):
+    """The supervisor's end as the keeper recorded it (exit.json), or None."""
     try:
-        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
+        with open(os.path.join(folder, "exit.json")) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
         return None
-    return " ".join(out.split()) or None
+    return {"state": "ended", "code": done.get("code"), "ended": done.get("ended")}
 
 
 def state(folder):
-    try:
-        with open(os.path.join(folder, "exit.json")) as f:
-            ended = json.load(f)
-        return {"state": "ended", "code": ended.get("code"), "ended": ended.get("ended")}
-    except (OSError, ValueError):
-        pass
+    done = ended(folder)
+    if done is not None:
+        return done
     try:
         with open(os.path.join(folder, "supervisor.pid")) as f:
             pid_text, _, started = f.read().strip().partition(" ")
@@ -45,12 +44,8 @@ def state(folder):
     now = start_time(pid)
     if now is not None and (not started or now == started):
         return {"state": "running", "pid": pid}
-    try:                     # it ended between the two reads
-        with open(os.path.join(folder, "exit.json")) as f:
-            ended = json.load(f)
-        return {"state": "ended", "code": ended.get("code"), "ended": ended.get("ended")}
-    except (OSError, ValueError):
-        return {"state": "lost", "pid": pid, "why": "its process is gone and it left no exit code"}
+    # it may have ended between the two reads
+    return ended(folder) or {"state": "lost", "pid": pid, "why": "its process is gone and it left no exit code"}
 
 
 def follow(folder, offset):
