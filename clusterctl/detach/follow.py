@@ -4,7 +4,7 @@
     code = follow(record, out)                      # supervisor.log from the start, as it grows, to its end
     home(record, run_dir)                           # once ended: the supervising host's run directory into run_dir
 
-The record keeps the cluster as this machine reaches it (0600: it holds the inventory's env values), so that
+The record keeps the cluster as this machine reaches it (without the ranks' env values; 0600 all the same), so that
 `attach`, `runs`, `logs`, `stacks` and `kill` reach the supervisor and the ranks without --hosts.
 """
 from __future__ import annotations

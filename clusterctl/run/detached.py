@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..detach import follow, handoff, supervisor
@@ -65,7 +65,9 @@ def detach(cluster: Cluster | None, options: RunOptions, argv: Sequence[str], su
                             extra_env, host_env)
     pid = supervisor.start(connector, host, given)
     run_dir = os.path.abspath(os.path.join(settings.runs_dir, run_id))
-    follow.Record(run_id, host.name, supervisor.folder(host, run_id), pid, time.time(), ready.cluster).write(run_dir)
+    # the record here reaches hosts, never runs ranks: the cluster without the env values (secrets among them)
+    reach = replace(ready.cluster, hosts=tuple(replace(h, env=(), secret_env=()) for h in ready.cluster.hosts))
+    follow.Record(run_id, host.name, supervisor.folder(host, run_id), pid, time.time(), reach).write(run_dir)
     return Detached(run_id, host.name, pid, run_dir)
 
 
