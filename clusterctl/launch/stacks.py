@@ -156,6 +156,16 @@ class Stacks:
             return groups[0][0]
         return None
 
+    def in_collectives(self) -> str | None:
+        """Where the ranks are, when they are on more than one host at several places, each a collective (an
+        `mx.distributed.` call, or `mx.eval` of what one feeds): ranks that wait for each other in collectives they
+        reached apart (a link that dropped mid-collective lets some ranks finish it and wait in the next one)."""
+        groups = self.groups()
+        hosts = {r.host for r in self.ranks}
+        if len(groups) > 1 and len(hosts) > 1 and not self.errors and all(_collective(where) for where, _ in groups):
+            return "; ".join(f"{_ranks(ranks)}: {where}" for where, ranks in groups)
+        return None
+
     def save(self, run_dir: str) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.taken))
         folder = os.path.join(run_dir, STACKS_DIR, stamp)
@@ -186,6 +196,11 @@ class Stacks:
         if not self.ranks and not self.errors:
             out.append("  no rank of this run is running on its hosts")
         return out
+
+
+def _collective(where: str) -> bool:
+    """A place (RankStacks.where) that waits on every rank: a collective's call, or the evaluation of its result."""
+    return "mx.distributed." in where or "mx.eval(" in where
 
 
 def _ranks(ranks: list[int]) -> str:

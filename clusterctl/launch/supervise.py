@@ -136,12 +136,14 @@ def named(failure: Outcome, host: str, others: tuple[list[str], list[str]]) -> O
     return replace(failure, reason=reason)
 
 
-def waiting_together(place: str, heartbeats: dict[str, float]) -> str:
-    """A stall where every rank waits at one place, on several hosts, said (pure): the ranks wait for each other
-    in a collective, which usually means the link between the hosts (the data plane) — the hosts themselves
-    still answer when their heartbeats go on (`heartbeats`: host -> seconds since its last line)."""
+def waiting_together(place: str, heartbeats: dict[str, float], places: int = 1) -> str:
+    """A stall where every rank, on several hosts, waits in a collective, at one place or at `places` (Stacks.together,
+    in_collectives), said (pure): the ranks wait for each other, which usually means the link between the hosts
+    (the data plane) — the hosts themselves still answer when their heartbeats go on (`heartbeats`: host ->
+    seconds since its last line)."""
     beats = ", ".join(f"{host} {age:.0f}s ago" for host, age in heartbeats.items())
-    return (f"every rank waits at the same place ({place}): in a collective, for each other, which usually means the "
+    where = f"at the same place ({place})" if places == 1 else f"in one of {places} collectives ({place})"
+    return (f"every rank waits {where}: in a collective, for each other, which usually means the "
             f"link between the hosts (the data plane): check it with `clusterctl doctor --data-plane`"
             + (f"; the hosts' last heartbeats: {beats}" if beats else ""))
 
@@ -352,14 +354,15 @@ class Supervisor:
                 reason += f"; the stacks could not be taken: {e}"
                 self.emit(reason, True)
                 return Outcome(EXIT_STALLED, reason, ended_as=AttemptState.STALLED)
-            odd, together = taken.odd_one_out(), taken.together()
-            if odd is not None:
-                failed = odd[0]
-                reason += f"; rank {odd[0]} is the odd one out: {odd[1]}"
-            elif together is not None:
-                said = waiting_together(together, lines.heartbeats(time.monotonic()))
+            odd, together, apart = taken.odd_one_out(), taken.together(), taken.in_collectives()
+            if together is not None or apart is not None:      # before the odd one out: it waits like the others
+                said = waiting_together(together or apart, lines.heartbeats(time.monotonic()),
+                                        1 if together is not None else len(taken.groups()))
                 reason += "; " + said
                 cause = causes.Cause(causes.DATA_PLANE, said)
+            elif odd is not None:
+                failed = odd[0]
+                reason += f"; rank {odd[0]} is the odd one out: {odd[1]}"
             for text in [reason] + taken.screen():
                 self.emit(text, True)
             reason += f" (stacks: {os.path.relpath(folder)})"

@@ -38,7 +38,9 @@ def test_a_run_rides_through_a_storm_of_faults_each_named_and_ends_as_an_undistu
     # each fault that ended an attempt is named by its cause in the restart line
     assert re.search(r": rank 1 on h2 was killed by SIGKILL(; followed from it: .*)?; restart 1 of 6 in ", kill.named), kill.named
     assert re.search(r": rank 1 on h2 lost its ssh connection.*; restart 2 of 6 in ", stop.named), stop.named
-    assert re.search(r": stalled: no progress from any rank for \d+s.*every rank waits at the same place .*: in a "
+    # at one place, or (the link dropped mid-collective: some ranks finished it) each in a collective of its own
+    assert re.search(r": stalled: no progress from any rank for \d+s.*every rank waits (at the same place|in one of "
+                     r"\d+ collectives) .*: in a "
                      r"collective, for each other, .*the data plane.*doctor --data-plane.*; restart 3 of 6 in ",
                      drop.named), drop.named
     # the restart after it waited for the link (not launching into it, which would fail at once) and said so

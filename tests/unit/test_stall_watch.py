@@ -253,6 +253,27 @@ def test_every_rank_at_one_place_on_several_hosts_is_a_wait_for_each_other_that_
                     "--data-plane`; the hosts' last heartbeats: h1 0s ago, h2 1s ago")
 
 
+def test_ranks_each_in_a_collective_of_its_own_on_several_hosts_wait_for_each_other_none_is_odd():
+    from clusterctl.launch.supervise import waiting_together
+
+    rank0, rank1 = recorded()
+    reduced = {**rank1.source, "/tmp/st/stall.py:8": "mx.distributed.all_max(y)"}     # rank 1 in the next collective
+    apart = Stacks("x", 0.0, [rank0, RankStacks(1, "h2", 98, rank1.text, reduced, rank1.kinds),
+                              RankStacks(2, "h2", 99, rank0.text, rank0.source, rank0.kinds)])
+    assert apart.together() is None and apart.odd_one_out() == (1, "mx.distributed.all_max(y) at stall.py:8")
+    assert apart.in_collectives() == "ranks 0, 2: mx.eval(x) at stall.py:10; rank 1: mx.distributed.all_max(y) at stall.py:8"
+    said = waiting_together(apart.in_collectives(), {"h1": 0.4, "h2": 1.2}, len(apart.groups()))
+    assert said.startswith("every rank waits in one of 2 collectives (ranks 0, 2: mx.eval(x) at stall.py:10; rank 1: "
+                           "mx.distributed.all_max(y) at stall.py:8): in a collective, for each other, which usually "
+                           "means the link between the hosts (the data plane)")
+    # a rank asleep outside any collective is the odd one out, not a wait for each other
+    asleep = Stacks("x", 0.0, [rank0, RankStacks(1, "h2", 98, rank1.text, rank1.source, rank1.kinds),
+                               RankStacks(2, "h2", 99, rank0.text, rank0.source, rank0.kinds)])
+    assert asleep.in_collectives() is None and asleep.odd_one_out() == (1, "time.sleep(3600) at stall.py:8")
+    # one host: no link between hosts to blame
+    assert Stacks("x", 0.0, [rank0, RankStacks(1, "h1", 98, rank1.text, reduced, rank1.kinds)]).in_collectives() is None
+
+
 def test_a_quiet_phase_of_a_kind_already_timed_is_announced_at_ten_times_its_longest_within_bounds():
     from clusterctl.train.callbacks import QUIET_MIN_S, QUIET_S, quiet_for
 
