@@ -33,10 +33,11 @@ def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster,
     summary = json.loads((run_dir / "summary.json").read_text())
     balance = summary["trainer"]["balance"]
     assert balance["mode"] == "auto" and balance["changes"], balance
-    # exchanges after 3 measured steps, then every 20: the first after step 10 measured mostly the hot h2 (before
-    # it, two equal hosts may still move a row for this shared machine's noise)
+    # exchanges after 3 measured steps, then every 20 (steps 23, 44, ...): the first after step 10 comes while h2 is
+    # hot, at 23 (13 of its 20 steps hot) or, where this shared machine's load hid that in its noise, at 44 (all hot:
+    # a clean-clone run under load moved at 44); before it, two equal hosts may still move a row for the noise
     hot = [c for c in balance["changes"] if c["step"] > 10]
-    assert hot and hot[0]["step"] <= 40, balance
+    assert hot and hot[0]["step"] <= 45, balance
     first = hot[0]
     assert first["rows"][0] > first["rows"][1] and sum(first["rows"]) == 16, first
     assert first["speeds"][0] > first["speeds"][1]            # h2 sleeps twice its compute time each step
