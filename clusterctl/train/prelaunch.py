@@ -35,9 +35,25 @@ def check_before_launch(planned: PlannedLaunch) -> str | None:
     if model and not flag_value(args, "--resume"):
         scored_only = "--test" in args and "--train" not in args           # mlx-lm's rule: --test alone scores
         check_finetune(_in(project, model), _in(project, data) if data else None, world, adapter, scored_only)
+        if not config_file:
+            _check_shares(args, world, planned.first_os)
     overrides = {host: env[HOST_MEMORY] for host, env in planned.host_env.items() if env.get(HOST_MEMORY)}
     return plan_before_launch(args, world, dict(planned.memory), overrides, planned.first_os, project,
                                       planned.data_dir)
+
+
+def _check_shares(args: list[str], world: int, first_os: str | None) -> None:
+    """A fine-tune's --batch-size is the global batch (mlx-lm's): the ranks refuse one `world` does not divide, so
+    refused here first, in their words (train/finetune.py, data/records.py)."""
+    from .config import ConfigError, resolve
+
+    try:
+        config, _ = resolve(list(args), device="gpu" if first_os == "Darwin" else "cpu")
+    except (ConfigError, SystemExit):
+        return          # the ranks say what is wrong with the arguments, as they would without this check
+    if config.batch_size % world:
+        raise ConfigError(f"--batch-size {config.batch_size} is the global batch (records a step, as mlx-lm's), "
+                          f"which {world} ranks cannot share equally: give a multiple of {world}")
 
 
 def _in(project: str, path: str) -> str:

@@ -39,7 +39,7 @@ from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import CHECKPOINTS, STEP_GLOB, step_dir_name
 from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
 from .testset import evaluate
-from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
+from .balanced import SLOWDOWN, BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
                         announce_quiet, watched)
 from .config import ConfigError, TrainConfig, default_out_dir, resolve, resolve_settings
@@ -269,8 +269,12 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     drift = perturbation()                   # a test aid: (rank, step) or None
     balanced = None
     entry = strategies.get(config.strategy)
+    slowed = slowdown()[0] > 1
+    if slowed and config.model:
+        raise ConfigError(f"{SLOWDOWN} (a test aid) slows the bundled model's balanced steps, which a --model run does "
+                          "not take: unset it for this run (docs/trainer.md#test-aids)")
     # the test aid slows the even split too
-    if entry.replicated and group.size() > 1 and (config.balance != "off" or slowdown()[0] > 1):
+    if entry.replicated and group.size() > 1 and (config.balance != "off" or slowed):
         balanced = BalancedSteps(model, optimizer, config, group, data.shards or _own_shard(data), data.start,
                                  data.rows)
         callbacks.on_shares(data.start, balanced.info())

@@ -93,6 +93,20 @@ def test_the_trainers_checks_before_a_launch_see_the_planned_launch_and_the_inve
         kind.check(PlannedLaunch(("--adapter", "lora", "--data", "d"), 1, {}, {}, "Linux", str(tmp_path), None))
 
 
+def test_a_fine_tunes_global_batch_that_the_world_does_not_divide_is_refused_before_a_launch(tmp_path):
+    """mlx-lm's --batch-size is the global batch: 4 records a step cannot go to 3 ranks; refused here in the ranks'
+    words (a detached run would otherwise hand its supervisor a job every rank refuses)."""
+    lmfixture = pytest.importorskip("lmfixture")
+    pytest.importorskip("mlx_lm")
+    made = lmfixture.make_inputs(tmp_path / "made")
+    kind = BundledTrainer(prelaunch=check_before_launch)
+    args = ("--model", str(made["llama"]), "--adapter", "lora", "--data", str(made["chat"]), "--batch-size", "4")
+    with pytest.raises(BadInput, match="^--batch-size 4 is the global batch .* which 3 ranks cannot share equally: "
+                                       "give a multiple of 3$"):
+        kind.check(PlannedLaunch(args, 3, {}, {}, "Linux", str(tmp_path), None))
+    kind.check(PlannedLaunch(args, 2, {}, {}, "Linux", str(tmp_path), None))          # 2 ranks share 4
+
+
 def test_a_service_copies_no_project_reads_no_stdin_and_is_recorded_as_what_it_serves():
     assert (SERVED.reads_stdin, SERVED.copies_project, SERVED.resumes_from_checkpoints, SERVED.pictures_loss) == \
         (False, False, False, False)
