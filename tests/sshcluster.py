@@ -188,6 +188,7 @@ class TestHost:
     overrides: dict[str, str] = field(default_factory=dict)
     binds: dict[str, str] = field(default_factory=dict)  # path on this host -> what is mounted over it
     session_env: dict[str, str] = field(default_factory=dict)  # sshd SetEnv for this host's sessions
+    route_address: str | None = None      # this machine's own way to the host's sshd (SSHCluster own_route)
 
     @property
     def pid(self) -> int:
@@ -200,7 +201,7 @@ class SSHCluster:
 
     def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
                  stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset(),
-                 homebrew_mpi: bool = False, persistent_roots: bool = False):
+                 homebrew_mpi: bool = False, persistent_roots: bool = False, own_route: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -224,6 +225,15 @@ class SSHCluster:
         # so a host stopped with stop_host() comes back with start_host() holding what it held (a Mac that
         # slept and woke), where otherwise it comes back empty
         self.persistent_roots = persistent_roots
+        # own_route: this machine reaches each host at a second address of the host's sshd (route_address), the
+        # hosts reach each other at their first (each host's namespace sees an ssh_config of its own): cutting
+        # this machine off (cut_this_machine) leaves the hosts' SSH, and their data plane, as they were, as when a
+        # laptop's Wi-Fi drops while the Macs stay joined by their cables. Needs private roots; not with
+        # inventory_only (there the inventory's names are the addresses both sides use).
+        self.own_route = own_route
+        if own_route and self.inventory_only:
+            raise ValueError("own_route needs the ssh_config mode (inventory_only names the hosts by address)")
+        self.hosts_ssh_config = self.root / "ssh_config.hosts"      # the hosts' view (own_route)
         self.client_key = self.root / ("cluster_key" if inventory_only else "client_ed25519")
         self.client_home = self.root / "client_home"
         self.known_hosts = self.root / "known_hosts"
@@ -236,7 +246,8 @@ class SSHCluster:
         # test's ring job can never stand in the next one's way.
         SSHCluster._instances += 1
         self.subnet = f"127.{1 + SSHCluster._instances % 250}.{os.getpid() % 250}"
-        self.hosts = [TestHost(i, f"h{i}", f"{self.subnet}.{10 + i}", 0, self.root / f"h{i}")
+        self.hosts = [TestHost(i, f"h{i}", f"{self.subnet}.{10 + i}", 0, self.root / f"h{i}",
+                               route_address=f"{self.subnet}.{110 + i}" if own_route else None)
                       for i in range(1, size + 1)]
 
     # ---- setup --------------------------------------------------------------------------------
@@ -257,7 +268,8 @@ class SSHCluster:
             (host.dir / "tmp").mkdir(exist_ok=True)
             seed_mlx_kernels(host.dir / "tmp")
             _keygen(host.dir / "host_ed25519")
-            host.port = common_port or free_port(host.address)
+            host.port = common_port or (free_port_on([host.address, host.route_address]) if host.route_address
+                                        else free_port(host.address))
             # Each machine has its own /tmp; here they would share one, and OpenMPI's daemons (all with the
             # same hostname) would collide on their session directories in it
             # (docs/facts/test-cluster.md#one-machine-open-mpi-collisions).
@@ -334,10 +346,16 @@ class SSHCluster:
         return log.read_text().splitlines() if log.exists() else []
 
     def write_ssh_config(self) -> None:
+        self.ssh_config.write_text(self._ssh_config_text(route=self.own_route))
+        if self.own_route:
+            self.hosts_ssh_config.write_text(self._ssh_config_text(route=False))
+
+    def _ssh_config_text(self, route: bool) -> str:
+        """The ssh_config naming h1..hK at their addresses (route: at this machine's own, own_route)."""
         lines = []
         for h in self.hosts:
-            lines += [f"Host {h.name}", f"  HostName {h.address}", f"  Port {h.port}", "  User root",
-                      f"  IdentityFile {self.client_key}", "  IdentitiesOnly yes", ""]
+            lines += [f"Host {h.name}", f"  HostName {h.route_address if route else h.address}", f"  Port {h.port}",
+                      "  User root", f"  IdentityFile {self.client_key}", "  IdentitiesOnly yes", ""]
         # KexAlgorithms: OpenSSH 9's default post-quantum key exchange costs ~100 ms of client CPU per
         # connection. Real hosts pay that in parallel on their own cores; here all N*(N-1) sessions of an
         # all-to-all share this machine's two, so the simulated cluster uses the classic exchange
@@ -345,7 +363,7 @@ class SSHCluster:
         lines += ["Host *", f"  UserKnownHostsFile {self.known_hosts}", "  StrictHostKeyChecking accept-new",
                   "  BatchMode yes", "  ConnectTimeout 5", "  LogLevel ERROR", "  KexAlgorithms curve25519-sha256",
                   ""]
-        self.ssh_config.write_text("\n".join(lines))
+        return "\n".join(lines)
 
     def write_inventory(self, env: dict[str, str] | None = None, **defaults: str) -> Path:
         """The inventory, with `defaults` (strings) and `env` (every host's environment) under defaults."""
@@ -374,7 +392,8 @@ class SSHCluster:
 
     def sshd_config(self, host: TestHost) -> str:
         settings = {
-            "ListenAddress": f"{host.address}:{host.port}",
+            "ListenAddress": f"{host.address}:{host.port}" + (f"\nListenAddress {host.route_address}:{host.port}"
+                                                              if host.route_address else ""),
             "HostKey": str(host.dir / "host_ed25519"),
             "PidFile": "none",
             "AuthorizedKeysFile": str(self.authorized_keys),
@@ -409,6 +428,8 @@ class SSHCluster:
             binds = dict(host.binds)
             if os.path.isfile(HOME_BASHRC):
                 binds.setdefault(HOME_BASHRC, str(self.plain_bashrc))
+            if self.own_route:          # the hosts reach each other at their first addresses
+                binds.setdefault(str(self.ssh_config), str(self.hosts_ssh_config))
             if self.persistent_roots:
                 disk = host.dir / "disk"
                 disk.mkdir(mode=0o755, exist_ok=True)
@@ -419,7 +440,7 @@ class SSHCluster:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     " && ".join(mounts) + ' && shift && exec "$@"', "sh", str(self.host_root), *sshd]
         else:
-            if host.binds:
+            if host.binds or self.own_route:
                 raise RuntimeError("this fault needs unshare -m (a private mount namespace per host)")
             argv = sshd
         with open(host.dir / "launch.err", "wb") as err:      # sshd keeps its own copy of the descriptor
@@ -560,6 +581,39 @@ class SSHCluster:
         view.write_text(text)
         self.restart(src, binds={str(self.ssh_config): str(view)})
 
+    def cut_this_machine(self):
+        """A context manager during which this machine's SSH to every host is dropped (own_route): packets to and
+        from each host's route address and port go nowhere, as behind a firewall or with the laptop's Wi-Fi gone;
+        connections already open stall (TCP retransmits) and carry on after it. The hosts still reach each other
+        (their own addresses), and the fixture's ssh() still reaches every host. Needs root and `ip`
+        (tests/dataplane.py, whose drop this is)."""
+        import dataplane
+
+        if not self.own_route:
+            raise RuntimeError("cut_this_machine needs a cluster made with own_route=True")
+        return dataplane.DataPlaneDrop([(h.route_address, h.port) for h in self.hosts])
+
+    def this_machines_processes(self, cwd: Path) -> list[int]:
+        """What this machine runs for the cluster, never what a host runs: the processes in this process's mount
+        namespace (each host has its own: private roots) working in `cwd` or below (clusterctl, and what it
+        started there) or naming this cluster's directory on their command line (ssh, rsync, master connections)."""
+        ours = os.readlink("/proc/self/ns/mnt")
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                if os.readlink(f"/proc/{entry}/ns/mnt") != ours:
+                    continue
+                where = os.readlink(f"/proc/{entry}/cwd")
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read()
+            except OSError:
+                continue
+            if where == str(cwd) or where.startswith(f"{cwd}/") or str(self.root).encode() in argv:
+                found.append(int(entry))
+        return found
+
     def mount_over(self, index: int, target: str, source: str) -> None:
         """On this host only, `target` shows the contents of `source` (same path, different files)."""
         self.restart(index, binds={target: source})
@@ -590,7 +644,10 @@ class SSHCluster:
         return env
 
     def ssh(self, index: int, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run([SSH, "-F", str(self.ssh_config), self.host(index).name, command],
+        """`command` on host `index` with the real ssh client (with own_route: as the hosts reach it, which
+        cut_this_machine leaves alone)."""
+        config = self.hosts_ssh_config if self.own_route else self.ssh_config
+        return subprocess.run([SSH, "-F", str(config), self.host(index).name, command],
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def session_pids(self, index: int) -> list[int]:
