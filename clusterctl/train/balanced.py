@@ -5,11 +5,13 @@ compute timed, the shares exchanged and moved, and the replicas' parameters comp
     loss, grad_norm = steps(step)           # one optimizer step (0-based), every rank together
     steps.info()                            # shares, speeds and changes, for metrics and trainer.json
 
-Two test aids, read from the environment (docs/trainer.md#test-aids): CLUSTERCTL_TRAIN_SLOWDOWN=F makes this
+Three test aids, read from the environment (docs/trainer.md#test-aids): CLUSTERCTL_TRAIN_SLOWDOWN=F makes this
 rank's computation F times as long (it sleeps (F - 1) x the time its forward and backward passes took, each step;
 the gradients' all_sum, the optimizer and the loop's Python are not slowed), F@A-B only from step A up to
 step B (a Mac that heats up, then cools down; F@A- from step A on), CLUSTERCTL_TRAIN_PERTURB=
-RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting: perturbation, perturb).
+RANK@STEP adds 0.001 to one parameter of rank RANK after step STEP (a replica drifting: perturbation, perturb),
+CLUSTERCTL_TRAIN_STEP_S=S makes every step of this rank last at least S seconds (step_floor: a run paced by the
+clock, however fast the machine, for a test that must outlast a fault of fixed length).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from .callbacks import announce_quiet
 
 SLOWDOWN = "CLUSTERCTL_TRAIN_SLOWDOWN"
 PERTURB = "CLUSTERCTL_TRAIN_PERTURB"
+STEP_FLOOR = "CLUSTERCTL_TRAIN_STEP_S"
 
 
 class OutOfSync(ClusterctlError):
@@ -264,6 +267,21 @@ def perturbation() -> tuple[int, int] | None:
     except ValueError:
         raise ConfigError(f"{PERTURB}={text!r}: RANK@STEP, e.g. 1@30") from None
     return who, when
+
+
+def step_floor(text: str | None = None) -> float:
+    """The test aid CLUSTERCTL_TRAIN_STEP_S=S: the seconds a step lasts at least (this rank sleeps the rest of
+    them after its step; nothing it computes changes); 0.0 when it is not set."""
+    text = (os.environ.get(STEP_FLOOR, "") if text is None else text).strip()
+    if not text:
+        return 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"{STEP_FLOOR}={text!r}: the seconds a step lasts at least (0 or more, e.g. 0.5)")
+    return seconds
 
 
 def perturb(model) -> None:

@@ -39,7 +39,7 @@ from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import CHECKPOINTS, STEP_GLOB, step_dir_name
 from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
 from .testset import evaluate
-from .balanced import SLOWDOWN, BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown
+from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown, step_floor
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
                         announce_quiet, watched)
 from .config import ConfigError, TrainConfig, default_out_dir, resolve, resolve_settings
@@ -269,12 +269,11 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     drift = perturbation()                   # a test aid: (rank, step) or None
     balanced = None
     entry = strategies.get(config.strategy)
-    slowed = slowdown()[0] > 1
-    if slowed and config.model:
-        raise ConfigError(f"{SLOWDOWN} (a test aid) slows the bundled model's balanced steps, which a --model run does "
-                          "not take: unset it for this run (docs/trainer.md#test-aids)")
-    # the test aid slows the even split too
-    if entry.replicated and group.size() > 1 and (config.balance != "off" or slowed):
+    slow, slow_from, slow_until = slowdown()
+    floor = step_floor()                     # a test aid: every step lasts at least this many seconds
+    # the test aid slows the bundled model's even split too (balancing measures it); a fine-tune's step, whose loader
+    # the balanced steps cannot feed, sleeps after it instead (below)
+    if entry.replicated and group.size() > 1 and not config.model and (config.balance != "off" or slow > 1):
         balanced = BalancedSteps(model, optimizer, config, group, data.shards or _own_shard(data), data.start,
                                  data.rows)
         callbacks.on_shares(data.start, balanced.info())
@@ -284,11 +283,17 @@ def fit(model, optimizer, data: TrainData, config: TrainConfig, callbacks: Callb
     with stopping.request:                   # SIGINT / SIGTERM: finish the step, checkpoint, stop (stopping.py)
         for step in range(data.start, config.steps):
             stopping.step_begins()
+            began = time.perf_counter()
             if balanced is not None:
                 loss, grad_norm = balanced(step)
+                mx.eval(loss, grad_norm, model.state, optimizer.state)
             else:
                 loss, grad_norm = step_fn(*data.train.step(step, config.accum))
-            mx.eval(loss, grad_norm, model.state, optimizer.state)
+                mx.eval(loss, grad_norm, model.state, optimizer.state)
+                if slow > 1 and slow_from <= step + 1 < slow_until:      # the test aid: a machine `slow` times slower
+                    time.sleep((slow - 1) * (time.perf_counter() - began))
+            if floor:
+                time.sleep(max(0.0, floor - (time.perf_counter() - began)))
             if config.clear_cache_threshold and mx.get_cache_memory() > config.clear_cache_threshold:
                 mx.clear_cache()
             done = step + 1
