@@ -58,9 +58,12 @@ class PrintedRun:
     """`run`'s events (run.RunEvents: every method of it) as lines: progress on stderr, the ranks' output
     on stdout / stderr; with `live`, the ranks' panel under them while the job runs (cli/panel.py)."""
 
-    def __init__(self, live: bool = False):
+    def __init__(self, live: bool = False, live_file: str | None = None):
         self.live = live
         self.panel = None
+        # a detached run's supervisor: the panel's snapshot written there every second for `attach` to draw
+        self.live_file = live_file
+        self.snapshots = None          # observe/live.py LiveFile, while a job runs
         # the long copies under way, by what they copy (the model to the hosts' stores, the project, the shards, a
         # fetch): each host's bytes, rate and time left (console.TransferProgress); on a terminal one block of bars
         # for all of them at once (two blocks redrawn in place would overwrite each other)
@@ -164,12 +167,18 @@ class PrintedRun:
             from .panel import Panel      # imports rich: only when a panel is drawn
             with self.panel_lock:
                 self.panel = Panel(live)
+        if self.live_file:
+            from ..observe.live import LiveFile
+            self.snapshots = LiveFile(live, self.live_file).start()
 
     def watched(self, launch):
         with self.panel_lock:
             panel, self.panel = self.panel, None
             if panel is not None:
                 panel.stop()
+        snapshots, self.snapshots = self.snapshots, None
+        if snapshots is not None:
+            snapshots.stop()
 
     def host_flagged(self, event):
         """`clusterctl: h2 is swapping (memory pressure warn) since step 40`, and its end: above the panel when
@@ -488,15 +497,18 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
         _detach(words, options, inventory_path, supervisor_host, fetch_paths, data_dir, elastic)
         return
     cluster = app.load(inventory_path) if inventory_path else None
+    events = PrintedRun(live=panel_wanted(plain))
     if handoff_path:        # a detached run's supervisor, on its host (clusterctl/detach/supervisor.py)
         from ..detach import handoff
+        from ..detach.supervisor import LIVE_FILE
         from ..run import Staged
         handed = handoff.read(handoff_path)
         os.unlink(handoff_path)        # it holds the inventory's env values: read once, kept nowhere
         cluster = handed.cluster
         options = replace(options, staged=Staged(handed.extra_env, handed.host_env),
                           attempts=replace(attempts, run_id=handed.run_id))
-    result = run(cluster, options, PrintedRun(live=panel_wanted(plain)))
+        events = PrintedRun(live=False, live_file=os.path.join(os.path.dirname(handoff_path), LIVE_FILE))
+    result = run(cluster, options, events)
     launch, outcome = result.launch, result.outcome
     if outcome is None:
         click.echo(json.dumps(launch.describe(), indent=2))

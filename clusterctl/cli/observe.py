@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+import time
 
 import click
 
@@ -38,13 +39,14 @@ def _short(text: str, width: int = 60) -> str:
 @runs_dir_option
 @click.option("--all", "everywhere", is_flag=True,
               help="Every run this machine started, in any project (from ~/.cache/clusterctl/runs.jsonl).")
+@app.connect_timeout_option()
 @app.json_option
-def runs_cmd(runs_dir, everywhere, as_json):
+def runs_cmd(runs_dir, everywhere, connect_timeout, as_json):
     """List runs: kind, model, strategy, hosts, outcome, final loss."""
     from ..observe.runs import list_all, list_runs
 
     from ..detach.follow import refresh_all
-    refresh_all(runs_dir)       # detached runs asked how they are; those that ended come home
+    refresh_all(runs_dir, connect_timeout)      # detached runs asked how they are; those that ended come home
     infos = list_all(runs_dir) if everywhere else list_runs(runs_dir)
     if as_json:
         click.echo(json.dumps([i.as_json() for i in infos], indent=2))
@@ -73,16 +75,23 @@ def runs_cmd(runs_dir, everywhere, as_json):
               help="A restarted run (run --max-restarts): only attempt K's logs (runs/<id>/attempt-K/; default: "
                    "every attempt, one after the other).")
 @runs_dir_option
-def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir):
-    """Show a run's rank logs (RUN: an id, a prefix of one, or latest)."""
+@app.connect_timeout_option()
+def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir, connect_timeout):
+    """Show a run's rank logs (RUN: an id, a prefix of one, or latest).
+
+    A detached run's logs are read from its supervising host as they are there (-f: every few seconds)."""
     from dataclasses import replace
 
+    from ..detach import follow as detached
     from ..errors import UsageError
     from ..observe.logs import follow_logs, rank_hosts, read_logs, run_ended
     from ..observe.runs import attempts, resolve
 
     info = resolve(runs_dir, run_ref)
     ended = run_ended
+    now = detached.look(info.dir, connect_timeout)
+    if now is not None and now.get("state") == "running":        # detached: looked at again as it is followed
+        ended = _detached_ended(connect_timeout)
     if attempt is not None:
         there = attempts(info.dir)
         if attempt not in there:
@@ -91,8 +100,10 @@ def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir):
         whole = info.dir
         # an attempt is over when the run is, or when the next attempt has begun
 
+        whole_ended = ended
+
         def ended(_):
-            return run_ended(whole) or os.path.isdir(os.path.join(whole, f"attempt-{attempt + 1}"))
+            return whole_ended(whole) or os.path.isdir(os.path.join(whole, f"attempt-{attempt + 1}"))
         info = replace(info, dir=os.path.join(info.dir, f"attempt-{attempt}"))
     try:
         regex = re.compile(pattern) if pattern is not None else None
@@ -120,6 +131,27 @@ def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir):
     if not lines:      # exit 0 all the same: an empty log is an answer, but a silent one looks like a failure
         who = f"rank {rank}" if rank is not None else f"run {info.run_id}"
         click.echo(f"({who} printed nothing" + (" that matches" if regex is not None else "") + ")", err=True)
+
+
+def _detached_ended(connect_timeout: float, every_s: float = 2.0):
+    """`logs -f`'s test for the end of a detached run: every `every_s` its run directory fetched again from the
+    supervising host (detach/follow.py look), ended once the supervisor has; a host that does not answer is
+    asked again later (the run goes on without this machine)."""
+    from ..detach import follow as detached
+    from ..errors import ClusterctlError
+
+    last = [time.monotonic()]
+
+    def ended(run_dir: str) -> bool:
+        if time.monotonic() - last[0] < every_s:
+            return False
+        last[0] = time.monotonic()
+        try:
+            now = detached.look(run_dir, connect_timeout)
+        except ClusterctlError:
+            return False
+        return now is None or now.get("state") != "running"
+    return ended
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -181,7 +213,8 @@ def _print_failures(found) -> bool:
 
 @app.command("clusterctl ps --hosts inventory.yaml")
 @hosts_or_here_option
-@click.option("-v", "--verbose", is_flag=True, help="Also the shells and ssh clients that carry the ranks.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also the shells and ssh clients that carry the ranks, and a detached run's keeper.")
 @app.connect_timeout_option()
 @app.json_option
 def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
@@ -199,7 +232,7 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
                                for h in found], indent=2))
     else:
         rows, shown = [], set()
-        for p in (p for h in found for p in h.processes if verbose or p.kind in ("rank", "launcher")):
+        for p in (p for h in found for p in h.processes if verbose or p.kind in ("rank", "launcher", "supervisor")):
             rows.append({"host": p.host, "run": p.run_id, "rank": "-" if p.rank is None else p.rank, "kind": p.kind,
                          "pid": p.pid, "age": _age(p.age_s), "cpu%": f"{p.cpu:.1f}", "mem": f"{p.rss_kb / 1024:.1f} MiB",
                          "url": urls.get(p.run_id, "") if p.run_id not in shown else ""})   # on a run's first row
@@ -263,16 +296,20 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
 
 @app.command("clusterctl attach latest")
 @click.argument("run_ref", metavar="RUN", default="latest")
+@click.option("--plain", is_flag=True, help="Plain lines only, no live panel (the panel is drawn on a terminal).")
 @runs_dir_option
 @app.connect_timeout_option()
-def attach_cmd(run_ref, runs_dir, connect_timeout):
+def attach_cmd(run_ref, plain, runs_dir, connect_timeout):
     """Follow a detached run (run --detach) as it goes.
 
-    A run started with `run --detach` is followed from its supervising host: everything it printed, as it comes.
-    Once it ended, its run directory comes home and attach exits with the run's exit code."""
+    A run started with `run --detach` is followed from its supervising host: everything it printed, as it comes,
+    under the live panel its supervisor keeps (as `run` draws it). Once it ended, its run directory comes home and
+    attach exits with the run's exit code."""
     from ..detach import follow as detached
     from ..errors import UsageError
+    from ..observe.live import Replayed
     from ..observe.runs import resolve
+    from .launch import panel_wanted
 
     info = resolve(runs_dir, run_ref)
     record = detached.Record.read(info.dir)
@@ -282,13 +319,32 @@ def attach_cmd(run_ref, runs_dir, connect_timeout):
     if detached.is_home(info.dir):
         click.echo(open(os.path.join(info.dir, "supervisor.log"), encoding="utf-8", errors="replace").read(), nl=False)
         sys.exit(_detached_end(info.dir, record, None))
+    drawn, source, panel = panel_wanted(plain), Replayed(), None
+
+    def live(doc):              # the supervisor's panel, drawn here from its first snapshot on
+        nonlocal panel
+        source.seen(doc)
+        if drawn and panel is None:
+            from .panel import Panel      # imports rich: only when a panel is drawn
+            panel = Panel(source)
+
+    def out(line):
+        if panel is not None:
+            panel.print(line)
+        else:
+            click.echo(line)
+
     try:
-        state = detached.follow(record, click.echo, connect_timeout=connect_timeout)
+        state = detached.follow(record, out, connect_timeout=connect_timeout, live=live)
     except KeyboardInterrupt:
+        if panel is not None:
+            panel.stop()
         click.secho(f"\nattach: detached from run {record.run_id}; it goes on under its supervisor on "
                     f"{record.supervisor} (`clusterctl attach {record.run_id}` follows it again, `clusterctl kill "
                     f"{record.run_id}` stops it)", fg="yellow", err=True)
         sys.exit(0)
+    if panel is not None:
+        panel.stop()
     sys.exit(_detached_end(info.dir, record, state))
 
 
@@ -349,23 +405,40 @@ def completion_cmd(shell):
               help="The inventory the run was started with. Default: the one it recorded (launch.json).")
 @click.option("--native", is_flag=True,
               help="Add native frames with py-spy where it is installed on a host (pip install py-spy there).")
+@click.option("--saved", is_flag=True,
+              help="The stacks saved last (a stall's, or an earlier `stacks`'s) instead of asking the ranks now.")
 @runs_dir_option
 @app.connect_timeout_option()
 @app.json_option
-def stacks_cmd(run_ref, inventory_path, native, runs_dir, connect_timeout, as_json):
+def stacks_cmd(run_ref, inventory_path, native, saved, runs_dir, connect_timeout, as_json):
     """Where each rank of a running job is: its Python stacks, grouped.
 
     RUN is an id, a prefix of one, or latest. The run goes on unharmed; the stacks are saved in
-    runs/<id>/stacks/<time>/rank-N.txt."""
+    runs/<id>/stacks/<time>/rank-N.txt. A run that is no longer running (or --saved) shows the stacks saved last:
+    a stall's. A detached run's ranks are asked through the cluster it recorded; its saved stacks are fetched from
+    its supervising host."""
+    from ..detach import follow as detached
     from ..errors import EXIT_STALLED, ClusterctlError
     from ..inventory import Cluster
-    from ..launch.stacks import collect
-    from ..observe.runs import resolve
+    from ..launch.stacks import Stacks, collect
+    from ..observe.runs import resolve, run_info
 
     info = resolve(runs_dir, run_ref)
-    if info.status not in ("running", "unknown"):
-        raise ClusterctlError(f"run {info.run_id} is not running ({info.outcome}): there are no ranks to ask"
-                         + (" (its stall's stacks are in runs/<id>/stacks/)" if info.exit_code == EXIT_STALLED else ""))
+    now = detached.look(info.dir, connect_timeout,       # its saved stacks, an attempt's too (attempt-K/stacks/)
+                        only=lambda rel: re.match(r"(attempt-\d+/)?stacks/", rel) is not None or detached.small_files(rel))
+    info = run_info(info.dir)
+    running = now.get("state") == "running" if now is not None else info.status in ("running", "unknown")
+    if saved or not running:
+        taken = Stacks.newest(info.dir)
+        if taken is None:
+            raise ClusterctlError(f"run {info.run_id} has no saved stacks (`clusterctl stacks {info.run_id}` asks its "
+                                  "ranks)" if running else
+                                  f"run {info.run_id} is not running ({info.outcome}): there are no ranks to ask")
+        _show_stacks(taken, as_json, f"saved {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(taken.taken))}"
+                     + (", the stall's" if info.exit_code == EXIT_STALLED else "")
+                     + ("" if running else f"; the run ended: exit {info.exit_code}"))
+        return
+    record = detached.Record.read(info.dir) if now is not None else None
     try:
         with open(os.path.join(info.dir, "launch.json"), encoding="utf-8") as f:
             described = json.load(f)
@@ -373,7 +446,9 @@ def stacks_cmd(run_ref, inventory_path, native, runs_dir, connect_timeout, as_js
         described = {}
     folders = described.get("rank_files") or None
     inventory = inventory_path or described.get("inventory")
-    if inventory:
+    if record is not None and not inventory_path:     # detached: the cluster as this machine reaches it
+        cluster = record.cluster
+    elif inventory:
         cluster = app.load(inventory)
     else:      # a run on this machine alone (no inventory)
         cluster = Cluster.this_machine(os.getcwd())
@@ -381,12 +456,20 @@ def stacks_cmd(run_ref, inventory_path, native, runs_dir, connect_timeout, as_js
     taken = collect(app.connector(cluster, connect_timeout), info.run_id, folders=folders, native=native)
     if taken.ranks:
         taken.save(info.dir)
-    if as_json:
-        click.echo(json.dumps({"run_id": info.run_id, "folder": taken.folder, "errors": taken.errors,
-                               "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "where": r.where(),
-                                          "error": r.error} for r in taken.ranks]}, indent=2))
-    else:
-        for line in taken.screen():
-            click.echo(line)
+    _show_stacks(taken, as_json)
     if taken.errors or not taken.ranks:
         sys.exit(1)
+
+
+def _show_stacks(taken, as_json: bool, note: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps({"run_id": taken.run_id, "folder": taken.folder, "taken": taken.taken,
+                               "saved": note is not None, "errors": taken.errors,
+                               "ranks": [{"rank": r.rank, "host": r.host, "pid": r.pid, "where": r.where(),
+                                          "error": r.error} for r in taken.ranks]}, indent=2))
+        return
+    lines = taken.screen()
+    if note:
+        lines[0] = lines[0].rstrip(":") + f" ({note}):"
+    for line in lines:
+        click.echo(line)

@@ -2,6 +2,7 @@
 
     record = Record.read(run_dir)                   # runs/<id>/detached.json: the supervisor, its host, the cluster
     code = follow(record, out)                      # supervisor.log from the start, as it grows, to its end
+    snapshot(record, run_dir)                       # while it runs: its run directory as it is now (logs, stacks)
     home(record, run_dir)                           # once ended: the supervising host's run directory into run_dir
 
 The record keeps the cluster as this machine reaches it (without the ranks' env values; 0600 all the same), so that
@@ -24,6 +25,7 @@ from . import handoff, supervisor
 
 RECORD = "detached.json"
 END_MARK = "\x1eclusterctl-supervisor-state "     # hosts/scripts/follow.py's
+LIVE_MARK = "\x1eclusterctl-live "                 # hosts/scripts/follow.py's: the live panel's snapshot
 HOME_MARK = "detached-home.json"                  # written once the run directory came home
 SUMMARY = "summary.json"                          # observe/record.py's: how the run ended
 
@@ -76,9 +78,11 @@ def state(record: Record, connect_timeout: float = 10.0, op: str = "state") -> d
         return {"state": "unreachable", "why": str(e).splitlines()[0] if str(e) else type(e).__name__}
 
 
-def follow(record: Record, write: Callable[[str], None], offset: int = 0, connect_timeout: float = 10.0) -> dict:
+def follow(record: Record, write: Callable[[str], None], offset: int = 0, connect_timeout: float = 10.0,
+           live: Callable[[dict], None] | None = None) -> dict:
     """Write the supervisor's output from byte `offset` as it comes, to the supervisor's end; its state then.
-    KeyboardInterrupt stops following (the run goes on)."""
+    `live` is given the live panel's snapshots as they come (observe/live.py to_json). KeyboardInterrupt stops
+    following (the run goes on)."""
     connector = record.connector(connect_timeout)
     host = record.host
     lines: queue.Queue = queue.Queue()
@@ -99,10 +103,31 @@ def follow(record: Record, write: Callable[[str], None], offset: int = 0, connec
                 if text.startswith(END_MARK):
                     final = json.loads(text[len(END_MARK):])
                     continue
+                if text.startswith(LIVE_MARK):
+                    if live is not None:
+                        try:
+                            live(json.loads(text[len(LIVE_MARK):]))
+                        except ValueError:
+                            pass
+                    continue
                 write(text)
             return final or {"state": "unknown", "why": "the follow ended without the supervisor's state"}
         finally:
             proc.stop()
+
+
+def snapshot(record: Record, run_dir: str, connect_timeout: float = 10.0,
+             only: Callable[[str], bool] | None = None) -> tuple[int, int]:
+    """The supervising host's run directory as it is now (with `only`: the files whose relative path it accepts)
+    into run_dir, not marked home (the run goes on): what `logs`, `stacks` and `runs` read of a running one."""
+    from ..transfer.stage import fetch_tree
+
+    return fetch_tree(record.connector(connect_timeout), record.host, record.folder, run_dir, only=only)
+
+
+def small_files(rel: str) -> bool:
+    """What `runs` shows of a running detached run: its launch, facts and metrics (not its logs, not stacks)."""
+    return "/" not in rel and (rel.endswith(".json") or rel == "metrics.jsonl")
 
 
 def home(record: Record, run_dir: str, connect_timeout: float = 10.0) -> tuple[int, int]:
@@ -143,9 +168,11 @@ def settle(record: Record, run_dir: str, state: dict) -> tuple[int, int]:
 STATE_FILE = "detached-state.json"                # what the supervisor's host said last (runs reads it)
 
 
-def refresh(run_dir: str, connect_timeout: float = 10.0) -> dict | None:
-    """A detached run not yet home: asked how it is; once ended (or lost), brought home (settle); otherwise its
-    state kept in run_dir for `runs` to show. None for a run that is not detached, or home already."""
+def refresh(run_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool] | None = small_files
+            ) -> dict | None:
+    """A detached run not yet home: asked how it is; once ended (or lost), brought home (settle); while it runs,
+    what `only` picks of its run directory fetched (snapshot; None: all of it); its state kept in run_dir for
+    `runs` to show. None for a run that is not detached, or home already."""
     record = Record.read(run_dir)
     if record is None or is_home(run_dir):
         return None
@@ -155,12 +182,31 @@ def refresh(run_dir: str, connect_timeout: float = 10.0) -> dict | None:
             settle(record, run_dir, now)
         except Exception as e:       # noqa: BLE001 - not home yet: said in its state, tried again next time
             now = {"state": "unreachable", "why": f"could not bring it home: {e}"}
+    elif now.get("state") == "running":
+        try:
+            snapshot(record, run_dir, connect_timeout, only=only)
+        except Exception:            # noqa: BLE001 - its step and loss are shown when they can be read
+            pass
     write_text(os.path.join(run_dir, STATE_FILE), json.dumps({**now, "supervisor": record.supervisor,
                                                              "at": time.time()}))
     return now
 
 
-def refresh_all(runs_dir: str) -> None:
+def look(run_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool] | None = None) -> dict | None:
+    """refresh() for a command that reads the run directory (logs, stacks): the supervisor's state, or one line
+    (ClusterctlError) when it cannot be asked; None for a run that is not detached, or home already."""
+    from ..errors import ClusterctlError
+
+    now = refresh(run_dir, connect_timeout, only)
+    if now is not None and now.get("state") not in ("running", "ended", "lost"):
+        record = Record.read(run_dir)
+        raise ClusterctlError(f"run {os.path.basename(run_dir)}: its supervisor on "
+                              f"{record.supervisor if record else '?'} could not be asked ({now.get('state')}: "
+                              f"{now.get('why') or 'no reason given'}); try again once it answers")
+    return now
+
+
+def refresh_all(runs_dir: str, connect_timeout: float = 10.0) -> None:
     """refresh() for each detached run in runs_dir not yet home, all at once."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -171,7 +217,7 @@ def refresh_all(runs_dir: str) -> None:
     waiting = [d for d in dirs if os.path.exists(os.path.join(d, RECORD)) and not is_home(d)]
     if waiting:
         with ThreadPoolExecutor(max_workers=min(8, len(waiting))) as pool:
-            list(pool.map(refresh, waiting))
+            list(pool.map(lambda d: refresh(d, connect_timeout), waiting))
 
 
 def stop(record: Record, run_dir: str, wait_s: float, connect_timeout: float = 10.0) -> dict:

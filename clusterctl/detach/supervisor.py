@@ -5,10 +5,10 @@
     state(connector, host, run_id)               # {"state": "running"|"ended"|"lost"|"unknown", ...}
 
 Its folder on the host is <workdir>/.clusterctl/detached/<id>/: the handoff (0600), supervisor.log (everything
-it printed), supervisor.pid, exit.json once it ended, and the run directory it keeps as `run` keeps runs/<id>/
-here (the supervisor's --runs-dir is <workdir>/.clusterctl/detached). The supervisor runs `python -m clusterctl
-run --plain --handoff FOLDER/handoff.json ARGS` with the host's python and the clusterctl `run` ships there
-(<workdir>/.clusterctl/lib), in the workdir, where the project was copied.
+it printed), supervisor.pid, exit.json once it ended, .live.json (the live panel's snapshot), and the run
+directory it keeps as `run` keeps runs/<id>/ here (the supervisor's --runs-dir is <workdir>/.clusterctl/detached).
+The supervisor runs `python -m clusterctl run --plain --handoff FOLDER/handoff.json ARGS` with the host's python and
+the clusterctl `run` ships there (<workdir>/.clusterctl/lib), in the workdir, where the project was copied.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ LIB_DIR = ".clusterctl/lib"                # where transfer/stage.py ship_cluste
 # must have (`clusterctl setup python --with supervisor` installs them)
 NEEDS = ("click", "paramiko", "yaml", "rich")
 START_TIMEOUT_S = 60.0
+LIVE_FILE = ".live.json"     # in its folder: the live panel's last snapshot (cli/launch.py LiveFile; dot: not fetched)
 
 
 def folder(host: Host, run_id: str) -> str:

@@ -4,6 +4,7 @@
     folder = taken.save(run_dir)                     # runs/<id>/stacks/<time>/rank-N.txt
     taken.screen()                                   # ranks grouped by where their main thread is in the program
     taken.odd_one_out()                              # the rank alone where the others are not, if any
+    Stacks.newest(run_dir)                           # the last ones saved there (a stall's), read back
 
 Each rank's bootstrap dumps its threads with faulthandler when signalled (hosts/scripts/stackdump.py); the
 dump is parsed here (parse_dump, pure) and each rank summed up by the innermost frame of its main thread
@@ -12,6 +13,8 @@ that is the program's own (not the standard library's, not a site-packages libra
 """
 from __future__ import annotations
 
+import dataclasses
+import glob
 import json
 import os
 import re
@@ -25,6 +28,7 @@ from ..hosts.fanout import run_all
 from ..hosts.scripts import program
 
 STACKS_DIR = "stacks"
+SAVED = "stacks.json"   # beside the rank files: everything the screen is made of, for reading them back
 ANSWER_S = 5.0          # how long a rank has to write its dump
 _HEADER = re.compile(r"^# clusterctl rank (\S+) pid (\d+) main thread (0x[0-9a-f]+)$")
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
@@ -176,8 +180,31 @@ class Stacks:
         os.makedirs(folder)
         for r in self.ranks:
             write_text(os.path.join(folder, f"rank-{r.rank}.txt"), r.file_text())
+        write_text(os.path.join(folder, SAVED), json.dumps({
+            "run_id": self.run_id, "taken": self.taken, "errors": self.errors,
+            "ranks": [dataclasses.asdict(r) for r in self.ranks]}))
         self.folder = folder
         return folder
+
+    @classmethod
+    def newest(cls, run_dir: str) -> Stacks | None:
+        """The stacks taken last of those saved in run_dir (a stall's, or `clusterctl stacks`'s): in its stacks/, and
+        in each attempt's (runs/<id>/attempt-K/stacks/, a restartable run's), or None."""
+        found = []
+        for top in [os.path.join(run_dir, STACKS_DIR)] + sorted(glob.glob(os.path.join(run_dir, "attempt-*", STACKS_DIR))):
+            try:
+                names = os.listdir(top)
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    with open(os.path.join(top, name, SAVED), encoding="utf-8") as f:
+                        data = json.load(f)
+                    found.append(cls(data["run_id"], float(data["taken"]), [RankStacks(**r) for r in data["ranks"]],
+                                     dict(data.get("errors") or {}), os.path.join(top, name)))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return max(found, key=lambda s: s.taken, default=None)
 
     def screen(self) -> list[str]:
         """One screen: the ranks grouped by where they are, the odd one out marked, the hosts not reached."""

@@ -5,6 +5,9 @@ renderer (cli/panel.py) reads a snapshot a few times a second from its own threa
     live.update(rank, kind, value, now)          # supervise.py's status hook (kinds below)
     live.hosts_seen(hosts, now)                  # the hosts' telemetry (run/hooks.py's HostWatch, every few seconds)
     live.snapshot(now) -> Snapshot(ranks=[RankRow, ...], job=JobRow, hosts=[HostTelemetry, ...])
+    doc = to_json(snapshot, taken)               # a detached run's supervisor writes it (.live.json) ...
+    Replayed().seen(doc).snapshot(now)           # ... and `attach` draws the panel from it, aged to now
+    LiveFile(live, path).start() ... .stop()     # the supervisor's writer of that file, every second
 
 Kinds: "start" (the bootstrap started), "out" / "err" (an output line), "hb" and any other tagged line (a
 sign of life), "metrics" (the fields of a progress.py metrics line, a dict), "exit" (the exit code, an int),
@@ -14,9 +17,14 @@ A program that prints no metrics lines still gets its state, heartbeat age and o
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
+
+from ..atomic import write_text
 
 RATE_WINDOW_S = 10.0       # lines/s over the last this many seconds
 STEP_WINDOW_S = 60.0       # the step rate behind the ETA, over about this long
@@ -143,3 +151,81 @@ class LiveRun:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+MAX_AGE_S = 30.0           # a replayed snapshot is aged by at most this (clocks of two machines differ)
+
+
+def to_json(snap: Snapshot, taken: float) -> dict:
+    """A snapshot as JSON-ready data, with the (epoch) time it was taken."""
+    return {"taken": taken, "ranks": [dataclasses.asdict(r) for r in snap.ranks], "job": dataclasses.asdict(snap.job),
+            "hosts": [h.as_json() for h in snap.hosts], "hosts_age_s": snap.hosts_age_s}
+
+
+def from_json(doc: dict, now: float) -> Snapshot:
+    """to_json's snapshot as it would read at epoch time `now`: its ages grown, its ETA counted down (pure)."""
+    from .telemetry import HostTelemetry, RankProcess
+
+    age = min(max(0.0, now - float(doc.get("taken") or now)), MAX_AGE_S)
+    ranks = [dataclasses.replace(RankRow(**r), since_seen_s=None if r["since_seen_s"] is None
+                                 else r["since_seen_s"] + age) for r in doc["ranks"]]
+    job = JobRow(**doc["job"])
+    job = dataclasses.replace(job, elapsed_s=job.elapsed_s + age,
+                              eta_s=None if job.eta_s is None else max(0.0, job.eta_s - age))
+    names = {f.name for f in dataclasses.fields(HostTelemetry)}
+    hosts = tuple(HostTelemetry(**{k: (tuple(RankProcess(**p) for p in v) if k == "ranks" else
+                                       tuple(v) if isinstance(v, list) else v)
+                                   for k, v in h.items() if k in names}) for h in doc.get("hosts") or [])
+    hosts_age = doc.get("hosts_age_s")
+    return Snapshot(ranks, job, hosts, None if hosts_age is None else hosts_age + age)
+
+
+class Replayed:
+    """The panel's source for `attach`: the last snapshot a detached run's supervisor wrote, aged to now."""
+
+    def __init__(self):
+        self._doc: dict | None = None
+        self._lock = threading.Lock()
+
+    def seen(self, doc: dict) -> "Replayed":
+        with self._lock:
+            self._doc = doc
+        return self
+
+    def snapshot(self, now: float) -> Snapshot:
+        """`now` is the panel's monotonic clock; the age is read from this machine's epoch clock."""
+        with self._lock:
+            doc = self._doc
+        if doc is None:
+            return Snapshot([], JobRow(0.0, None, None, None, None))
+        return from_json(doc, time.time())
+
+
+class LiveFile:
+    """The live panel's snapshot (to_json), written to `path` every `every_s` seconds from a thread
+    of its own, atomically, until stop() (which writes the last one): a detached run's supervisor keeps it for
+    `attach` (hosts/scripts/follow.py sends it along with the output)."""
+
+    def __init__(self, live, path: str, every_s: float = 1.0):
+        self.live, self.path, self.every_s = live, path, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="clusterctl-live-file", daemon=True)
+
+    def start(self) -> LiveFile:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._write()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            write_text(self.path, json.dumps(to_json(self.live.snapshot(time.monotonic()), time.time())))
+        except (OSError, ValueError, TypeError):
+            pass        # the panel is a view: the run goes on without it

@@ -22,6 +22,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..detach.supervisor import DETACHED_DIR
 from ..hosts.local import LocalTransport
 from ..launch.launchers import sweep
 from ..launch.stop import ask_to_stop
@@ -34,6 +35,8 @@ PS_COMMAND = "ps -A -o pid= -o ppid= -o etime= -o pcpu= -o rss= -o args="
 PS_TIMEOUT_S = 20.0
 KILL_WAIT_S = 60.0        # how long a run's ranks have, once asked, to end by themselves (the trainer checkpoints)
 TOKEN = re.compile(r"clusterctl-run-(\d{8}-\d{6}-[0-9a-f]{6})")
+# a detached run's supervisor (`clusterctl run --handoff <its folder>/handoff.json`) and the keeper that waits for it
+SUPERVISOR = re.compile(r"--handoff \S*" + re.escape(DETACHED_DIR) + r"/(\d{8}-\d{6}-[0-9a-f]{6})/handoff\.json")
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+((?:\d+-)?(?:\d+:)?\d+:\d+)\s+(\d+(?:[.,]\d+)?)\s+(\d+)(?:\s(.*))?$")
 _MLX_RANK = re.compile(r"\bMLX_RANK=['\"]?(\d+)")
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "tcsh", "csh"}
@@ -55,7 +58,7 @@ class RunProcess:
     host: str
     run_id: str
     rank: int | None
-    kind: str             # rank, shell, ssh, launcher
+    kind: str             # rank, shell, ssh, launcher, supervisor, keeper
     pid: int
     age_s: int
     cpu: float
@@ -122,12 +125,17 @@ def run_processes(host: str, rows: list[PsRow]) -> list[RunProcess]:
     found = []
     for row in rows:
         m = TOKEN.search(row.args)
-        if m is None:
+        if m is not None:
+            kind = kind_of(row.args)
+        elif (m := SUPERVISOR.search(row.args)) is not None:        # the keeper's, or the shell starting it
+            kind = "supervisor" if row.args.split()[1:3] == ["-m", "clusterctl"] else \
+                "shell" if kind_of(row.args) == "shell" else "keeper"
+        else:
             continue
-        kind = kind_of(row.args)
         found.append(RunProcess(host, m.group(1), rank_of(row) if kind != "launcher" else None, kind, row.pid,
                                 row.age_s, row.cpu, row.rss_kb, " ".join(row.args.split())[:200]))
-    return sorted(found, key=lambda p: (p.run_id, -1 if p.rank is None else p.rank, p.pid))
+    return sorted(found, key=lambda p: (p.run_id, p.kind not in ("supervisor", "keeper"),
+                                        -1 if p.rank is None else p.rank, p.pid))
 
 
 @dataclass(frozen=True)

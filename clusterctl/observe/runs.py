@@ -56,7 +56,8 @@ class RunInfo:
     def outcome(self) -> str:
         after = f", after {self.restarts} restart{'s' * (self.restarts != 1)}" if self.restarts else ""
         if self.supervisor is not None:      # detached, not yet home
-            return f"{self.status} (detached, on {self.supervisor})" + (f": {self.reason}" if self.reason else "")
+            return (f"{self.status} (detached, on {self.supervisor})" + (f": {self.reason}" if self.reason else "")
+                    + after)
         if self.status in ("running", "unknown"):
             return self.status + after
         if self.status == "stopped":
@@ -221,10 +222,17 @@ def run_info(run_dir: str) -> RunInfo:
         state = said.get("state")
         status = "running" if state == "running" else "unknown"
         why = None if state in (None, "running") else f"{state}" + (f": {said['why']}" if said.get("why") else "")
+        if state == "running" and isinstance(said.get("step"), int):        # its live panel's, on its host
+            why = f"step {said['step']}" + (f"/{said['total_steps']}" if isinstance(said.get("total_steps"), int) else "")
+        if loss is None and state == "running" and isinstance(said.get("loss"), (int, float)):
+            loss = float(said["loss"])
         start = id_time(run_id)
-        return RunInfo(run_id, run_dir, iso(start) if start is not None else None, None,
+        facts = _read_json(os.path.join(run_dir, FACTS)) or {}      # what the last look brought (follow.snapshot)
+        return RunInfo(run_id, run_dir, iso(start) if start is not None else None, None, hosts or
                        [h.get("name") for h in (detached.get("cluster") or {}).get("hosts", []) if isinstance(h, dict)],
-                       None, None, status, None, why, None, None, supervisor=_text(detached.get("supervisor")))
+                       len(ranks) or _int(facts.get("world")), _text(launch.get("backend")), status, None, why, loss,
+                       val, max(len(attempts(run_dir)) - 1, 0), **tested, **_described(facts),
+                       supervisor=_text(detached.get("supervisor")))
     facts = _read_json(os.path.join(run_dir, FACTS)) or {}
     start = id_time(run_id)
     alive = run_alive(run_dir)

@@ -154,20 +154,20 @@ def fetch_run_dir(connector: Connector, run_id: str, local_dir: str, progress: P
 
 
 def fetch_tree(connector: Connector, host, remote_dir: str, local_dir: str,
-               progress: Progress | None = None) -> tuple[int, int]:
-    """Every file under remote_dir on `host` (names starting with "." left out) into local_dir, each landing
-    atomically; (files, bytes)."""
+               progress: Progress | None = None, only: Callable[[str], bool] | None = None) -> tuple[int, int]:
+    """Every file under remote_dir on `host` (names starting with "." left out; with `only`, those whose
+    relative path it accepts) into local_dir, each landing atomically; (files, bytes)."""
     with connector.transport(host) as transport, transport.files() as session:
         got = _get_tree(session, remote_dir, local_dir,
-                        (lambda done, total: progress(host.name, done, total)) if progress else None)
+                        (lambda done, total: progress(host.name, done, total)) if progress else None, only)
     return len(got), sum(nbytes for _, nbytes in got)
 
 
-def _get_tree(session, remote: str, local_dir: str,
-              progress: Callable[[int, int], None] | None = None) -> list[tuple[str, int]]:
-    """Every file under `remote` (walk leaves out names starting with ".") into local_dir; [(relative
-    path, bytes)]. `progress(done, total)`: the bytes so far, of the listed files' sizes."""
-    got = list(session.walk(remote))
+def _get_tree(session, remote: str, local_dir: str, progress: Callable[[int, int], None] | None = None,
+              only: Callable[[str], bool] | None = None) -> list[tuple[str, int]]:
+    """Every file under `remote` (walk leaves out names starting with "."; `only` picks by relative path) into
+    local_dir; [(relative path, bytes)]. `progress(done, total)`: the bytes so far, of the listed files' sizes."""
+    got = [(rel, nbytes) for rel, nbytes in session.walk(remote) if only is None or only(rel)]
     total, done = sum(nbytes for _, nbytes in got), 0
 
     def count(n: int) -> None:

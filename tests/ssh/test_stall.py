@@ -15,6 +15,7 @@ import os
 import re
 import time
 
+import clirun
 import pytest
 from test_run import TOKEN, assert_nothing_left, run, start, wait_for_lines
 
@@ -70,11 +71,17 @@ def test_a_stalled_job_is_stopped_with_every_ranks_stack_and_the_odd_one_named(m
     s = summary(tmp_path, run_id)
     assert s["exit_code"] == 125 and s["reason"] == reason and s["failed_rank"] == 1
     folder = tmp_path / "runs" / run_id / s["stacks"]
-    assert sorted(os.listdir(folder)) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    assert sorted(os.listdir(folder)) == ["rank-0.txt", "rank-1.txt", "rank-2.txt", "stacks.json"]
     for rank in (0, 1, 2):
         text = (folder / f"rank-{rank}.txt").read_text()
         assert "(main thread)" in text and "stall.py" in text
         assert ("time.sleep(3600)" in text) == (rank == 1) and ("mx.eval(x)" in text) == (rank != 1)
+    # the run is over: `stacks` shows the stall's, as saved
+    again = clirun.clusterctl("stacks", "latest", cwd=tmp_path, own_cache=True)
+    assert again.returncode == 0, again.stderr
+    assert f"stacks of 3 rank(s) of run {run_id} in {folder} (saved " in again.stdout, again.stdout
+    assert ", the stall's; the run ended: exit 125):" in again.stdout, again.stdout
+    assert re.search(r"rank 1 +time\.sleep\(3600\) at stall\.py:\d+ +<- the odd one out", again.stdout), again.stdout
     assert run_listing(tmp_path)[run_id].startswith("exit 125: stalled: no progress from any rank")
     assert_nothing_left(cluster, run_id)
     for i in (1, 2, 3):            # the killed ranks' pid and stacks files went with them

@@ -124,3 +124,37 @@ def test_a_supervisor_killed_is_ended_by_its_signal_and_one_whose_keeper_died_to
     assert json.loads(run_script("follow.py", str(folder), "state").stdout)["state"] == "lost"
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_the_live_panel_travels_from_the_supervisors_snapshot_file_between_lines_and_is_aged_where_it_is_drawn(
+        tmp_path):
+    from clusterctl.observe.live import LiveRun, Replayed, from_json, to_json
+    from clusterctl.observe.telemetry import HostTelemetry, RankProcess
+
+    live = LiveRun(["h1", "h2"], 100.0)
+    live.update(0, "metrics", {"step": 10, "total_steps": 100, "loss": 2.5, "tokens_per_s": 900.0}, 101.0)
+    live.update(1, "metrics", {"step": 10, "total_steps": 100, "loss": 2.5, "tokens_per_s": 800.0}, 101.0)
+    live.update(0, "metrics", {"step": 20, "total_steps": 100, "loss": 2.0, "tokens_per_s": 950.0}, 106.0)
+    live.update(1, "metrics", {"step": 20, "total_steps": 100, "loss": 2.0, "tokens_per_s": 850.0}, 106.0)
+    live.hosts_seen((HostTelemetry("h1", taken=105.0, load_1m=1.5, ranks=(RankProcess("r", 0, 7, 1000),)),
+                     HostTelemetry("h2", state="unreachable", error="timed out")), 105.0)
+    snap = live.snapshot(107.0)
+    doc = json.loads(json.dumps(to_json(snap, 5000.0)))            # as the file holds it
+    assert from_json(doc, 5000.0) == snap                          # read at once: the very snapshot
+    later = from_json(doc, 5003.0)                                  # 3 s later: elapsed and ages grown, ETA down
+    assert later.job.elapsed_s == snap.job.elapsed_s + 3 and later.job.eta_s == max(0.0, snap.job.eta_s - 3)
+    assert later.ranks[0].since_seen_s == snap.ranks[0].since_seen_s + 3 and later.hosts == snap.hosts
+    assert from_json(doc, 9000.0).job.elapsed_s == snap.job.elapsed_s + 30     # another clock: at most 30 s
+    assert Replayed().snapshot(0.0).ranks == []                    # nothing yet: an empty panel
+
+    # on the host: the snapshot file's changes sent between the log's lines, after LIVE_MARK
+    folder, work = tmp_path / "r3", tmp_path / "work"
+    work.mkdir()
+    supervisor = ("import json, os, sys, time\nfor i in range(3):\n    print('line', i, flush=True)\n"
+                  "    tmp = '.live.json.tmp'\n    open(tmp, 'w').write(json.dumps({'n': i}))\n"
+                  "    os.replace(tmp, sys.argv[1])\n    time.sleep(0.6)\n")
+    run_script("detach.py", str(folder), str(work), sys.executable, "-c", supervisor, str(folder / ".live.json"))
+    followed = run_script("follow.py", str(folder), "follow", "0").stdout.split("\n")     # (splitlines splits at \x1e)
+    sent = [json.loads(line.split(" ", 1)[1])["n"] for line in followed if line.startswith("\x1eclusterctl-live ")]
+    assert sent and sent == sorted(set(sent)) and sent[-1] == 2, followed     # each change once, in order, the last one too
+    assert [line for line in followed if line.startswith("line")] == ["line 0", "line 1", "line 2"]

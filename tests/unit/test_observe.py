@@ -59,6 +59,16 @@ def test_macos_bsd_output_with_raw_newlines_mpi_and_a_sweeps_pgrep():
     assert procs[7311].kind == "shell" and procs[7311].rank == 2
 
 
+def test_a_detached_runs_supervisor_and_its_keeper_recorded_on_a_host():
+    procs = run_processes("h1", parse_ps((FIXTURES / "linux-procps-detached.txt").read_text()))
+    assert [(p.run_id, p.kind, p.pid, p.rank) for p in procs] == [("20261206-213653-adda7e", "keeper", 19848, None),
+                                                                  ("20261206-213653-adda7e", "supervisor", 19851, None)]
+    assert procs[1].command.startswith("/work/main/.venv/bin/python -m clusterctl run --plain --handoff ")
+    shell = parse_ps("  300   299  00:01  0.0  1800 /bin/sh -c exec python -c X F W python -m clusterctl run --plain "
+                     "--handoff .clusterctl/detached/20261206-213653-adda7e/handoff.json\n")
+    assert [p.kind for p in run_processes("h1", shell)] == ["shell"]      # the command that starts the keeper
+
+
 def test_kinds():
     assert kind_of("-zsh -c exec /bin/sh") == "shell"
     assert kind_of("/usr/bin/ssh -F cfg -- h2 exec /bin/sh") == "ssh"

@@ -183,8 +183,22 @@ def test_a_rank_file_shows_the_main_thread_first_with_each_frames_code(tmp_path)
     text = open(os.path.join(folder, "rank-1.txt"), encoding="utf-8").read()
     first_thread = text.split("\n\n")[1]
     assert "(main thread)" in first_thread and "stall.py\", line 8 in <module>\n    time.sleep(3600)" in first_thread
-    assert sorted(os.listdir(folder)) == ["rank-0.txt", "rank-1.txt"]
+    assert sorted(os.listdir(folder)) == ["rank-0.txt", "rank-1.txt", "stacks.json"]
     assert Stacks("20261125-075509-df03ef", 0.0, recorded()).save(str(tmp_path)) != folder   # never overwritten
+
+
+def test_the_stacks_saved_last_read_back_give_the_screen_they_gave_when_taken(tmp_path):
+    assert Stacks.newest(str(tmp_path)) is None
+    first = Stacks("20261125-075509-df03ef", 100.0, recorded())
+    first.save(str(tmp_path))
+    last = Stacks("20261125-075509-df03ef", 200.0, recorded()[:1], errors={"h3": "connection refused"})
+    last.save(str(tmp_path / "attempt-1"))           # a restartable run's attempt keeps its stall's
+    back = Stacks.newest(str(tmp_path))
+    assert back.folder == last.folder and back.taken == 200.0 and back.errors == {"h3": "connection refused"}
+    assert back.screen() == last.screen() and [r.where() for r in back.ranks] == ["mx.eval(x) at stall.py:10"]
+    with open(os.path.join(last.folder, "stacks.json"), "w") as f:
+        f.write("{not json")                        # a damaged file: the one before it
+    assert Stacks.newest(str(tmp_path)).folder == first.folder
 
 
 def test_a_rank_without_a_python_stack_says_why():

@@ -1,8 +1,11 @@
 """A detached run's supervisor as seen on its host (clusterctl/detach/follow.py):
 
-    python -c TEXT FOLDER state             one JSON line: {"state": "running"|"ended"|"lost", "code", "pid", ...}
+    python -c TEXT FOLDER state             one JSON line: {"state": "running"|"ended"|"lost", "code", "pid", ...;
+                                            while running, "step", "total_steps" and "loss" of the live panel}
     python -c TEXT FOLDER follow OFFSET     FOLDER/supervisor.log from byte OFFSET, as it grows, until the
-                                            supervisor has ended; then the state line, after END_MARK
+                                            supervisor has ended; then the state line, after END_MARK; and,
+                                            between lines, FOLDER/.live.json (the live panel's snapshot,
+                                            one line) after LIVE_MARK each time it changed
     python -c TEXT FOLDER stop              SIGTERM to the supervisor (it stops the ranks, with their
                                             checkpoint, as `run` does on SIGTERM); the state line
 
@@ -18,6 +21,8 @@ import time
 from .proctime import start_time
 
 END_MARK = "\x1eclusterctl-supervisor-state "
+LIVE_MARK = "\x1eclusterctl-live "
+LIVE_FILE = ".live.json"
 POLL_S = 0.25
 
 
@@ -43,9 +48,21 @@ def state(folder):
         return {"state": "lost" if os.path.isdir(folder) else "unknown", "why": "no supervisor.pid"}
     now = start_time(pid)
     if now is not None and (not started or now == started):
-        return {"state": "running", "pid": pid}
+        return dict({"state": "running", "pid": pid}, **progress(folder))
     # it may have ended between the two reads
     return ended(folder) or {"state": "lost", "pid": pid, "why": "its process is gone and it left no exit code"}
+
+
+def progress(folder):
+    """The step, steps and loss of the live panel's last snapshot ({} without one): what `runs` shows."""
+    try:
+        with open(os.path.join(folder, LIVE_FILE)) as f:
+            doc = json.load(f)
+        job = doc["job"]
+        losses = [r["loss"] for r in doc["ranks"] if r.get("loss") is not None]
+        return {"step": job.get("step"), "total_steps": job.get("total_steps"), "loss": losses[0] if losses else None}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def follow(folder, offset):
@@ -56,6 +73,7 @@ def follow(folder, offset):
             break
         time.sleep(POLL_S)
     last = b"\n"
+    live = Live(os.path.join(folder, LIVE_FILE))
     with open(path, "rb") if os.path.exists(path) else open(os.devnull, "rb") as f:
         f.seek(offset)
         while True:
@@ -65,6 +83,8 @@ def follow(folder, offset):
                 out.flush()
                 last = chunk[-1:]
                 continue
+            if last == b"\n":              # between lines: the panel's snapshot, when it changed
+                live.send(out)
             now = state(folder)
             if now["state"] != "running":
                 rest = f.read()
@@ -75,6 +95,27 @@ def follow(folder, offset):
                 out.flush()
                 return 0
             time.sleep(POLL_S)
+
+
+class Live:
+    """The live panel's snapshot file, sent (one line, after LIVE_MARK) each time its modification time moved."""
+
+    def __init__(self, path):
+        self.path, self.sent = path, None
+
+    def send(self, out):
+        try:
+            moved = os.stat(self.path).st_mtime_ns
+            if moved == self.sent:
+                return
+            with open(self.path, "rb") as f:
+                doc = f.read().strip()
+        except OSError:
+            return
+        if doc and b"\n" not in doc:
+            out.write(LIVE_MARK.encode() + doc + b"\n")
+            out.flush()
+        self.sent = moved
 
 
 def stop(folder):
