@@ -138,7 +138,8 @@ def test_a_stall_on_the_macs_is_explained_with_every_ranks_stack(macs, tmp_path)
     assert "rank 1 is the odd one out: time.sleep(3600) at stall.py:" in r.stderr, r.stderr[-2000:]
     run_id = TOKEN.search(r.stderr).group(1)
     [taken] = os.listdir(tmp_path / "runs" / run_id / "stacks")
-    assert sorted(os.listdir(tmp_path / "runs" / run_id / "stacks" / taken)) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    assert sorted(os.listdir(tmp_path / "runs" / run_id / "stacks" / taken)) == ["rank-0.txt", "rank-1.txt", "rank-2.txt",
+                                                                                 "stacks.json"]
     assert_nothing_left(macs, run_id)
 
 
