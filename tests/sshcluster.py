@@ -163,19 +163,22 @@ def caffeinates(pids) -> dict[int, int]:
 
 def telemetry_probes(workdir) -> list[int]:
     """The pids of this machine's telemetry probes in loop mode (`--every`, observe/telemetry.py) for `workdir`:
-    every simulated host lives here."""
-    found = []
+    every simulated host lives here. A probe's own child between its fork and its exec (the `ps` it runs each
+    sample) carries the probe's command line for that moment: a process whose parent is a probe is not one."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-        except OSError:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if b"--every" in argv and str(workdir).encode() in argv:
-            found.append(int(entry))
-    return found
+            found[int(entry)] = ppid
+    return [pid for pid, ppid in found.items() if ppid not in found]
 
 @dataclass
 class TestHost:
