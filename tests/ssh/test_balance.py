@@ -1,4 +1,4 @@
-"""Balanced data parallelism on two test hosts, the second slowed 3x from step 10 to step 45 by the trainer's test
+"""Balanced data parallelism on two test hosts, the second slowed 6x from step 10 to step 45 by the trainer's test
 aid (CLUSTERCTL_TRAIN_SLOWDOWN in its inventory `env`: a Mac that heats up mid-run, then cools): `auto` moves rows to
 the fast host at its first exchange after the heat began, says when the split settled, gives the rows back once the
 slow host has recovered, and the shares reach metrics.jsonl and summary.json (the live panel's:
@@ -25,7 +25,7 @@ TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", 
 
 def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster, tmp_path):
     cluster = make_cluster(2)
-    text = set_host_setting(cluster.inventory.read_text(), "h2", "env", '{CLUSTERCTL_TRAIN_SLOWDOWN: "3@10-45"}')
+    text = set_host_setting(cluster.inventory.read_text(), "h2", "env", '{CLUSTERCTL_TRAIN_SLOWDOWN: "6@10-45"}')
     cluster.inventory.write_text(text)
     r = clusterctl("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--", *TRAIN, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -36,8 +36,13 @@ def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster,
     # exchanges after 3 measured steps, then every 20 (steps 23, 44, ...): the first after step 10 comes while h2 is
     # hot, at 23 (13 of its 20 steps hot) or, where this shared machine's load hid that in its noise, at 44 (all hot:
     # a clean-clone run under load moved at 44); before it, two equal hosts may still move a row for the noise
+    # h2 six times slower: the best split (14:2) predicts a step 70% shorter than the even one, and still 60% shorter
+    # than a 10:6 an early exchange may have moved to for noise, so the move needs a noise under 30% (NOISE_Z 2): at 3x
+    # (50%, or 33% from 10:6) a clean-clone run, its steps scattered by the load of three other heavy tests on 2 cores,
+    # measured too much noise at both hot exchanges and moved nothing
+    said = [line for line in r.stdout.splitlines() if "] balance: " in line or "] note: balanc" in line]
     hot = [c for c in balance["changes"] if c["step"] > 10]
-    assert hot and hot[0]["step"] <= 45, balance
+    assert hot and hot[0]["step"] <= 45, (balance, said)
     first = hot[0]
     assert first["rows"][0] > first["rows"][1] and sum(first["rows"]) == 16, first
     assert first["speeds"][0] > first["speeds"][1]            # h2 sleeps twice its compute time each step
@@ -46,7 +51,6 @@ def test_auto_gives_the_fast_host_more_rows_and_says_so_everywhere(make_cluster,
     back = next((c for c in balance["changes"] if c["step"] > 45), None)
     assert back and back["rows"][1] > first["rows"][1] and balance["changes"][-1]["rows"] == balance["rows"], balance
     before = balance["changes"][balance["changes"].index(back) - 1]
-    said = [line for line in r.stdout.splitlines() if "] balance: " in line]
     # the move back, said with the speeds it was measured at (the record keeps them rounded: within a row/s)
     line = (f"balance: step {back['step']}: {':'.join(map(str, before['rows']))} -> "
             f"{':'.join(map(str, back['rows']))} rows a step (measured ")
