@@ -123,6 +123,18 @@ def connect_timeout_option(default: float = DEFAULT_CONNECT_TIMEOUT_S):
                         help="Seconds to wait for an SSH connection.")
 
 
+def detach_options(what: str, detach_help: str):
+    """run's and serve's --detach, --supervisor and (hidden) --handoff: `what` a job is ("run", "server")."""
+    def decorate(f):
+        f = click.option("--handoff", "handoff_path", hidden=True, metavar="FILE",
+                         help=f"A detached {what}'s supervisor: the {what} as handed over "
+                              "(clusterctl/detach/handoff.py).")(f)
+        f = click.option("--supervisor", "supervisor_host", metavar="HOST",
+                         help="With --detach: the host the supervisor runs on (default: the first).")(f)
+        return click.option("--detach", is_flag=True, help=detach_help)(f)
+    return decorate
+
+
 # a model's copy to the hosts' stores (models push, serve): how, and the way round the relay
 PUSH_METHOD_HELP = ("auto: relayed from host to host where two or more hosts have a data-plane `address` "
                     "(docs/models.md#relay), else rsync over ssh where both ends have it, else SFTP; rsync or sftp: "

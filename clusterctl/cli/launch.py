@@ -432,14 +432,9 @@ class RunCommand(click.Command):
               help="After the world changes, keep each rank's batch (the global batch changes with the world), or "
                    "keep the global batch by changing the bundled trainer's --accum (exported to every program "
                    "as CLUSTERCTL_ELASTIC_BATCH).")
-@click.option("--detach", is_flag=True,
-              help="Hand the job to a supervisor on one of its hosts and return at once: it goes on while this "
-                   "machine sleeps or goes away; follow it with `clusterctl attach RUN` "
+@app.detach_options("run", "Hand the job to a supervisor on one of its hosts and return at once: it goes on while "
+                   "this machine sleeps or goes away; follow it with `clusterctl attach RUN` "
                    "(docs/run.md#close-the-lid-detached-runs).")
-@click.option("--supervisor", "supervisor_host", metavar="HOST",
-              help="With --detach: the host the supervisor runs on (default: the first).")
-@click.option("--handoff", "handoff_path", hidden=True, metavar="FILE",
-              help="A detached run's supervisor: the run as handed over (clusterctl/detach/handoff.py).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
             fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, data_plane_wait, elastic,

@@ -257,7 +257,7 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
                    "run's ranks are each sent SIGTERM; then everything left is killed. 0: ask no rank.")
 @app.connect_timeout_option()
 def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeout):
-    """Stop a run's processes on every host (or --all runs')."""
+    """Stop a run's processes on every host (or --all runs'); a detached run through its supervisor."""
     from ..errors import UsageError
     from ..observe.procs import kill_runs
     from ..observe.runs import RUN_ID, list_all, resolve
@@ -266,6 +266,8 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
         raise click.UsageError("give a RUN or --all (not both)")
     if run_ref is not None and _stop_detached(runs_dir, run_ref, wait_s, connect_timeout):
         return
+    cluster = _cluster(inventory_path)
+    unstopped = _stop_every_detached(cluster, runs_dir, wait_s, connect_timeout) if every_run else 0
     if every_run:       # the runs this machine supervises are stopped through their own process first
         run_id, run_dirs = None, [i.dir for i in list_all(runs_dir) if i.status == "running"]
     else:
@@ -279,7 +281,7 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
     if run_id is not None and not RUN_ID.fullmatch(run_id):     # a directory named otherwise: never a pattern
         raise UsageError(f"{run_ref!r} is not a run of clusterctl's (a run id looks like 20250101-120000-abcdef)")
     what = "every clusterctl run" if run_id is None else f"run {run_id}"
-    result = kill_runs(app.connector(_cluster(inventory_path), connect_timeout), run_id, run_dirs, wait_s, runs_dir)
+    result = kill_runs(app.connector(cluster, connect_timeout), run_id, run_dirs, wait_s, runs_dir)
     if result.asked:
         click.echo(f"kill: asked {len(result.asked)} rank(s) to stop (SIGTERM): "
                    + ("they ended by themselves" if result.ended else f"not all ended within {wait_s:g}s"), err=True)
@@ -287,7 +289,7 @@ def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeo
     for h in result.remaining:
         for p in h.processes:
             click.secho(f"[{h.host}] still there: pid {p.pid} ({p.kind}) {p.command[:100]}", fg="red", err=True)
-    if result.left or result.unconfirmed or failed:
+    if result.left or result.unconfirmed or failed or unstopped:
         names = ", ".join(result.unconfirmed) or "some host"
         click.secho(f"kill: could not confirm that every process of {what} is gone on {names}", fg="red", err=True)
         sys.exit(1)
@@ -366,7 +368,7 @@ def _stop_detached(runs_dir: str, run_ref: str, wait_s: float, connect_timeout: 
     """kill RUN for a detached run still under its supervisor: SIGTERM to the supervisor, which stops the ranks
     with their checkpoint as `run` does; the run then comes home. False: not such a run (kill goes on as for any)."""
     from ..detach import follow as detached
-    from ..errors import ClusterctlError, UsageError
+    from ..errors import UsageError
     from ..observe.runs import resolve
 
     try:
@@ -376,7 +378,33 @@ def _stop_detached(runs_dir: str, run_ref: str, wait_s: float, connect_timeout: 
     record = detached.Record.read(info.dir)
     if record is None or detached.is_home(info.dir):
         return False
-    now = detached.stop(record, info.dir, wait_s, connect_timeout)
+    _said_stopped(record, info.dir, detached.stop(record, info.dir, wait_s, connect_timeout), wait_s)
+    return True
+
+
+def _stop_every_detached(cluster, runs_dir: str, wait_s: float, connect_timeout: float) -> int:
+    """kill --all: every detached run of runs_dir not yet home on one of `cluster`'s hosts, stopped through its
+    supervisor first, all at once (a rank stopped under it would only be restarted); each said in a line. The
+    number that could not be stopped (kill then sweeps their ranks as any run's)."""
+    from ..detach import follow as detached
+    from ..errors import ClusterctlError
+
+    waiting = detached.waiting_on(runs_dir, cluster)
+    failures = 0
+    for (record, run_dir), now in zip(waiting, detached.stop_all(waiting, wait_s, connect_timeout)):
+        try:
+            _said_stopped(record, run_dir, now, wait_s)
+        except ClusterctlError as e:
+            click.secho(str(e), fg="red", err=True)
+            failures += 1
+    return failures
+
+
+def _said_stopped(record, run_dir: str, now: dict, wait_s: float) -> None:
+    """A detached run's supervisor asked to stop: its end said in one line, or ClusterctlError when it still runs
+    after wait_s or could not be asked."""
+    from ..errors import ClusterctlError
+
     if now.get("state") == "running":
         raise ClusterctlError(f"kill: run {record.run_id}'s supervisor on {record.supervisor} still runs after "
                               f"{wait_s:g}s (its ranks may still be writing their checkpoint); kill it again later")
@@ -384,8 +412,7 @@ def _stop_detached(runs_dir: str, run_ref: str, wait_s: float, connect_timeout: 
         raise ClusterctlError(f"kill: run {record.run_id}'s supervisor on {record.supervisor} could not be asked: "
                               f"{now.get('why') or now.get('state')}")
     click.echo(f"kill: run {record.run_id} stopped by its supervisor on {record.supervisor}; its run directory came "
-               f"home: {info.dir}", err=True)
-    return True
+               f"home: {run_dir}", err=True)
 
 
 @app.command("clusterctl completion bash >> ~/.bashrc")

@@ -72,9 +72,13 @@ class PrintedServe(PrintedRun):
 @click.option("--runs-dir", default=RUNS_DIR, show_default=True, type=click.Path(file_okay=False),
               help="Where the run's logs go (and where --adapter finds a run).")
 @app.connect_timeout_option()
+@app.detach_options("server", "Hand the server to a supervisor on one of its hosts and return at once: it goes on "
+                   "serving while this machine sleeps or is gone (needs --listen; `clusterctl attach RUN` follows it, "
+                   "`clusterctl kill RUN` stops it: docs/serve.md#a-server-that-outlives-this-machine).")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_restarts, restart_delay, stall_timeout,
-              method, direct, verify, launch_from, adapter_ref, runs_dir, connect_timeout, server_args):
+              method, direct, verify, launch_from, adapter_ref, runs_dir, connect_timeout, detach, supervisor_host,
+              handoff_path, server_args):
     """Serve MODEL (a directory or hub id) from every host, until Ctrl-C.
 
     MODEL: an mlx-lm model directory, or a model's Hugging Face id (mlx-community/Qwen3-4B-4bit), from the hub's
@@ -103,7 +107,23 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
                            connect_timeout=connect_timeout,
                            adapter=adapter_dir(adapter_ref, runs_dir) if adapter_ref else None,
                            fuse=_fuse if adapter_ref else None)
-    result = serve(app.load(inventory_path) if inventory_path else None, options, PrintedServe())
+    if supervisor_host and not detach:
+        raise click.UsageError("--supervisor says where a detached server's supervisor goes: give --detach too")
+    cluster = app.load(inventory_path) if inventory_path else None
+    if detach:
+        _detach(cluster, options, supervisor_host)
+        return
+    events = PrintedServe()
+    if handoff_path:        # a detached server's supervisor, on its host (clusterctl/detach/supervisor.py)
+        from dataclasses import replace
+
+        from ..detach import handoff
+
+        handed = handoff.read(handoff_path)
+        os.unlink(handoff_path)        # it holds the inventory's env values: read once, kept nowhere
+        cluster = handed.cluster
+        options = replace(options, stored=handed.stored, attempts=replace(attempts, run_id=handed.run_id))
+    result = serve(cluster, options, events)
     launch, outcome = result.run.launch, result.run.outcome
     if outcome.state is AttemptState.STOPPED:
         click.echo(f"serve {launch.run_id}: {outcome.reason}; {result.url} is closed", err=True)
@@ -113,6 +133,46 @@ def serve_cmd(model, inventory_path, backend, pipeline, name, port, listen, max_
     if cause is None:
         print_tail(launch, outcome)
     sys.exit(result.exit_code or 1)
+
+
+# what a detached server's supervisor is not given of serve's options (supervisor_argv): what applies here only
+# (the inventory's path, the model's copy and its adapters, done here; the detach itself) and what it is given
+# otherwise (MODEL, --name, --runs-dir)
+HERE_ONLY = frozenset({"inventory_path", "method", "direct", "verify", "adapter_ref", "runs_dir", "detach",
+                       "supervisor_host", "handoff_path", "name"})
+
+
+def supervisor_argv(command: click.Command, params: dict, model_path: str, name: str, runs_dir: str) -> list[str]:
+    """The words of `serve` that a detached server's supervisor runs with (pure): the model where the first host's
+    store holds it, its name, the supervisor's runs directory, every other option as given (or its default), then
+    the server's own options."""
+    out = [model_path, "--name", name, "--runs-dir", runs_dir]
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name in HERE_ONLY:
+            continue
+        value = params[param.name]
+        if param.is_flag:
+            out += [param.opts[0]] if value else []
+        elif value is not None:
+            out += [param.opts[0], str(value)]
+    return [*out, "--", *params["server_args"]]
+
+
+def _detach(cluster, options, supervisor_host: str | None) -> None:
+    """serve --detach: checked and stored from here, handed to its supervisor on a host (serve/detached.py)."""
+    from ..detach.supervisor import DETACHED_DIR
+    from ..serve.detached import detach
+
+    ctx = click.get_current_context()
+    detached, url = detach(cluster, options,
+                           lambda path, name: supervisor_argv(ctx.command, ctx.params, path, name, DETACHED_DIR),
+                           supervisor_host, PrintedServe())
+    click.echo(f"serve {detached.run_id}: detached; its supervisor runs on {detached.host} (pid {detached.pid}); it "
+               f"answers at {url} once ready", err=True)
+    click.echo(f"  follow it:  clusterctl attach {detached.run_id}   (says when it is ready; Ctrl-C there leaves it "
+               "serving)", err=True)
+    click.echo(f"  stop it:    clusterctl kill {detached.run_id}", err=True)
+    click.echo(detached.run_id)
 
 
 def _fuse(base, adapters, into):

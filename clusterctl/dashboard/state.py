@@ -1,5 +1,6 @@
 """What the dashboard shows, as JSON-ready data, read from what clusterctl already keeps: the hosts' telemetry
-(observe/telemetry.py, sampled in a thread while a page is open), the runs' records (observe/runs.py), a run's
+(observe/telemetry.py, sampled in a thread while a page is open), the runs' records (observe/runs.py; a detached
+run's asked of its supervising host every DETACHED_S while a page is open: detach/follow.py), a run's
 rank logs (its metrics lines, progress.py), the stacks a stall or `clusterctl stacks` saved, and the serve
 endpoints the runs index knows (their health asked here).
 
@@ -21,6 +22,7 @@ import threading
 import time
 
 from .. import progress
+from ..detach import follow
 from ..errors import UsageError
 from ..inventory import Cluster
 from ..launch import backends
@@ -37,6 +39,7 @@ CHAT_TIMEOUT_S = 120.0
 CHAT_MAX_TOKENS = 256
 STACKS_MAX_BYTES = 64 * 1024
 IDLE_S = 30.0               # the hosts are no longer sampled this long after the last page closed
+DETACHED_S = 5.0            # how often detached runs not yet home are asked how they are, while a page is open
 
 
 def picture(cluster: Cluster | None) -> dict:
@@ -198,7 +201,7 @@ class Board:
         telemetry = None
         if self.cluster is not None and self.connector is not None:
             telemetry = Telemetry(self.connector, every=self.interval)
-        next_health = 0.0
+        next_health = next_detached = 0.0
         try:
             while not self._closed.is_set():
                 if not self._watched():
@@ -216,6 +219,10 @@ class Board:
                 if began >= next_health:
                     self._check_health()
                     next_health = began + HEALTH_S
+                if began >= next_detached:
+                    # a detached run: its state, record and curves from its supervising host (home once ended)
+                    follow.refresh_all(self.runs_dir, only=follow.with_curves)
+                    next_detached = began + DETACHED_S
                 self._wake.clear()
                 self._closed.wait(max(0.2, began + self.interval - time.monotonic()))
         finally:

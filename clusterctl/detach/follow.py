@@ -130,6 +130,14 @@ def small_files(rel: str) -> bool:
     return "/" not in rel and (rel.endswith(".json") or rel == "metrics.jsonl")
 
 
+def with_curves(rel: str) -> bool:
+    """What the dashboard shows of a running detached run: small_files and every rank's metrics lines (its
+    curves: progress.py RANK_METRICS)."""
+    from ..progress import RANK_METRICS
+
+    return small_files(rel) or rel == RANK_METRICS
+
+
 def home(record: Record, run_dir: str, connect_timeout: float = 10.0) -> tuple[int, int]:
     """The supervising host's run directory of an ended run into run_dir (files, bytes), marked home."""
     from ..transfer.stage import fetch_tree
@@ -206,7 +214,8 @@ def look(run_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool
     return now
 
 
-def refresh_all(runs_dir: str, connect_timeout: float = 10.0) -> None:
+def refresh_all(runs_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool] | None = small_files
+                ) -> None:
     """refresh() for each detached run in runs_dir not yet home, all at once."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -217,7 +226,7 @@ def refresh_all(runs_dir: str, connect_timeout: float = 10.0) -> None:
     waiting = [d for d in dirs if os.path.exists(os.path.join(d, RECORD)) and not is_home(d)]
     if waiting:
         with ThreadPoolExecutor(max_workers=min(8, len(waiting))) as pool:
-            list(pool.map(lambda d: refresh(d, connect_timeout), waiting))
+            list(pool.map(lambda d: refresh(d, connect_timeout, only), waiting))
 
 
 def stop(record: Record, run_dir: str, wait_s: float, connect_timeout: float = 10.0) -> dict:
@@ -231,3 +240,33 @@ def stop(record: Record, run_dir: str, wait_s: float, connect_timeout: float = 1
     if now.get("state") in ("ended", "lost"):
         settle(record, run_dir, now)
     return now
+
+
+def waiting_on(runs_dir: str, cluster: Cluster) -> list[tuple[Record, str]]:
+    """The detached runs of runs_dir not yet home that run on one of `cluster`'s hosts (the same address and
+    port): (record, run directory)."""
+    ours = {(h.hostname or h.name, h.port) for h in cluster.hosts}
+    try:
+        dirs = sorted(os.path.join(runs_dir, n) for n in os.listdir(runs_dir))
+    except OSError:
+        return []
+    found = [(Record.read(d), d) for d in dirs if os.path.exists(os.path.join(d, RECORD)) and not is_home(d)]
+    return [(r, d) for r, d in found if r is not None and ours & {(h.hostname or h.name, h.port) for h in r.cluster.hosts}]
+
+
+def stop_all(runs: list[tuple[Record, str]], wait_s: float, connect_timeout: float = 10.0) -> list[dict]:
+    """stop() for each (record, run directory), all at once: their last states, in order (one that could not be
+    brought home: {"state": "unreachable", "why": ...})."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple[Record, str]) -> dict:
+        try:
+            return stop(item[0], item[1], wait_s, connect_timeout)
+        except Exception as e:       # noqa: BLE001 - said with its run, the others stopped all the same
+            return {"state": "unreachable", "why": f"could not bring it home: {e}"}
+
+    if not runs:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(runs))) as pool:
+        return list(pool.map(one, runs))
+

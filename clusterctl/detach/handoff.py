@@ -2,7 +2,7 @@
 its run directory on the supervising host (pure but for reading and writing that file):
 
     handoff = Handoff(run_id, supervisor="h1", cluster=as_seen_from(cluster, "h1"), argv=[...], extra_env={...},
-                      host_env={...})
+                      host_env={...}, command="run")          # or command="serve", stored={host: path}
     write(path, handoff); read(path)
 
 The cluster travels whole (every Host field), as this machine resolved it (--env applied, data-plane addresses
@@ -31,9 +31,11 @@ class Handoff:
     run_id: str
     supervisor: str                      # the host it runs on
     cluster: Cluster                     # as seen from that host
-    argv: tuple[str, ...]                # `clusterctl run`'s own arguments, this run's (no --detach, no --hosts)
+    argv: tuple[str, ...]                # the command's own arguments, this run's (no --detach, no --hosts)
     extra_env: dict[str, str] = field(default_factory=dict)              # what staging gave every rank
     host_env: dict[str, dict[str, str]] = field(default_factory=dict)    # ... and each host's ranks
+    command: str = "run"                 # the clusterctl command the supervisor is: run, or serve
+    stored: dict[str, str] = field(default_factory=dict)   # serve: where each host's rank reads the model
 
 
 def as_seen_from(cluster: Cluster, host: str) -> Cluster:
@@ -75,7 +77,8 @@ def _tuple_fields(d: dict[str, Any]) -> dict[str, Any]:
 def to_json(handoff: Handoff) -> str:
     return json.dumps({"version": VERSION, "run_id": handoff.run_id, "supervisor": handoff.supervisor,
                        "cluster": cluster_to_dict(handoff.cluster), "argv": list(handoff.argv),
-                       "extra_env": handoff.extra_env, "host_env": handoff.host_env}, indent=1)
+                       "extra_env": handoff.extra_env, "host_env": handoff.host_env, "command": handoff.command,
+                       "stored": handoff.stored}, indent=1)
 
 
 def from_json(text: str, where: str = "handoff") -> Handoff:
@@ -85,7 +88,8 @@ def from_json(text: str, where: str = "handoff") -> Handoff:
             raise UsageError(f"{where}: written by another version of clusterctl (handoff version "
                              f"{data.get('version')}, this one reads {VERSION})")
         return Handoff(data["run_id"], data["supervisor"], cluster_from_dict(data["cluster"]), tuple(data["argv"]),
-                       dict(data.get("extra_env") or {}), {k: dict(v) for k, v in (data.get("host_env") or {}).items()})
+                       dict(data.get("extra_env") or {}), {k: dict(v) for k, v in (data.get("host_env") or {}).items()},
+                       str(data.get("command") or "run"), dict(data.get("stored") or {}))
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{where}: not a detached run's handoff ({type(e).__name__}: {e})") from None
 

@@ -7,8 +7,9 @@
 Its folder on the host is <workdir>/.clusterctl/detached/<id>/: the handoff (0600), supervisor.log (everything
 it printed), supervisor.pid, exit.json once it ended, .live.json (the live panel's snapshot), and the run
 directory it keeps as `run` keeps runs/<id>/ here (the supervisor's --runs-dir is <workdir>/.clusterctl/detached).
-The supervisor runs `python -m clusterctl run --plain --handoff FOLDER/handoff.json ARGS` with the host's python and
-the clusterctl `run` ships there (<workdir>/.clusterctl/lib), in the workdir, where the project was copied.
+The supervisor runs `python -m clusterctl COMMAND --handoff FOLDER/handoff.json ARGS` (COMMAND: run, or serve) with
+the host's python and the clusterctl `run` ships there (<workdir>/.clusterctl/lib), in the workdir, where the project
+was copied.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def start(connector: Connector, host: Host, handoff: handoffs.Handoff) -> int:
             t.put(local, f"{where}/handoff.json", mode=0o600)
             # in the workdir: the handoff and clusterctl by paths relative to it (a workdir may start with ~)
             argv = [host.python, "-c", program("detach.py"), where, host.workdir, host.python, "-m", "clusterctl",
-                    "run", "--plain", "--handoff", f"{DETACHED_DIR}/{handoff.run_id}/handoff.json", *handoff.argv]
+                    handoff.command, "--handoff", f"{DETACHED_DIR}/{handoff.run_id}/handoff.json", *handoff.argv]
             env = {"PYTHONPATH": LIB_DIR, "PYTHONUNBUFFERED": "1"}
             result = t.run(argv, timeout=START_TIMEOUT_S, env=env)
     finally:

@@ -211,6 +211,24 @@ def stop_supervisor(run_dir: str, wait_s: float = STOP_WAIT_S) -> bool:
     return True
 
 
+def stop_detached_supervisors(connector, listed: list[HostProcesses], wait_s: float) -> set[str]:
+    """The detached runs' supervisors `ps` found on the hosts (`listed`): each sent SIGTERM through its folder there
+    (detach/supervisor.py, op "stop": it stops its ranks with their checkpoint, and restarts nothing) and given
+    wait_s to end; the ids of the runs so stopped. A run this machine has no record of (started from another one)
+    is stopped this way too, where sweeping its ranks would only have its supervisor start them again."""
+    from ..detach import supervisor
+
+    found = sorted({(h.host, p.run_id) for h in listed for p in h.processes if p.kind == "supervisor"})
+    hosts = {h.name: h for h in connector.cluster.hosts}
+    asked = [(hosts[name], rid) for name, rid in found
+             if supervisor.state(connector, hosts[name], rid, op="stop").get("signalled")]
+    deadline = time.monotonic() + wait_s
+    while asked and time.monotonic() < deadline:
+        time.sleep(1.0)
+        asked = [(h, rid) for h, rid in asked if supervisor.state(connector, h, rid).get("state") == "running"]
+    return {rid for _, rid in found}
+
+
 def kill_runs(connector, run_id: str | None, run_dirs: list[str] = (), wait_s: float = KILL_WAIT_S,
               runs_dir: str = RUNS_DIR) -> KillResult:
     """Stop a run's processes (None: every clusterctl run's) on every host, then look again. `run_dirs`: the runs
@@ -221,6 +239,7 @@ def kill_runs(connector, run_id: str | None, run_dirs: list[str] = (), wait_s: f
     on it (hosts sharing a disk see each other's pid files). Then whatever is left is stopped as `run`'s own
     cleanup does (SIGTERM, then SIGKILL, waiting for them to go)."""
     through = {os.path.basename(os.path.normpath(d)) for d in run_dirs if stop_supervisor(d, STOP_WAIT_S + wait_s)}
+    through |= stop_detached_supervisors(connector, list_processes(connector, run_id), wait_s)
     asked, ended = [], True
     if wait_s > 0:
         runs = [run_id] if run_id else sorted({p.run_id for h in list_processes(connector) for p in h.processes})

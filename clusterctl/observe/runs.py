@@ -315,12 +315,14 @@ def service_urls(path: str | None = None) -> dict[str, str]:
 def list_all(runs_dir: str, read=run_info, index: dict[str, dict] | None = None) -> list[RunInfo]:
     """Every run the index knows (every project on this machine), plus those of `runs_dir` it does not
     (made before the index existed); read from their directories when they still exist (with `read`, as
-    list_runs). `index`: read_index()'s, when the caller has read it already."""
+    list_runs). `index`: read_index()'s, when the caller has read it already. A run of `runs_dir` is shown as it
+    is there, whatever else the index says of its id (a detached run's supervisor that shares this machine's
+    index records its own directory, on its host)."""
     found: dict[str, RunInfo] = {r.run_id: r for r in list_runs(runs_dir, read)}
     listed = {os.path.abspath(r.dir) for r in found.values()}
     for run_id, entry in (read_index() if index is None else index).items():
         directory = entry.get("dir")
-        if not isinstance(directory, str) or os.path.abspath(directory) in listed:
+        if not isinstance(directory, str) or os.path.abspath(directory) in listed or run_id in found:
             continue
         if os.path.isdir(directory):
             found[run_id] = read(directory)

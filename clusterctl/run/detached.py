@@ -60,15 +60,20 @@ def detach(cluster: Cluster | None, options: RunOptions, argv: Sequence[str], su
             _check_program(ready.cluster, plan, ready.program, ready.project, options)
     if options.attempts.restart.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = options.attempts.restart.batch
-    run_id = new_run_id()
-    given = handoff.Handoff(run_id, host.name, handoff.as_seen_from(ready.cluster, host.name), tuple(argv),
+    given = handoff.Handoff(new_run_id(), host.name, handoff.as_seen_from(ready.cluster, host.name), tuple(argv),
                             extra_env, host_env)
+    return hand_over(connector, ready.cluster, host, given, settings.runs_dir)
+
+
+def hand_over(connector, cluster: Cluster, host, given: handoff.Handoff, runs_dir: str) -> Detached:
+    """The supervisor started on `host` with what it is `given`, and this machine's record of it written in
+    runs_dir (what `attach`, `runs`, `logs`, `stacks` and `kill` read): run's and serve's last step."""
     pid = supervisor.start(connector, host, given)
-    run_dir = os.path.abspath(os.path.join(settings.runs_dir, run_id))
+    run_dir = os.path.abspath(os.path.join(runs_dir, given.run_id))
     # the record here reaches hosts, never runs ranks: the cluster without the env values (secrets among them)
-    reach = replace(ready.cluster, hosts=tuple(replace(h, env=(), secret_env=()) for h in ready.cluster.hosts))
-    follow.Record(run_id, host.name, supervisor.folder(host, run_id), pid, time.time(), reach).write(run_dir)
-    return Detached(run_id, host.name, pid, run_dir)
+    reach = replace(cluster, hosts=tuple(replace(h, env=(), secret_env=()) for h in cluster.hosts))
+    follow.Record(given.run_id, host.name, supervisor.folder(host, given.run_id), pid, time.time(), reach).write(run_dir)
+    return Detached(given.run_id, host.name, pid, run_dir)
 
 
 def _refuse_stdin(options: RunOptions) -> None:

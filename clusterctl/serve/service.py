@@ -35,7 +35,7 @@ from ..hosts.forward import Forward, is_loopback
 from ..inventory import Cluster
 from ..launch.attempts import AttemptSettings
 from ..program import Capabilities
-from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, push_model, run
+from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, Staged, push_model, run
 from ..transfer import hub
 from ..transfer import models as store
 from .check import check_model, served_name, stage_files
@@ -69,6 +69,9 @@ class ServeOptions:
     connect_timeout: float | None = None
     adapter: str | None = None                  # a directory of adapters (adapted.adapter_dir): fused into MODEL
     fuse: Callable | None = None                # ... by this (train/export.py fuse_into, which the CLI gives)
+    # a detached serve's supervisor: host name -> where its rank reads the model (its store's copy, put there by
+    # the command that detached it: serve/detached.py)
+    stored: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,10 +121,31 @@ class ServeResult:
         return self.run.exit_code
 
 
-def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | None = None) -> ServeResult:
-    began = time.monotonic()
-    events = events or ServeEvents()
+@dataclass(frozen=True)
+class Prepared:
+    """A model ready to serve: checked, in every host's store, the first host's port free (prepare)."""
+
+    cluster: Cluster                            # one rank per host
+    connector: Connector
+    model_dir: str                              # the model as checked: here, or (a supervisor's) its host's store
+    name: str                                   # its id in /v1/models
+    paths: list[str]                            # where each host's rank reads it, in the hosts' order
+    entries: dict[str, store.StoreEntry]        # each host's store entry (empty where nothing was pushed)
+
+
+def prepare(cluster: Cluster | None, options: ServeOptions, events: ServeEvents) -> Prepared:
+    """Steps 1 and 2, and what is refused before them: the model resolved (a hub id), fused with its adapters,
+    checked, pushed to every other host's store; the cluster one rank per host, --listen and the first host's
+    port checked. A detached serve's supervisor (options.stored) is given the stores' paths: it checks and moves
+    nothing of the model, which the command that detached it did."""
     _check_args(options)
+    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=THIS_MACHINE_BACKEND))
+    connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
+    first = cluster.hosts[0]
+    _check_listen(first, options.listen, options.port)
+    if options.stored is not None:
+        paths = [options.stored[h.name] for h in cluster.hosts]
+        return Prepared(cluster, connector, paths[0], options.name or served_name(options.model), paths, {})
     model_dir = os.path.abspath(hub.resolve(options.model))      # a hub id: its snapshot in the hub's cache here
     name = options.name
     if options.adapter is not None:      # mlx-lm serves no adapters across hosts: fused into the base, cached here
@@ -134,23 +158,30 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         model_dir, cached = adapted.fused_model(base, options.adapter, options.fuse)
         events.fused(base, options.adapter, model_dir, cached)
         name = name or f"{served_name(base)}+{adapted.label(options.adapter)}"
-    summary = check_model(model_dir, world=len(cluster.hosts) if cluster else 1, pipeline=options.pipeline)
-    cluster = one_rank_per_host(cluster or Cluster.this_machine(os.getcwd(), slots=1, backend=THIS_MACHINE_BACKEND))
-    connector = Connector(cluster, **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
-    first = cluster.hosts[0]
-    _check_listen(first, options.listen, options.port)
+    summary = check_model(model_dir, world=len(cluster.hosts), pipeline=options.pipeline)
+    if options.listen is not None or first.local:
+        _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
+    events.checked(model_dir, summary.kind, summary.size)
+    # this machine serves MODEL where it is; every other host from its store
+    entries = push_model(connector, model_dir, events, method=options.method, verify=options.verify,
+                         direct=options.direct, files=_shares(model_dir, cluster, summary, options.pipeline))
+    paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
+    return Prepared(cluster, connector, model_dir, name or summary.name, paths, entries)
+
+
+def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | None = None) -> ServeResult:
+    began = time.monotonic()
+    events = events or ServeEvents()
+    _check_args(options)
     forward = None
-    if options.listen is None and not first.local:
+    if options.listen is None and not (cluster is None or cluster.hosts[0].local):
         forward = Forward.bind(options.port)             # refused now, before anything moves, when in use
     try:
-        if options.listen is not None or first.local:
-            _check_port_free(connector, first, options.listen or LOOPBACK, options.port)
-        events.checked(model_dir, summary.kind, summary.size)
-        # this machine serves MODEL where it is; every other host from its store
-        entries = push_model(connector, model_dir, events, method=options.method, verify=options.verify, direct=options.direct,
-                             files=_shares(model_dir, cluster, summary, options.pipeline))
-        paths = [entries[h.name].path if not h.local else model_dir for h in cluster.hosts]
-        name = name or summary.name
+        ready_ = prepare(cluster, options, events)
+        cluster, connector, name, paths = ready_.cluster, ready_.connector, ready_.name, ready_.paths
+        first = cluster.hosts[0]
+        if options.stored is not None and options.listen is not None:    # checked here too: since it was, time passed
+            _check_port_free(connector, first, options.listen, options.port)
         if forward is not None:
             bind, port = LOOPBACK, _free_loopback_port(connector, first)
             forward.point(connector.transport(first), LOOPBACK, port)
@@ -158,9 +189,9 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
             url = forward.url
         else:
             bind, port = options.listen or LOOPBACK, options.port
-            url = f"http://{_reachable(first, bind)}:{port}"
+            url = f"http://{reachable(first, bind)}:{port}"
         events.listening(url, exposed=options.listen is not None)
-        result = ServeResult(None, url, entries)
+        result = ServeResult(None, url, ready_.entries)
 
         def ready(seconds: float) -> None:
             result.ready.append(seconds)
@@ -173,9 +204,11 @@ def serve(cluster: Cluster | None, options: ServeOptions, events: ServeEvents | 
         endpoint = Endpoint(url, ready)
         args = [json.dumps({"name": name, "models": paths}), "--host", bind, "--port", str(port),
                 *(["--pipeline"] if options.pipeline else []), *options.server_args]
-        service = Service(url, name, model_dir, options.listen, "pipeline" if options.pipeline else "tensor")
+        service = Service(url, name, ready_.model_dir, options.listen, "pipeline" if options.pipeline else "tensor")
         run_options = RunOptions(module=RANK_MODULE, args=tuple(args), backend=options.backend, fetch=False,
                                  attempts=options.attempts.with_progress(lambda: endpoint.answered), kinds=(service,),
+                                 # a detached serve's supervisor: clusterctl went to every host with the model
+                                 staged=Staged({}, {}) if options.stored is not None else None,
                                  **({"connect_timeout": options.connect_timeout} if options.connect_timeout else {}))
         try:
             result.run = run(cluster, run_options, _Watched(events, endpoint))
@@ -306,7 +339,7 @@ def _addresses(connector: Connector, host) -> list[str]:
     return list(dict.fromkeys(str(i.ip) for _, i in interfaces(r.stdout.splitlines())))
 
 
-def _reachable(host, bind: str) -> str:
+def reachable(host, bind: str) -> str:
     """The address this machine uses for a server bound to `bind` on `host` (0.0.0.0: the host's own)."""
     if bind in ("0.0.0.0", "::"):
         return host.hostname or host.address or host.name

@@ -1,7 +1,9 @@
 """Detached runs (issue 54, docs/run.md#close-the-lid-detached-runs): `run --detach` hands the job to a supervisor on
 one of its hosts and returns; the job goes on with nothing of this machine running and with this machine cut off
 (tests/sshcluster.py own_route), restarts without it, stalls are caught and their stacks seen from here, and it comes
-home on `attach` with the loss an attached run of the same seed and world ends with."""
+home on `attach` with the loss an attached run of the same seed and world ends with; the dashboard reads it from its
+supervising host; a supervising host that vanishes without closing a connection (frozen whole) leaves no rank on the
+others past the rank starter's ALIVE_S."""
 import json
 import os
 import re
@@ -17,6 +19,8 @@ import pytest
 from sshcluster import rank_pid, requires_private_roots
 from storm import TRAIN as STORM_TRAIN
 from test_restart import curve, nothing_left
+
+from clusterctl.dashboard.state import Board
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -55,7 +59,7 @@ def wait_until(what, check, limit=120.0):
         if got:
             return got
         time.sleep(0.5)
-    raise AssertionError(f"not in {limit:g}s: {what}")
+    raise AssertionError(f"not in {limit:g}s: {what() if callable(what) else what}")
 
 
 def first_step(follower, limit=240.0) -> str:
@@ -200,6 +204,20 @@ def test_a_detached_stall_is_caught_its_stacks_seen_from_here_ctrl_c_leaves_it_k
     # its step and loss as its live panel has them on h1 (the supervisor writes the panel's snapshot every second)
     assert re.search(rf"{run_id} .* h1,h2 .* running \(detached, on h1\): step \d+/100000 +\d+\.\d{{4}}$",
                      listed.stdout, re.MULTILINE), listed.stdout
+    # the dashboard: its row as `runs` says it, and its ranks' curves, both asked of h1 while a page is open
+    board = Board(str(tmp_path / "runs"), interval=0.5)
+    board.watch()
+    try:
+        rows = lambda: [r for r in board.overview()["runs"] if r["run_id"] == run_id]     # noqa: E731
+        shown = re.compile(r"running \(detached, on h1\): step \d+/100000")
+        row = wait_until(lambda: f"the dashboard's row: {rows()}",
+                         lambda: next((r for r in rows() if shown.fullmatch(r["outcome"])), None), limit=60)
+        assert row["supervisor"] == "h1" and row["status"] == "running", row
+        ranks = wait_until("its curves", lambda: [r for r in board.run(run_id)["ranks"] if r["curve"]], limit=60)
+        assert {r["rank"] for r in ranks} == {0, 1} and all(r["step"] >= 1 and r["loss"] for r in ranks), ranks
+    finally:
+        board.unwatch()
+        board.close()
     # its ranks' logs and stacks, from here, while it runs under its supervisor
     logs = clirun.clusterctl("logs", "latest", "--rank", "0", "--grep", "step", cwd=tmp_path, own_cache=True)
     assert logs.returncode == 0 and STEP.search("] " + logs.stdout.splitlines()[-1]), logs.stdout[-2000:]

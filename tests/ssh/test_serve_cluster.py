@@ -42,11 +42,16 @@ READY = re.compile(r"serve: ready at (http://\S+) \(model (\S+)\)")
 class Served:
     """A `clusterctl serve` running in the background, its output collected line by line."""
 
-    def __init__(self, *args, cwd, env):
-        self.proc = clirun.start("serve", *args, cwd=cwd, env=env, own_cache=True)
+    def __init__(self, *args, cwd, env, proc=None):
+        self.proc = proc or clirun.start("serve", *args, cwd=cwd, env=env, own_cache=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+
+    @classmethod
+    def following(cls, proc) -> "Served":
+        """Another clusterctl process (attach), its output collected the same way."""
+        return cls(cwd=None, env=None, proc=proc)
 
     def _read(self):
         for line in self.proc.stdout:
@@ -441,3 +446,79 @@ def test_a_model_on_its_way_shows_each_hosts_progress_on_a_terminal_and_off_one(
             served.kill()
         tmux.close()
         throttle.stop()
+
+
+def test_a_detached_server_answers_with_nothing_of_this_machine_left_restarts_alone_and_kill_stops_it(
+        make_cluster, model, tmp_path):
+    """serve --detach (issue 54): the model stored from here, the server handed to a supervisor on h1 that serves
+    on h1's address; with every process of this machine for it killed, it answers, a rank killed is restarted by
+    the supervisor, `attach` says it was ready and Ctrl-C leaves it serving, `runs` shows it, and `kill` from a
+    machine without its record stops it through its supervisor: the port closed, no rank left; its run directory
+    comes home here on the next `runs`, recorded as stopped."""
+    from test_detach import kill_this_machine, wait_until
+
+    # own_route: this machine reaches the hosts by addresses of its own, as another machine would, so no connection
+    # of this machine's is one the hosts' own ssh shares (a master connection), which kill_this_machine would cut
+    cluster = make_cluster(2, own_route=True)
+    h1 = cluster.hosts[0].address
+    port = free_port(h1)
+    url = f"http://{h1}:{port}"
+    env = cluster.client_env()
+    began = time.monotonic()
+    detached = clirun.clusterctl("serve", str(model), "--hosts", str(cluster.inventory), "--backend", "ring", "--detach",
+                                 "--listen", h1, "--port", str(port), "--max-restarts", "1", "--restart-delay", "1",
+                                 "--", "--max-tokens", "2", cwd=tmp_path, env=env, own_cache=True, timeout=180)
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    returned = time.monotonic() - began
+    run_id = detached.stdout.strip().splitlines()[-1]
+    assert (f"serve {run_id}: detached; its supervisor runs on h1" in detached.stderr
+            and f"it answers at {url} once ready" in detached.stderr), detached.stderr
+    kill_this_machine(cluster, tmp_path)               # the laptop's lid closes: nothing of it serves
+    ready = f"serve: ready at {url} (model tiny)"
+    log = partial(_supervisor_log, cluster, run_id)
+    wait_until(lambda: "the detached server's ready line:\n" + log()[-4000:], lambda: log().count(ready) == 1,
+               limit=180)
+    status, listed = http(url + "/v1/models")
+    assert [m["id"] for m in listed["data"]] == ["tiny"] and chat(url, "tiny")
+    # a rank killed: its supervisor on h1 restarts the server, this machine's part in it nothing
+    os.kill(rank_pid(cluster, 2, run_id), signal.SIGKILL)
+    wait_until(lambda: "ready again after the restart:\n" + log()[-4000:],
+               lambda: "restart 1 of 1" in log() and log().count(ready) == 2, limit=180)
+    try:
+        assert chat(url, "tiny")
+    except OSError as e:
+        raise AssertionError(f"{e}; the supervisor's log:\n{log()[-6000:]}") from None
+    # attach: everything it printed, both ready lines among it, then Ctrl-C leaves it serving
+    follower = Served.following(clirun.start("attach", run_id, "--plain", cwd=tmp_path, env=env, own_cache=True))
+    wait_until(lambda: "attach's ready lines:\n" + follower.text[-3000:], lambda: follower.text.count(ready) == 2,
+               limit=60)
+    assert follower.interrupt() == 0 and f"attach: detached from run {run_id}" in follower.text, follower.text[-2000:]
+    assert chat(url, "tiny")                           # Ctrl-C in attach left it serving
+    listed = clirun.clusterctl("runs", cwd=tmp_path, env=env, own_cache=True)
+    assert re.search(rf"{run_id} .* running \(detached, on h1\)", listed.stdout), listed.stdout
+    # `kill` from a machine with no record of it (another laptop: the inventory, no runs/ of it) stops it through
+    # its supervisor all the same, found by `ps` on h1: it stops its ranks and restarts nothing
+    elsewhere = tmp_path / "another-laptop"
+    elsewhere.mkdir()
+    killed = clirun.clusterctl("kill", run_id, "--hosts", str(cluster.inventory), cwd=elsewhere, env=env,
+                               own_cache=True, timeout=180)
+    assert killed.returncode == 0 and f"kill: run {run_id}: no process left on 2 host(s)" in killed.stderr, \
+        killed.stderr[-3000:]
+    assert not _answers(url) and serving_ranks(cluster.hosts[0].dir.parent, model) == ""
+    rows = {r["run_id"]: r for r in json.loads(clirun.clusterctl("runs", "--json", cwd=tmp_path, own_cache=True).stdout)}
+    assert {k: rows[run_id][k] for k in ("kind", "model", "world", "status")} == \
+        {"kind": "serve", "model": "tiny", "world": 2, "status": "stopped"}, rows[run_id]
+    summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())       # home with that `runs`
+    assert summary["service"]["url"] == url and summary["restarts"] == 1, summary
+    assert returned < 120, returned         # the model's copy to 2 stores and the hand-over, no serving
+
+
+def _answers(url: str) -> bool:
+    try:
+        return http(url + "/health", timeout=5)[0] == 200
+    except (OSError, ValueError):
+        return False
+
+
+def _supervisor_log(cluster, run_id: str) -> str:
+    return cluster.ssh(1, f"cat {cluster.workdir}/.clusterctl/detached/{run_id}/supervisor.log").stdout

@@ -2,10 +2,12 @@
 
     cli -> run / doctor / bench -> launch / transfer -> hosts -> inventory / errors (and the other base modules)
     cli, run -> observe (runs, logs, plots, processes) -> launch / hosts
-    cli -> dashboard (the web page) -> observe / serve (its endpoints' health) / launch (the backends) / hosts
+    cli -> dashboard (the web page) -> observe / serve (its endpoints' health) / launch (the backends) / hosts /
+           detach (a detached run's state and curves, from its supervising host)
     cli -> setup (mesh, python) -> doctor / launch / hosts
     cli, setup -> inventory_load (an inventory checked against the backend registry) -> launch
-    cli, run, observe -> detach (a detached run's supervisor on its host: handoff, start, follow) -> transfer / hosts
+    cli, run, serve, observe, dashboard -> detach (a detached run's supervisor on its host: handoff, start, follow)
+           -> transfer / hosts
 
 launch never imports doctor; data and train (which run on the hosts with the standard library and mlx)
 import none of hosts, launch, transfer; only cli imports click; cli/ holds no orchestration.
@@ -26,8 +28,8 @@ BASE = {"_version", "errors", "atomic", "figure", "digest", "progress", "trainer
 ALLOWED = {
     "cli": {"run", "doctor", "bench", "launch", "transfer", "hosts", "data", "train", "observe", "setup", "serve",
             "inventory_load", "dashboard", "detach"},
-    "dashboard": {"observe", "serve", "launch", "hosts"},
-    "serve": {"run", "launch", "transfer", "hosts", "observe"},
+    "dashboard": {"observe", "serve", "launch", "hosts", "detach"},
+    "serve": {"run", "launch", "transfer", "hosts", "observe", "detach"},
     "setup": {"doctor", "launch", "transfer", "hosts", "inventory_load"},
     "inventory_load": {"launch"},
     "run": {"launch", "transfer", "hosts", "observe", "detach"},

@@ -1,5 +1,6 @@
 """Detached runs' pure parts and host scripts, run here for real (clusterctl/detach/, hosts/scripts/detach.py and
-follow.py): the supervisor's words, the handoff, the keeper that outlives its command, following its output."""
+follow.py): the supervisor's words (run's and serve's), the handoff, the keeper that outlives its command, following
+its output."""
 import dataclasses
 import json
 import os
@@ -9,8 +10,9 @@ import time
 
 import pytest
 
+from clusterctl.cli import serve as serve_cli
 from clusterctl.cli.launch import RunCommand, run_cmd, split_run_words, supervisor_argv
-from clusterctl.detach import handoff
+from clusterctl.detach import follow, handoff
 from clusterctl.errors import UsageError
 from clusterctl.hosts.scripts import program
 from clusterctl.inventory import parse
@@ -52,6 +54,46 @@ def test_the_supervisor_gets_the_runs_own_options_less_what_applies_here_and_the
     assert module[-4:] == ["-m", "mlx_lm", "lora", "--train"]
 
 
+def test_a_detached_servers_supervisor_gets_the_stored_model_its_name_and_every_option_but_what_applies_here():
+    ctx = serve_cli.serve_cmd.make_context("serve", [
+        "mlx-community/Qwen3-4B-4bit", "--hosts", "inv.yaml", "--detach", "--supervisor", "mini2", "--listen",
+        "0.0.0.0", "--port", "9000", "--max-restarts", "2", "--pipeline", "--adapter", "latest", "--method", "sftp",
+        "--direct", "--name", "given", "--runs-dir", "elsewhere", "--", "--max-tokens", "20"])
+    got = serve_cli.supervisor_argv(ctx.command, ctx.params, "/store/qwen", "qwen+adapters", ".clusterctl/detached")
+    assert got[:5] == ["/store/qwen", "--name", "qwen+adapters", "--runs-dir", ".clusterctl/detached"]
+    assert got[-3:] == ["--", "--max-tokens", "20"]
+    options = [w for w in got[5:-3] if w.startswith("--")]
+    for here_only in ("--hosts", "--detach", "--supervisor", "--adapter", "--method", "--direct", "--verify",
+                      "--handoff"):
+        assert here_only not in options, got          # done here (the model's copy, its fuse) or this machine's
+    assert options.count("--name") == 0 and options.count("--runs-dir") == 0    # given once, first
+    assert "--pipeline" in options
+    at = {w: got[got.index(w) + 1] for w in ("--listen", "--port", "--max-restarts", "--restart-delay", "--launch-from")}
+    assert at == {"--listen": "0.0.0.0", "--port": "9000", "--max-restarts": "2", "--restart-delay": "10.0",
+                  "--launch-from": "auto"}
+    again = serve_cli.serve_cmd.make_context("serve", got)         # what the supervisor parses is serve's own line
+    assert again.params["listen"] == "0.0.0.0" and again.params["server_args"] == ("--max-tokens", "20")
+    assert again.params["stall_timeout"] is None and again.params["name"] == "qwen+adapters"
+
+
+def test_kill_all_stops_through_their_supervisors_the_detached_runs_on_the_inventorys_hosts_not_yet_home(tmp_path):
+    """follow.waiting_on: a record of runs/ whose cluster shares a host (address and port) with the inventory's,
+    not yet home; not one home already, one on other hosts, nor an attached run's directory."""
+    cluster = parse(INVENTORY, str(tmp_path / "inventory.yaml"))
+    other = parse(INVENTORY.replace("10.0.0.1", "10.9.9.9").replace("port: 2222", "port: 2200"),
+                  str(tmp_path / "other.yaml"))
+    runs = tmp_path / "runs"
+    for run_id, on in (("20261207-010000-aaaaaa", cluster), ("20261207-010000-bbbbbb", cluster),
+                       ("20261207-010000-cccccc", other)):
+        follow.Record(run_id, "mini1", f"/w/.clusterctl/detached/{run_id}", 1, 0.0, on).write(str(runs / run_id))
+    (runs / "20261207-010000-bbbbbb" / follow.HOME_MARK).write_text("{}")            # home already
+    (runs / "20261207-010000-dddddd").mkdir()                                         # attached
+    assert [(r.run_id, d) for r, d in follow.waiting_on(str(runs), cluster)] == \
+        [("20261207-010000-aaaaaa", str(runs / "20261207-010000-aaaaaa"))]
+    assert [r.run_id for r, _ in follow.waiting_on(str(runs), other)] == ["20261207-010000-cccccc"]
+    assert follow.waiting_on(str(tmp_path / "none"), cluster) == []
+
+
 def test_the_handoff_carries_the_whole_cluster_seen_from_the_supervising_host(tmp_path):
     cluster = parse(INVENTORY, str(tmp_path / "inventory.yaml"))
     seen = handoff.as_seen_from(cluster, "mini1")
@@ -63,6 +105,9 @@ def test_the_handoff_carries_the_whole_cluster_seen_from_the_supervising_host(tm
     back = handoff.read(path)
     assert back == given and back.cluster.hosts[0].secret_env == ("HF_TOKEN",)
     assert back.cluster.secrets == ["hf_abc"]
+    served = dataclasses.replace(given, command="serve", stored={"mini1": "/s/m", "mini2": "/t/m"})
+    handoff.write(path, served)
+    assert handoff.read(path) == served         # a server's: its command and where each host's store holds the model
     with pytest.raises(KeyError):
         handoff.as_seen_from(cluster, "nobody")
     with pytest.raises(UsageError, match="not a detached run's handoff"):
@@ -85,8 +130,10 @@ def test_the_keeper_outlives_its_command_records_the_supervisor_and_follow_reads
     work.mkdir()
     (work / "lib").mkdir()
     (work / "lib" / "marker.py").write_text("print('imported from the workdir-relative PYTHONPATH')\n")
-    supervisor = "import marker, sys, time\nfor i in range(5):\n    print('line', i, flush=True); time.sleep(0.2)\n" \
-                 "sys.exit(3)\n"
+    # it runs until the test lets it end (a file appears): `state` must find it running however loaded this machine
+    go = tmp_path / "go"
+    supervisor = ("import marker, os, sys, time\nfor i in range(5):\n    print('line', i, flush=True); time.sleep(0.2)\n"
+                  f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\nsys.exit(3)\n")
     env = {**os.environ, "PYTHONPATH": "lib"}
     began = time.monotonic()
     started = run_script("detach.py", str(folder), str(work), sys.executable, "-c", supervisor, env=env)
@@ -95,6 +142,7 @@ def test_the_keeper_outlives_its_command_records_the_supervisor_and_follow_reads
     assert os.getsid(pid) != os.getsid(0)                      # a session of its own: no terminal, no SIGHUP
     state = json.loads(run_script("follow.py", str(folder), "state").stdout)
     assert state == {"state": "running", "pid": pid}
+    go.touch()
     followed = run_script("follow.py", str(folder), "follow", "0")
     text, _, last = followed.stdout.rpartition("\x1eclusterctl-supervisor-state ")
     assert text.splitlines() == ["imported from the workdir-relative PYTHONPATH",
@@ -158,3 +206,22 @@ def test_the_live_panel_travels_from_the_supervisors_snapshot_file_between_lines
     sent = [json.loads(line.split(" ", 1)[1])["n"] for line in followed if line.startswith("\x1eclusterctl-live ")]
     assert sent and sent == sorted(set(sent)) and sent[-1] == 2, followed     # each change once, in order, the last one too
     assert [line for line in followed if line.startswith("line")] == ["line 0", "line 1", "line 2"]
+
+
+def test_a_supervisor_that_ended_and_waits_to_be_reaped_is_not_running():
+    """proctime.start_time: a zombie (a process killed with its keeper waits for init to reap it) has ended: a
+    supervisor's state must not read it as running; a live process has its start time."""
+    from clusterctl.hosts.scripts.proctime import start_time
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ended = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{ended.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert start_time(ended.pid) is None and start_time(live.pid)
+    finally:
+        live.kill()
+        live.wait()
+        ended.wait()

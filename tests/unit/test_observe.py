@@ -171,6 +171,13 @@ def test_a_recorded_run_writes_its_summary_and_the_index(tmp_path, monkeypatch):
     assert index["20250103-100000-cccccc"]["event"] == "end" and index["20250103-100000-cccccc"]["pid"] == os.getpid()
     every = list_all(str(tmp_path / "runs"))                # another project's run, through the index
     assert [(i.run_id, i.status) for i in every] == [("20250103-100000-cccccc", "ok")]
+    # the same id in the runs directory asked for (a detached run's record here, its supervisor's directory in the
+    # index on a host sharing it): shown as the runs directory has it, once
+    here = tmp_path / "here" / "20250103-100000-cccccc"
+    here.mkdir(parents=True)
+    (here / "summary.json").write_text(json.dumps({"exit_code": 1, "reason": "rank 1 exited 1", "world": 2}))
+    shown = list_all(str(tmp_path / "here"))
+    assert [(i.run_id, i.dir, i.status) for i in shown] == [("20250103-100000-cccccc", str(here), "failed")]
     assert resolve(str(tmp_path / "runs"), "20250103").dir == str(run_dir)
 
 

@@ -4,10 +4,15 @@ import subprocess
 
 
 def start_time(pid):
-    """The start time of `pid`, one line, or None (no such process, or ps did not answer)."""
+    """The start time of `pid`, one line, or None (no such process, one that has ended and waits to be reaped,
+    or ps did not answer). A process killed with its parent stays a zombie until init reaps it, a moment or
+    longer: it has ended all the same."""
     try:
-        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], stdin=subprocess.DEVNULL,
+        out = subprocess.run(["ps", "-o", "stat=", "-o", "lstart=", "-p", str(pid)], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return " ".join(out.split()) or None
+    words = out.split()
+    if not words or words[0].startswith("Z"):
+        return None
+    return " ".join(words[1:]) or None
