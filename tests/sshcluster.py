@@ -506,10 +506,13 @@ class SSHCluster:
         os.kill(self.host(index).pid, signal.SIGCONT)
 
     def sleep_host(self, index: int) -> list[int]:
-        """A Mac going to sleep: SIGSTOP host `index`'s sshd and every session under it (the ranks there
-        included). Connections hang without a banner, open ones carry nothing. Returns what was stopped."""
+        """A Mac going to sleep (or its power cut, as its peers see it: nothing of it closes a connection): SIGSTOP
+        host `index`'s sshd and every session under it (the ranks there included) and, with private roots, every
+        process in its mount namespace (one that left its session: a detached supervisor). Connections hang
+        without a banner, open ones carry nothing. Returns what was stopped."""
         host = self.host(index)
-        stopped = [host.pid] + descendants(host.pid)
+        tree = [host.pid] + descendants(host.pid)
+        stopped = tree + [p for p in namespace_mates(tree) if p not in tree]
         for pid in stopped:
             try:
                 os.kill(pid, signal.SIGSTOP)

@@ -23,6 +23,7 @@ import shlex
 from typing import Mapping
 
 from .scripts import script_text
+from .scripts.frames import PULSE  # noqa: F401 (remote_command's pulse: what its senders write)
 
 KILL_GRACE_S = 2.0      # the watchdog's wait between its TERM and KILL rounds (and a local process group's)
 
@@ -72,12 +73,14 @@ def reading_env(script: str) -> str:
     return _READ_ENV + _EVAL_ENV + script
 
 
-def remote_command(script: str, grace: float = KILL_GRACE_S, env: bool = False, stdin: bool = False) -> str:
+def remote_command(script: str, grace: float = KILL_GRACE_S, env: bool = False, stdin: bool = False,
+                   alive: int = 0) -> str:
     """What is sent to sshd: our script under /bin/sh behind the watchdog, whatever the login shell; with
     `env`, the script's environment is read from stdin first (send env_input() before anything else); with
     `stdin`, the script reads the data that follows, sent as stdin_frames() and ended by STDIN_END (without
-    it, /dev/null)."""
+    it, /dev/null). With `alive` (seconds), once a PULSE came (after STDIN_END, or on a channel without stdin),
+    `alive` seconds without one is taken as the channel closed: the sender vanished without closing it."""
     text = _EVAL_ENV + script if env else script
     shell = _READ_ENV + WATCHDOG if env else WATCHDOG
-    args = [f"{grace:g}", "frames" if stdin else "null", text]
+    args = [f"{grace:g}", "frames" if stdin else "null", text, *([str(int(alive))] if alive else [])]
     return f"exec /bin/sh -c {shlex.quote(shell)} sh " + shlex.join(args)

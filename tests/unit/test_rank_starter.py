@@ -15,16 +15,18 @@ from clusterctl.hosts.remote import env_input, remote_command
 WAIT = "cat >/dev/null; echo stopped"       # a rank that runs until the starter closes its stdin
 
 
-def _start(tmp_path, *programs, stdin=subprocess.DEVNULL, watchdog=False) -> subprocess.Popen:
+def _start(tmp_path, *programs, stdin=subprocess.DEVNULL, watchdog=False, alive=0) -> subprocess.Popen:
     """ranks.py as the backends ship it (program(): its pieces inlined), each program a rank; with `watchdog`,
-    behind the watchdog with its environment and standard input in frames, as ranks start in `run`."""
+    behind the watchdog with its environment and standard input in frames, as ranks start in `run` (`alive`:
+    with the watchdog's ALIVE and the starter's pulses, as a rank on another host starts)."""
     spec, starter = tmp_path / "spec.json", tmp_path / "ranks.py"
     starter.write_text(program("ranks.py"))
     ranks = [{"rank": i, "host": f"h{i}", "argv": ["sh", "-c", p]} for i, p in enumerate(programs)]
     if watchdog:
         for r in ranks:
-            r["argv"][2] = remote_command(shell_command(r["argv"][2]), env=True, stdin=True)
+            r["argv"][2] = remote_command(shell_command(r["argv"][2]), env=True, stdin=True, alive=alive)
             r["stdin"] = env_input({"RANK": str(r["rank"])}).decode()
+            r["alive"] = alive
     spec.write_text(json.dumps({"ranks": ranks}))
     return subprocess.Popen([sys.executable, str(starter), str(spec)], stdin=stdin, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -72,3 +74,28 @@ def test_sigterm_stops_every_rank_with_128_plus_the_signal(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 128 + signal.SIGTERM and out == b"stopped\nstopped\n" and err == b""
+
+
+def test_its_pulses_keep_a_rank_on_and_a_starter_that_vanishes_leaves_it_no_more_than_alive_seconds(tmp_path):
+    """A rank started with ALIVE 2 (its watchdog) is pulsed by the starter: it runs past 2 s to its end. Then a
+    starter frozen with its pipes open (its host asleep, or its power cut: nothing closes) stops pulsing, and
+    the rank's watchdog kills the rank within ALIVE seconds, as when the pipe closes."""
+    p = _start(tmp_path, "sleep 3; echo ended", watchdog=True, alive=2)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and out == b"ended\n" and err == b""
+    rank = f"sleep 30.{os.getpid()}"          # a command line no other test's rank has
+    p = _start(tmp_path, rank, watchdog=True, alive=2)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < 10 and _running(rank):
+            time.sleep(0.1)
+        assert not _running(rank) and time.monotonic() - began < 5, time.monotonic() - began
+    finally:
+        p.send_signal(signal.SIGCONT)
+    p.communicate(timeout=30)
+
+
+def _running(command: str) -> bool:
+    return subprocess.run(["pgrep", "-xf", command], capture_output=True).returncode == 0

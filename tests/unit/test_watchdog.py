@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 
 import pytest
 
-from clusterctl.hosts.scripts.frames import STDIN_END, stdin_frames
+from clusterctl.hosts.scripts.frames import PULSE, STDIN_END, stdin_frames
 from clusterctl.hosts.quoting import shell_command
 from clusterctl.hosts.remote import env_input, remote_command
 
@@ -276,10 +277,46 @@ def test_the_file_kills_the_commands_tree_when_its_stdin_closes(tmp_path, shell,
             os.kill(pid, 9)
 
 
-@pytest.mark.parametrize("mode", ["", "stdin", "NULL"])
-def test_the_file_refuses_a_stdin_mode_it_does_not_know_and_runs_nothing(tmp_path, mode):
+@pytest.mark.parametrize("mode, alive", [("", []), ("stdin", []), ("NULL", []), ("null", ["3s"]), ("null", ["-1"])])
+def test_the_file_refuses_a_stdin_mode_or_alive_it_does_not_know_and_runs_nothing(tmp_path, mode, alive):
     ran = tmp_path / "ran"
-    proc = subprocess.run(["sh", WATCHDOG, "1", mode, f": > {shlex.quote(str(ran))}"], input=b"",
+    proc = subprocess.run(["sh", WATCHDOG, "1", mode, f": > {shlex.quote(str(ran))}", *alive], input=b"",
                           capture_output=True, timeout=20)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (125, b"", b"usage: watchdog.sh GRACE null|frames SCRIPT\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == \
+        (125, b"", b"usage: watchdog.sh GRACE null|frames SCRIPT [ALIVE]\n")
     assert not ran.exists()
+
+
+@pytest.mark.parametrize("stdin", [False, True])
+def test_alive_a_channel_that_goes_silent_after_a_pulse_is_taken_as_closed(tmp_path, stdin):
+    """ALIVE 2: a command whose channel stays open but brings no pulse for 2 s (its sender vanished without
+    closing it: a power cut) is killed, tree and all, as when the channel closes; one whose pulses come on runs
+    to its end; and before the first pulse nothing is counted (a sender that pulses only once its stdin ended).
+    The three side by side."""
+    token = uuid.uuid4().hex
+    script = shell_command(f": {token}; sleep 4; echo ended")
+    head = env_input({}) + (STDIN_END if stdin else b"")
+    started = {}
+    for case, first in (("kept", PULSE), ("unarmed", b""), ("cut", PULSE)):
+        proc = subprocess.Popen(["/bin/sh", "-c", remote_command(script, grace=0.3, env=True, stdin=stdin, alive=2)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "TMPDIR": str(tmp_path)})
+        proc.stdin.write(head + first)
+        proc.stdin.flush()
+        started[case] = proc
+    began = time.monotonic()
+    kept = started["kept"]
+    while kept.poll() is None and time.monotonic() - began < 20:      # pulses every 0.5 s
+        kept.stdin.write(PULSE)
+        kept.stdin.flush()
+        time.sleep(0.5)
+    for case in ("kept", "unarmed"):          # both to their end, the silent one never armed
+        assert started[case].wait(timeout=20) == 0 and started[case].stdout.read() == b"ended\n", case
+    cut = started["cut"]                       # one pulse, then silence with the channel open: killed at ~2 s
+    assert cut.wait(timeout=20) != 0 and cut.stdout.read() == b""
+    deadline = time.monotonic() + 10
+    while _ours(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ours(token) == [] and not list(tmp_path.glob(".clusterctl-alive.*"))     # nothing left, mark gone
+    for proc in started.values():
+        proc.stdin.close()

@@ -16,6 +16,11 @@ What it does, and why it is not mlx.launch (docs/facts/launchers.md#mlx-launch-s
   - relays every complete line of every rank's stdout and stderr to its own, in one thread, blocked in
     select() until a pipe has data or a child exits (SIGCHLD through a wake-up pipe): an idle job costs
     nothing but the ranks' one heartbeat a second;
+  - pulses every rank started over ssh with a spec "alive" (rankstarter.py) every "alive" / 6 seconds once its
+    stdin has ended, the first at once (frames.py PULSE): its watchdog, armed by the first, stops it when the
+    pulses stop for "alive" seconds, as when
+    its pipe closes, so a rank does not outlive this process even when this process's host vanishes without
+    closing its connections (a power cut; docs/run.md#close-the-lid-detached-runs);
   - when a rank exits non-zero (or ssh could not start it), says so on stderr, stops the others (closes
     their pipes, SIGKILL after a grace period) and exits with that rank's status; SIGTERM, SIGINT and SIGHUP
     stop every rank the same way (exit 128 + the signal);
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from .frames import STDIN_END, stdin_frames
+from .frames import PULSE, STDIN_END, stdin_frames
 from .writeall import write_all
 
 GRACE_S = 2.0           # after closing a rank's pipe, how long before its starter process is killed
@@ -51,6 +56,8 @@ class Rank:
             pass      # ssh already gone: its exit status says why
         os.set_blocking(self.proc.stdin.fileno(), False)
         self.pending = b""             # frames of our stdin not yet taken by the rank's pipe
+        self.pulse_s = spec.get("alive", 0) / 6.0    # its watchdog's ALIVE, pulsed six times within it (0: none)
+        self.ended = False             # its stdin's end frame was given: pulses may follow
         self.code = None
         self.open = 2                  # stdout and stderr not yet at EOF
         self.rest = {}                 # fd -> a partial line
@@ -65,6 +72,7 @@ class Rank:
             return
         was = bool(self.pending)
         self.pending += data
+        self.ended = self.ended or data.endswith(STDIN_END)
         self.flush()
         if self.pending and not was:
             sel.register(self.proc.stdin.fileno(), selectors.EVENT_WRITE, self)
@@ -136,6 +144,8 @@ class Starter:
         self.status = 0
         self.stopping_since = None
         self.drain_since = None
+        self.pulse_s = min([r.pulse_s for r in self.ranks if r.pulse_s] or [0])
+        self.next_pulse = time.monotonic()     # the first at once: a watchdog counts only once one came
 
     def stop_all(self):
         self.stopping_since = time.monotonic()
@@ -149,8 +159,15 @@ class Starter:
             timeout = None
             if self.stopping_since is not None or self.drain_since is not None:
                 timeout = 0.2
+            elif self.pulse_s:
+                timeout = max(0.0, self.next_pulse - time.monotonic())
             for key, _ in self.sel.select(timeout):
                 self.relay(key)
+            if self.pulse_s and self.stopping_since is None and time.monotonic() >= self.next_pulse:
+                self.next_pulse = time.monotonic() + self.pulse_s
+                for r in self.ranks:
+                    if r.pulse_s and r.ended and not r.pending:     # never between the frames of a chunk
+                        r.give(PULSE, self.sel)
             if self.received and self.stopping_since is None:
                 self.status = self.status or 128 + self.received[0]
                 self.stop_all()

@@ -25,6 +25,10 @@ from .base import Backend, LauncherCommand
 from .mlxlaunch import MLXLaunchBackend
 
 
+# a rank on another host stops this long after the starter's last pulse (hosts/scripts/ranks.py, watchdog.sh ALIVE)
+ALIVE_S = 30
+
+
 class RankStarterBackend(Backend):
     """MLX's `ring` backend started by clusterctl itself (docs/facts/launchers.md#our-rank-starter): every rank
     is started directly, over the one OpenSSH rendering (hosts/openssh.py) or on the launching machine
@@ -71,13 +75,17 @@ class RankStarterBackend(Backend):
             # the host's own python, a leading ~ its home (quote_path), as the pre-flight found it; MLX_RANK
             # (no secret) also on the command line, where `clusterctl ps` reads a rank's number
             # then the starter's own stdin, the same bytes to every rank (docs/run.md#standard-input)
+            # a rank over ssh also stops when the starter's pulses stop (its host vanished with the connection
+            # open: a power cut), within ALIVE_S; one beside the starter dies with its pipe
+            here = _runs_where(host, where)
+            alive = 0 if here else ALIVE_S
             wrapped = remote_command(shell_command(
-                f"MLX_RANK={rank} {quote_path(host.python)} {shlex.join(program[1:])}"), env=True, stdin=True)
-            argv = ["/bin/sh", "-c", wrapped] if _runs_where(host, where) else \
-                [where.ssh, *where.ssh_options, "--", host.name, wrapped]
+                f"MLX_RANK={rank} {quote_path(host.python)} {shlex.join(program[1:])}"), env=True, stdin=True,
+                alive=alive)
+            argv = ["/bin/sh", "-c", wrapped] if here else [where.ssh, *where.ssh_options, "--", host.name, wrapped]
             # "mlx": for the record (and the reader of ranks.json): what MLX reads, the files by their text
             ranks.append({"rank": rank, "host": host.name, "mlx": {**mlx, **files}, "argv": argv,
-                          "stdin": env_input(env).decode()})
+                          "stdin": env_input(env).decode(), "alive": alive})
         spec = os.path.join(where.dir, self.hostfile_name)
         starter = os.path.join(where.dir, "ranks.py")
         files = [(spec, json.dumps({"ranks": ranks}, indent=1) + "\n", 0o600), (starter, script_program("ranks.py"), None)]
