@@ -257,7 +257,10 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
                    "run's ranks are each sent SIGTERM; then everything left is killed. 0: ask no rank.")
 @app.connect_timeout_option()
 def kill_cmd(run_ref, every_run, inventory_path, runs_dir, wait_s, connect_timeout):
-    """Stop a run's processes on every host (or --all runs'); a detached run through its supervisor."""
+    """Stop a run's processes on every host (or --all runs').
+
+    A detached run (run --detach, serve --detach) is stopped through its supervisor on its host, which asks its
+    ranks to stop with their work kept and restarts nothing."""
     from ..errors import UsageError
     from ..observe.procs import kill_runs
     from ..observe.runs import RUN_ID, list_all, resolve
