@@ -19,8 +19,9 @@ from typing import Callable, Iterator
 
 from ..atomic import replacing
 from ..errors import ConnectError
+from .scripts.helperbase import TMP
 
-TMP_MARK = ".clusterctl-tmp-"      # temporary names on hosts: NAME.clusterctl-tmp-XXXXXXXX
+TMP_MARK = TMP                    # temporary names on hosts: NAME.clusterctl-tmp-XXXXXXXX (the helpers' own)
 CHUNK = 1 << 20
 
 OnBytes = Callable[[int], None]   # called with the size of every chunk written

@@ -12,7 +12,7 @@ does every step there, one round trip each):
     <store>/<name>-<digest12>/      a complete entry: the files and .clusterctl-entry.json (the manifest)
     <store>/.partial/<name>-<digest12>@<slot>/   a push in progress, or an entry taken back to repair it
 
-Per host, in parallel (run_all, one deadline per host):
+Per host, in parallel (run_all, one deadline per host; transfer/storepush.py HostPush, whatever the route):
   0. hold: the push takes a directory of its own under .partial (<slot>: the host's name, or <host>~N while
      other pushes of the model to the host run), held by a lock on the host for as long as the push's
      connection lives: a push cut off leaves it free, and the next push continues it;
@@ -35,10 +35,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
-import time
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ..errors import ModelInUse, ModelStoreError
@@ -49,59 +46,11 @@ from ..inventory import Host
 from . import remotefiles
 from .localmodel import LocalModel, describe, host_files, match
 from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
+from .relay import relay
+from .storepush import (HELPER, PARTS, HostPush, Progress, Route, StoreEntry, hash_timeout, mismatch,
+                        store_root)
 
 __all__ = ["LocalModel", "Route", "StoreEntry", "StoredModel", "describe", "list_models", "push", "remove", "require_all"]
-
-HELPER = "modelstore.py"
-PARTS = ".clusterctl-partial"           # the helper's PARTS: rsync's --partial-dir, where SFTP appends too
-HASH_BYTES_PER_S = 100e6                # a slow disk's sha256 rate, for the helper's timeout
-Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total)
-
-
-@dataclass
-class StoreEntry:
-    """One host's entry after a push."""
-
-    host: str
-    name: str
-    digest: str
-    path: str                     # absolute path of the complete entry on the host: mlx-lm's --model
-    files: list[str]              # the model files this host was to get (all of them unless push(files=...))
-    sent_files: list[str] = field(default_factory=list)
-    sent_bytes: int = 0           # bytes that went over the wire (rsync's count; SFTP's payload)
-    resumed_bytes: int = 0        # bytes of unfinished files already on the host when this push began
-    damaged: list[str] = field(default_factory=list)    # files found damaged on the host and sent again
-    rehashed: int = 0             # files hashed on the host to check the entry
-    method: str = ""              # rsync or sftp; "" when nothing was sent
-    note: str = ""
-    elapsed_s: float = 0.0
-
-    @property
-    def reused(self) -> bool:
-        """True when nothing had to move: the host already held every file, verified."""
-        return not self.sent_files
-
-
-@dataclass
-class Route:
-    """How a push's bytes travel: chains (this machine -> the first host -> the next ..., each host passing them on
-    over the data plane) and the hosts pushed directly from this machine, each with why."""
-
-    chains: list[list[str]] = field(default_factory=list)
-    direct: dict[str, str] = field(default_factory=dict)
-    via: dict[str, str] = field(default_factory=dict)      # a chain's first host -> how this machine reaches it
-    notes: list[str] = field(default_factory=list)         # why a chain ends where it does
-    again: bool = False                                    # a later round: hosts still lacking files, from what they hold
-    sent_here: int = 0             # model bytes this machine sent into the chains (counted once the round has ended)
-
-    def lines(self) -> list[str]:
-        what = "relay again, from what each host holds" if self.again else "relay"
-        out = [f"{what}: this machine -({self.via.get(c[0], 'ssh')})-> " + " -> ".join(c) for c in self.chains]
-        reasons: dict[str, list[str]] = {}
-        for name, why in self.direct.items():
-            reasons.setdefault(why, []).append(name)
-        out += [f"direct: {', '.join(names)} ({why})" for why, names in reasons.items()]
-        return out + self.notes
 
 
 @dataclass(frozen=True)
@@ -117,26 +66,6 @@ class StoredModel:
     bytes: int                    # bytes on disk there now
     files: int                    # files it holds or is to hold
     model_files: int              # files of the whole model (more than `files`: a host given some weights)
-
-
-def _store(host: Host) -> str:
-    return host.model_store.rstrip("/") or "/"
-
-
-def _request(host: Host, model: LocalModel, want: list[str], verify: bool, slot: str) -> dict:
-    return {"root": _store(host), "store": _store(host), "key": model.key, "name": model.name,
-            "digest": model.digest, "files": {f.path: [f.size, f.sha256] for f in model.files}, "want": want,
-            "verify": verify, "slot": slot}
-
-
-def slot_name(host: str) -> str:
-    """The host's partial directories' name in a store (KEY@SLOT, KEY@SLOT~2, ...: hosts sharing one store never
-    share a push; the helper's `hold` gives each push of the host its own)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", host).lstrip(".") or "host"
-
-
-def _hash_timeout(model: LocalModel) -> float:
-    return remotefiles.HELPER_TIMEOUT_S + model.size / HASH_BYTES_PER_S
 
 
 def push(connector: Connector, hosts: Sequence[Host] | None, model: LocalModel | str, *, method: str = "auto",
@@ -155,7 +84,7 @@ def push(connector: Connector, hosts: Sequence[Host] | None, model: LocalModel |
     targets = list(connector.cluster.hosts if hosts is None else hosts)
     wanted = {h.name: host_files(model, (files or {}).get(h.name)) for h in targets}
     rsync = local_rsync(method)
-    deadline = connector.deadline(timeout + 2 * _hash_timeout(model), slack=0)
+    deadline = connector.deadline(timeout + 2 * hash_timeout(model), slack=0)
     relayed = [h for h in targets if h.address] if method == "auto" and not direct else []
     if len(relayed) < 2:
         relayed = []
@@ -172,8 +101,6 @@ def push(connector: Connector, hosts: Sequence[Host] | None, model: LocalModel |
         if on_route is not None and len(targets) > 1:
             on_route(Route(direct={h.name: why(h) for h in targets}))
         return run_all(targets, one, deadline)
-    from .relay import relay
-
     others = [h for h in targets if h not in relayed]
     aside = in_background(run_all, others, one, deadline) if others else None
     outcomes, fallback = relay(connector, relayed, model, wanted, verify=verify, progress=progress,
@@ -193,72 +120,6 @@ def require_all(group: GroupResult) -> dict[str, StoreEntry]:
     return {name: o.value for name, o in group.items()}
 
 
-class HostPush:
-    """One host's push, as a context: its connection, and its hold on its own partial directory (the helper's
-    `hold`) for as long as the block runs; prepare and finish (one round trip each) keep the host's StoreEntry."""
-
-    def __init__(self, connector: Connector, host: Host, model: LocalModel, want: list[str], verify: bool):
-        self.connector, self.host, self.model, self.want, self.verify = connector, host, model, want, verify
-        self.start = time.monotonic()
-        self.stack = ExitStack()
-        self.entry: StoreEntry | None = None
-        self.plan: dict = {}
-
-    def __enter__(self) -> "HostPush":
-        try:
-            self.transport = self.stack.enter_context(self.connector.transport(self.host))
-            hold = {"root": _store(self.host), "store": _store(self.host), "key": self.model.key,
-                    "slot": slot_name(self.host.name)}
-            slot = self.stack.enter_context(remotefiles.held(self.transport, self.host.python, "hold", hold,
-                                                             script=HELPER))
-        except BaseException:
-            self.stack.close()
-            raise
-        self.request = _request(self.host, self.model, self.want, self.verify, slot["slot"])
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stack.close()
-
-    def call(self, op: str) -> dict:
-        return remotefiles.call(self.transport, self.host.python, op, self.request, _hash_timeout(self.model), HELPER)
-
-    def prepare(self) -> dict:
-        """Check what the host holds: the plan ({state: complete} or the files to send and from where)."""
-        self.plan = plan = self.call("prepare")
-        if self.entry is None:
-            self.entry = StoreEntry(self.host.name, self.model.name, self.model.digest, plan.get("entry", plan["path"]),
-                                    self.want, damaged=plan.get("damaged", []), rehashed=plan.get("hashed", 0),
-                                    resumed_bytes=sum(int(v) for v in plan.get("resume", {}).values()))
-        else:
-            self.entry.damaged += [f for f in plan.get("damaged", []) if f not in self.entry.damaged]
-            self.entry.rehashed += plan.get("hashed", 0)
-        if plan["state"] == "complete":
-            self.entry.path = plan["path"]
-        return plan
-
-    @property
-    def complete(self) -> bool:
-        return self.plan.get("state") == "complete"
-
-    def finish(self) -> dict:
-        """Hash what arrived on the host; when every file is verified the entry is complete (its path kept)."""
-        done = self.call("finish")
-        if not done["bad"] and not done["missing"]:
-            self.entry.path = done["path"]
-            self.plan = {"state": "complete", "path": done["path"]}
-        return done
-
-    def sent(self, files: Sequence[str], count: int, method: str, note: str = "") -> None:
-        self.entry.sent_bytes += count
-        self.entry.sent_files += [f for f in files if f not in self.entry.sent_files]
-        self.entry.method, self.entry.note = method, note or self.entry.note
-
-    def result(self) -> StoreEntry:
-        self.entry.elapsed_s = time.monotonic() - self.start
-        return self.entry
-
-
 def _push_direct(hp: HostPush, method: str, rsync: str | None, progress: Progress | None,
                  bwlimit_kbps: int | None) -> StoreEntry:
     """The host's files straight from this machine (rsync, else SFTP), verified there, sent once more whole if not."""
@@ -276,12 +137,6 @@ def _push_direct(hp: HostPush, method: str, rsync: str | None, progress: Progres
             return hp.result()
         send, resume = done["bad"] + done["missing"], {}      # deleted by finish: sent again, whole
     raise mismatch(hp, send)
-
-
-def mismatch(hp: HostPush, files: Sequence[str]) -> ModelStoreError:
-    return ModelStoreError(f"{hp.host.name}: {', '.join(files)} still does not match its sha256 on the host after "
-                           f"being sent again: the file in {hp.model.root} changed during the push, or the host's "
-                           "disk corrupts it (push again; if it recurs, check that disk)")
 
 
 def _transfer(connector: Connector, transport: Transport, host: Host, model: LocalModel, dest: str, send: list[str],
@@ -319,7 +174,7 @@ def list_models(connector: Connector, hosts: Sequence[Host] | None = None, timeo
     """Every host's store: host -> HostOutcome whose value is a list of StoredModel."""
     def one(host: Host) -> list[StoredModel]:
         with connector.transport(host) as transport:
-            answer = remotefiles.call(transport, host.python, "list", {"root": _store(host), "store": _store(host)},
+            answer = remotefiles.call(transport, host.python, "list", {"root": store_root(host), "store": store_root(host)},
                                       timeout, HELPER)
         return [StoredModel(**e) for e in answer["entries"]]
 
@@ -347,7 +202,7 @@ def remove(connector: Connector, hosts: Sequence[Host] | None, which: str, timeo
         if not keys:
             return {"removed": [], "held": []}
         with connector.transport(host) as transport:
-            return remotefiles.call(transport, host.python, "remove", {"root": _store(host), "store": _store(host),
+            return remotefiles.call(transport, host.python, "remove", {"root": store_root(host), "store": store_root(host),
                                                                         "keys": keys, "dry": dry}, timeout, HELPER)
 
     checked = run_all(targets, lambda host: call(host, True), connector.deadline(timeout))

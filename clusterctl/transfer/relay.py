@@ -9,7 +9,7 @@ chain, and each host sends it on to the next while it still receives (a pipeline
 broadcasts: the whole push takes about as long as one host's).
 
 Each round:
-  1. every host: its push's hold and prepare (models.HostPush), exactly as a direct push's: what it holds
+  1. every host: its push's hold and prepare (storepush.HostPush), exactly as a direct push's: what it holds
      verified, what it holds of an unfinished file (a push cut off), what it lacks;
   2. a hop starts on every host (hosts/scripts/relay.py), listening on the host's data-plane `address` for one
      connection that opens with a token of its own (sent to it on stdin with the environment);
@@ -40,11 +40,12 @@ from ..errors import CommandFailed, CommandTimeout, ModelStoreError
 from ..hosts.connector import Connector
 from ..hosts.fanout import HostOutcome, in_background, run_all
 from ..hosts.scripts import program
+from ..hosts.scripts.relay import TOKEN_ENV   # the hop reads the token under the name it gives
 from ..inventory import Host
 from . import remotefiles
-from .models import PARTS, HostPush, LocalModel, Progress, Route
+from .localmodel import LocalModel
+from .storepush import PARTS, HostPush, Progress, Route
 
-TOKEN_ENV = "CLUSTERCTL_RELAY_TOKEN"     # hosts/scripts/relay.py's
 START_S = 30.0          # a hop's answer with its port
 REACH_S = 25.0          # a hop's word on reaching the next (relay.py tries for 10 s)
 WAIT_S = 120.0          # how long a hop waits for its upstream

@@ -420,3 +420,59 @@ def test_the_strategy_check_catches_a_branch_on_a_name(tmp_path):
                    "    if s == 'auto' or config.balance == 'off':\n        return 3\n"      # not a strategy's name
                    "    return {'dp': 1}[s]\n")
     assert [line for line, _ in compared_strategies(str(bad))] == [2, 4, 8]
+
+
+# the import circle left (issue 55: train/'s is to go); none may appear, nor this one grow
+KNOWN_CIRCLES = [
+    {"clusterctl.train.adapters", "clusterctl.train.checkpoint", "clusterctl.train.config", "clusterctl.train.lm",
+     "clusterctl.train.memory", "clusterctl.train.strategies", "clusterctl.train.zero3"},
+]
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected groups of more than one module of an import graph (Tarjan's, iterative)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = counter[0]
+                    counter[0] += 1
+                    stack.append(step)
+                    on.add(step)
+                    work.append((step, iter(sorted(graph.get(step, ())))))
+                elif step in on:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(group)
+    return found
+
+
+def test_no_new_import_circle():
+    """transfer/'s models <-> relay is gone (storepush.py holds what both use); what is left is listed above."""
+    names = {m for m, _ in ALL}
+    graph = {m: {t for t, _ in imports(m, path) if t in names and t != m} for m, path in ALL}
+    found = circles(graph)
+    assert all(any(group <= known for known in KNOWN_CIRCLES) for group in found), found
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]     # the check finds one

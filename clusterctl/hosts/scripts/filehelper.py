@@ -16,9 +16,8 @@ import shutil
 import stat
 import sys
 
-from .helperbase import read_request, sha
+from .helperbase import TMP, read_request, sha
 
-TMP = ".clusterctl-tmp-"          # hosts.files.TMP_MARK: the temporary names of atomic uploads
 
 
 

@@ -1,8 +1,12 @@
 """What the host helpers (filehelper.py, modelstore.py) share, inlined into each by scripts.program: the sha256 of
-a file, and the request: JSON given as the argument, or @PATH of an uploaded JSON file, removed once read."""
+a file, the request (JSON given as the argument, or @PATH of an uploaded JSON file, removed once read), and the
+mark of the temporary names an atomic upload uses (TMP: hosts/files.py imports it from here, one spelling for
+both sides)."""
 import hashlib
 import json
 import os
+
+TMP = ".clusterctl-tmp-"          # temporary names on hosts: NAME.clusterctl-tmp-XXXXXXXX (hosts/files.py TMP_MARK)
 
 
 def sha(p):

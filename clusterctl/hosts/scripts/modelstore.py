@@ -37,14 +37,13 @@ import subprocess
 import sys
 import time
 
-from .helperbase import read_request, sha
+from .helperbase import TMP, read_request, sha
 from .holds import free, take, users
 
 ENTRY = ".clusterctl-entry.json"
 PUSH = ".clusterctl-push.json"
-PARTS = ".clusterctl-partial"
+PARTS = ".clusterctl-partial"     # transfer/storepush.py imports it: rsync's --partial-dir, where SFTP appends
 PARTIAL = ".partial"
-TMP = ".clusterctl-tmp-"          # hosts.files.TMP_MARK
 RSYNC_TMP = re.compile(r"\.(.+)\.[A-Za-z0-9]{6}\Z")     # rsync's temporary .NAME.XXXXXX
 LOCK = ".lock"
 
