@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..atomic import replace_dir, write_text
 from ..trainer_contract import ADAPTER_BASE_KEYS, ADAPTER_CONFIG, ADAPTER_FILE
-from .config import ConfigError
+from ..errors import ConfigError
 
 
 def lora_parameters(config) -> dict:

@@ -37,7 +37,7 @@ import mlx.core as mx
 from ..atomic import write_text
 from ..progress import report
 from ..trainer_contract import CHECKPOINTS, TRAINER_SUMMARY
-from . import checkpoint, strategies
+from . import checkpoint, randomstate, strategies
 from .metrics import Reporter
 from .model import ModelArgs
 
@@ -183,7 +183,7 @@ class Checkpointing(Callback):
     def on_checkpoint(self, step):
         config, group = self.config, self.group
         state = {"config": config.training_dict(), "world_size": group.size(), "strategy": config.strategy,
-                 "rng": checkpoint.random_states(group),
+                 "rng": randomstate.random_states(group),
                  "data_position": {"step": step, "micro_batch": step * config.accum},
                  "tokenizer": self.tokenizer_spec, "vocab_size": self.vocab_size,
                  "model": ({"mlx_lm": config.model} if config.model

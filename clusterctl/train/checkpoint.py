@@ -55,18 +55,6 @@ def int_from_rank0(value: int, group) -> int:
     return int(mx.distributed.all_sum(mine, group=group, stream=mx.cpu).item())
 
 
-def random_states(group) -> list[list[int]]:
-    """Every rank's MLX random key, [hi, lo] per rank, in rank order."""
-    key = mx.random.state[0].astype(mx.uint32)
-    keys = mx.distributed.all_gather(key[None], group=group, stream=mx.cpu) if group.size() > 1 else key[None]
-    return keys.tolist()
-
-
-def restore_random_state(key: list[int]) -> None:
-    # mx.random.seed(s) sets the key to [s >> 32, s & 0xffffffff], so this restores a saved key exactly.
-    mx.random.seed((int(key[0]) << 32) | int(key[1]))
-
-
 def save(out_dir: str, step: int, model, optimizer, state: dict, group, keep: int = 0) -> Path:
     """Every rank calls this at the same step. `state` is the JSON part (config, rng, data position...)."""
     rank, strategy = group.rank(), state["strategy"]     # what each strategy writes: its entry's `write`

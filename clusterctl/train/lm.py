@@ -18,8 +18,7 @@ import json
 import os
 import shlex
 
-from ..errors import MissingExtra
-from .config import ConfigError
+from ..errors import ConfigError, MissingExtra
 
 INSTALL = "pip install 'clusterctl[lm]'  (or: pip install mlx-lm)"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "tiktoken.model")

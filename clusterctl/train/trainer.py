@@ -37,7 +37,7 @@ import mlx.core as mx
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import CHECKPOINTS, STEP_GLOB, step_dir_name
-from . import adapters, checkpoint, collectives, memory, presets, strategies, testset
+from . import adapters, checkpoint, collectives, memory, presets, randomstate, strategies, testset
 from .testset import evaluate
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown, step_floor
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
@@ -235,7 +235,7 @@ def restore(ckpt, resumed: dict, model, optimizer, config: TrainConfig, rank: in
     strategies.get(config.strategy).read(ckpt, model, optimizer, rank, world)
     keys = resumed["rng"]
     if len(keys) == world:
-        checkpoint.restore_random_state(keys[rank])
+        randomstate.restore_random_state(keys[rank])
     else:      # DP on another world size: the data split changes too, so the batches differ from here
         mx.random.seed(rank_seed(config.seed, rank))
         if rank == 0:

@@ -53,11 +53,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .collectives import reduce_scatter
-from .checkpoint import restore_random_state
 from .fsdp import clip_by_global_norm, local_chunk, pack_rows
 from .memory import zero3_span
 from .model import at_picks, masked_cross_entropy
 from .packing import block_mask
+from .randomstate import restore_random_state
 
 
 @dataclass(frozen=True)

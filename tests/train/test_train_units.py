@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from clusterctl.cli import cli
 from clusterctl.errors import UsageError
 from clusterctl.train import checkpoint, presets
-from clusterctl.train.checkpoint import random_states, restore_random_state
+from clusterctl.train.randomstate import random_states, restore_random_state
 from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args, resolve
 from clusterctl.train.generate import generate_text, load, sample_tokens
 from clusterctl.train.metrics import Reporter

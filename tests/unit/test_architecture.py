@@ -424,8 +424,8 @@ def test_the_strategy_check_catches_a_branch_on_a_name(tmp_path):
 
 # the import circle left (issue 55: train/'s is to go); none may appear, nor this one grow
 KNOWN_CIRCLES = [
-    {"clusterctl.train.adapters", "clusterctl.train.checkpoint", "clusterctl.train.config", "clusterctl.train.lm",
-     "clusterctl.train.memory", "clusterctl.train.strategies", "clusterctl.train.zero3"},
+    {"clusterctl.train.adapters", "clusterctl.train.checkpoint", "clusterctl.train.memory", "clusterctl.train.strategies",
+     "clusterctl.train.zero3"},
 ]
 
 
@@ -470,7 +470,9 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_no_new_import_circle():
-    """transfer/'s models <-> relay is gone (storepush.py holds what both use); what is left is listed above."""
+    """transfer/'s models <-> relay is gone (storepush.py holds what both use), and train/'s is down from 7 modules
+    to 5 (config and lm left it: ConfigError comes from errors, the random state from randomstate.py); what is
+    left is listed above."""
     names = {m for m, _ in ALL}
     graph = {m: {t for t, _ in imports(m, path) if t in names and t != m} for m, path in ALL}
     found = circles(graph)
