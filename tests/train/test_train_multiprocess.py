@@ -131,7 +131,10 @@ def kill_9_after_a_checkpoint(argv: list[str], out, steps: int, world: int = 2) 
         ranks = rank_processes(launcher.pid)
         assert len(ranks) == world, ranks
         for pid in ranks:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:      # gone since the listing: the run's end below says whether it was a rank
+                pass
         launcher.wait(timeout=60)
     finally:
         if launcher.poll() is None:
@@ -145,16 +148,20 @@ def kill_9_after_a_checkpoint(argv: list[str], out, steps: int, world: int = 2) 
 def rank_processes(launcher_pid: int) -> list[int]:
     """The trainer's rank processes under a launcher: python running clusterctl.train (mpirun's children;
     under clusterctl run, the bootstraps its rank starter started, below their watchdog shells)."""
-    ranks = []
+    ranks = {}
     for pid in descendants(launcher_pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-        except OSError:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if b"python" in os.path.basename(argv[0]) and b"clusterctl.train" in argv:
-            ranks.append(pid)
-    return ranks
+            ranks[pid] = parent
+    # a rank's child between its fork and its exec carries the rank's command line (a clean-clone run listed one and
+    # found it gone at the kill): a rank is one whose parent is not a rank
+    return [pid for pid, parent in ranks.items() if parent not in ranks]
 
 
 # each strategy on one backend (the suite's time: each of these takes 30-40 s): a checkpoint does not depend on the
