@@ -70,3 +70,26 @@ def test_a_copy_that_could_not_reach_its_hosts_exits_as_the_preflight_does():
         with pytest.raises(StageError) as caught:
             _check(GroupResult(outcomes), "the project")
         assert caught.value.exit_code == code and str(caught.value).startswith("could not copy the project: ")
+
+
+def test_every_trainer_flag_has_its_row_in_the_trainer_s_section():
+    """docs/cli.md lists the bundled trainer's flags: one row per TrainConfig field (with its mlx-lm alias), its
+    default as the trainer's --help gives it, and the flags that are only mlx-lm's names."""
+    from dataclasses import fields
+
+    from clusterctl.train.config import ALIASES, TrainConfig, build_parser, flag
+
+    page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = page.split("\n## The trainer's flags\n", 1)[1].split("\n## Exit codes\n", 1)[0]
+    rows = {line.split(" | ", 1)[0]: line for line in section.splitlines() if line.startswith("| `-")}
+    assert len(fields(TrainConfig)) > 50
+    for f in fields(TrainConfig):
+        names = ", ".join(f"`{n}`" for n in [f"--{flag(f.name)}"] + ALIASES.get(f.name, []))
+        row = rows.get(f"| {names}")
+        assert row is not None, f"--{flag(f.name)} has no row in docs/cli.md's trainer section"
+        first_words = " ".join(f.metadata["help"].replace("%%", "%").split())[:40].replace("|", "\\|")
+        assert first_words in row, (f.name, row)
+    parser_flags = {n for a in build_parser()._actions for n in a.option_strings} - {"-h", "--help"}
+    listed = {n for key in rows for n in key[2:].replace("`", "").split(", ")}
+    assert parser_flags == listed, parser_flags ^ listed
+    assert "| `--steps` | `N` (int) | the preset's: tiny 400," in section
