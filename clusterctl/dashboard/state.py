@@ -1,14 +1,18 @@
 """What the dashboard shows, as JSON-ready data, read from what clusterctl already keeps: the hosts' telemetry
-(observe/telemetry.py, sampled in a thread while a page is open), the runs' records (observe/runs.py; a detached
-run's asked of its supervising host every DETACHED_S while a page is open: detach/follow.py), a run's
-rank logs (its metrics lines, progress.py), the stacks a stall or `clusterctl stacks` saved, and the serve
-endpoints the runs index knows (their health asked here).
+(observe/telemetry.py), the runs' records (observe/runs.py; a detached run's asked of its supervising host every
+DETACHED_S while a page is open: detach/follow.py), a run's rank logs (its metrics lines, progress.py), the stacks a
+stall or `clusterctl stacks` saved, and the serve endpoints the runs index knows (endpoints.py: their health, the
+chat).
 
     board = Board("runs", cluster)              # cluster: an inventory's Cluster, or None (no hosts shown)
     board.watch()                               # a page is open: sample the hosts (board.unwatch() when it closes)
     board.overview()                            # hosts, picture, runs, endpoints
     board.run("20261127-101500-1a2b3c")         # one run: its record, per-rank curves, held-out loss, stacks
     board.chat(run_id, messages)                # a served model's answer, through its endpoint
+
+Board only puts together rooms with one job each: HostSamples (the hosts' last telemetry), HealthPoller and
+ChatProxy (endpoints.py: the HTTP client), CurvesCache and EndedRuns (what is kept from one request to the next),
+and the Sampler (sampler.py: the one thread, which runs the jobs that fetch while a page is open).
 
 Reading a run's curves re-reads only what its logs grew by since the last call (Curves keeps each log's offset),
 so a long run costs a page no more than its new lines.
@@ -30,15 +34,12 @@ from ..observe import runs as registry
 from ..observe.logs import rank_hosts, split_lines
 from ..observe.record import RANK_METRICS
 from ..observe.telemetry import COLUMNS, HostTelemetry, Telemetry, cells
+from .endpoints import HEALTH_S, ChatProxy, HealthPoller, running
+from .sampler import Job, Sampler
 
 MAX_RUNS = 50               # the newest runs listed
 MAX_POINTS = 2000           # a curve keeps at most this many points (thinned evenly beyond)
-HEALTH_S = 5.0              # how often the endpoints' health is asked while a page is open
-HEALTH_TIMEOUT_S = 2.0
-CHAT_TIMEOUT_S = 120.0
-CHAT_MAX_TOKENS = 256
 STACKS_MAX_BYTES = 64 * 1024
-IDLE_S = 30.0               # the hosts are no longer sampled this long after the last page closed
 DETACHED_S = 5.0            # how often detached runs not yet home are asked how they are, while a page is open
 
 
@@ -150,9 +151,71 @@ def latest_stacks(run_dir: str) -> dict | None:
     return {"taken": taken[-1], "ranks": ranks}
 
 
+class HostSamples:
+    """The hosts' newest telemetry as the page shows it: sample() takes it (the sampler's job, every interval while a
+    page is open; each host's probe kept running between samples), rest() stops the probes and closes the
+    connections, rows() reads it: before the first sample, each host of the inventory as "sampling"."""
+
+    def __init__(self, cluster: Cluster | None, connector=None, interval: float = 3.0):
+        self.cluster = cluster
+        self.telemetry = Telemetry(connector, every=interval) if cluster is not None and connector is not None else None
+        self._lock = threading.Lock()
+        self._rows: list[dict] = []
+        self._taken: float | None = None
+
+    def sample(self) -> None:
+        hosts = self.telemetry.sample()
+        with self._lock:
+            self._rows = [host_json(h) for h in hosts]
+            self._taken = time.time()
+
+    def rest(self) -> None:
+        self.telemetry.close()
+
+    def rows(self) -> tuple[list[dict], float | None]:
+        """(each host's row, when they were taken: None before the first sample)."""
+        with self._lock:
+            rows, taken = list(self._rows), self._taken
+        if not rows and self.cluster is not None:
+            rows = [host_json(HostTelemetry(name, "sampling")) for name in self.cluster.names]
+        return rows, taken
+
+
+class CurvesCache:
+    """Each run's Curves, kept from one request to the next: reading a run's curves again reads only what its logs
+    grew by."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._cache: dict[str, Curves] = {}
+
+    def read(self, run_dir: str) -> Curves:
+        with self._lock:
+            curves = self._cache.setdefault(run_dir, Curves())
+        curves.update(run_dir)
+        return curves
+
+
+class EndedRuns:
+    """run_info, kept for a run that has ended (its record no longer changes): a page asks every few seconds."""
+
+    def __init__(self):
+        self._cache: dict[str, registry.RunInfo] = {}
+
+    def info(self, run_dir: str) -> registry.RunInfo:
+        kept = self._cache.get(run_dir)
+        if kept is not None:
+            return kept
+        info = registry.run_info(run_dir)
+        if info.status not in ("running", "unknown"):
+            self._cache[run_dir] = info
+        return info
+
+
 class Board:
-    """The dashboard's state: the hosts' last telemetry (sampled while a page watches), the endpoints' health,
-    and each run's curves as read so far."""
+    """What the page reads, put together from the rooms that keep it: the hosts' samples, the endpoints' health and
+    chat, each run's curves, and the sampler that keeps the first two (and the detached runs' records) fresh while a
+    page watches."""
 
     def __init__(self, runs_dir: str, cluster: Cluster | None = None, connector=None, interval: float = 3.0):
         self.runs_dir = runs_dir
@@ -160,120 +223,45 @@ class Board:
         self.connector = connector
         self.interval = interval
         self._picture = picture(cluster)
-        self._hosts: list[dict] = []
-        self._hosts_taken: float | None = None
-        self._health: dict[str, dict] = {}
-        self._curves: dict[str, Curves] = {}
-        self._ended: dict[str, registry.RunInfo] = {}
-        self._lock = threading.Lock()
-        self._watchers = 0
-        self._last_watch = 0.0
-        self._wake = threading.Event()
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.hosts = HostSamples(cluster, connector, interval)
+        self.health = HealthPoller()
+        self.chats = ChatProxy()
+        self.curves = CurvesCache()
+        self.ended = EndedRuns()
+        jobs = [Job(self.hosts.sample, rest=self.hosts.rest)] if self.hosts.telemetry is not None else []
+        jobs += [Job(self.health.poll, every=HEALTH_S),
+                 # a detached run: its state, record and curves from its supervising host (home once ended)
+                 Job(lambda: follow.refresh_all(self.runs_dir, only=follow.with_curves), every=DETACHED_S)]
+        self.sampler = Sampler(jobs, interval)
 
-    # -- sampling, while a page is open ---------------------------------------------------------------------
+    # -- while a page is open ---------------------------------------------------------------------------------------
     def watch(self) -> None:
-        with self._lock:
-            self._watchers += 1
-            self._last_watch = time.monotonic()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._sample, name="dashboard-sampler", daemon=True)
-                self._thread.start()
-        self._wake.set()
+        """A page is open: sample the hosts, ask the endpoints' health and the detached runs (unwatch() when it
+        closes)."""
+        self.sampler.watch()
 
     def unwatch(self) -> None:
-        with self._lock:
-            self._watchers = max(0, self._watchers - 1)
-            self._last_watch = time.monotonic()
+        self.sampler.unwatch()
 
     def close(self) -> None:
-        self._closed.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self.sampler.close()
 
-    def _watched(self) -> bool:
-        with self._lock:
-            return self._watchers > 0 or time.monotonic() - self._last_watch < IDLE_S
-
-    def _sample(self) -> None:
-        telemetry = None
-        if self.cluster is not None and self.connector is not None:
-            telemetry = Telemetry(self.connector, every=self.interval)
-        next_health = next_detached = 0.0
-        try:
-            while not self._closed.is_set():
-                if not self._watched():
-                    if telemetry is not None:
-                        telemetry.close()         # no page open: no connection held to any host
-                    self._wake.wait(1.0)
-                    self._wake.clear()
-                    continue
-                began = time.monotonic()
-                if telemetry is not None:
-                    hosts = telemetry.sample()
-                    with self._lock:
-                        self._hosts = [host_json(h) for h in hosts]
-                        self._hosts_taken = time.time()
-                if began >= next_health:
-                    self._check_health()
-                    next_health = began + HEALTH_S
-                if began >= next_detached:
-                    # a detached run: its state, record and curves from its supervising host (home once ended)
-                    follow.refresh_all(self.runs_dir, only=follow.with_curves)
-                    next_detached = began + DETACHED_S
-                self._wake.clear()
-                self._closed.wait(max(0.2, began + self.interval - time.monotonic()))
-        finally:
-            if telemetry is not None:
-                telemetry.close()
-
-    def _check_health(self) -> None:
-        from ..serve.endpoint import healthy
-        health = {}
-        for run_id, service in self._services().items():
-            health[run_id] = {"healthy": healthy(service["url"], HEALTH_TIMEOUT_S), "checked": time.time()}
-        with self._lock:
-            self._health = health
-
-    # -- what a page reads ----------------------------------------------------------------------------------
-    def _services(self, index: dict[str, dict] | None = None) -> dict[str, dict]:
-        """run id -> {"url", "model", "dir"} of every `clusterctl serve` that is running now (from `index`, the runs
-        index already read, when given)."""
-        return {run_id: {"url": entry["service"]["url"], "model": entry["service"].get("model"), "dir": entry["dir"]}
-                for run_id, entry in registry.services(index=index).items()
-                if isinstance(entry.get("dir"), str) and "exit_code" not in entry and registry.run_alive(entry["dir"])}
-
-    def _info(self, run_dir: str) -> registry.RunInfo:
-        """run_info, kept for a run that has ended (its record no longer changes): a page asks every few seconds."""
-        kept = self._ended.get(run_dir)
-        if kept is not None:
-            return kept
-        info = registry.run_info(run_dir)
-        if info.status not in ("running", "unknown"):
-            self._ended[run_dir] = info
-        return info
-
+    # -- what a page reads ------------------------------------------------------------------------------------------
     def runs(self, index: dict[str, dict] | None = None) -> list[dict]:
         rows = []
-        for info in registry.list_all(self.runs_dir, self._info, index)[:MAX_RUNS]:
+        for info in registry.list_all(self.runs_dir, self.ended.info, index)[:MAX_RUNS]:
             row = info.as_json()
             row["outcome"] = info.outcome
             rows.append(row)
         return rows
 
     def endpoints(self, index: dict[str, dict] | None = None) -> list[dict]:
-        with self._lock:
-            health = dict(self._health)
+        health = self.health.health()
         return [{"run_id": run_id, "url": s["url"], "model": s["model"],
-                 "healthy": health.get(run_id, {}).get("healthy")} for run_id, s in self._services(index).items()]
+                 "healthy": health.get(run_id, {}).get("healthy")} for run_id, s in running(index).items()]
 
     def overview(self) -> dict:
-        with self._lock:
-            hosts, taken = list(self._hosts), self._hosts_taken
-        if not hosts and self.cluster is not None:
-            hosts = [host_json(HostTelemetry(name, "sampling")) for name in self.cluster.names]
+        hosts, taken = self.hosts.rows()
         index = registry.read_index()           # once for both the runs and the endpoints
         return {"now": time.time(), "hosts": hosts, "hosts_taken": taken, "picture": self._picture,
                 "runs": self.runs(index), "endpoints": self.endpoints(index)}
@@ -287,9 +275,7 @@ class Board:
     def run(self, run_id: str) -> dict:
         run_dir = self._run_dir(run_id)
         info = registry.run_info(run_dir)
-        with self._lock:
-            curves = self._curves.setdefault(run_dir, Curves())
-        curves.update(run_dir)
+        curves = self.curves.read(run_dir)
         hosts = rank_hosts(run_dir) if os.path.isdir(run_dir) else {}
         ranks = []
         for rank in sorted(set(curves.ranks) | (set(hosts) if -1 not in curves.ranks else set())):
@@ -304,30 +290,7 @@ class Board:
     def chat(self, run_id: str, messages: list) -> dict:
         """The served model's answer to `messages` (OpenAI chat format), asked of the endpoint a running
         `clusterctl serve` recorded; only those endpoints, only their own model."""
-        service = self._services().get(run_id)
-        if service is None:
-            raise UsageError(f"no running endpoint for run {run_id!r}")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str) for m in messages):
-            raise UsageError("messages: a list of {role, content}")
-        from ..serve.endpoint import request
-        body = {"model": service["model"], "messages": messages, "max_tokens": CHAT_MAX_TOKENS}
-        try:
-            status, answer = request(service["url"], "/v1/chat/completions", body, timeout=CHAT_TIMEOUT_S)
-        except OSError as e:
-            raise UsageError(f"the endpoint {service['url']} did not answer: {e}") from None
-        try:
-            doc = json.loads(answer)
-        except ValueError:
-            doc = {}
-        if status != 200:
-            raise UsageError(f"the endpoint answered {status}: {answer[:200].decode('utf-8', 'replace')}")
-        try:
-            text = doc["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise UsageError("the endpoint's answer has no message") from None
-        return {"content": text, "model": doc.get("model"), "usage": doc.get("usage")}
+        return self.chats.ask(run_id, messages)
 
 
 def host_json(h: HostTelemetry) -> dict:
