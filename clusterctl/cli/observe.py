@@ -164,7 +164,7 @@ def _size(text: str) -> tuple[int, int]:
 @app.command("clusterctl plot latest -o loss.png")
 @click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Write an image (.png, .svg, .pdf; needs matplotlib: pip install 'clusterctl[plot]'). "
+              help="Write an image (.png, .svg, .pdf; needs matplotlib: pip install matplotlib). "
                    "Default: a text chart here.")
 @click.option("--size", default="960x640", show_default=True, metavar="WxH", help="The image's size in pixels.")
 @runs_dir_option

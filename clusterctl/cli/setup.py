@@ -98,7 +98,7 @@ def python_cmd(inventory_path, requirements_file, extras, offline, dry_run, as_j
 @click.option("--dot", "as_dot", is_flag=True, help="Print the cables as a Graphviz graph and stop.")
 @click.option("--png", "png", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also draw the plan into FILE: each Mac, each cable with the port and address at either end, "
-                   "the ring's order, from the plan alone (needs matplotlib: pip install 'clusterctl[plot]').")
+                   "the ring's order, from the plan alone (needs matplotlib: pip install matplotlib).")
 @click.option("--write", is_flag=True, help="Write each host's address (and rdma list) and the backend into "
               "the inventory, comments kept.")
 @click.option("--apply", "apply_", is_flag=True, help="Configure the Macs: cabled ports out of bridge0, an "

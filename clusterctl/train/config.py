@@ -118,7 +118,7 @@ class TrainConfig:
     clear_cache_threshold: int = _opt(0, "Free MLX's buffer cache after a step when it holds more than this many "
                                          "bytes (0: never; mlx-lm's --clear-cache-threshold).", metavar="BYTES")
     balance: str = _opt("auto", "Shares of the global batch: auto (in proportion to each rank's measured speed, "
-                                "even while the ranks are within 10%% of each other), off (even), or fixed "
+                                "even while every rank's speed is within 10%% of the ranks' mean), off (even), or fixed "
                                 "weights W1,W2,... one per rank (see docs/trainer.md#balanced-data-parallelism).",
                         metavar="auto|off|W1,W2,...")
     check_sync: int = _opt(100, "Every N steps the ranks compare a digest of their parameters and stop, naming "

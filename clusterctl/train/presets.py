@@ -32,7 +32,7 @@ def _preset(name: str, purpose: str, **settings) -> Preset:
 # tiny is the README's former main-job line, measured on a 2-core CPU (docs/trainer.md#presets: ~1 minute, loss 5.5 -> 1.2).
 # small and base are sized for a GPU; base is TrainConfig's own defaults, so TrainConfig() is a base run.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
-    _preset("tiny", "the default on a CPU: about a minute on 2 cores",
+    _preset("tiny", "the default on a CPU: under a minute on 2 cores",
             n_layers=2, dim=64, n_heads=4, mlp_dim=128, block_size=64, batch_size=8,
             steps=400, lr=3e-3, warmup=20, min_lr=1e-4, report_every=40, eval_every=200, ckpt_every=200),
     _preset("small", "the default on a GPU",
