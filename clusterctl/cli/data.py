@@ -53,7 +53,7 @@ def export_cmd(run_ref, out_dir, runs_dir, dequantize):
     import os
 
     from ..observe.runs import resolve
-    from ..train.checkpoint import resolve as checkpoint_of
+    from ..train.stepdirs import resolve as checkpoint_of
     from ..train.export import export   # imports mlx: only this command pays for it
 
     if os.path.isdir(run_ref) and (os.path.isfile(os.path.join(run_ref, "state.json"))

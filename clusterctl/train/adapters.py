@@ -20,33 +20,13 @@ from pathlib import Path
 from ..atomic import replace_dir, write_text
 from ..trainer_contract import ADAPTER_BASE_KEYS, ADAPTER_CONFIG, ADAPTER_FILE
 from ..errors import ConfigError
-
-
-def lora_parameters(config) -> dict:
-    """mlx-lm's `lora_parameters` for the trainer's flags."""
-    params = {"rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout}
-    if config.lora_keys:
-        params["keys"] = [k.strip() for k in config.lora_keys.split(",") if k.strip()]
-    return params
+from .adaptercount import blocks_adapted, lora_parameters
 
 
 def adapter_config(config, num_layers: int) -> dict:
     """adapter_config.json as mlx-lm writes it (the keys its load_adapters and fuse read), for `num_layers` blocks."""
     return {"fine_tune_type": config.adapter, "num_layers": num_layers, "lora_parameters": lora_parameters(config),
             "model": config.model}
-
-
-DEFAULT_LAYERS = 16      # mlx-lm's --num-layers default
-
-
-def blocks_adapted(config, blocks: int) -> int:
-    """How many of the model's `blocks` get adapters: --lora-layers (-1: all), by default 16 or all of fewer."""
-    wanted = config.lora_layers
-    if wanted is None:
-        return min(DEFAULT_LAYERS, blocks)
-    if wanted > blocks:
-        raise ConfigError(f"--lora-layers {wanted}: the model has {blocks} blocks (-1 adapts them all)")
-    return blocks if wanted == -1 else wanted
 
 
 def described(config, model) -> dict:
@@ -102,7 +82,7 @@ def publish(out_dir: str, also: str | None = None) -> Path:
     into place. Returns where they are (`also` when given)."""
     import shutil
 
-    from .checkpoint import resolve
+    from .stepdirs import resolve
 
     ckpt = resolve("latest", out_dir)
     if not (ckpt / ADAPTER_FILE).is_file():
@@ -135,20 +115,3 @@ def save(directory, model, config: dict) -> None:
 def load(directory, model) -> None:
     """The adapters' weights from `directory` into a model apply() wrapped the same way."""
     model.load_weights(str(Path(directory) / ADAPTER_FILE), strict=False)
-
-
-def count(shape_config: dict, num_layers: int, rank: int, keys: list[str] | None) -> int:
-    """How many adapter parameters LoRA adds to an mlx-lm llama-like model (config.json's shape): rank x (in + out)
-    for each adapted projection of the top `num_layers` blocks (pure: for the memory plan)."""
-    m = {**shape_config.get("text_config", {}), **shape_config}
-    dim, heads = int(m["hidden_size"]), int(m["num_attention_heads"])
-    head_dim = int(m.get("head_dim") or dim // heads)
-    kv = int(m.get("num_key_value_heads") or heads) * head_dim
-    q, mlp = heads * head_dim, int(m["intermediate_size"])
-    shapes = {"self_attn.q_proj": (dim, q), "self_attn.k_proj": (dim, kv), "self_attn.v_proj": (dim, kv),
-              "self_attn.o_proj": (q, dim), "mlp.gate_proj": (dim, mlp), "mlp.up_proj": (dim, mlp),
-              "mlp.down_proj": (mlp, dim)}
-    chosen = keys or list(shapes)
-    per_block = sum(rank * sum(shapes[k]) for k in chosen if k in shapes)
-    blocks = int(m["num_hidden_layers"])
-    return per_block * (blocks if num_layers == -1 else min(num_layers, blocks))

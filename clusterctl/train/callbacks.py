@@ -193,7 +193,8 @@ class Checkpointing(Callback):
         if config.adapter:
             from .adapters import described
             state["adapter"] = described(config, self.model)
-        path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group, keep=config.keep)
+        path = checkpoint.save(self.out_dir, step, self.model, self.optimizer, state, group,
+                               strategies.get(config.strategy), keep=config.keep)
         self.last_size = checkpoint.newest_size(self.out_dir)
         if group.rank() == 0:
             print(f"step {step} | checkpoint {path}", flush=True)

@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..atomic import replace_dir, write_text
 from ..errors import CheckpointError, DestinationRefused
 from ..trainer_contract import EXPORT_MARKER
-from . import checkpoint
+from . import stepdirs, strategies
 
 MAX_FILE_BYTES = 5 * 2**30          # mlx-lm's own shard size
 EOS_TEXT = "<|endoftext|>"
@@ -39,11 +39,9 @@ _BLOCK_NAMES = {"attention_norm": "input_layernorm", "attention.wq": "self_attn.
                 "mlp.down": "mlp.down_proj"}
 
 
-def full_parameters(ckpt: Path) -> dict[str, mx.array]:
-    """Every parameter of a checkpoint, whatever the strategy that wrote it (zero3's slices assembled)."""
-    if (ckpt / checkpoint.ZERO3_MANIFEST).is_file():
-        return checkpoint._zero3_full(ckpt)
-    return dict(mx.load(str(ckpt / "model.safetensors")))
+def full_parameters(ckpt: Path, state: dict) -> dict[str, mx.array]:
+    """Every parameter of a checkpoint, read in the format of the strategy that wrote it (its registry entry's)."""
+    return strategies.get(state["strategy"]).full_parameters(ckpt)
 
 
 def llama_name(name: str) -> str:
@@ -223,8 +221,8 @@ def export(checkpoint_dir: str, dest: str, search: list[str] | None = None, dequ
     quantized base's layers quantized again, or, with `dequantize`, the whole model in the base's float dtype."""
     from .adapters import ADAPTER_FILE
 
-    ckpt = checkpoint.resolve(checkpoint_dir, None)
-    state = checkpoint.read_state(ckpt)
+    ckpt = stepdirs.resolve(checkpoint_dir, None)
+    state = stepdirs.read_state(ckpt)
     adapted = (ckpt / ADAPTER_FILE).is_file()
     if dequantize and not adapted:
         raise CheckpointError(f"--dequantize is for an adapter run (--adapter), whose base may be quantized: {ckpt} "
@@ -295,7 +293,7 @@ def fuse_into(src: str, adapters: str, tmp: Path, dequantize: bool = False) -> N
 
 def _write_trained(ckpt: Path, state: dict, src: str | None, tmp: Path) -> None:
     """Every weight as the checkpoint holds it: a fine-tune's in its source's dtype, a scratch model as a llama."""
-    params = full_parameters(ckpt)
+    params = full_parameters(ckpt, state)
     if src:
         from .lm import weights_dtype
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from ..errors import CheckpointError, UsageError
-from . import checkpoint
+from . import stepdirs, strategies
 from .model import ModelArgs, Transformer
 
 
@@ -20,15 +20,15 @@ def load(checkpoint_dir: str):
     """(model, tokenizer, state) from a checkpoint written by the trainer."""
     from ..data.tokenizer import load_tokenizer
 
-    ckpt = checkpoint.resolve(checkpoint_dir, None)
-    state = checkpoint.read_state(ckpt)
+    ckpt = stepdirs.resolve(checkpoint_dir, None)
+    state = stepdirs.read_state(ckpt)
     if "mlx_lm" in state["model"]:
         run = ckpt.parent.parent
         raise CheckpointError(f"{ckpt} fine-tuned the mlx-lm model {state['model']['mlx_lm']}: generate with mlx-lm, "
                               f"mlx_lm.generate --model {shlex.quote(str(run / 'model'))} "
                               f"(`clusterctl export {shlex.quote(str(run))}` writes it if absent)")
     model = Transformer(ModelArgs(**state["model"]))
-    checkpoint.load_model(ckpt, model)
+    model.load_weights(list(strategies.get(state["strategy"]).full_parameters(ckpt).items()))   # as its strategy wrote them
     model.eval()
     mx.eval(model.parameters())
     return model, load_tokenizer(state["tokenizer"]), state

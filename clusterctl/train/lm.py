@@ -159,8 +159,6 @@ def checkpoint_blocks(model) -> None:
 
 def total_parameters(model) -> int:
     """The model's parameter count, a quantized weight counted as the values it packs (mlx-lm's count)."""
-    if hasattr(model, "num_parameters"):          # zero3's ShardedModel
-        return model.num_parameters()
     from mlx_lm.utils import get_total_parameters
     return get_total_parameters(model)
 

@@ -123,7 +123,7 @@ class Shape:
         if not getattr(config, "adapter", None):
             return shape
         from dataclasses import replace
-        from .adapters import blocks_adapted, count, lora_parameters
+        from .adaptercount import blocks_adapted, count, lora_parameters
 
         params = lora_parameters(config)
         adapted = count(model_config, blocks_adapted(config, shape.n_layers), params["rank"], params.get("keys"))

@@ -10,7 +10,14 @@ rest of train/ asks the registry (`get(name)`, `names()`, `choose(...)`) and nev
     entry.estimate(shape, world)                             # memory.Estimate, before anything is allocated
     entry.write(tmp, model, optimizer, group, writer, adapter)   # a checkpoint's arrays (checkpoint.save)
     entry.read(ckpt, model, optimizer, rank, world)              # and back (trainer.restore)
+    entry.full_parameters(ckpt)                                  # every weight, in one process (export, generate)
+    entry.count(model)                                           # the model's parameters, as mlx-lm counts them
     entry.replicated, entry.fixed_world, entry.shards_weights, entry.resize_refusal(written, world)
+
+Each entry's checkpoint format is its own: dp and fsdp write the model whole (checkpoint.py's shared writers),
+zero3 writes each rank's slices and a manifest (zero3_checkpoint.py); nothing outside an entry tells the formats
+apart. Only the replicated entries (every rank holds the whole model) have `update`, the step's second half that
+balanced.py's weighted rows need: `--balance` takes a replicated strategy (config.py checks it).
 
 An entry knows the model it wraps, not how it was made: an adapter run (--adapter) is a model whose base is
 frozen, which each entry steps as it steps any model (only the trainable parameters have gradients and optimizer
@@ -43,8 +50,8 @@ class Strategy:
     name: str
     summary: str             # --strategy's help: what each rank holds
     # every rank holds the whole model: its rows may be split by each host's speed (balanced.py, --balance) and
-    # the replicas compared (--check-sync)
-    replicated = True
+    # the replicas compared (--check-sync); such an entry is a Replicated one, with `update`
+    replicated = False
     # why its checkpoints cannot continue on another world size (None: they can; zero3 re-shards on load)
     fixed_world: str | None = None
     shards_weights = False   # each rank keeps 1/N of the weights: what fits when nothing else does
@@ -61,12 +68,6 @@ class Strategy:
         from .step import make_dp_step
         return make_dp_step(model, optimizer, config, group)
 
-    def update(self, model, optimizer, config, group):
-        """(loss, grads) -> (mean loss over the ranks, the norm): the step's second half, for steps that compute
-        their gradients themselves (balanced.py's weighted rows)."""
-        from .step import dp_apply
-        return dp_apply(model, optimizer, config, group)
-
     def loss(self, model, *batch):
         """The mean loss of one batch (x, y[, segments]), nothing updated (held-out and test scores)."""
         from .model import loss_fn
@@ -77,9 +78,13 @@ class Strategy:
         return model
 
     def count(self, model) -> int:
-        """The bundled model's parameter count."""
-        from .model import count_parameters
-        return count_parameters(model)
+        """The model's parameter count: the bundled model's own, an mlx-lm model's as mlx-lm counts it (a quantized
+        weight as the values it packs)."""
+        if hasattr(model, "embedding"):           # the bundled Transformer (model.py)
+            from .model import count_parameters
+            return count_parameters(model)
+        from .lm import total_parameters
+        return total_parameters(model)
 
     # -- memory --------------------------------------------------------------------------------------------
     def estimate(self, shape: Shape, world: int) -> Estimate:
@@ -121,6 +126,11 @@ class Strategy:
         load_model(ckpt, self.trained(model))
         load_optimizer(ckpt / self.optimizer_file(rank), optimizer)
 
+    def full_parameters(self, ckpt: Path) -> dict:
+        """Every parameter a checkpoint of a full (not adapter) run holds, by name (one process: export, generate)."""
+        import mlx.core as mx
+        return dict(mx.load(str(ckpt / "model.safetensors")))
+
     def resize_refusal(self, written: int, world: int) -> str | None:
         """Why a checkpoint written by `written` ranks cannot continue on `world` (None: it can)."""
         if written == world or self.fixed_world is None:
@@ -128,12 +138,24 @@ class Strategy:
         return f"{self.fixed_world} ({written} ranks), so it cannot resume on {world} (use the same world size)"
 
 
-class DataParallel(Strategy):
+class Replicated(Strategy):
+    """An entry whose every rank holds the whole model (dp, fsdp)."""
+
+    replicated = True
+
+    def update(self, model, optimizer, config, group):
+        """(loss, grads) -> (mean loss over the ranks, the norm): the step's second half, for steps that compute
+        their gradients themselves (balanced.py's weighted rows)."""
+        from .step import dp_apply
+        return dp_apply(model, optimizer, config, group)
+
+
+class DataParallel(Replicated):
     name = "dp"
     summary = "replicated model, averaged gradients"
 
 
-class FullySharded(Strategy):
+class FullySharded(Replicated):
     """The optimizer state sharded over the ranks (fsdp.py); the parameters whole on every rank."""
 
     name = "fsdp"
@@ -173,7 +195,6 @@ class ZeRO3(Strategy):
 
     name = "zero3"
     summary = "the parameters too, each block's weights gathered only while it computes (docs/trainer.md#zero3)"
-    replicated = False
     shards_weights = True
 
     def wrap(self, model, group, config, model_type: str | None = None):
@@ -189,9 +210,6 @@ class ZeRO3(Strategy):
     def make_step(self, model, optimizer, config, group):
         from .zero3 import make_zero3_step
         return make_zero3_step(model, optimizer, config)
-
-    def update(self, model, optimizer, config, group):
-        raise NotImplementedError("zero3 computes its gradients unit by unit: it has no separate update")
 
     def loss(self, model, *batch):
         return model.loss(*batch)
@@ -222,16 +240,20 @@ class ZeRO3(Strategy):
     def write(self, tmp: Path, model, optimizer, group, writer: bool, adapter: dict | None) -> None:
         if model.frozen:            # an adapter run: the adapters and their state whole on every rank, as dp's
             return super().write(tmp, model, optimizer, group, writer, adapter)
-        from .checkpoint import save_zero3
-        save_zero3(tmp, model, optimizer, group, writer)
+        from . import zero3_checkpoint
+        zero3_checkpoint.save(tmp, model, optimizer, group, writer)
 
     def read(self, ckpt: Path, model, optimizer, rank: int, world: int) -> None:
         if model.frozen:
             super().read(ckpt, model, optimizer, rank, world)
             model.adopt_trained()
             return
-        from .checkpoint import load_zero3
-        load_zero3(ckpt, model, optimizer, rank, world)     # re-sharded from the checkpoint's world size
+        from . import zero3_checkpoint
+        zero3_checkpoint.load(ckpt, model, optimizer, rank, world)     # re-sharded from the checkpoint's world size
+
+    def full_parameters(self, ckpt: Path) -> dict:
+        from . import zero3_checkpoint
+        return zero3_checkpoint.full_parameters(ckpt)
 
 
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (DataParallel(), FullySharded(), ZeRO3())}

@@ -37,7 +37,7 @@ import mlx.core as mx
 
 from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, ClusterctlError, DataError
 from ..trainer_contract import CHECKPOINTS, STEP_GLOB, step_dir_name
-from . import adapters, checkpoint, collectives, memory, presets, randomstate, strategies, testset
+from . import adapters, checkpoint, collectives, memory, presets, randomstate, stepdirs, strategies, testset
 from .testset import evaluate
 from .balanced import BalancedSteps, OutOfSync, check_sync, perturb, perturbation, slowdown, step_floor
 from .callbacks import (Callback, Callbacks, Checkpointing, Progress, Reporting, Stoppable, TrainerSummary,
@@ -83,8 +83,8 @@ def resolve_run(config: TrainConfig, how: str, argv: list[str] | None, group, de
             raise ConfigError(f"{out_dir} already holds checkpoints: continue it with --resume latest --out "
                               f"{out_dir}, or train into another --out")
         return config, how, out_dir, None, None
-    ckpt = checkpoint.resolve(config.resume, out_dir)
-    resumed = checkpoint.read_state(ckpt)
+    ckpt = stepdirs.resolve(config.resume, out_dir)
+    resumed = stepdirs.read_state(ckpt)
     config, how = resolve(argv, resumed["config"], device)     # flags still win over the checkpoint
     if config.strategy == strategies.AUTO:                     # the strategy the checkpoint was written with
         config = dataclasses.replace(config, strategy=resumed["strategy"])
@@ -171,7 +171,7 @@ def plan_disk(config: TrainConfig, shape, out_dir: str) -> None:
     where = next(p for p in (root, out_dir, os.path.dirname(os.path.abspath(out_dir)), "/") if os.path.isdir(p))
     each = memory.checkpoint_bytes(shape, config.optimizer)
     held = memory.checkpoints_held(config.steps, config.ckpt_every, config.keep)
-    need, free = max(held - len(checkpoint.steps_in(root)), 1) * each, shutil.disk_usage(where).free
+    need, free = max(held - len(stepdirs.steps_in(root)), 1) * each, shutil.disk_usage(where).free
     if free >= 2 * need:
         return
     mib = checkpoint.mib
@@ -453,7 +453,7 @@ def train_model(config: TrainConfig, group, out_dir: str, ckpt, resumed, sources
         trained = (f"{config.adapter} adapters of rank {config.lora_rank}, {adapters.count_trainable(model) / 1e6:.3f}M"
                    f" parameters trained, the base frozen{f' ({base})' if base else ''}" if config.adapter
                    else f"trained in {config.precision}")
-        described = (f"model {config.model} ({model_config['model_type']}, {lm.total_parameters(model) / 1e6:.2f}M "
+        described = (f"model {config.model} ({model_config['model_type']}, {entry.count(model) / 1e6:.2f}M "
                      f"parameters, {trained}), {config.steps} steps at lr {config.lr:g}")
         run_fit(model, optimizer, TrainData(train=data.train, val=data.val, group=group, start=start), config, out_dir,
                 (spec, lm.vocab_size(model_config)), described, data.summary, ckpt, data.train.step_tokens)

@@ -30,8 +30,9 @@ def finetune(inputs, model, data, *args):
 
 def params(run_dir):
     from clusterctl.train.export import full_parameters
-    from clusterctl.train.checkpoint import resolve
-    return full_parameters(resolve(str(run_dir), None))
+    from clusterctl.train.stepdirs import read_state, resolve
+    ckpt = resolve(str(run_dir), None)
+    return full_parameters(ckpt, read_state(ckpt))         # in the format of the strategy that wrote it
 
 
 def max_diff(a, b):

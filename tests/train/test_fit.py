@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 from clusterctl.data.loader import BatchLoader
-from clusterctl.train import checkpoint
+from clusterctl.train import stepdirs
 from clusterctl.train.callbacks import Callback, Callbacks, Checkpointing
 from clusterctl.train.config import TrainConfig
 from clusterctl.train.model import ModelArgs, Transformer
@@ -107,11 +107,11 @@ def test_fit_resumed_from_its_checkpoint_continues_the_same_curve(tmp_path):
     whole = Recorder()
     saving = Checkpointing(str(tmp_path), model, optimizer, config, data.group, {"type": "byte"}, vocab_size)
     fit(model, optimizer, data, config, Callbacks(whole, saving))
-    assert checkpoint.resolve(str(tmp_path), None).name == "step-000020"
+    assert stepdirs.resolve(str(tmp_path), None).name == "step-000020"
 
     model, optimizer, data, _ = setup(config, seed=99)       # other weights: the checkpoint must replace them
     ckpt = tmp_path / "checkpoints" / "step-000010"
-    start = restore(ckpt, checkpoint.read_state(ckpt), model, optimizer, config, 0, 1)
+    start = restore(ckpt, stepdirs.read_state(ckpt), model, optimizer, config, 0, 1)
     assert start == 10
     resumed = Recorder()
     fit(model, optimizer, TrainData(data.train, data.val, data.group, start=start), config, resumed)

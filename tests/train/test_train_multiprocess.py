@@ -322,9 +322,9 @@ def test_zero3_trains_the_same_parameters_as_data_parallel(backend, tmp_path):
         assert z3[step][0] == pytest.approx(dp[step][0], rel=1e-5), step
         assert z3[step][1] == pytest.approx(dp[step][1], rel=1e-4), step
     assert max(norm for _, norm in dp.values()) > 0.3
-    from clusterctl.train import checkpoint
+    from clusterctl.train import zero3_checkpoint
     ref = mx.load(str(tmp_path / "dp" / "checkpoints" / "step-000010" / "model.safetensors"))
-    got = checkpoint._zero3_full(tmp_path / "zero3" / "checkpoints" / "step-000010")
+    got = zero3_checkpoint.full_parameters(tmp_path / "zero3" / "checkpoints" / "step-000010")
     assert set(ref) == set(got)
     diff = max(mx.abs(ref[k] - got[k]).max().item() for k in ref)
     print("zero3 against dp, max abs parameter difference:", diff)
@@ -340,13 +340,13 @@ def test_a_zero3_checkpoint_from_four_ranks_resumes_on_two_and_generates(tmp_pat
     run(mpirun(4) + train_cmd(*args, "--steps", "4", "--out", str(out)), world=4)
     step4 = out / "checkpoints" / "step-000004"
     assert json.loads((step4 / "zero3.json").read_text())["world"] == 4
-    from clusterctl.train import checkpoint
-    before = checkpoint._zero3_full(step4)
+    from clusterctl.train import zero3_checkpoint
+    before = zero3_checkpoint.full_parameters(step4)
     r = run(mpirun(2) + train_cmd(*args, "--steps", "6", "--resume", "latest", "--out", str(out)), world=2)
     assert "written by 4 rank(s), this run has 2" in r.stdout and "steps 5..6" in r.stdout
     step6 = out / "checkpoints" / "step-000006"
     assert json.loads((step6 / "zero3.json").read_text())["world"] == 2
-    after = checkpoint._zero3_full(step6)
+    after = zero3_checkpoint.full_parameters(step6)
     assert set(before) == set(after) and all(after[k].shape == before[k].shape for k in before)
     moved = max(mx.abs(after[k] - before[k]).max().item() for k in before)
     assert 0 < moved < 0.1          # two more small steps from the same parameters, not a fresh start

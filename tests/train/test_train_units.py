@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 
 from clusterctl.cli import cli
 from clusterctl.errors import UsageError
-from clusterctl.train import checkpoint, presets
+from clusterctl.train import checkpoint, presets, stepdirs, strategies
 from clusterctl.train.randomstate import random_states, restore_random_state
 from clusterctl.train.config import ConfigError, TrainConfig, build_parser, parse_args, resolve
 from clusterctl.train.generate import generate_text, load, sample_tokens
@@ -237,7 +237,8 @@ def save(tmp_path, model, optimizer, config, step, keep=0):
     state = {"config": config.training_dict(), "world_size": 1, "strategy": config.strategy,
              "rng": random_states(group()), "tokenizer": {"type": "byte"}, "vocab_size": VOCAB,
              "model": ModelArgs.from_config(config, VOCAB).__dict__}
-    return checkpoint.save(str(tmp_path), step, model, optimizer, state, group(), keep=keep)
+    return checkpoint.save(str(tmp_path), step, model, optimizer, state, group(), strategies.get(config.strategy),
+                           keep=keep)
 
 
 def test_checkpoint_round_trip_continues_identically(tmp_path):
@@ -296,12 +297,12 @@ def test_resolve_finds_the_latest_whole_checkpoint(tmp_path):
     (root / ".step-000005.tmp-abcdef").mkdir()            # a checkpoint killed half-written
     (root / "step-000009").mkdir()                         # no state.json: never complete
     for where in (str(tmp_path), str(root), str(root / "step-000004")):
-        assert checkpoint.resolve(where, None).name == "step-000004"
-    assert checkpoint.resolve("latest", str(tmp_path)).name == "step-000004"
+        assert stepdirs.resolve(where, None).name == "step-000004"
+    assert stepdirs.resolve("latest", str(tmp_path)).name == "step-000004"
     (root / "latest").write_text("step-000003\n")
-    assert checkpoint.resolve(str(tmp_path), None).name == "step-000003"
+    assert stepdirs.resolve(str(tmp_path), None).name == "step-000003"
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in"):
-        checkpoint.resolve(str(tmp_path / "nothing"), None)
+        stepdirs.resolve(str(tmp_path / "nothing"), None)
 
 
 def test_fsdp_checkpoint_refuses_another_world_size():

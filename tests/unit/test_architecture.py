@@ -384,7 +384,12 @@ def test_every_package_of_the_tree_is_in_the_wheel():
 
 # ---- the trainer knows strategies by their registry entry (train/strategies.py), not by name --------------
 
-STRATEGY_NAMES = ("dp", "fsdp", "zero3")
+def strategy_names() -> tuple[str, ...]:
+    from clusterctl.train.strategies import names
+    return names()
+
+
+STRATEGY_NAMES = strategy_names()        # the registry's, in --strategy auto's order
 
 
 def compared_strategies(path: str) -> list[tuple[int, str]]:
@@ -405,9 +410,7 @@ def compared_strategies(path: str) -> list[tuple[int, str]]:
 
 
 def test_nothing_but_the_strategy_registry_branches_on_a_strategys_name():
-    from clusterctl.train.strategies import names
-
-    assert names() == STRATEGY_NAMES       # the registry, in --strategy auto's order
+    assert len(STRATEGY_NAMES) >= 3 and "zero3" in STRATEGY_NAMES        # the registry was read, not an empty one
     for module, path in ALL:
         if module != "clusterctl.train.strategies":
             assert compared_strategies(path) == [], module
@@ -420,13 +423,6 @@ def test_the_strategy_check_catches_a_branch_on_a_name(tmp_path):
                    "    if s == 'auto' or config.balance == 'off':\n        return 3\n"      # not a strategy's name
                    "    return {'dp': 1}[s]\n")
     assert [line for line, _ in compared_strategies(str(bad))] == [2, 4, 8]
-
-
-# the import circle left (issue 55: train/'s is to go); none may appear, nor this one grow
-KNOWN_CIRCLES = [
-    {"clusterctl.train.adapters", "clusterctl.train.checkpoint", "clusterctl.train.memory", "clusterctl.train.strategies",
-     "clusterctl.train.zero3"},
-]
 
 
 def circles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -469,12 +465,11 @@ def circles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_no_new_import_circle():
-    """transfer/'s models <-> relay is gone (storepush.py holds what both use), and train/'s is down from 7 modules
-    to 5 (config and lm left it: ConfigError comes from errors, the random state from randomstate.py); what is
-    left is listed above."""
+def test_no_import_circle():
+    """No module of clusterctl/ reaches itself through its imports, at the top or inside a function: transfer/'s
+    models <-> relay went with storepush.py, train/'s with checkpoint formats in their strategy's entry
+    (zero3_checkpoint.py), the checkpoint directories in stepdirs.py, the adapters' counters in adaptercount.py."""
     names = {m for m, _ in ALL}
     graph = {m: {t for t, _ in imports(m, path) if t in names and t != m} for m, path in ALL}
-    found = circles(graph)
-    assert all(any(group <= known for known in KNOWN_CIRCLES) for group in found), found
+    assert circles(graph) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]     # the check finds one
