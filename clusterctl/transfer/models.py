@@ -12,7 +12,9 @@ does every step there, one round trip each):
     <store>/<name>-<digest12>/      a complete entry: the files and .clusterctl-entry.json (the manifest)
     <store>/.partial/<name>-<digest12>@<slot>/   a push in progress, or an entry taken back to repair it
 
-Per host, in parallel (run_all, one deadline per host; transfer/storepush.py HostPush, whatever the route):
+The route (transfer/routes.py: each host to the first of relay, rsync, SFTP that takes it; the reason a host is
+pushed from here is printed from that choice) sends the bytes; the rest is the same for every route.
+Per host, in parallel (run_all, one deadline per host; transfer/storepush.py's store and HostPush):
   0. hold: the push takes a directory of its own under .partial (<slot>: the host's name, or <host>~N while
      other pushes of the model to the host run), held by a lock on the host for as long as the push's
      connection lives: a push cut off leaves it free, and the next push continues it;
@@ -33,21 +35,19 @@ kill_runs, the sweep `clusterctl kill` uses) the clusterctl runs that use it are
 """
 from __future__ import annotations
 
-import os
 import posixpath
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ..errors import ModelInUse, ModelStoreError
 from ..hosts.connector import Connector
-from ..hosts.fanout import GroupResult, in_background, run_all
-from ..hosts.transport import Transport
+from ..hosts.fanout import GroupResult, HostOutcome, in_background, run_all
 from ..inventory import Host
 from . import remotefiles
 from .localmodel import LocalModel, describe, host_files, match
-from .push import Uploader, local_rsync, rsync_else_sftp, rsync_push, rsync_target
-from .relay import relay
-from .storepush import (HELPER, PARTS, HostPush, Progress, Route, StoreEntry, hash_timeout, mismatch,
+from .push import local_rsync
+from .routes import ROUTES, after, choose
+from .storepush import (HELPER, Asked, Choice, Job, ModelRoute, Progress, Pushed, Route, StoreEntry, hash_timeout,
                         store_root)
 
 __all__ = ["LocalModel", "Route", "StoreEntry", "StoredModel", "describe", "list_models", "push", "remove", "require_all"]
@@ -75,42 +75,43 @@ def push(connector: Connector, hosts: Sequence[Host] | None, model: LocalModel |
     """Put `model` (a LocalModel, or a model directory to describe) into the store of every host of `hosts`
     (None: the connector's cluster). `files`: host name -> the weight files that host gets (it gets every
     other file too); a host not named gets the whole model. `verify`: re-hash every stored file on the hosts.
-    Two or more hosts with a data-plane `address` get the model relayed (transfer/relay.py: over this machine's
-    link once, then host to host) unless `direct` or a `method` is named; the others, and a host the relay
-    cannot reach, directly. `on_route` hears the route before the bytes move. Every host's outcome is kept:
-    its StoreEntry, or the error that stopped it."""
+    Each host's route is routes.choose's: two or more hosts with a data-plane `address` get the model relayed
+    (transfer/relay.py: over this machine's link once, then host to host) unless `direct` or a `method` is named;
+    the others, and a host the relay cannot reach, directly. `on_route` hears the route before the bytes move.
+    Every host's outcome is kept: its StoreEntry, or the error that stopped it."""
     if isinstance(model, str):
         model = describe(model)
     targets = list(connector.cluster.hosts if hosts is None else hosts)
-    wanted = {h.name: host_files(model, (files or {}).get(h.name)) for h in targets}
-    rsync = local_rsync(method)
-    deadline = connector.deadline(timeout + 2 * hash_timeout(model), slack=0)
-    relayed = [h for h in targets if h.address] if method == "auto" and not direct else []
-    if len(relayed) < 2:
-        relayed = []
-
-    def one(host: Host) -> StoreEntry:
-        with HostPush(connector, host, model, wanted[host.name], verify) as hp:
-            return _push_direct(hp, method, rsync, progress, bwlimit_kbps)
-
-    def why(host: Host) -> str:
-        return "--direct" if direct else f"--method {method}" if method != "auto" else \
-            "no data-plane address" if not host.address else "the only host with a data-plane address"
-
-    if not relayed:
-        if on_route is not None and len(targets) > 1:
-            on_route(Route(direct={h.name: why(h) for h in targets}))
-        return run_all(targets, one, deadline)
-    others = [h for h in targets if h not in relayed]
-    aside = in_background(run_all, others, one, deadline) if others else None
-    outcomes, fallback = relay(connector, relayed, model, wanted, verify=verify, progress=progress,
-                               bwlimit_kbps=bwlimit_kbps, deadline=deadline, on_route=on_route,
-                               also_direct={h.name: why(h) for h in others})
-    if fallback:
-        outcomes.update(run_all([h for h in relayed if h.name in fallback], one, deadline))
-    if aside is not None:
-        outcomes.update(aside.result())
+    asked = Asked(method, direct, local_rsync(method), addressed=sum(1 for h in targets if h.address))
+    choices = {h.name: choose(asked, h) for h in targets}
+    job = Job(connector, model, {h.name: host_files(model, (files or {}).get(h.name)) for h in targets}, asked,
+              verify, progress, bwlimit_kbps, connector.deadline(timeout + 2 * hash_timeout(model), slack=0),
+              from_here={name: c.reason for name, c in choices.items() if not c.route.tells_route}, on_route=on_route)
+    if on_route is not None and len(targets) > 1 and not any(c.route.tells_route for c in choices.values()):
+        on_route(Route(direct=dict(job.from_here)))
+    outcomes = _push_routes(job, targets, choices)
     return GroupResult([outcomes[h.name] for h in targets])
+
+
+def _push_routes(job: Job, hosts: Sequence[Host], choices: Mapping[str, Choice]) -> dict[str, HostOutcome]:
+    """Each route's hosts pushed by it, the first route's here and the others' beside it; the hosts a route hands
+    back, by the routes after it (chosen again among those)."""
+    taken = {route: [h for h in hosts if choices[h.name].route is route] for route in ROUTES}
+    routes = [route for route in ROUTES if taken[route]]
+    outcomes: dict[str, HostOutcome] = {}
+
+    def pushed(route: ModelRoute, result: Pushed) -> None:
+        outcomes.update(result.outcomes)
+        back = [h for h in taken[route] if h.name in result.back]
+        if back:
+            outcomes.update(_push_routes(job, back, {h.name: choose(job.asked, h, after(route)) for h in back}))
+
+    aside = [(route, in_background(route.push, job, taken[route], choices)) for route in routes[1:]]
+    if routes:
+        pushed(routes[0], routes[0].push(job, taken[routes[0]], choices))
+    for route, pushing in aside:
+        pushed(route, pushing.result())
+    return outcomes
 
 
 def require_all(group: GroupResult) -> dict[str, StoreEntry]:
@@ -118,56 +119,6 @@ def require_all(group: GroupResult) -> dict[str, StoreEntry]:
     if group.failed:
         raise ModelStoreError("; ".join(f"{name}: {' '.join(str(o.error).split())}" for name, o in group.failed.items()))
     return {name: o.value for name, o in group.items()}
-
-
-def _push_direct(hp: HostPush, method: str, rsync: str | None, progress: Progress | None,
-                 bwlimit_kbps: int | None) -> StoreEntry:
-    """The host's files straight from this machine (rsync, else SFTP), verified there, sent once more whole if not."""
-    plan = hp.prepare()
-    if hp.complete:
-        return hp.result()
-    send, resume = plan["send"], {k: int(v) for k, v in plan["resume"].items()}
-    for _ in range(2):          # the second time: what finish deleted, sent whole
-        if send:
-            used, note, count = _transfer(hp.connector, hp.transport, hp.host, hp.model, plan["path"], send, resume,
-                                          method, rsync, progress, bwlimit_kbps)
-            hp.sent(send, count, used, note)
-        done = hp.finish()
-        if hp.complete:
-            return hp.result()
-        send, resume = done["bad"] + done["missing"], {}      # deleted by finish: sent again, whole
-    raise mismatch(hp, send)
-
-
-def _transfer(connector: Connector, transport: Transport, host: Host, model: LocalModel, dest: str, send: list[str],
-              resume: dict[str, int], method: str, rsync: str | None, progress: Progress | None,
-              bwlimit_kbps: int | None) -> tuple[str, str, int]:
-    """Send `send` into the partial directory `dest`; (method, note, bytes sent)."""
-    total = sum(model.file(f).size - resume.get(f, 0) for f in send)
-    on_bytes = (lambda done: progress(host.name, min(done, total), total)) if progress else None
-
-    def with_rsync() -> int:
-        summary = rsync_push(rsync, model.root, send, rsync_target(connector, host, dest), on_bytes=on_bytes,
-                             bwlimit_kbps=bwlimit_kbps, extra=[f"--partial-dir={PARTS}", "--copy-links"])
-        return summary.wire_bytes if summary.wire_bytes is not None else total
-
-    def with_sftp() -> int:
-        up = Uploader(transport, (lambda n: on_bytes(up.sent)) if on_bytes else None, bwlimit_kbps)
-        with up:
-            for rel in send:
-                final = posixpath.join(dest, rel)
-                part = posixpath.join(posixpath.dirname(final), PARTS, posixpath.basename(final))
-                local = os.path.join(model.root, rel)
-                up.files.makedirs(posixpath.dirname(part))
-                up.resume(local, part)
-                up.chmod(part, os.stat(local).st_mode & 0o777)
-                up.files.rename(part, final)
-        return up.sent
-
-    sent, used, note = rsync_else_sftp(method, None if host.local else rsync, with_rsync, with_sftp)
-    if progress:
-        progress(host.name, total, total)
-    return used, note, sent
 
 
 def list_models(connector: Connector, hosts: Sequence[Host] | None = None, timeout: float = 120.0) -> GroupResult:

@@ -48,8 +48,13 @@ def rsync_else_sftp(method: str, rsync: str | None, with_rsync: Callable[[], T],
                 raise
             note = "no rsync on the host: sent over SFTP"
     else:
-        note = "no rsync on this machine: sent over SFTP" if method == "auto" else ""
+        note = sftp_note(method)
     return with_sftp(), "sftp", note
+
+
+def sftp_note(method: str) -> str:
+    """What a copy sent over SFTP without rsync being tried says of it: why, when the method left it to us."""
+    return "no rsync on this machine: sent over SFTP" if method == "auto" else ""
 
 
 @dataclass(frozen=True)

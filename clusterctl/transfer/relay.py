@@ -1,14 +1,17 @@
 """A model pushed to several hosts once over this machine's link: the hosts pass the bytes on to each other over
 their data-plane addresses (docs/models.md#relay).
 
-    outcomes, fallback = relay(connector, hosts, model, wanted, ...)   # host -> HostOutcome; hosts to push directly
+    RELAY.push(job, hosts, choices)     # the entry of transfer/routes.py: Pushed(host -> HostOutcome, hosts handed back)
 
 Why: this machine's link is often the slowest one (a laptop on Wi-Fi) while the hosts are joined by Thunderbolt or
 10 GbE; pushing to N hosts from here sends every byte N times over it. Here it goes once, to the first host of a
 chain, and each host sends it on to the next while it still receives (a pipelined chain, as MPI's pipelined
 broadcasts: the whole push takes about as long as one host's).
 
-Each round:
+It takes two or more hosts with a data-plane `address` when the method is auto and --direct is not given
+(RelayRoute.refusal; transfer/routes.py chooses). Every host follows the per-host sequence of any route (hold ->
+prepare -> send -> finish, storepush.HostPush's steps), but the hosts take each step together, a round at a time,
+since one stream feeds them all. Each round (RelayRounds holds what the rounds share and what each updates):
   1. every host: its push's hold and prepare (storepush.HostPush), exactly as a direct push's: what it holds
      verified, what it holds of an unfinished file (a push cut off), what it lacks;
   2. a hop starts on every host (hosts/scripts/relay.py), listening on the host's data-plane `address` for one
@@ -23,7 +26,10 @@ Each round:
      stopped; then the bytes;
   5. every host hashes what arrived (finish). A host still lacking files (a hop cut off, a file that did not
      match and was deleted) goes round again, the chain rebuilt from what each holds, while a round moves bytes.
-A host whose hop could not start (its address is not its own) is handed back to be pushed directly.
+A host whose hop could not start (its address is not its own) is handed back, to be pushed directly.
+
+RemoteHop is this machine's handle on one host's hop (hosts/scripts/relay.py, whose own Hop moves the bytes there):
+its process, the files it holds and wants (HopFile), and what it says.
 """
 from __future__ import annotations
 
@@ -34,7 +40,8 @@ import secrets
 import socket
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from ..errors import CommandFailed, CommandTimeout, ModelStoreError
 from ..hosts.connector import Connector
@@ -44,7 +51,7 @@ from ..hosts.scripts.relay import TOKEN_ENV   # the hop reads the token under th
 from ..inventory import Host
 from . import remotefiles
 from .localmodel import LocalModel
-from .storepush import PARTS, HostPush, Progress, Route
+from .storepush import PARTS, Asked, Choice, HostPush, Job, ModelRoute, Progress, Pushed, Route
 
 START_S = 30.0          # a hop's answer with its port
 REACH_S = 25.0          # a hop's word on reaching the next (relay.py tries for 10 s)
@@ -53,20 +60,48 @@ ROUNDS = 3
 CHUNK = 1 << 20
 
 
-def offsets(chain: Sequence["Hop"], rel: str) -> list[int]:
+class HopFile(NamedTuple):
+    """One file of the model as a hop sees it (and as its request carries it, a JSON list)."""
+
+    size: int
+    have: int          # bytes of it the host holds (relay.have_of)
+    want: bool         # the host is to receive it
+    mode: int
+
+
+class RelayRoute(ModelRoute):
+    """The relay as an entry of transfer/routes.py's ROUTES."""
+
+    name = "relay"
+    tells_route = True
+
+    def refusal(self, asked: Asked, host: Host) -> str | None:
+        if asked.direct:
+            return "--direct"
+        if asked.method != "auto":
+            return f"--method {asked.method}"
+        if not host.address:
+            return "no data-plane address"
+        return "the only host with a data-plane address" if asked.addressed < 2 else None
+
+    def push(self, job: Job, hosts: Sequence[Host], choices: Mapping[str, Choice]) -> Pushed:
+        return relay(job, hosts)
+
+
+def offsets(chain: Sequence["RemoteHop"], rel: str) -> list[int]:
     """For each hop of `chain`, the offset from which it receives `rel` (pure). A hop that wants the file receives
     from what it holds; one that does not receives what the hops after it need beyond what it holds, and sends
     them the rest from its disk."""
-    size = chain[0].files[rel][0]
+    size = chain[0].files[rel].size
     out, after = [], size
     for hop in reversed(chain):
-        _, have, want, _ = hop.files[rel]
-        after = min(have if want else size, max(have, after))
+        f = hop.files[rel]
+        after = min(f.have if f.want else size, max(f.have, after))
         out.append(after)
     return out[::-1]
 
 
-def rotate(hops: list["Hop"]) -> list["Hop"]:
+def rotate(hops: list["RemoteHop"]) -> list["RemoteHop"]:
     """The chain's order: inventory order, beginning at the host holding the most of the model (the first, when
     none holds more than another) (pure)."""
     if not hops:
@@ -75,19 +110,20 @@ def rotate(hops: list["Hop"]) -> list["Hop"]:
     return hops[first:] + hops[:first]
 
 
-class Hop:
-    """One host's relay hop in a round: what it holds and wants, its process, and what it says."""
+class RemoteHop:
+    """This machine's handle on one host's relay hop in a round: what the host holds and wants, the hop's process
+    there, and what it says."""
 
     def __init__(self, hp: HostPush, model: LocalModel, modes: Mapping[str, int]):
         self.hp, self.name = hp, hp.host.name
         send = set(hp.plan.get("send", []))
-        self.files: dict[str, list] = {}       # rel -> [size, have, want, mode]
+        self.files: dict[str, HopFile] = {}
         for f in model.files:
             want = f.path in hp.want and not hp.complete and f.path in send
-            self.files[f.path] = [f.size, have_of(hp, f.path), want, modes[f.path]]
-        self.held = sum(f[1] for f in self.files.values())
-        self.wanted_held = sum(f[1] for rel, f in self.files.items() if rel in hp.want)
-        self.need = sum(f[0] - f[1] for f in self.files.values() if f[2])
+            self.files[f.path] = HopFile(f.size, have_of(hp, f.path), want, modes[f.path])
+        self.held = sum(f.have for f in self.files.values())
+        self.wanted_held = sum(f.have for rel, f in self.files.items() if rel in hp.want)
+        self.need = sum(f.size - f.have for f in self.files.values() if f.want)
         self.token = secrets.token_hex(16)
         self.lines: queue.Queue = queue.Queue()
         self.cond = threading.Condition()
@@ -159,17 +195,61 @@ class Hop:
             self.proc.stop()
 
 
-def relay(connector: Connector, hosts: Sequence[Host], model: LocalModel, wanted: Mapping[str, list[str]], *,
-          verify: bool, progress: Progress | None, bwlimit_kbps: int | None, deadline: float,
-          on_route: Callable[[Route], None] | None, also_direct: Mapping[str, str]) -> tuple[dict, set[str]]:
-    """Push `model` to `hosts` (each with a data-plane address) relayed: host name -> HostOutcome for each host
+@dataclass
+class RelayRounds:
+    """What a relay's rounds share (the push, its end on the monotonic clock, whether this machine is on the data
+    plane) and what each round updates, only through the methods below: the hosts handed back to be pushed
+    directly, the hosts lost outright (out of later rounds), and why a host is still without its model."""
+
+    job: Job
+    end: float
+    from_plane: bool
+    round_no: int = 0
+    fallback: set[str] = field(default_factory=set)
+    dead: dict[str, BaseException] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def out(self, hp: HostPush) -> bool:
+        """The host takes no more part in the rounds: handed back, or lost."""
+        return hp.host.name in self.fallback or hp.host.name in self.dead
+
+    def hand_back(self, hop: RemoteHop, route: Route) -> None:
+        """The hop could not start: the host is pushed directly instead, its hold released for that push to take."""
+        self.fallback.add(hop.name)
+        said = (hop.answer or {}).get("error") or " ".join(hop.errors[-1:])[:200] or "no answer"
+        route.direct[hop.name] = f"its relay could not start: {said}"
+        hop.hp.__exit__(None, None, None)
+
+    def lose(self, hop: RemoteHop, error: BaseException) -> None:
+        self.dead[hop.name] = lost(hop, error)
+
+    def unfinished(self, hop: RemoteHop) -> None:
+        self.why[hop.name] = f"{hop.name}: {hop.failure()}"
+
+    def outcome(self, hp: HostPush) -> HostOutcome:
+        """The host's outcome once the rounds are over (it was not handed back)."""
+        name = hp.host.name
+        if name in self.dead:
+            return HostOutcome(hp.host, error=self.dead[name])
+        if hp.complete:
+            return HostOutcome(hp.host, value=hp.result())
+        return HostOutcome(hp.host, error=ModelStoreError(
+            f"{self.why.get(name, 'the relay did not complete it')}: push again to continue from what it holds"))
+
+
+def relay(job: Job, hosts: Sequence[Host]) -> Pushed:
+    """Push job.model to `hosts` (each with a data-plane address) relayed: host name -> HostOutcome for each host
     the relay served, and the names of those to push directly instead (their hop could not start)."""
-    end = time.monotonic() + deadline
+    model = job.model
+    rounds = RelayRounds(job, time.monotonic() + job.deadline,
+                         from_plane=any(h.local and h.address for h in job.connector.cluster.hosts))
     modes = {f.path: os.stat(os.path.join(model.root, f.path)).st_mode & 0o777 for f in model.files}
-    from_plane = any(h.local and h.address for h in connector.cluster.hosts)
 
     def open_one(host: Host) -> HostPush:
-        hp = HostPush(connector, host, model, wanted[host.name], verify).__enter__()
+        hp = HostPush(job.connector, host, model, job.wanted[host.name], job.verify).__enter__()
         try:
             hp.prepare()
         except BaseException:
@@ -177,70 +257,51 @@ def relay(connector: Connector, hosts: Sequence[Host], model: LocalModel, wanted
             raise
         return hp
 
-    opened = run_all(hosts, open_one, max(1.0, end - time.monotonic()))
+    opened = run_all(hosts, open_one, max(1.0, rounds.left()))
     outcomes = {name: o for name, o in opened.failed.items()}
     pushes = [o.value for o in opened.ok.values()]
-    fallback: set[str] = set()
-    why: dict[str, str] = {}
-    dead: dict[str, BaseException] = {}        # hosts that failed outright (their connection): out of later rounds
     try:
         for round_no in range(ROUNDS):
-            live = [hp for hp in pushes if hp.host.name not in fallback and hp.host.name not in dead]
-            if all(hp.complete for hp in live) or time.monotonic() > end:
+            rounds.round_no = round_no
+            live = [hp for hp in pushes if not rounds.out(hp)]
+            if all(hp.complete for hp in live) or rounds.left() < 0:
                 break
-            hops = [Hop(hp, model, modes) for hp in live]
-            moved = _round(connector, hops, model, progress, bwlimit_kbps, end, from_plane, fallback, dead,
-                           on_route, round_no, also_direct, why)
-            if not moved:
+            if not _round(rounds, [RemoteHop(hp, model, modes) for hp in live]):
                 break
-        for hp in pushes:
-            if hp.host.name in fallback:
-                continue
-            if hp.host.name in dead:
-                outcomes[hp.host.name] = HostOutcome(hp.host, error=dead[hp.host.name])
-            elif hp.complete:
-                outcomes[hp.host.name] = HostOutcome(hp.host, value=hp.result())
-            else:
-                outcomes[hp.host.name] = HostOutcome(hp.host, error=ModelStoreError(
-                    f"{why.get(hp.host.name, 'the relay did not complete it')}: push again to continue from "
-                    "what it holds"))
+        outcomes.update({hp.host.name: rounds.outcome(hp) for hp in pushes if hp.host.name not in rounds.fallback})
     finally:
         for hp in pushes:
             hp.__exit__(None, None, None)
-    return outcomes, fallback
+    return Pushed(outcomes, frozenset(rounds.fallback))
 
 
-def _round(connector: Connector, hops: list[Hop], model: LocalModel, progress: Progress | None,
-           bwlimit_kbps: int | None, end: float, from_plane: bool, fallback: set[str], dead: dict[str, BaseException],
-           on_route: Callable[[Route], None] | None, round_no: int, also_direct: Mapping[str, str],
-           why: dict[str, str]) -> int:
+def _round(rounds: RelayRounds, hops: list[RemoteHop]) -> int:
     """One round (the module's steps 2-5): the bytes the hosts wanting files received."""
-    route = Route(direct=dict(also_direct), again=round_no > 0)
-    chains: list[tuple[list[Hop], object]] = []
+    job = rounds.job
+    route = Route(direct=dict(job.from_here), again=rounds.round_no > 0)
+    chains: list[tuple[list[RemoteHop], object]] = []
     try:
         for hop in hops:
             try:
-                hop.start(progress)
+                hop.start(job.progress)
             except Exception as e:  # noqa: BLE001 - the host's own outcome
-                dead[hop.name] = lost(hop, e)
-        hops = [h for h in hops if h.name not in dead]
+                rounds.lose(hop, e)
+        hops = [h for h in hops if h.name not in rounds.dead]
         for hop in hops:
-            if not hop.wait_for(lambda hop=hop: hop.port, min(START_S, end - time.monotonic())):
-                fallback.add(hop.name)
-                said = (hop.answer or {}).get("error") or " ".join(hop.errors[-1:])[:200] or "no answer"
-                route.direct[hop.name] = f"its relay could not start: {said}"
-                hop.hp.__exit__(None, None, None)          # its hold, for the direct push to take
-        chains = _chains(connector, rotate([h for h in hops if h.name not in fallback]), from_plane, route, end)
-        if on_route is not None and (route.chains or route.direct):
-            on_route(route)
-        senders = [in_background(_send, conn, chain, model, bwlimit_kbps) for chain, conn in chains]
+            if not hop.wait_for(lambda hop=hop: hop.port, min(START_S, rounds.left())):
+                rounds.hand_back(hop, route)
+        chains = _chains(job.connector, rotate([h for h in hops if h.name not in rounds.fallback]), rounds.from_plane,
+                         route, rounds.end)
+        if job.on_route is not None and (route.chains or route.direct):
+            job.on_route(route)
+        senders = [in_background(_send, conn, chain, job.model, job.bwlimit_kbps) for chain, conn in chains]
         for chain, conn in chains:
             for hop in chain:
-                hop.wait_for(lambda hop=hop: hop.answer, end - time.monotonic())
+                hop.wait_for(lambda hop=hop: hop.answer, rounds.left())
             conn.close()
         for sender in senders:
             try:
-                route.sent_here += sender.result(timeout=max(0.0, end - time.monotonic()))
+                route.sent_here += sender.result(timeout=max(0.0, rounds.left()))
             except Exception:  # noqa: BLE001 - the hops' own answers say what became of the bytes
                 pass
     finally:
@@ -248,24 +309,24 @@ def _round(connector: Connector, hops: list[Hop], model: LocalModel, progress: P
             hop.stop()
     live = [h for chain, _ in chains for h in chain]
     finished = run_all([h.hp.host for h in live], lambda host: _finish(next(h for h in live if h.hp.host is host)),
-                       max(1.0, end - time.monotonic()))
+                       max(1.0, rounds.left()))
     moved = 0
     for hop in live:
         error = finished[hop.name].error
         if error is not None:
-            dead[hop.name] = lost(hop, error)
+            rounds.lose(hop, error)
             continue
         # what arrived: the hop's own count when it ended well, else what the host holds now beyond what it held
         received = hop.got if hop.answer and hop.answer.get("done") else max(hop.got, held(hop.hp) - hop.wanted_held)
         if received:
-            hop.hp.sent([rel for rel, f in hop.files.items() if f[2]], received, "relay", f"relayed from {hop.upstream}")
+            hop.hp.sent([rel for rel, f in hop.files.items() if f.want], received, "relay", f"relayed from {hop.upstream}")
             moved += received
         if not hop.hp.complete:
-            why[hop.name] = f"{hop.name}: {hop.failure()}"
+            rounds.unfinished(hop)
     return moved
 
 
-def lost(hop: Hop, error: BaseException) -> BaseException:
+def lost(hop: RemoteHop, error: BaseException) -> BaseException:
     """A host that failed outright during the push: a helper's own failure as it is; the connection gone (the host
     stopped, slept, or its sshd died) in one line saying so: what it holds is kept for the next push."""
     if isinstance(error, (CommandFailed, CommandTimeout, ModelStoreError)):
@@ -291,7 +352,7 @@ def held(hp: HostPush) -> int:
     return sum(have_of(hp, rel) for rel in hp.want)
 
 
-def _finish(hop: Hop) -> None:
+def _finish(hop: RemoteHop) -> None:
     """Hash what arrived; a host still lacking files prepares again (what it holds now) for the next round."""
     if hop.hp.complete:
         return
@@ -300,8 +361,8 @@ def _finish(hop: Hop) -> None:
         hop.hp.prepare()
 
 
-def _chains(connector: Connector, hops: list[Hop], from_plane: bool, route: Route,
-            end: float) -> list[tuple[list[Hop], object]]:
+def _chains(connector: Connector, hops: list[RemoteHop], from_plane: bool, route: Route,
+            end: float) -> list[tuple[list[RemoteHop], object]]:
     """The chains and this machine's connection to each one's first hop (the module's step 3)."""
     chains = []
     while hops:
@@ -331,16 +392,16 @@ def _chains(connector: Connector, hops: list[Hop], from_plane: bool, route: Rout
     return chains
 
 
-def _connect(head: Hop, from_plane: bool):
+def _connect(head: RemoteHop, from_plane: bool):
     host = head.hp.host
     if from_plane or host.local:
         return socket.create_connection((host.address, head.port), timeout=REACH_S)
     return head.hp.transport.connect_tcp(host.address, head.port, REACH_S)
 
 
-def _send(conn, chain: list[Hop], model: LocalModel, bwlimit_kbps: int | None) -> int:
+def _send(conn, chain: list[RemoteHop], model: LocalModel, bwlimit_kbps: int | None) -> int:
     """The plan, then each file's bytes from the first hop's offset, to the chain's first hop: bytes sent."""
-    plan = [[f.path, offsets(chain, f.path)] for f in model.files if any(h.files[f.path][2] for h in chain)]
+    plan = [[f.path, offsets(chain, f.path)] for f in model.files if any(h.files[f.path].want for h in chain)]
     conn.sendall((json.dumps({"files": plan}) + "\n").encode())
     rate = bwlimit_kbps * 1024 if bwlimit_kbps else None
     start, sent = time.monotonic(), 0

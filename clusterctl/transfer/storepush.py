@@ -1,7 +1,10 @@
-"""What every route of a model push shares (transfer/models.py chooses the route: direct from here, or relayed
-between the hosts by transfer/relay.py): one host's push as a context (HostPush: its hold on its own partial
-directory, prepare and finish, each one round trip to hosts/scripts/modelstore.py), the entry it leaves
-(StoreEntry) and the route's record (Route).
+"""What every route of a model push shares (transfer/routes.py lists the routes and chooses one per host;
+transfer/models.py runs them): the route's interface (ModelRoute: its name, when it takes a host, how it
+pushes), what it is given (Asked: the conditions it is chosen by; Job: the push), the decision (Choice: the route
+and the reason printed), one host's push as a context (HostPush: its hold on its own partial directory, prepare
+and finish, each one round trip to hosts/scripts/modelstore.py), the per-host sequence written once (store:
+hold -> prepare -> send -> finish, the route supplying only `send`), the entry it leaves (StoreEntry) and the
+route's record (Route).
 
     with HostPush(connector, host, model, want, verify) as hp:
         plan = hp.prepare()            # {"state": "complete"} or the files to send, into plan["path"]
@@ -12,12 +15,14 @@ from __future__ import annotations
 
 import re
 import time
+from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from ..errors import ModelStoreError
 from ..hosts.connector import Connector
+from ..hosts.fanout import HostOutcome, run_all
 from ..hosts.scripts.modelstore import PARTS  # noqa: F401 (the helper's own: rsync's --partial-dir, where SFTP appends)
 from ..inventory import Host
 from . import remotefiles
@@ -164,3 +169,113 @@ def mismatch(hp: HostPush, files: Sequence[str]) -> ModelStoreError:
     return ModelStoreError(f"{hp.host.name}: {', '.join(files)} still does not match its sha256 on the host after "
                            f"being sent again: the file in {hp.model.root} changed during the push, or the host's "
                            "disk corrupts it (push again; if it recurs, check that disk)")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The conditions a push's routes are chosen by (routes.choose), the same for each of its hosts."""
+
+    method: str = "auto"          # --method: auto, rsync or sftp
+    direct: bool = False          # --direct: from this machine to each host, never relayed
+    rsync: str | None = None      # this machine's rsync, when the method may use it (push.local_rsync)
+    addressed: int = 0            # how many of the push's hosts have a data-plane `address`
+
+
+@dataclass(frozen=True)
+class Job:
+    """One push as its routes see it."""
+
+    connector: Connector
+    model: LocalModel
+    wanted: Mapping[str, list[str]]       # host name -> the model files it gets
+    asked: Asked
+    verify: bool = False
+    progress: Progress | None = None
+    bwlimit_kbps: int | None = None
+    deadline: float = 0.0                 # seconds a route's hosts have (run_all's deadline)
+    from_here: Mapping[str, str] = field(default_factory=dict)   # hosts pushed from here, not relayed -> the Choice's reason
+    on_route: Callable[[Route], None] | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The route a host's bytes take, as routes.choose decided it, and the words that decision prints: `reason`,
+    for a host pushed from this machine, why it is not relayed (the route's line `direct: h4 (no data-plane
+    address)`: the first route's refusal); `note`, what the host's StoreEntry says of how its bytes went (the chosen
+    route's note: SFTP standing in for rsync)."""
+
+    route: "ModelRoute"
+    reason: str = ""
+    note: str = ""
+
+
+class Sent(NamedTuple):
+    """What a route's send did for one host: bytes that went over the wire, how (its StoreEntry's method), a note."""
+
+    count: int
+    method: str
+    note: str = ""
+
+
+class Pushed(NamedTuple):
+    """What a route's push did: host name -> HostOutcome, and the hosts it hands back (to the routes after it)."""
+
+    outcomes: dict[str, HostOutcome]
+    back: frozenset[str] = frozenset()
+
+
+Send = Callable[[Job, "HostPush", list[str], dict[str, int]], Sent]
+
+
+class ModelRoute(ABC):
+    """A way to copy a model into the hosts' stores: an entry of routes.ROUTES, which routes.choose walks in order,
+    giving each host to the first entry that takes it."""
+
+    name: str = ""
+    tells_route: bool = False       # it tells the Route itself (job.on_route, round by round); else models.push does
+
+    @abstractmethod
+    def refusal(self, asked: Asked, host: Host) -> str | None:
+        """None when this route takes `host`; else why not, in the words the route's lines print."""
+
+    def note(self, asked: Asked, host: Host) -> str:
+        """What the StoreEntry of a host this route takes says of how its bytes went ("": nothing)."""
+        return ""
+
+    @abstractmethod
+    def push(self, job: Job, hosts: Sequence[Host], choices: Mapping[str, Choice]) -> Pushed:
+        """The model into the stores of `hosts` (those this route took; `choices`: each one's Choice)."""
+
+
+class OneByOne(ModelRoute):
+    """A route from this machine to each host on its own: every host runs the per-host sequence (store) with this
+    route's send, all at once."""
+
+    def push(self, job: Job, hosts: Sequence[Host], choices: Mapping[str, Choice]) -> Pushed:
+        group = run_all(hosts, lambda host: store(job, host, self.send, choices[host.name].note), job.deadline)
+        return Pushed(dict(group.items()))
+
+    @abstractmethod
+    def send(self, job: Job, hp: HostPush, files: list[str], resume: dict[str, int]) -> Sent:
+        """Send `files` into the host's partial directory, hp.plan["path"] (`resume`: file -> the bytes of it the
+        host already holds, to continue from)."""
+
+
+def store(job: Job, host: Host, send: Send, note: str = "") -> StoreEntry:
+    """One host's push, the sequence every route follows: hold (HostPush's context) -> prepare -> send -> finish,
+    and what finish deleted (it did not match its sha256) sent once more, whole. A host already holding the model,
+    verified, moves nothing. `note`: the Choice's, kept unless the send says more."""
+    with HostPush(job.connector, host, job.model, job.wanted[host.name], job.verify) as hp:
+        plan = hp.prepare()
+        if hp.complete:
+            return hp.result()
+        files, resume = plan["send"], {k: int(v) for k, v in plan["resume"].items()}
+        for _ in range(2):          # the second time: what finish deleted, sent whole
+            if files:
+                sent = send(job, hp, files, resume)
+                hp.sent(files, sent.count, sent.method, sent.note or note)
+            done = hp.finish()
+            if hp.complete:
+                return hp.result()
+            files, resume = done["bad"] + done["missing"], {}
+        raise mismatch(hp, files)

@@ -15,12 +15,12 @@ from clusterctl.hosts.connector import Connector
 from clusterctl.hosts.scripts import program
 from clusterctl.inventory import load
 from clusterctl.transfer.models import Route, describe, push
-from clusterctl.transfer.relay import offsets, rotate
+from clusterctl.transfer.relay import HopFile, offsets, rotate
 
 
 def hop(name, files):
-    """A stand-in for relay.Hop: files {rel: [size, have, want, mode]}."""
-    return SimpleNamespace(name=name, files=files, held=sum(f[1] for f in files.values()))
+    """A stand-in for relay.RemoteHop: files {rel: HopFile(size, have, want, mode)}."""
+    return SimpleNamespace(name=name, files=files, held=sum(f.have for f in files.values()))
 
 
 @pytest.mark.parametrize("hops, expected", [
@@ -32,13 +32,13 @@ def hop(name, files):
     ([(100, False), (100, False)], [100, 100]),                     # nothing to send
 ])
 def test_each_hop_receives_only_what_it_and_the_hops_after_it_lack(hops, expected):
-    chain = [hop(f"h{i}", {"w": [100, have, want, 0o644]}) for i, (have, want) in enumerate(hops)]
+    chain = [hop(f"h{i}", {"w": HopFile(100, have, want, 0o644)}) for i, (have, want) in enumerate(hops)]
     assert offsets(chain, "w") == expected
 
 
 def test_the_chain_keeps_inventory_order_from_the_host_holding_most():
     def files(have):
-        return {"w": [100, have, have < 100, 0o644]}
+        return {"w": HopFile(100, have, have < 100, 0o644)}
     a, b, c = hop("a", files(0)), hop("b", files(70)), hop("c", files(70))
     assert [h.name for h in rotate([a, b, c])] == ["b", "c", "a"]          # most held; a tie: inventory order
     assert [h.name for h in rotate([a, hop("b", files(0)), hop("c", files(0))])] == ["a", "b", "c"]
@@ -183,7 +183,7 @@ def test_a_hop_refuses_a_file_it_was_not_given(tmp_path):
 
 
 class FakeHop:
-    """What relay._chains reads of a Hop: its name, address, port and token, and its word on reaching the next."""
+    """What relay._chains reads of a RemoteHop: its name, address, port and token, and its word on reaching the next."""
 
     def __init__(self, name, reach=None):
         self.name, self.reach, self.port, self.token = name, reach, 9000, f"token-{name}"
