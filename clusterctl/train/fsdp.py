@@ -28,13 +28,16 @@ optimizer state is then keyed by bucket index, MLX's layout.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn
 from mlx.utils import tree_flatten, tree_map, tree_reduce, tree_unflatten
 
 from clusterctl.train.collectives import reduce_scatter, reduce_scatter_method, world_group
+from clusterctl.train.step import accumulated_grads, mean_over_ranks
 
 DEFAULT_COMMUNICATION_SIZE = 32 * 1024**2
 
@@ -218,3 +221,30 @@ def _mlx_builtin(flat_grads, fsdp_group):
     if len(dtypes) != 1 or not divisible or reduce_scatter_method(fsdp_group) != "native":
         return None
     return builtin
+
+
+# ---- fsdp's step: what the strategies' registry entry for fsdp makes (strategies.FullySharded) ----------
+
+def fsdp_apply(model, optimizer, config, group):
+    """fsdp's update alone: fsdp_apply_gradients reduce-scatters the gradients, updates this rank's slices and
+    gathers the parameters back. It stays outside mx.compile because on mpi its reduce-scatter goes through
+    mpi4py, which evaluates eagerly."""
+    def apply(loss, grads):
+        parameters, norm = fsdp_apply_gradients(grads, model.trainable_parameters(), optimizer,
+                                                fsdp_group=group, max_norm=config.max_norm or math.inf)
+        model.update(parameters)
+        return mean_over_ranks(loss, group), norm
+
+    return apply
+
+
+def make_fsdp_step(model, optimizer, config, group):
+    """Sharded optimizer state: the gradient computation is compiled, the update is fsdp_apply's."""
+    state = [model.state, mx.random.state]
+    grads_of = mx.compile(partial(accumulated_grads, model), inputs=state, outputs=state)
+    apply = fsdp_apply(model, optimizer, config, group)
+
+    def step(*batch):
+        return apply(*grads_of(*batch))
+
+    return step

@@ -1,4 +1,5 @@
-"""The optimizer, its learning-rate schedule, and the training steps the strategies make (strategies.py).
+"""The optimizer, its learning-rate schedule, dp's step and what every strategy's step is made of (fsdp's step is
+fsdp.py's, zero3's zero3.py's: strategies.py's entries make them).
 
 A step takes the micro-batches of one optimizer step stacked as (accum, B, L) arrays (tokens, targets and, for
 packed records, segments: packing.py), sums their gradients, combines them across ranks (DP:
@@ -151,7 +152,7 @@ def accumulated_grads(model, *batch: mx.array):
     return loss, grads
 
 
-def _mean_over_ranks(value: mx.array, group) -> mx.array:
+def mean_over_ranks(value: mx.array, group) -> mx.array:
     if group.size() == 1:
         return value
     return mx.distributed.all_sum(value, group=group) / group.size()
@@ -179,7 +180,7 @@ def dp_update(model, optimizer, config, group, loss, grads):
     else:
         norm = global_norm(grads)
     optimizer.update(model, grads)
-    return _mean_over_ranks(loss, group), norm
+    return mean_over_ranks(loss, group), norm
 
 
 def dp_apply(model, optimizer, config, group):
@@ -188,30 +189,3 @@ def dp_apply(model, optimizer, config, group):
     optimizer.init(model.trainable_parameters())
     applied = [model.state, optimizer.state]
     return mx.compile(partial(dp_update, model, optimizer, config, group), inputs=applied, outputs=applied)
-
-
-def fsdp_apply(model, optimizer, config, group):
-    """fsdp's update alone: fsdp_apply_gradients reduce-scatters the gradients, updates this rank's slices and
-    gathers the parameters back. It stays outside mx.compile because on mpi its reduce-scatter goes through
-    mpi4py, which evaluates eagerly."""
-    from .fsdp import fsdp_apply_gradients
-
-    def apply(loss, grads):
-        parameters, norm = fsdp_apply_gradients(grads, model.trainable_parameters(), optimizer,
-                                                fsdp_group=group, max_norm=config.max_norm or math.inf)
-        model.update(parameters)
-        return _mean_over_ranks(loss, group), norm
-
-    return apply
-
-
-def make_fsdp_step(model, optimizer, config, group):
-    """Sharded optimizer state: the gradient computation is compiled, the update is fsdp_apply's."""
-    state = [model.state, mx.random.state]
-    grads_of = mx.compile(partial(accumulated_grads, model), inputs=state, outputs=state)
-    apply = fsdp_apply(model, optimizer, config, group)
-
-    def step(*batch):
-        return apply(*grads_of(*batch))
-
-    return step

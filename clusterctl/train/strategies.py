@@ -164,11 +164,11 @@ class FullySharded(Replicated):
     ACTIVATIONS = FSDP_ACT
 
     def make_step(self, model, optimizer, config, group):
-        from .step import make_fsdp_step
+        from .fsdp import make_fsdp_step
         return make_fsdp_step(model, optimizer, config, group)
 
     def update(self, model, optimizer, config, group):
-        from .step import fsdp_apply
+        from .fsdp import fsdp_apply
         return fsdp_apply(model, optimizer, config, group)
 
     def _full(self, shape: Shape, world: int) -> tuple[float, float]:
