@@ -13,7 +13,7 @@ weights (`--balance 11,5`: what auto should reach, issue 43) and auto with `--ch
 gradients' all_sum and AdamW ~2 ms, the stop poll's all_max under 1 ms, the loop's Python a few ms, against ~70 ms
 of forward and backward per row), so longer rows would not move the ratio; what held the best split near 1.36x the
 even split (16/12 = 1.33 predicted) was the fast rank's 11 rows computed as two micro-batches of 6, one row of padding
-each step (12 rows of work for 11), which the trainer no longer does (balance.micro_batches: 6 + 5).
+each step (12 rows of work for 11), which the trainer no longer does (rowshares.micro_batches: 6 + 5).
 
 --own-cores pins host k's sshd, and so everything it starts (its rank and the rank's threads), to core k of this
 machine, as two machines would each have their own; by default the ranks share this machine's cores (each rank

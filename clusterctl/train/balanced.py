@@ -1,4 +1,4 @@
-"""fit's step with balancing on (balance.py has the rules): this rank's share of the global batch, its
+"""fit's step with balancing on (rowshares.py has the rules): this rank's share of the global batch, its
 compute timed, the shares exchanged and moved, and the replicas' parameters compared (check-sync).
 
     steps = BalancedSteps(model, optimizer, config, group, shard_loader, start=0, rows=None)
@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import ClusterctlError, ConfigError
-from . import balance, strategies
+from . import rowshares, strategies
 from .callbacks import announce_quiet
 
 SLOWDOWN = "CLUSTERCTL_TRAIN_SLOWDOWN"
@@ -81,12 +81,12 @@ def weighted_grads(model, x, y, w):
 def initial_rows(config, world: int, saved: list[int] | None = None) -> list[int]:
     """The shares a run starts with: a checkpoint's (same world and global batch), fixed weights, or even."""
     total = config.batch_size * config.accum * world
-    mode = balance.parse_balance(config.balance, world)
+    mode = rowshares.parse_balance(config.balance, world)
     if isinstance(mode, tuple):
-        return balance.proportional(mode, total)
+        return rowshares.proportional(mode, total)
     if saved and len(saved) == world and sum(saved) == total and mode == "auto":
         return list(saved)
-    return balance.proportional([1] * world, total)
+    return rowshares.proportional([1] * world, total)
 
 
 class BalancedSteps:
@@ -94,17 +94,17 @@ class BalancedSteps:
                  rows: list[int] | None = None):
         self.model, self.optimizer, self.config, self.group = model, optimizer, config, group
         self.rank, self.world = group.rank(), group.size()
-        self.mode = balance.parse_balance(config.balance, self.world)
+        self.mode = rowshares.parse_balance(config.balance, self.world)
         self.rows = initial_rows(config, self.world, rows)
         self.shard_loader, self.start = shard_loader, start
         self.slow, self.slow_from, self.slow_until = slowdown()
         self.settled: int | None = None       # the exchange at which the shares last settled (said once)
         self.measured_rows, self.measured_s = 0, 0.0
         self.rates = [0, 0.0, 0.0]            # step-by-step speeds since the last exchange: count, sum, and the
-        self.last_rate: float | None = None   # squared differences of successive ones (balance.spread)
-        self.noise: float | None = None       # the last exchange's (balance.noise)
+        self.last_rate: float | None = None   # squared differences of successive ones (rowshares.spread)
+        self.noise: float | None = None       # the last exchange's (rowshares.noise)
         self.proposed: list[int] | None = None    # the shares the last exchange's figures called for
-        self.measured_steps, self.exchange_at = 0, balance.WARMUP_STEPS
+        self.measured_steps, self.exchange_at = 0, rowshares.WARMUP_STEPS
         self.speeds: list[float] | None = None
         self.changes: list[dict] = []
         self.exchanged: int | None = None     # the step after which the last exchange happened
@@ -128,7 +128,7 @@ class BalancedSteps:
         weight = self.world / sum(self.rows)
         starts: dict[tuple[int, int], list[int]] = {}
         sizes: dict[int, tuple[list, list, list]] = {}
-        for chunk in balance.micro_batches(balance.assignment(self.rows)[self.rank], B):
+        for chunk in rowshares.micro_batches(rowshares.assignment(self.rows)[self.rank], B):
             windows = []
             for shard, j in chunk:
                 loader, key = self.shard_loader(shard), (shard, j // B)
@@ -178,12 +178,12 @@ class BalancedSteps:
         mine[self.rank] = mx.array([self.measured_rows, self.measured_s, float(self.reads_all), *self.rates])
         table = mx.distributed.all_sum(mine, group=self.group, stream=mx.cpu).tolist()
         seconds = [row[1] for row in table]
-        self.exchange_at = balance.next_exchange(self.measured_steps, seconds)
-        if not balance.enough(seconds):
+        self.exchange_at = rowshares.next_exchange(self.measured_steps, seconds)
+        if not rowshares.enough(seconds):
             return                           # the same table on every rank: all wait a step more together
         self.measured_rows, self.measured_s, self.rates, self.last_rate = 0, 0.0, [0, 0.0, 0.0], None
         self.speeds = [row[0] / row[1] if row[1] > 0 else 0.0 for row in table]
-        self.noise = balance.noise([balance.spread(*row[3:]) for row in table])
+        self.noise = rowshares.noise([rowshares.spread(*row[3:]) for row in table])
         self.exchanged = done
         cannot = [r for r, row in enumerate(table) if not row[2]]
         if cannot:
@@ -193,18 +193,18 @@ class BalancedSteps:
                       "--all-shards, or data push --all-shards) to balance", flush=True)
             self.held_even = cannot
             return
-        wanted = balance.proposal(self.rows, self.speeds, self.noise)
-        new, self.proposed = balance.confirmed(self.rows, wanted, self.speeds, self.proposed), wanted
+        wanted = rowshares.proposal(self.rows, self.speeds, self.noise)
+        new, self.proposed = rowshares.confirmed(self.rows, wanted, self.speeds, self.proposed), wanted
         measured = ", ".join(f"{s:.0f}" for s in self.speeds) + f" rows/s, noise {100 * self.noise:.0f}%"
         if new == self.rows:
             if self.changes and self.settled is None:
                 # the shares held at an exchange after a move: said once, until they move again
                 self.settled = done
                 if self.rank == 0:
-                    even = balance.step_time(balance.proportional([1] * self.world, sum(new)), self.speeds)
+                    even = rowshares.step_time(rowshares.proportional([1] * self.world, sum(new)), self.speeds)
                     print(f"balance: settled at {':'.join(map(str, new))} rows a step from step "
                           f"{self.changes[-1]['step']} (measured {measured}; a step predicted "
-                          f"{even / balance.step_time(new, self.speeds):.2f}x the even split's speed)", flush=True)
+                          f"{even / rowshares.step_time(new, self.speeds):.2f}x the even split's speed)", flush=True)
             return
         if new != self.rows:
             if self.rank == 0:
@@ -212,7 +212,7 @@ class BalancedSteps:
                       f"(measured {measured})", flush=True)
             self.settled = None
             self.rows = new
-            taken = {shard for shard, _ in balance.assignment(new)[self.rank]} - {self.rank}
+            taken = {shard for shard, _ in rowshares.assignment(new)[self.rank]} - {self.rank}
             if taken:                        # opening another rank's shard may take a while (tokenizing it)
                 announce_quiet()
                 for shard in sorted(taken):
@@ -246,7 +246,7 @@ def check_sync(model, group, step: int) -> None:
     table = mx.zeros((group.size(), mine.shape[0]))
     table[group.rank()] = mine
     rows = [tuple(r) for r in mx.distributed.all_sum(table, group=group, stream=mx.cpu).tolist()]
-    differ = balance.sync_differs(rows)
+    differ = rowshares.sync_differs(rows)
     if differ:
         who = (f"rank {differ[0]}" if len(differ) == 1 else "ranks " + ", ".join(map(str, differ)))
         agree = group.size() - len(differ)

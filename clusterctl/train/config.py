@@ -203,7 +203,7 @@ class TrainConfig:
                               "defaults instead (docs/finetune.md#settings): drop --preset")
         if not self.ckpt_minutes >= 0:
             raise ConfigError("--ckpt-minutes must not be negative")
-        from .balance import parse_balance
+        from .rowshares import parse_balance
         parse_balance(self.balance)
         if self.strategy != strategies.AUTO:
             strategies.get(self.strategy)                  # a --config file's strategy is not argparse's choice

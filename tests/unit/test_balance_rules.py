@@ -1,10 +1,10 @@
-"""The bundled trainer's balancing rules (clusterctl/train/balance.py): shares, the rows each rank takes,
+"""The bundled trainer's balancing rules (clusterctl/train/rowshares.py): shares, the rows each rank takes,
 when auto moves them, and which replica drifted. The MLX side is tested in tests/train/ (equality with one
 rank holding the whole batch, exact resume, check-sync)."""
 import pytest
 
 from clusterctl.errors import ConfigError
-from clusterctl.train import balance as b
+from clusterctl.train import rowshares as b
 
 
 def test_parse_balance():
@@ -154,7 +154,7 @@ def test_the_balance_flag_s_help_quotes_the_threshold_the_rule_uses():
     """--balance's help says when shares stay even: the rule's own TOLERANCE, not a figure written apart."""
     from dataclasses import fields
 
-    from clusterctl.train import balance
+    from clusterctl.train import rowshares as balance
     from clusterctl.train.config import TrainConfig
 
     said = next(f.metadata["help"] for f in fields(TrainConfig) if f.name == "balance")
