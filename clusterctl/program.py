@@ -7,8 +7,8 @@ that `run` asks a program what it needs instead of comparing its name:
 
 A kind of program is one Capabilities object: this module's base class is any program of the user's (a script,
 or a module, `python -m`); the bundled trainer (trainer_program.BundledTrainer) and a service (`clusterctl
-serve`'s, serve/service.Service) are the others. run.program_for picks the kind by the module a program runs.
-Standard library only.
+serve`'s, serve/service.Service) are the others. run/resolve.py program_for picks the kind by the module a program
+runs. Standard library only.
 """
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ class PlannedLaunch:
     first_os: str | None               # rank 0's host's OS (uname -s), when known
     project: str                       # the project directory here (what run copies)
     data_dir: str | None               # run's own --data (shards from `clusterctl data prepare`), or None
+
+
+@dataclass(frozen=True)
+class Product:
+    """What a run of a kind of program leaves in its run directory for its user (Capabilities.products): what it is
+    ("model": an mlx-lm model directory; "adapters": mlx-lm's adapter layout, on the base the run adapted), its
+    directory relative to the run directory, and the file in it that is there once it was written whole."""
+
+    what: str
+    path: str
+    marker: str
 
 
 class Capabilities:
@@ -75,6 +86,11 @@ class Capabilities:
 
     def check(self, planned: PlannedLaunch) -> None:
         """Raise a one-line BadInput for a launch its ranks would refuse (when checks_before_launch)."""
+
+    def products(self, args: Sequence[str]) -> tuple[Product, ...]:
+        """What a run of it may leave in its run directory for its user, which run tells once it came home (those
+        that are there); none that clusterctl knows of for a program of the user's."""
+        return ()
 
     def describe(self, args: Sequence[str]) -> dict:
         """What a run of it is, for its record and `runs` (pure): {"kind", "model", "strategy"}: a program whose

@@ -1,5 +1,5 @@
 """The bundled trainer (clusterctl.train) as a kind of program `run` knows (program.Capabilities): what it reads,
-how it resumes, what it brings home and what it checks before a launch, by its contract (trainer_contract.py).
+how it resumes, what it produces and what it checks before a launch, by its contract (trainer_contract.py).
 
     kind = BundledTrainer(prelaunch=check, strategy_shrink=refusal)   # cli/launch.py gives train/'s
     kind.inputs(["--model", "models/m", "--data", "d"], run_gives_data=False)   # [("--model", ...), ("--data", "d")]
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .program import Capabilities, PlannedLaunch
-from .trainer_contract import (DATA, DEFAULT_STRATEGY, MODEL, OUT, RESUME, STRATEGY, TRAINER_KINDS, TRAINER_MODULE,
-                               add_run_flag, flag_value, replace_flag, setting)
+from .program import Capabilities, PlannedLaunch, Product
+from .trainer_contract import (ADAPTER_CONFIG, DATA, DEFAULT_STRATEGY, MODEL, OUT, RESUME, STRATEGY, TRAINER_KINDS,
+                               TRAINER_MODULE, add_run_flag, flag_value, replace_flag, setting)
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,11 @@ class BundledTrainer(Capabilities):
     def check(self, planned: PlannedLaunch) -> None:
         if self.prelaunch is not None:
             self.prelaunch(planned)
+
+    def products(self, args: Sequence[str]) -> tuple[Product, ...]:
+        """A training run's export (<run>/model: train/trainer.py, after fine-tuning a --model), or an --adapter
+        run's adapters (<run>/adapters: train/adapters.py publish); a run writes one of them, or neither."""
+        return (Product("model", "model", "config.json"), Product("adapters", "adapters", ADAPTER_CONFIG))
 
     def describe(self, args: Sequence[str]) -> dict:
         """Its kind is the one TRAINER_KINDS gives its flags, else "train", of its --model, with its --strategy

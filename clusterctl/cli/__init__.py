@@ -7,6 +7,7 @@ core's work (run/, doctor/, bench/, transfer/, hosts/).
     hosttable.py  the hosts' telemetry as rows (top, and under the ranks in run's panel)
     hosts.py    hosts, exec, init, ssh-close                  doctor.py  doctor
     launch.py   hostfile, run                                 sync.py    sync
+    printedrun.py  run's events as lines (serve's add theirs)  runwords.py  run's words: clusterctl's, the program's
     data.py     data prepare, data push, generate, export     setup.py   setup mesh, setup python, setup network
     bench.py    bench                                         models.py  models, models push, models rm
     serve.py    serve

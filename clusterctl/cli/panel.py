@@ -5,7 +5,7 @@ the panel, whole, and the panel is redrawn at the terminal's current width and h
 the next tick). Everything is written from rich's own timer thread, REFRESH_PER_S times a second: the
 output lines that arrived since the last tick in one write, then the panel once. Redrawing the panel under
 each line instead costs about a millisecond of CPU per line (benchmarks/RESULTS.md). This module imports
-rich; cli/launch.py imports it only when a panel is drawn.
+rich; cli/printedrun.py imports it only when a panel is drawn.
 
 Under the ranks, once the first sample of the hosts' telemetry is in (run samples it every few seconds:
 observe/hostwatch.py), a row per host: memory, pressure, swap, load, GPU and heat, as `clusterctl top` draws them

@@ -9,7 +9,7 @@ import click
 from ..trainer_contract import RUNS_DIR
 from . import app
 from .console import size
-from .launch import PrintedRun, print_tail
+from .printedrun import PrintedRun, print_tail
 
 
 class PrintedServe(PrintedRun):

@@ -29,7 +29,7 @@ LIB_DIR = ".clusterctl/lib"                # where transfer/stage.py ship_cluste
 # must have (`clusterctl setup python --with supervisor` installs them)
 NEEDS = ("click", "paramiko", "yaml", "rich")
 START_TIMEOUT_S = 60.0
-LIVE_FILE = ".live.json"     # in its folder: the live panel's last snapshot (cli/launch.py LiveFile; dot: not fetched)
+LIVE_FILE = ".live.json"     # in its folder: the live panel's last snapshot (cli/printedrun.py LiveFile; dot: not fetched)
 
 
 def folder(host: Host, run_id: str) -> str:

@@ -6,7 +6,7 @@ copy home), started there detached (clusterctl/detach/); this machine keeps a re
     detached.run_id, detached.host, detached.pid
 
 `argv`: the run command's own arguments for the supervisor, without what only applies here (the CLI makes it:
-cli/launch.py supervisor_argv). The supervisor gets the cluster as its host reaches the others (detach/handoff.py),
+cli/runwords.py supervisor_argv). The supervisor gets the cluster as its host reaches the others (detach/handoff.py),
 what staging gave the ranks (RunOptions.staged) and this run's id.
 """
 from __future__ import annotations
@@ -23,7 +23,10 @@ from ..inventory import Cluster
 from ..launch.job import new_run_id
 from ..launch.plan import discover, remember_plan
 from ..transfer.stage import ship_clusterctl
-from . import RunEvents, RunOptions, _check_program, _ready, stage
+from .events import RunEvents
+from .options import RunOptions
+from .ready import check_program, get_ready
+from .staging import stage
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ def detach(cluster: Cluster | None, options: RunOptions, argv: Sequence[str], su
         raise UsageError("--detach needs --hosts: a job on this machine alone would stop with it")
     if settings.dry_run:
         raise UsageError("--detach and --dry-run: the dry run launches nothing; give one of them")
-    ready = _ready(cluster, options, events)
+    ready = get_ready(cluster, options, events)
     if ready.program.kind.reads_stdin:
         _refuse_stdin(options)
     host = supervisor.choose(ready.cluster, supervisor_name)
@@ -57,7 +60,7 @@ def detach(cluster: Cluster | None, options: RunOptions, argv: Sequence[str], su
                         needs_mpi=ready.backend.needs_mpi)
         remember_plan(ready.cluster, plan)
         if ready.checks:
-            _check_program(ready.cluster, plan, ready.program, ready.project, options)
+            check_program(ready.cluster, plan, ready.program, ready.project, options)
     if options.attempts.restart.elastic is not None:
         extra_env["CLUSTERCTL_ELASTIC_BATCH"] = options.attempts.restart.batch
     given = handoff.Handoff(new_run_id(), host.name, handoff.as_seen_from(ready.cluster, host.name), tuple(argv),

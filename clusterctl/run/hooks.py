@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import ClusterctlError
 from ..hosts.connector import Connector
@@ -29,9 +28,9 @@ from ..observe.runs import read_metrics
 from ..program import Program
 from ..trainer_contract import step_dir_name
 from ..transfer.stage import COPY_GATE_ENV
-
-if TYPE_CHECKING:
-    from . import BesideCopy, RunEvents, RunOptions
+from .events import RunEvents, told
+from .options import RunOptions
+from .staging import BesideCopy
 
 
 class RunHooks(AttemptHooks):
@@ -158,7 +157,6 @@ class RunHooks(AttemptHooks):
         self.events.reshaped(cluster.names, cluster.world_size, lost)
         if self.options.data_dir:
             from ..transfer.stage import stage_data
-            from . import told
             with told(self.events, "data") as progress:
                 self.extra_env["CLUSTERCTL_DATA_DIR"] = stage_data(
                     self.whole.narrowed(cluster), self.options.data_dir,

@@ -35,7 +35,10 @@ from ..hosts.forward import Forward, is_loopback
 from ..inventory import Cluster
 from ..launch.attempts import AttemptSettings
 from ..program import Capabilities
-from ..run import THIS_MACHINE_BACKEND, RunEvents, RunOptions, RunResult, Staged, push_model, run
+from ..run.events import RunEvents
+from ..run.modelpush import push_model
+from ..run.options import THIS_MACHINE_BACKEND, RunOptions, Staged
+from ..run.usecase import RunResult, run
 from ..transfer import hub
 from ..transfer import models as store
 from .check import check_model, served_name, stage_files

@@ -321,12 +321,12 @@ def test_a_killed_run_leaves_no_launcher_or_rank_behind_on_this_machine(tmp_path
 
 
 def test_the_cli_prints_every_event_run_reports():
-    """cli.launch.PrintedRun is duck-typed (run.py is imported only when `run` runs): it must answer every
+    """cli.printedrun.PrintedRun is duck-typed (run.py is imported only when `run` runs): it must answer every
     RunEvents method, with the same parameters."""
     import inspect
 
-    from clusterctl.cli.launch import PrintedRun
-    from clusterctl.run import RunEvents
+    from clusterctl.cli.printedrun import PrintedRun
+    from clusterctl.run.events import RunEvents
 
     events = [n for n, f in inspect.getmembers(RunEvents, inspect.isfunction) if not n.startswith("_")]
     assert events and all(hasattr(PrintedRun, n) for n in events), events

@@ -11,7 +11,7 @@ import pytest
 from sshcluster import requires_private_roots
 from test_run import TOKEN, start
 
-from clusterctl.run import HOST_SAMPLE_S
+from clusterctl.run.options import HOST_SAMPLE_S
 
 pytestmark = pytest.mark.ssh
 

@@ -332,7 +332,7 @@ def test_each_default_is_defined_once_and_named_for_what_it_is():
     """The default backend is the inventory's (DEFAULT_BACKEND, "mpi") and, for a run on this machine without one,
     run's THIS_MACHINE_BACKEND ("ring"); a project's runs directory is trainer_contract.RUNS_DIR. Nowhere else is
     such a value written, and each constant is defined once."""
-    definitions = {"DEFAULT_BACKEND": "clusterctl.inventory", "THIS_MACHINE_BACKEND": "clusterctl.run",
+    definitions = {"DEFAULT_BACKEND": "clusterctl.inventory", "THIS_MACHINE_BACKEND": "clusterctl.run.options",
                    "RUNS_DIR": "clusterctl.trainer_contract"}
     for name, home in definitions.items():
         defined = [m for m, p in ALL if re.search(rf"^{name}\s*=", open(p, encoding="utf-8").read(), re.M)]

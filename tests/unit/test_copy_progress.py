@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from clusterctl.cli.launch import PrintedRun
+from clusterctl.cli.printedrun import PrintedRun
 from clusterctl.hosts.connector import Connector
 from clusterctl.inventory import Cluster, parse
 from clusterctl.transfer.fetch import check_fetch_paths, fetch_outputs

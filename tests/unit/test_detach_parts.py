@@ -11,7 +11,8 @@ import time
 import pytest
 
 from clusterctl.cli import serve as serve_cli
-from clusterctl.cli.launch import RunCommand, run_cmd, split_run_words, supervisor_argv
+from clusterctl.cli.launch import run_cmd
+from clusterctl.cli.runwords import RunCommand, split_run_words, supervisor_argv
 from clusterctl.detach import follow, handoff
 from clusterctl.errors import UsageError
 from clusterctl.hosts.scripts import program

@@ -158,7 +158,7 @@ def test_the_events_are_hosts_jsonl_lines_and_listed_in_the_summary(tmp_path, mo
 
 
 def test_run_prints_each_event_on_one_line(capsys):
-    from clusterctl.cli.launch import PrintedRun
+    from clusterctl.cli.printedrun import PrintedRun
 
     printed = PrintedRun(live=False)
     printed.host_flagged(HostEvent("h2", "swapping", "started", 103.0, 40, ("memory pressure warn",)))

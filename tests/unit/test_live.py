@@ -237,7 +237,7 @@ def test_the_panel_renders_a_row_per_rank_and_the_job_line():
 
 
 def test_no_panel_without_a_terminal_or_with_plain():
-    from clusterctl.cli.launch import panel_wanted
+    from clusterctl.cli.printedrun import panel_wanted
 
     assert panel_wanted(plain=True) is False
     assert panel_wanted(plain=False) is (sys.stdout.isatty() and sys.stderr.isatty())

@@ -16,7 +16,7 @@ from clusterctl.observe.plot import MARKS, VAL_MARKS, Curves, render_text
 from clusterctl.observe.procs import etime_seconds, kind_of, parse_ps, run_processes
 from clusterctl.observe.runs import final_losses, latest_checkpoint, list_all, list_runs, read_index, resolve, run_info
 from clusterctl import trainer_program
-from clusterctl.run import program_for
+from clusterctl.run.resolve import program_for
 from clusterctl.serve.service import Service
 from clusterctl.trainer_program import BundledTrainer
 

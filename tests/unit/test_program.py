@@ -9,7 +9,8 @@ from clusterctl.launch.restart import RestartPolicy
 from clusterctl.launch.stall import StallPolicy
 from clusterctl.launch.supervise import Settings
 from clusterctl.program import ANY_PROGRAM, PlannedLaunch, Program
-from clusterctl.run import RunOptions, program_for
+from clusterctl.run.options import RunOptions
+from clusterctl.run.resolve import program_for
 from clusterctl.serve.service import RANK_MODULE, Service
 from clusterctl.train.memory import MemoryRefused
 from clusterctl.train.prelaunch import check_before_launch

@@ -1,4 +1,4 @@
-"""`run` as a function (clusterctl/run.py), without click: the program it picks, a dry run, and real jobs
+"""`run` as a function (clusterctl/run/usecase.py), without click: the program it picks, a dry run, and real jobs
 on this machine (two ranks, launched by the real launcher), recorded through RunEvents."""
 import json
 import os
@@ -14,7 +14,10 @@ from clusterctl.launch.stall import StallPolicy
 from clusterctl.launch.outcome import Outcome
 from clusterctl.launch.supervise import Settings
 from clusterctl.program import Program
-from clusterctl.run import RunEvents, RunOptions, RunResult, program_for, run
+from clusterctl.run.events import RunEvents
+from clusterctl.run.options import RunOptions
+from clusterctl.run.resolve import program_for
+from clusterctl.run.usecase import RunResult, run
 from clusterctl.trainer_contract import TRAINER_MODULE as BUNDLED_TRAINER
 
 
@@ -41,7 +44,7 @@ def test_resume_latest_names_the_newest_run_here_with_a_checkpoint_as_its_ranks_
     """The bundled trainer's `--resume latest` (no --out) under run: every run has a directory of its own, so it is
     rewritten to the newest run in --runs-dir holding a checkpoint: runs/<id> on other hosts (relative to their
     workdir), this machine's own path when every rank runs here; none is one line, exit 2."""
-    from clusterctl.run import _resume_latest
+    from clusterctl.run.resolve import resume_latest
 
     class Notes(RunEvents):
         def __init__(self):
@@ -55,20 +58,20 @@ def test_resume_latest_names_the_newest_run_here_with_a_checkpoint_as_its_ranks_
     hosts = parse("hosts:\n  - name: h1\n    address: 10.0.0.1\n  - name: h2\n    address: 10.0.0.2\n", "inv.yaml")
     resume = program_for(None, ("--steps", "50", "--resume", "latest"), None)
     with pytest.raises(UsageError, match=r"^--resume latest: no run in .*runs/ holds a checkpoint"):
-        _resume_latest(resume, hosts, str(runs), Notes())
+        resume_latest(resume, hosts, str(runs), Notes())
     (runs / "20261101-100000-aaaaaa" / "checkpoints" / "step-000012").mkdir(parents=True)
     (runs / "20261101-100000-aaaaaa" / "checkpoints" / "step-000012" / "state.json").write_text("{}")
     (runs / "20261102-100000-bbbbbb").mkdir()                      # newer, but stopped before any checkpoint
     notes = Notes()
-    assert _resume_latest(resume, hosts, str(runs), notes).args == ("--steps", "50", "--resume",
+    assert resume_latest(resume, hosts, str(runs), notes).args == ("--steps", "50", "--resume",
                                                                      "runs/20261101-100000-aaaaaa")
     assert notes.notes == ["--resume latest: run 20261101-100000-aaaaaa, from its step-000012 "
                            "(--resume runs/20261101-100000-aaaaaa)"]
     local = str(runs / "20261101-100000-aaaaaa")
-    assert _resume_latest(resume, here, str(runs), Notes()).args[-1] == local
+    assert resume_latest(resume, here, str(runs), Notes()).args[-1] == local
     for same in (program_for(None, ("--resume", "latest", "--out", "mine"), None),
                  program_for(None, ("--resume", "runs/x"), None), Program("t.py", None, ("--resume", "latest"))):
-        assert _resume_latest(same, hosts, str(runs), Notes()) == same
+        assert resume_latest(same, hosts, str(runs), Notes()) == same
 
 
 def test_exit_codes_of_a_result():

@@ -1,11 +1,12 @@
-"""`clusterctl run`'s command line: what is clusterctl's and what is the program's (cli/launch.py)."""
+"""`clusterctl run`'s command line: what is clusterctl's and what is the program's (cli/runwords.py)."""
 
 import clirun
 import pytest
 
-from clusterctl.cli.launch import LAUNCH_ONLY, RunCommand, run_cmd, split_run_words
+from clusterctl.cli.launch import run_cmd
+from clusterctl.cli.runwords import LAUNCH_ONLY, RunCommand, split_run_words
 from clusterctl.errors import UsageError
-from clusterctl.run import program_for
+from clusterctl.run.resolve import program_for
 
 
 @pytest.fixture(scope="module")
@@ -70,32 +71,33 @@ def test_help_shows_both_forms_and_a_module_with_a_subcommand():
 
 
 def test_which_of_the_trainers_inputs_run_copies_and_which_the_hosts_must_hold(tmp_path):
-    """Issue 45: what the pre-flight looks for on the hosts before copying anything (run._program_inputs, of the
-    inputs the program's kind names): the bundled trainer's --data unless it is a relative path inside the project
-    run copies. Its --model is not one of them: run puts it into the hosts' model stores (issue 41, run._model_here:
-    a directory here; a hub id resolved in the hub's cache here)."""
-    from clusterctl.run import RunOptions, _model_here, _program_inputs
+    """Issue 45: what the pre-flight looks for on the hosts before copying anything (run/resolve.py program_inputs,
+    of the inputs the program's kind names): the bundled trainer's --data unless it is a relative path inside the
+    project run copies. Its --model is not one of them: run puts it into the hosts' model stores (issue 41,
+    run/resolve.py model_here: a directory here; a hub id resolved in the hub's cache here)."""
+    from clusterctl.run.options import RunOptions
+    from clusterctl.run.resolve import model_here, program_inputs
 
     project = tmp_path / "proj"
     (project / "models" / "m").mkdir(parents=True)
     (project / "out").symlink_to(tmp_path)              # a link that leads out of the project
 
     def inputs(args, **options):
-        return _program_inputs(program_for(None, tuple(args.split()), None), RunOptions(**options), str(project))
+        return program_inputs(program_for(None, tuple(args.split()), None), RunOptions(**options), str(project))
 
     assert inputs("--model models/m --data d") == [("--data", "d", True)]
     assert inputs(f"--model={tmp_path}/m --data ../d") == [("--data", "../d", False)]
     assert inputs("--data d", sync=False) == [("--data", "d", False)]        # --no-sync copies nothing
     assert inputs("--model /m --data d", data_dir="shards") == []          # run's --data is its own
     program = program_for(None, ("--model", "models/m"), None)
-    assert _model_here(program, str(project)) == (program, str(project / "models" / "m"))
-    assert _model_here(program_for(None, ("--model", "/nowhere/m"), None), str(project))[1] is None   # on the hosts
-    assert _model_here(program_for(None, ("--steps", "5"), None), str(project))[1] is None
-    assert _program_inputs(program_for("train.py", ("--model", "/m"), None), RunOptions(), str(project)) == []
+    assert model_here(program, str(project)) == (program, str(project / "models" / "m"))
+    assert model_here(program_for(None, ("--model", "/nowhere/m"), None), str(project))[1] is None   # on the hosts
+    assert model_here(program_for(None, ("--steps", "5"), None), str(project))[1] is None
+    assert program_inputs(program_for("train.py", ("--model", "/m"), None), RunOptions(), str(project)) == []
 
 
 def test_env_options_take_a_value_or_this_machines_and_refuse_in_one_line():
-    from clusterctl.run import parse_env_options
+    from clusterctl.run.envflags import parse_env_options
 
     here = {"HF_TOKEN": "hf_x", "EMPTY": ""}
     assert parse_env_options(["FOO=bar", "HF_TOKEN", "EMPTY", "EQ=a=b", "FOO=baz", "BLANK="], here) == (

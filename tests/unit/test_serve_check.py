@@ -91,7 +91,7 @@ def test_a_pipeline_stage_gets_only_the_weight_files_its_blocks_and_the_shared_w
 
 def test_a_servers_failure_is_told_by_its_last_lines():
     from clusterctl.launch.outcome import Outcome
-    from clusterctl.run import RunResult
+    from clusterctl.run.usecase import RunResult
     from clusterctl.serve.service import describe_failure
 
     def told(*tail):
