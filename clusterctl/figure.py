@@ -13,7 +13,7 @@ import os
 from .atomic import replacing
 from .errors import MissingExtra
 
-INSTALL = "pip install 'clusterctl[plot]'"
+INSTALL = "pip install matplotlib"
 DPI = 100
 
 

@@ -3,7 +3,7 @@
     summary = check_model("models/tiny", world=2, pipeline=False)    # ServeError, one line, when not
 
 Without mlx-lm here, the files alone are checked (config.json with a model_type, safetensors weights, a
-tokenizer); with it (`pip install 'clusterctl[lm]'`), mlx-lm builds the model lazily (no weights are read)
+tokenizer); with it (`pip install mlx-lm`), mlx-lm builds the model lazily (no weights are read)
 and loads the weights' names and shapes, so an architecture it lacks, weights that do not fit the config, and
 a model it cannot shard across `world` hosts the way asked are refused here rather than by every rank.
 """

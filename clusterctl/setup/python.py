@@ -114,7 +114,7 @@ def check_extras(with_lm: bool) -> None:
     """`--with lm` asks for this machine's mlx-lm on every host: this machine must have one (UsageError)."""
     if with_lm and version_here(LM_PACKAGE) is None:
         raise UsageError(f"--with lm: this machine has no {LM_PACKAGE}, so there is no version to give every host: "
-                         "install it here first (pip install 'clusterctl[lm]'), then run setup python again")
+                         "install it here first (pip install mlx-lm), then run setup python again")
 
 
 # `--with supervisor`: what clusterctl itself needs to run on a host as a detached run's supervisor (pyproject.toml's

@@ -3,7 +3,7 @@
     check_model_dir(path)        # config, weights, tokenizer, an architecture mlx-lm has: one line if not
     model, tokenizer, cfg = load(path)
 
-mlx-lm is optional (`pip install 'clusterctl[lm]'`); nothing here imports it until a model is asked for, and
+mlx-lm is optional (`pip install mlx-lm`); nothing here imports it until a model is asked for, and
 its absence is one line naming the install command. Nothing is ever downloaded: the directory must hold
 `config.json`, `model*.safetensors` and the tokenizer's files (docs/finetune.md).
 
@@ -20,7 +20,7 @@ import shlex
 
 from ..errors import ConfigError, MissingExtra
 
-INSTALL = "pip install 'clusterctl[lm]'  (or: pip install mlx-lm)"
+INSTALL = "pip install mlx-lm"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "tiktoken.model")
 # What zero3 knows how to cut into units (zero3.lm_units): an embedding, blocks called (h, mask), a final norm,
 # a tied or separate output matrix, nothing else in the forward pass

@@ -50,7 +50,7 @@ def resolve(word: str, base: str | None = None) -> str:
                                             RevisionNotFoundError)
     except ImportError:
         raise ModelError(f"{word}: no such directory here; to name a Hugging Face model by its id, install the hub "
-                         "client (pip install 'clusterctl[hub]')") from None
+                         "client (pip install huggingface_hub)") from None
     cache = constants.HF_HUB_CACHE
     try:
         return snapshot_download(repo, revision=revision, local_files_only=True, allow_patterns=ALLOW_PATTERNS)

