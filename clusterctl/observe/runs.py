@@ -20,11 +20,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from ..errors import UsageError
+from ..hosts.scripts.contract import RUN_ID as RUN_ID_PATTERN
 from ..launch.stop import ranks_by_host
 from ..trainer_contract import STEP_GLOB, checkpoint_step
 from .record import FACTS, LOG_TIMES, PID_FILE, RANK_METRICS, SUMMARY, index_path, iso
 
-RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class RunInfo:
     restarts: int = 0               # run --max-restarts: attempts after the first (runs/<id>/attempt-K/)
     test_loss: float | None = None  # a fine-tune's test.jsonl, scored at its end (train/testset.py)
     test_perplexity: float | None = None
-    kind: str | None = None         # record.describe: train, fine-tune, serve, program (None: an older record)
+    # program.Capabilities.describe: train, fine-tune, adapters, serve, program (None: an older record)
+    kind: str | None = None
     model: str | None = None
     strategy: str | None = None
     supervisor: str | None = None   # a detached run not yet home: the host its supervisor runs on

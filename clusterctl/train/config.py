@@ -216,7 +216,8 @@ class TrainConfig:
             presets.get(self.preset)
         if self.adapter and not self.model:
             raise ConfigError(f"--adapter {self.adapter} adapts a model: give it with --model DIR (an mlx-lm model "
-                              "directory, quantized or not; docs/finetune.md#lora-and-dora)")
+                              "directory, quantized or not, or under clusterctl run a Hugging Face id; "
+                              "docs/finetune.md#lora-and-dora)")
         if not 1 <= self.lora_rank <= MAX_LORA_RANK:
             raise ConfigError(f"--lora-rank must be from 1 to {MAX_LORA_RANK}, not {str(self.lora_rank)[:20]}")
         if not math.isfinite(self.lora_scale):

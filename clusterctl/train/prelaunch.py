@@ -31,7 +31,7 @@ def check_before_launch(planned: PlannedLaunch) -> str | None:
     if adapter and not model and not flag_value(args, "--resume"):
         from .config import ConfigError
         raise ConfigError(f"--adapter {adapter} adapts a model: give it with --model DIR (an mlx-lm model directory, "
-                          "quantized or not; docs/finetune.md#lora-and-dora)")
+                          "quantized or not, or a Hugging Face id; docs/finetune.md#lora-and-dora)")
     if model and not flag_value(args, "--resume"):
         scored_only = "--test" in args and "--train" not in args           # mlx-lm's rule: --test alone scores
         check_finetune(_in(project, model), _in(project, data) if data else None, world, adapter, scored_only)

@@ -29,7 +29,8 @@ def _preset(name: str, purpose: str, **settings) -> Preset:
     return Preset(name, purpose, MappingProxyType(settings))
 
 
-# tiny is the README's former main-job line, measured on a 2-core CPU (docs/trainer.md#presets: ~1 minute, loss 5.5 -> 1.2).
+# tiny is the README's former main-job line, measured on a 2-core CPU (45-48 s, loss 5.51 -> 1.24:
+# benchmarks/RESULTS.md, main_job).
 # small and base are sized for a GPU; base is TrainConfig's own defaults, so TrainConfig() is a base run.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     _preset("tiny", "the default on a CPU: under a minute on 2 cores",
