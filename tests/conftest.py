@@ -63,8 +63,10 @@ def pretrained(tmp_path_factory, worker_id):
 # ---- running side by side (tests/run.sh: pytest-xdist, CONTRIBUTING.md#running-side-by-side) -------------
 # Most tests start their own cluster (make_cluster) or none, and run anywhere. A module that builds something
 # once for all its tests (a module- or session-scoped fixture of its own: a trained checkpoint, a serve, a
-# cluster) keeps its tests on one worker, so it is built once (xdist_group, with --dist loadgroup). The tiers
-# that wait most (ssh, cli, train) are handed out first, the many short unit tests last, so they fill the end.
+# cluster) keeps its tests on one worker, so it is built once (xdist_group, with --dist loadgroup). The tests
+# marked slow (minutes under the suite's load) are handed out first of all, then the tiers that wait most (ssh, cli,
+# train), the many short unit tests last, so they fill the end: a test of minutes handed out late is the run's tail.
+# (xdist hands out the groups, largest first, before all of these.)
 
 TIER_ORDER = {"ssh": 0, "cli": 1, "train": 2, "unit": 3}
 
@@ -86,7 +88,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     tier = {item: TIER_ORDER.get(item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else "", 9)
             for item in items}
-    items.sort(key=tier.__getitem__)          # stable: the order inside a tier stays as written
+    # stable: the order inside a tier stays as written
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, tier[item]))
 
 
 _ungrouped: list[str] = []        # why this worker's groups are split (xdist stopped renaming), when they are

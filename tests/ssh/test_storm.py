@@ -12,7 +12,7 @@ from sshcluster import requires_private_roots
 from storm import STEPS, TRAIN, Storm, beside
 from test_restart import curve, nothing_left
 
-pytestmark = pytest.mark.ssh
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 def test_a_run_rides_through_a_storm_of_faults_each_named_and_ends_as_an_undisturbed_run(make_cluster, tmp_path,
