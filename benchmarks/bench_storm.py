@@ -3,10 +3,10 @@ the model it ends with is the one an undisturbed run makes (issue 53).
 
     .venv/bin/python benchmarks/bench_storm.py
 
-tests/storm.py's storm, as tests/ssh/test_storm.py runs it: the bundled trainer (2 layers, dim 32, 400 steps, a
-checkpoint every 10) on 3 loopback sshd hosts (tests/sshcluster.py, persistent roots; h3's root on a 24 MB tmpfs of
-its own) under `clusterctl run --max-restarts 6 --restart-delay 2 --stall-timeout 8`, while, one after another,
-each past a checkpoint:
+tests/storm.py's storm, as tests/ssh/test_storm.py runs it but longer: the bundled trainer (2 layers, dim 32, 400
+steps where the test's run has 200, a checkpoint every 10) on 3 loopback sshd hosts (tests/sshcluster.py, persistent
+roots; h3's root on a 24 MB tmpfs of its own) under `clusterctl run --max-restarts 6 --restart-delay 2
+--stall-timeout 8`, while, one after another, each past a checkpoint:
   1. rank 1 (h2) is killed with SIGKILL;
   2. h2 is stopped (its sshd and every session under it) and started again once `run` names it;
   3. the data plane between h1 and h2 (their ranks' ring ports) drops every packet for 60 s (tests/dataplane.py);

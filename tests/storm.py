@@ -4,7 +4,8 @@ between two hosts is dropped for a minute (the restart after it waits for the li
 past the stall timeout, a host's sshd is restarted and a host's disk is filled and freed.
 tests/ssh/test_storm.py asserts on what it records; benchmarks/bench_storm.py times it.
 
-    storm = Storm(cluster, project, disk)    # a 3-host SSHCluster(persistent_roots=True), h3's root on `disk`
+    storm = Storm(cluster, project, disk)    # a 3-host SSHCluster(persistent_roots=True), h3's root on `disk`;
+                                             # steps=TEST_STEPS: the test's shorter run (STEPS: the benchmark's)
     code, calm_out = beside(storm, calm)    # or: storm.start(); storm.ride(); storm.finish()
     storm.faults        # one Fault each: when it was injected, seen (detected) and got over (recovered)
     storm.text          # everything `run` printed
@@ -35,18 +36,28 @@ MAX_RESTARTS = 6
 STALL_TIMEOUT_S = 8
 DROP_S = 60              # how long the data plane stays down
 CKPT_EVERY = 10
-STEPS = 400
-TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
-         "--batch-size", "4", "--warmup", "5", "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
-         "--ckpt-every", str(CKPT_EVERY), "--keep", "2", "--dropout", "0.1",
-         # even shares: auto could move rows at other steps than in the undisturbed run (its shares follow measured
-         # speeds, and a storm makes them uneven), and the final loss is compared to the last digit
-         "--balance", "off"]
+STEPS = 400              # the benchmark's run (benchmarks/bench_storm.py)
+# the test's run (tests/ssh/test_storm.py): the six faults are over by about step 85 (each waits for training to be 2
+# steps past the next checkpoint, one every CKPT_EVERY steps, and a restart resumes from the last one), whatever the
+# machine's speed; 200 leaves more than twice that, at half the training of 400 in both runs
+TEST_STEPS = 200
 
 
-def run_args(inventory) -> list[str]:
+def train(steps: int = STEPS) -> list[str]:
+    return ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
+            "--batch-size", "4", "--warmup", "5", "--steps", str(steps), "--report-every", "1", "--eval-every", "0",
+            "--ckpt-every", str(CKPT_EVERY), "--keep", "2", "--dropout", "0.1",
+            # even shares: auto could move rows at other steps than in the undisturbed run (its shares follow
+            # measured speeds, and a storm makes them uneven), and the final loss is compared to the last digit
+            "--balance", "off"]
+
+
+TRAIN = train()
+
+
+def run_args(inventory, steps: int = STEPS) -> list[str]:
     return ["--hosts", str(inventory), "--backend", "ring", "--plain", "--max-restarts", str(MAX_RESTARTS),
-            "--restart-delay", "2", "--stall-timeout", str(STALL_TIMEOUT_S), "--", *TRAIN]
+            "--restart-delay", "2", "--stall-timeout", str(STALL_TIMEOUT_S), "--", *train(steps)]
 
 
 @dataclass
@@ -66,8 +77,9 @@ class Fault:
 
 
 class Storm:
-    def __init__(self, cluster, project, disk, steps_limit_s: float = 240.0):
+    def __init__(self, cluster, project, disk, steps_limit_s: float = 240.0, steps: int = STEPS):
         self.cluster, self.project, self.disk = cluster, project, disk
+        self.steps = steps
         self.limit = steps_limit_s
         self.lines: list[tuple[float, str]] = []
         self.seen = 0                     # lines read by the waits so far
@@ -78,11 +90,13 @@ class Storm:
         self.run_id = ""
         self.began = 0.0
         self.waits = self.back = ""       # the restart's lines while it waited for the data plane
+        self.step = 0                     # the last step past_a_checkpoint read (after ride(): where the faults ended)
 
     # ---- reading the job's output --------------------------------------------------------------
     def start(self) -> None:
         self.began = time.monotonic()
-        self.job = clirun.start("run", *run_args(self.cluster.inventory), cwd=self.project, own_cache=True)
+        self.job = clirun.start("run", *run_args(self.cluster.inventory, self.steps), cwd=self.project,
+                                own_cache=True)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -109,7 +123,8 @@ class Storm:
         ckpt = int(m.group(1))
         while True:
             _, _, m = self.wait_for(STEP)
-            if int(m.group(1)) >= ckpt + 2:
+            self.step = int(m.group(1))
+            if self.step >= ckpt + 2:
                 return ckpt
 
     def tail(self, n: int = 60) -> str:

@@ -9,7 +9,7 @@ import clirun
 import dataplane
 import pytest
 from sshcluster import requires_private_roots
-from storm import STEPS, TRAIN, Storm, beside
+from storm import TEST_STEPS, Storm, beside, train
 from test_restart import curve, nothing_left
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -26,9 +26,9 @@ def test_a_run_rides_through_a_storm_of_faults_each_named_and_ends_as_an_undistu
     quiet = make_cluster(3)
     (tmp_path / "storm").mkdir()
     (tmp_path / "calm").mkdir()
-    calm = clirun.start("run", "--hosts", str(quiet.inventory), "--backend", "ring", "--plain", "--", *TRAIN,
-                        cwd=tmp_path / "calm", own_cache=True)
-    storm = Storm(cluster, tmp_path / "storm", small_disk)
+    calm = clirun.start("run", "--hosts", str(quiet.inventory), "--backend", "ring", "--plain", "--",
+                        *train(TEST_STEPS), cwd=tmp_path / "calm", own_cache=True)
+    storm = Storm(cluster, tmp_path / "storm", small_disk, steps=TEST_STEPS)
     code, calm_out = beside(storm, calm)
     text = storm.text
     assert code == 0, storm.tail()
@@ -77,7 +77,8 @@ def test_a_run_rides_through_a_storm_of_faults_each_named_and_ends_as_an_undistu
     # resume is exact: the storm's curve is the undisturbed run's, step for step, to its final loss
     calm_id = clirun.TOKEN.search(calm_out).group(1)
     got, reference = curve(tmp_path / "storm" / "runs" / storm.run_id), curve(tmp_path / "calm" / "runs" / calm_id)
-    assert sorted(got) == list(range(1, STEPS + 1))
-    assert got[STEPS] == reference[STEPS] and got == reference
+    assert sorted(got) == list(range(1, TEST_STEPS + 1))
+    assert got[TEST_STEPS] == reference[TEST_STEPS] and got == reference
     nothing_left(cluster, storm.run_id, (1, 2, 3))
     print(json.dumps([f.row(storm.began) for f in storm.faults], indent=1))      # seen with pytest -s
+    print(f"the faults were over at step {storm.step} of {TEST_STEPS}")
