@@ -312,6 +312,7 @@ def attach_cmd(run_ref, plain, runs_dir, connect_timeout):
     attach exits with the run's exit code."""
     from ..detach import follow as detached
     from ..errors import UsageError
+    from ..hosts.scripts.contract import SUPERVISOR_LOG
     from ..observe.live import Replayed
     from ..observe.runs import resolve
     from .launch import panel_wanted
@@ -322,7 +323,7 @@ def attach_cmd(run_ref, plain, runs_dir, connect_timeout):
         raise UsageError(f"run {info.run_id} was not detached: its supervisor is the `clusterctl run` that started "
                          f"it (`clusterctl logs {info.run_id} -f` follows its ranks)")
     if detached.is_home(info.dir):
-        click.echo(open(os.path.join(info.dir, "supervisor.log"), encoding="utf-8", errors="replace").read(), nl=False)
+        click.echo(open(os.path.join(info.dir, SUPERVISOR_LOG), encoding="utf-8", errors="replace").read(), nl=False)
         sys.exit(_detached_end(info.dir, record, None))
     drawn, source, panel = panel_wanted(plain), Replayed(), None
 

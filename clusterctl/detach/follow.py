@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..atomic import write_text
+from ..hosts import hostscript
 from ..hosts.connector import Connector
-from ..hosts.scripts import program
+from ..hosts.scripts.contract import END_MARK, LIVE_MARK
 from ..inventory import Cluster, Host
 from . import handoff, supervisor
 
 RECORD = "detached.json"
-END_MARK = "\x1eclusterctl-supervisor-state "     # hosts/scripts/follow.py's
-LIVE_MARK = "\x1eclusterctl-live "                 # hosts/scripts/follow.py's: the live panel's snapshot
 HOME_MARK = "detached-home.json"                  # written once the run directory came home
 SUMMARY = "summary.json"                          # observe/record.py's: how the run ended
 
@@ -87,7 +86,7 @@ def follow(record: Record, write: Callable[[str], None], offset: int = 0, connec
     host = record.host
     lines: queue.Queue = queue.Queue()
     with connector.transport(host) as t:
-        proc = t.stream([host.python, "-c", program("follow.py"), record.folder, "follow", str(offset)], lines)
+        proc = hostscript.start(t, host.python, "follow.py", record.folder, "follow", str(offset), lines=lines)
         try:
             final = None
             while True:
@@ -101,12 +100,12 @@ def follow(record: Record, write: Callable[[str], None], offset: int = 0, connec
                 if text is None:
                     continue
                 if text.startswith(END_MARK):
-                    final = json.loads(text[len(END_MARK):])
+                    final = hostscript.message(text[len(END_MARK):])
                     continue
                 if text.startswith(LIVE_MARK):
                     if live is not None:
                         try:
-                            live(json.loads(text[len(LIVE_MARK):]))
+                            live(hostscript.message(text[len(LIVE_MARK):]))
                         except ValueError:
                             pass
                     continue

@@ -13,13 +13,13 @@ was copied.
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 
 from ..errors import ClusterctlError, UsageError
 from ..hosts.connector import Connector
-from ..hosts.scripts import program
+from ..hosts import hostscript
+from ..hosts.scripts.contract import LIVE_FILE  # noqa: F401 (in its folder: the live panel's last snapshot; cli/printedrun.py LiveFile)
 from ..inventory import Cluster, Host
 from . import handoff as handoffs
 
@@ -29,7 +29,6 @@ LIB_DIR = ".clusterctl/lib"                # where transfer/stage.py ship_cluste
 # must have (`clusterctl setup python --with supervisor` installs them)
 NEEDS = ("click", "paramiko", "yaml", "rich")
 START_TIMEOUT_S = 60.0
-LIVE_FILE = ".live.json"     # in its folder: the live panel's last snapshot (cli/printedrun.py LiveFile; dot: not fetched)
 
 
 def folder(host: Host, run_id: str) -> str:
@@ -54,13 +53,11 @@ def choose(cluster: Cluster, name: str | None) -> Host:
 
 def check_python(connector: Connector, host: Host) -> None:
     """The host's python can run the supervisor (clusterctl's own requirements), else one line with the fix."""
-    probe = ("import importlib.util, json, sys; print(json.dumps([n for n in sys.argv[1:] "
-             "if importlib.util.find_spec(n) is None]))")
     with connector.transport(host) as t:
-        result = t.run([host.python, "-c", probe, *NEEDS], timeout=30)
+        result = hostscript.run(t, host.python, "missing.py", *NEEDS, timeout=30)
     try:
-        missing = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        missing = hostscript.answer(result)
+    except hostscript.NoAnswer:
         raise ClusterctlError(f"--detach: {host.name}'s python ({host.python}) did not answer (status "
                               f"{result.exit_code}): {(result.stderr.strip().splitlines() or ['no output'])[-1]}"
                               ) from None
@@ -81,15 +78,15 @@ def start(connector: Connector, host: Host, handoff: handoffs.Handoff) -> int:
         with connector.transport(host) as t:
             t.put(local, f"{where}/handoff.json", mode=0o600)
             # in the workdir: the handoff and clusterctl by paths relative to it (a workdir may start with ~)
-            argv = [host.python, "-c", program("detach.py"), where, host.workdir, host.python, "-m", "clusterctl",
-                    handoff.command, "--handoff", f"{DETACHED_DIR}/{handoff.run_id}/handoff.json", *handoff.argv]
             env = {"PYTHONPATH": LIB_DIR, "PYTHONUNBUFFERED": "1"}
-            result = t.run(argv, timeout=START_TIMEOUT_S, env=env)
+            result = hostscript.run(t, host.python, "detach.py", where, host.workdir, host.python, "-m", "clusterctl",
+                                    handoff.command, "--handoff", f"{DETACHED_DIR}/{handoff.run_id}/handoff.json",
+                                    *handoff.argv, timeout=START_TIMEOUT_S, env=env)
     finally:
         os.unlink(local)
     try:
-        answer = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        answer = hostscript.answer(result)
+    except hostscript.NoAnswer:
         answer = {"error": (result.stderr.strip().splitlines() or [f"status {result.exit_code}, no output"])[-1]}
     if "pid" not in answer:
         raise ClusterctlError(f"--detach: the supervisor did not start on {host.name}: {answer.get('error')}")
@@ -100,8 +97,8 @@ def state(connector: Connector, host: Host, run_id: str, timeout: float = 30.0, 
     """How the supervisor of `run_id` is, as its host says (hosts/scripts/follow.py state); op "stop": SIGTERM
     to it first when it runs (it stops the ranks with their checkpoint, as `run` does on SIGTERM)."""
     with connector.transport(host) as t:
-        result = t.run([host.python, "-c", program("follow.py"), folder(host, run_id), op], timeout=timeout)
+        result = hostscript.run(t, host.python, "follow.py", folder(host, run_id), op, timeout=timeout)
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        return hostscript.answer(result)
+    except hostscript.NoAnswer:
         return {"state": "unknown", "why": (result.stderr.strip().splitlines() or ["no answer"])[-1]}

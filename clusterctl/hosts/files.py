@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from ..atomic import replacing
 from ..errors import ConnectError
-from .scripts.helperbase import TMP
+from .scripts.contract import TMP
 
 TMP_MARK = TMP                    # temporary names on hosts: NAME.clusterctl-tmp-XXXXXXXX (the helpers' own)
 CHUNK = 1 << 20

@@ -14,13 +14,13 @@ connect to every peer's) on all reachable hosts at once.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from ..inventory import Host
+from . import hostscript
+from .hostscript import HostPath
 from .openssh import HOST_CONFIG
 from .scripts import script_text
-from .quoting import quote_path
 
 MESH_MARKER = "clusterctl-mesh-ok"
 MESH_AT_ONCE = 4      # logins to peers one host's probe has under way at a time (probe.sh says why)
@@ -54,27 +54,21 @@ def probe_script(*, python: str, workdir: str, mpi_lib_dir: str | None, peers: l
     already, and logs in to every peer with it, as mpirun started on that host would. full=False skips what
     only doctor needs (importing mlx, mpirun --version): a launch's pre-flight. rdma=True also asks a Mac
     what jaccl needs (rdma_ctl status, ibv_devices: docs/facts/macos.md#jaccl)."""
-    def quoted(path: str | None) -> str:
-        return quote_path(path) if path else "''"
-
-    values = "\n".join([
-        f"PY={quote_path(python)}", f"WD={quote_path(workdir)}", f"LIBDIR={quoted(mpi_lib_dir)}",
-        f"LIBNAME={quoted(mpi_libname)}", f"SSH_CONFIG={shlex.quote(ssh_config) if ssh_config else chr(39) * 2}",
-        f"FULL={'yes' if full else 'no'}", f"RDMA={'yes' if rdma else 'no'}", f"MARKER={MESH_MARKER}",
-        f"MESH_AT_ONCE={MESH_AT_ONCE}",
-        f"PYTHON_INFO={shlex.quote(script_text('python_info.py'))}",
-        f"MESH_CONFIG_TEXT={shlex.quote((mesh_config or '').rstrip(chr(10)))}", f"MESH_CONFIG=\"$WD\"/{HOST_CONFIG}",
-        f"find_mpirun() {{ {find_mpirun_sh()}; }}",
-        "set --" + "".join(" " + shlex.quote(p) for p in peers),
-    ])
-    return values + "\n" + script_text("probe.sh")
+    values = {
+        "PY": HostPath(python), "WD": HostPath(workdir), "LIBDIR": HostPath(mpi_lib_dir or ""),
+        "LIBNAME": HostPath(mpi_libname or ""), "SSH_CONFIG": ssh_config or "", "FULL": "yes" if full else "no",
+        "RDMA": "yes" if rdma else "no", "MARKER": MESH_MARKER, "MESH_AT_ONCE": str(MESH_AT_ONCE),
+        "PYTHON_INFO": script_text("python_info.py"), "MESH_CONFIG_TEXT": (mesh_config or "").rstrip("\n"),
+        "MESH_CONFIG": HostPath(f"{workdir.rstrip('/') or '/'}/{HOST_CONFIG}"),
+    }
+    return hostscript.shell("probe.sh", values, peers, functions=f"find_mpirun() {{ {find_mpirun_sh()}; }}")
 
 
 def dataplane_command(python: str, spec: DataplaneSpec) -> str:
     """The second, short phase: run on every reachable host at once, over connections already open, so
     every listener is up within moments of the others."""
     arg = json.dumps([spec.me, spec.address, spec.port, spec.budget_s, [list(p) for p in spec.peers]])
-    return f"{quote_path(python)} -c {shlex.quote(script_text('dataplane.py'))} {shlex.quote(arg)}"
+    return hostscript.command(python, "dataplane.py", arg)
 
 
 @dataclass

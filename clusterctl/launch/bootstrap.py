@@ -2,12 +2,12 @@
 (hosts/scripts/bootstrap.py and its pieces, sent as one text: rank_program in job.py puts it on the command line).
 Every rank's bootstrap writes tagged lines, MARK + "<rank> <kind> <payload>", kind in
 start | out | err | bar | world | hb | exit; parse_line reads them back."""
-from ..hosts.scripts import program, script_text
+from ..hosts.scripts import program
 
 MARK = "\x1eclusterctl "
 
 BOOTSTRAP = program("bootstrap.py")         # what `python -c` runs on every rank, after a comment with the run id
-ENV_FILES = script_text("envfiles.py")      # env_files(), which doctor's smoke program runs too
+ENV_FILES = program("envfiles.py")          # env_files(), which doctor's smoke program runs too (with contract.py)
 
 
 def parse_line(line: str) -> tuple[int, str, str] | None:

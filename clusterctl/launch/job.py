@@ -24,13 +24,14 @@ from ..hosts.connector import RUN_FILES_DIR, Connector, ranks_run_dir
 from ..hosts.probe import find_mpirun_sh
 from ..hosts.stdinfeed import StdinFeed
 from ..hosts.local import LocalTransport
+from ..hosts.scripts.contract import HOST_ENV, RELAY_ENV, RUN_TOKEN  # the first two read (and removed) by the rank bootstrap
 from ..hosts.transport import Process
 from ..inventory import Cluster, scrub
 from .backends import Backend, LauncherCommand, write_files
 from .bootstrap import BOOTSTRAP
 from .plan import LaunchPlan
 from .site import LaunchSite
-from .stdinrelay import RELAY_ENV, relayed_start
+from .stdinrelay import relayed_start
 
 # what a launch from the first host asks it first: its home, whether we are root there, its ssh and its mpirun
 # (by absolute path, also where Homebrew puts it: sshd's PATH on a Mac does not have it)
@@ -69,6 +70,7 @@ class Launch:
 
 
 def new_run_id() -> str:
+    """YYYYmmdd-HHMMSS-hex6, as contract.RUN_ID matches it."""
     return datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
@@ -105,9 +107,6 @@ def rank_environment(cluster: Cluster, plan: LaunchPlan, run_id: str, run_dir: s
     return {**env, **(extra_env or {}), **(host_env or {}).get(cluster.hosts[0].name, {})}
 
 
-HOST_ENV = "CLUSTERCTL_HOST_ENV"     # read (and removed) by the rank bootstrap: hosts/scripts/bootstrap.py
-
-
 def host_env_overrides(cluster: Cluster, extra: Mapping[str, Mapping[str, str]] | None = None
                        ) -> dict[str, dict[str, str | None]]:
     """Per rank (its number as a string), how its host's inventory `env` (with `extra`'s values for that host:
@@ -140,7 +139,7 @@ def rank_program(cluster: Cluster, run_id: str, script: str, args: list[str]) ->
     `pgrep -f` on macOS <= 13 sees only a command line's first 2,048 bytes (docs/facts/macos.md#pgrep-2048-bytes)."""
     workdirs = [h.workdir for h in cluster.hosts for _ in range(h.slots)]
     workdir = workdirs[0] if len(set(workdirs)) == 1 else json.dumps(workdirs)   # the bootstrap picks its rank's
-    return [cluster.hosts[0].python, "-c", f"#clusterctl-run-{run_id}\n{BOOTSTRAP}", workdir, str(HEARTBEAT_S),
+    return [cluster.hosts[0].python, "-c", f"#{RUN_TOKEN}{run_id}\n{BOOTSTRAP}", workdir, str(HEARTBEAT_S),
             script, *args]
 
 

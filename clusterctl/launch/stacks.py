@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..atomic import write_text
+from ..hosts import hostscript
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
-from ..hosts.scripts import program
 
 STACKS_DIR = "stacks"
 SAVED = "stacks.json"   # beside the rank files: everything the screen is made of, for reading them back
@@ -239,14 +239,13 @@ def collect(connector: Connector, run_id: str, *, folders: dict[str, str] | None
     """Ask every rank of `run_id` on the connector's hosts (or those of `folders`: host -> the run's rank files
     there, as launch.json records them) for its stacks; hosts that cannot be asked are named in .errors.
     Takes about a second; `native` (py-spy) longer."""
-    text = program("stacks.py")
     taken = time.time()
 
     def one(host):
         folder = folders[host.name] if folders else connector.rank_files_dir(host, run_id)
-        argv = [host.python, "-c", text, folder, run_id, str(answer_s), "1" if native else "0"]
         with connector.transport(host) as t:
-            return t.run(argv, timeout=answer_s + (90 if native else 20))
+            return hostscript.run(t, host.python, "stacks.py", folder, run_id, str(answer_s), "1" if native else "0",
+                                  timeout=answer_s + (90 if native else 20))
 
     hosts = [h for h in connector.cluster.hosts if not folders or h.name in folders]
     group = run_all(hosts, one, deadline=connector.deadline(answer_s + (90 if native else 20)))
@@ -255,12 +254,10 @@ def collect(connector: Connector, run_id: str, *, folders: dict[str, str] | None
         if outcome.error is not None:
             errors[name] = str(outcome.error)
             continue
-        result = outcome.value
         try:
-            answer = json.loads((result.stdout.strip().splitlines() or ["?"])[-1])
-        except ValueError:
-            errors[name] = f"could not read its answer (status {result.exit_code}): " \
-                           f"{(result.stderr.strip().splitlines() or ['no output'])[-1][:200]}"
+            answer = hostscript.answer(outcome.value)
+        except hostscript.NoAnswer as e:
+            errors[name] = str(e)
             continue
         for entry in answer:
             ranks.append(RankStacks(int(entry["rank"]), name, entry.get("pid"), entry.get("text") or "",

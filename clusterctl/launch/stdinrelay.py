@@ -9,20 +9,18 @@ end with it (docs/facts/launchers.md#our-stdin-relay).
 from __future__ import annotations
 
 import queue
-import shlex
 import time
 from typing import Callable
 
 from ..errors import LaunchError
+from ..hosts import hostscript
 from ..hosts.connector import Connector
-from ..hosts.scripts import program
+from ..hosts.scripts.contract import READY
 from ..hosts.stdinfeed import StdinFeed
-from ..hosts.quoting import quote_path
 from ..hosts.transport import Process, Transport
 from ..inventory import Cluster
 
 READY_TIMEOUT_S = 30.0
-RELAY_ENV = "CLUSTERCTL_STDIN_RELAY"       # the FIFOs' tag: the bootstrap reads its rank's (hosts/scripts/bootstrap.py)
 
 
 class Relayed(Process):
@@ -98,11 +96,11 @@ def start_relays(cluster: Cluster, connector: Connector, run_id: str, tag: str,
             ranks = [str(rank) for rank, name in enumerate(rank_hosts) if name == host.name]
             if not ranks:
                 continue
-            command = " ".join([quote_path(host.python), "-c", shlex.quote(program("stdinrelay.py")),
-                                shlex.quote(connector.rank_files_dir(host, run_id)), shlex.quote(tag), *ranks])
             transport = connector.transport(host)
             lines: queue.Queue = queue.Queue()
-            started.append((transport, transport.stream(command, lines, stdin=True), lines, host.name))
+            relay = hostscript.start(transport, host.python, "stdinrelay.py", connector.rank_files_dir(host, run_id), tag,
+                                     *ranks, lines=lines, stdin=True)
+            started.append((transport, relay, lines, host.name))
     except BaseException:
         Relayed(_Ended(), [(t, p) for t, p, _, _ in started]).stop()
         raise
@@ -118,7 +116,7 @@ def _wait_ready(relay: Process, lines: queue.Queue, host: str) -> None:
             if relay.poll() is not None and not any(t.is_alive() for t in relay.readers) and lines.empty():
                 break
             continue
-        if not is_err and line == "ready":
+        if not is_err and line == READY:
             return
         said.append(line)
     last = said[-1] if said else f"no answer in {READY_TIMEOUT_S:g}s"

@@ -16,16 +16,15 @@ SIGINT, and every SIGTERM it sees is followed by a SIGKILL too soon to write a c
 """
 from __future__ import annotations
 
-import json
-import signal
 from dataclasses import dataclass, field
 
+from ..hosts import hostscript
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
-from ..hosts.scripts import program
+from ..hosts.scripts.contract import STOP_SIGNALS
 
 ASK_TIMEOUT_S = 20.0          # one host's answer, not counting the wait for the ranks to end
-NAMES = {signal.SIGINT: "INT", signal.SIGTERM: "TERM", None: "NONE"}
+NAMES = {signum: word for word, signum in STOP_SIGNALS.items()}     # the signal as stopranks.py takes it
 
 
 @dataclass
@@ -47,15 +46,13 @@ def ask_to_stop(connector: Connector, run_id: str, signum: int | None, *,
                 ranks_of: dict[str, list[int]] | None = None, wait_s: float = 0.0) -> StopAsked:
     """Send `signum` (SIGINT or SIGTERM; None: none) to every rank of `run_id` alive on the connector's hosts
     (only the ranks `ranks_of` places on each host, when given), then wait up to `wait_s` there for them to end."""
-    text = program("stopranks.py")
     hosts = [h for h in connector.cluster.hosts if ranks_of is None or h.name in ranks_of]
 
     def one(host):
         only = [str(r) for r in (ranks_of or {}).get(host.name, [])]
-        argv = [host.python, "-c", text, connector.rank_files_dir(host, run_id), run_id, NAMES[signum], f"{wait_s:g}",
-                *only]
         with connector.transport(host) as t:
-            return t.run(argv, timeout=ASK_TIMEOUT_S + wait_s)
+            return hostscript.run(t, host.python, "stopranks.py", connector.rank_files_dir(host, run_id), run_id,
+                                  NAMES[signum], f"{wait_s:g}", *only, timeout=ASK_TIMEOUT_S + wait_s)
 
     group = run_all(hosts, one, deadline=connector.deadline(ASK_TIMEOUT_S + wait_s))
     asked = StopAsked()
@@ -63,12 +60,10 @@ def ask_to_stop(connector: Connector, run_id: str, signum: int | None, *,
         if outcome.error is not None:
             asked.errors[name] = str(outcome.error)
             continue
-        result = outcome.value
         try:
-            answer = json.loads((result.stdout.strip().splitlines() or ["?"])[-1])
-        except ValueError:
-            asked.errors[name] = (f"could not read its answer (status {result.exit_code}): "
-                                  f"{(result.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
+            answer = hostscript.answer(outcome.value)
+        except hostscript.NoAnswer as e:
+            asked.errors[name] = str(e)
             continue
         asked.ranks += answer["asked"]
         asked.left += answer["left"]

@@ -42,6 +42,7 @@ from ..errors import (
     exit_for_signal,
 )
 from ..hosts.connector import Connector
+from ..hosts.scripts.contract import RUN_TOKEN
 from . import causes
 from .job import Launch
 from .launchers import sweep
@@ -396,7 +397,7 @@ class Supervisor:
             leftover = sweep(connector, run_id) if connector is not None else []
             if leftover and outcome is not None:
                 return replace(outcome, reason=f"{outcome.reason}; could not confirm that every process of the run "
-                               f"is gone on {', '.join(leftover)} (look for clusterctl-run-{run_id} there)")
+                               f"is gone on {', '.join(leftover)} (look for {RUN_TOKEN}{run_id} there)")
         return outcome
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..detach.supervisor import DETACHED_DIR
 from ..hosts.local import LocalTransport
+from ..hosts.scripts.contract import RUN_ID, RUN_TOKEN
 from ..launch.launchers import sweep
 from ..launch.stop import ask_to_stop
 from ..trainer_contract import RUNS_DIR
@@ -34,9 +35,9 @@ STOP_WAIT_S = 30.0    # a stopped run's own cleanup: every rank stopped, the swe
 PS_COMMAND = "ps -A -o pid= -o ppid= -o etime= -o pcpu= -o rss= -o args="
 PS_TIMEOUT_S = 20.0
 KILL_WAIT_S = 60.0        # how long a run's ranks have, once asked, to end by themselves (the trainer checkpoints)
-TOKEN = re.compile(r"clusterctl-run-(\d{8}-\d{6}-[0-9a-f]{6})")
+TOKEN = re.compile(RUN_TOKEN + "(" + RUN_ID + ")")
 # a detached run's supervisor (`clusterctl run --handoff <its folder>/handoff.json`) and the keeper that waits for it
-SUPERVISOR = re.compile(r"--handoff \S*" + re.escape(DETACHED_DIR) + r"/(\d{8}-\d{6}-[0-9a-f]{6})/handoff\.json")
+SUPERVISOR = re.compile(r"--handoff \S*" + re.escape(DETACHED_DIR) + "/(" + RUN_ID + r")/handoff\.json")
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+((?:\d+-)?(?:\d+:)?\d+:\d+)\s+(\d+(?:[.,]\d+)?)\s+(\d+)(?:\s(.*))?$")
 _MLX_RANK = re.compile(r"\bMLX_RANK=['\"]?(\d+)")
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish", "tcsh", "csh"}

@@ -19,7 +19,6 @@ under 100%, a thermal warning, a zone past its passive trip point).
 """
 from __future__ import annotations
 
-import json
 import queue
 import shlex
 import threading
@@ -28,11 +27,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Iterator
 
 from ..errors import ConnectError, DeadlineExceeded
+from ..hosts import hostscript
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
-from ..hosts.scripts import program
+from ..hosts.scripts.contract import EVERY
 from ..inventory import Host
-from ..hosts.transport import Transport
+from ..hosts.transport import Result, Transport
 from .procs import PS_COMMAND, parse_ps, run_processes
 
 PROBE_TIMEOUT_S = 20.0      # one probe: seven tools on a Mac, each under 10 s (the probe's own limit)
@@ -178,11 +178,11 @@ def cells(h: HostTelemetry) -> dict[str, str]:
             "flags": "; ".join(h.why) if h.flags else ""}
 
 
-def probe_argv(host: Host, every: float | None = None) -> list[str]:
-    """What runs on `host`: its python, the probe (with `every`, printing a sample every that many seconds until it
-    is stopped), the host's workdir and the ps command line procs.py parses."""
-    loop = ["--every", f"{every:g}"] if every is not None else []
-    return [host.python, "-c", program("telemetry.py"), *loop, host.workdir, *shlex.split(PS_COMMAND)]
+def probe_args(host: Host, every: float | None = None) -> list[str]:
+    """The probe's arguments on `host` (hosts/scripts/telemetry.py): with `every`, a sample every that many seconds
+    until it is stopped; the host's workdir and the ps command line procs.py parses."""
+    loop = [EVERY, f"{every:g}"] if every is not None else []
+    return [*loop, host.workdir, *shlex.split(PS_COMMAND)]
 
 
 def _one_line(error: BaseException, host: str) -> str:
@@ -370,7 +370,7 @@ class Telemetry:
         transport = self._transport(host)
         lines = _Stamped()
         try:
-            process = transport.stream(probe_argv(host, self.every_s), lines)
+            process = hostscript.start(transport, host.python, "telemetry.py", *probe_args(host, self.every_s), lines=lines)
         except BaseException:
             self._drop(host.name)
             raise
@@ -387,7 +387,7 @@ class Telemetry:
             transport = self._transport(host)
             taken = time.time()
             try:
-                result = transport.run(probe_argv(host), self.timeout)
+                result = hostscript.run(transport, host.python, "telemetry.py", *probe_args(host), timeout=self.timeout)
             except BaseException:
                 self._drop(host.name)
                 raise
@@ -401,7 +401,7 @@ def read_answer(host: str, exit_code: int, stdout: str, stderr: str, taken: floa
     """The probe's answer (its last line of output, one JSON document) as a HostTelemetry; an error state with the
     probe's last line of stderr when there is none (pure)."""
     try:
-        doc = json.loads((stdout.strip().splitlines() or ["?"])[-1])
+        doc = hostscript.answer(Result(exit_code, stdout, stderr))
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
     except ValueError:

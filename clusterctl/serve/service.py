@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import ClusterctlError, PortTaken, ServeError, UsageError
+from ..hosts import hostscript
 from ..hosts.connector import Connector
 from ..hosts.facts import interfaces
+from ..hosts.scripts.contract import UNRESOLVED
 from ..hosts.forward import Forward, is_loopback
 from ..inventory import Cluster
 from ..launch.attempts import AttemptSettings
@@ -282,13 +284,13 @@ def owned_option(word: str) -> str | None:
 
 def _free_loopback_port(connector: Connector, host) -> int:
     """A port nothing listens on in `host`'s loopback, asked of the host's python (rank 0 binds it)."""
-    code = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"
     with connector.transport(host) as t:
-        r = t.run([host.python, "-c", code], timeout=30)
-    if not r.ok or not r.stdout.strip().isdigit():
+        r = hostscript.run(t, host.python, "ports.py", "free", timeout=30)
+    try:
+        return int(hostscript.answer(r)["port"])
+    except (hostscript.NoAnswer, TypeError, KeyError, ValueError):
         raise ServeError(f"{host.name}: could not find a free port on its loopback with {host.python}: "
-                         f"{(r.stderr or r.stdout).strip()[-200:]}")
-    return int(r.stdout.strip())
+                         f"{(r.stderr or r.stdout).strip()[-200:]}") from None
 
 
 def _check_listen(host, listen: str | None, port: int) -> None:
@@ -306,18 +308,18 @@ def _check_listen(host, listen: str | None, port: int) -> None:
 def _check_port_free(connector: Connector, host, address: str, port: int) -> None:
     """Refused, in one line, when rank 0 could not listen on `address:port` of `host`: PortTaken for a port in use,
     UsageError for an address the host does not have or cannot resolve, or any other reason the bind gives."""
-    code = (f"import errno, socket, sys\ntry:\n"
-            f"    socket.socket(socket.AF_INET6 if ':' in {address!r} else socket.AF_INET).bind(({address!r}, {port}))\n"
-            "except socket.gaierror as e:\n    print('UNRESOLVED', e.strerror); sys.exit(3)\n"
-            "except OSError as e:\n    print(errno.errorcode.get(e.errno, 'OTHER'), e.strerror); sys.exit(3)\n")
     with connector.transport(host) as t:
-        r = t.run([host.python, "-c", code], timeout=30)
-    if not r.ok and r.exit_code != 3:
+        r = hostscript.run(t, host.python, "ports.py", "check", address, str(port), timeout=30)
+    try:
+        answer = hostscript.answer(r) if r.ok else None
+    except hostscript.NoAnswer:
+        answer = None
+    if not isinstance(answer, dict):
         raise ServeError(f"{host.name}: could not check port {port} with {host.python}: "
                          f"{(r.stderr or r.stdout).strip()[-200:]}")
-    if r.ok:
+    if answer.get("free"):
         return
-    why, _, said = r.stdout.strip().partition(" ")
+    why, said = str(answer.get("why")), str(answer.get("said"))
     where = "this machine" if host.local else host.name
     if why == "EADDRINUSE":
         raise PortTaken(f"port {port} on {address} is in use on {where} ({said}): give another with --port, or stop "
@@ -326,7 +328,7 @@ def _check_port_free(connector: Connector, host, address: str, port: int) -> Non
         has = _addresses(connector, host)
         raise UsageError(f"--listen {address} is not an address of {where}" + (f" (it has {', '.join(has)})" if has else "")
                          + ": give one of its own, or 0.0.0.0 for all of them")
-    if why == "UNRESOLVED":
+    if why == UNRESOLVED:
         raise UsageError(f"--listen {address}: {where} cannot resolve it ({said}): give one of its IP addresses")
     raise UsageError(f"{where} cannot listen on port {port} of {address} ({said})"
                      + (": give a port above 1023" if why == "EACCES" and port < 1024 else ""))

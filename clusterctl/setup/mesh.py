@@ -19,15 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 from dataclasses import dataclass, field
 
 from ..atomic import write_text
 from ..errors import ClusterctlError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
-from ..hosts.scripts import script_text
-from ..hosts.quoting import quote_path
+from ..hosts import hostscript
+from ..hosts.hostscript import HostPath
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
 from . import exit_code, run_script
@@ -110,9 +109,9 @@ def authorized_keys_line(host: Host, public_key: str) -> str:
 
 
 def script(mode: str, host: Host, dry_run: bool, auth: str = "", known: str = "") -> str:
-    values = [f"MODE={mode}", f"DRY={'yes' if dry_run else 'no'}", f"KEY={quote_path(key_path(host))}",
-              f"NAME={shlex.quote(host.name)}", f"AUTH={shlex.quote(auth)}", f"KNOWN={shlex.quote(known)}"]
-    return "\n".join(values) + "\n" + script_text("mesh.sh")
+    values = {"MODE": mode, "DRY": "yes" if dry_run else "no", "KEY": HostPath(key_path(host)), "NAME": host.name,
+              "AUTH": auth, "KNOWN": known}
+    return hostscript.shell("mesh.sh", values)
 
 
 def _run_script(connector: Connector, text_for, hosts) -> dict[str, tuple[list[str], str | None, bool]]:

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 
 from ..hosts.connector import Connector
 from ..hosts.facts import ibv_device_names, macos_version, rdma_state
-from ..hosts.scripts import script_text
+from ..hosts import hostscript
 from ..inventory import Host
 from ..launch import backends
 from ..inventory_edit import write_host_settings
@@ -134,8 +133,7 @@ def sudo(command: str) -> str:
 
 
 def script(mode: str, commands: list[str] | None = None) -> str:
-    values = [f"MODE={mode}", f"CMDS={shlex.quote(chr(10).join(commands or []))}"]
-    return "\n".join(values) + "\n" + script_text("network.sh")
+    return hostscript.shell("network.sh", {"MODE": mode, "CMDS": "\n".join(commands or [])})
 
 
 def parse_gather(host: Host, text: str) -> Gathered:

@@ -29,6 +29,7 @@ from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
 from ..hosts.files import TMP_MARK
 from ..hosts.quoting import quote_path
+from ..hosts.scripts.contract import LINK
 from ..inventory import Host
 from . import remotefiles
 from .push import local_rsync, rsync_else_sftp, rsync_pull, rsync_target
@@ -244,9 +245,9 @@ def _with_sftp(connector: Connector, host: Host, root: str, names: list[str] | N
                     continue
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 inside(local_root, rel, host.name)      # again: no directory on the way is a link out of it
-                if have[0].startswith("link:"):
+                if have[0].startswith(LINK):
                     with replacing(target) as tmp:
-                        os.symlink(have[0][len("link:"):], tmp)
+                        os.symlink(have[0][len(LINK):], tmp)
                 else:
                     # replaces a link there, never follows it
                     if on_bytes is None:
@@ -275,6 +276,6 @@ def inside(local_root: str, rel: str, host: str) -> str:
 
 
 def _same(target: str, want: str) -> bool:
-    if want.startswith("link:"):
-        return os.path.islink(target) and os.readlink(target) == want[len("link:"):]
+    if want.startswith(LINK):
+        return os.path.islink(target) and os.readlink(target) == want[len(LINK):]
     return os.path.isfile(target) and not os.path.islink(target) and file_sha256(target) == want

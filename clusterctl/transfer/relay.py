@@ -46,8 +46,8 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 from ..errors import CommandFailed, CommandTimeout, ModelStoreError
 from ..hosts.connector import Connector
 from ..hosts.fanout import HostOutcome, in_background, run_all
-from ..hosts.scripts import program
-from ..hosts.scripts.relay import TOKEN_ENV   # the hop reads the token under the name it gives
+from ..hosts import hostscript
+from ..hosts.scripts.contract import TOKEN_ENV   # the hop reads the token under the name it gives
 from ..inventory import Host
 from . import remotefiles
 from .localmodel import LocalModel
@@ -141,8 +141,9 @@ class RemoteHop:
         host = self.hp.host
         request = {"root": self.hp.plan["path"], "listen": host.address, "dir": self.hp.plan["path"],
                    "source": self.hp.plan["path"], "parts": PARTS, "wait": WAIT_S, "files": self.files}
-        argv = [host.python, "-c", program("relay.py"), remotefiles.argument(self.hp.transport, request)]
-        self.proc = self.hp.transport.stream(argv, self.lines, env={TOKEN_ENV: self.token})
+        self.proc = hostscript.start(self.hp.transport, host.python, "relay.py",
+                                     remotefiles.argument(self.hp.transport, request), lines=self.lines,
+                                     env={TOKEN_ENV: self.token})
         threading.Thread(target=self._read, args=(progress,), name=f"relay-{self.name}", daemon=True).start()
 
     def _read(self, progress: Progress | None) -> None:
@@ -155,7 +156,7 @@ class RemoteHop:
                     break
                 continue
             try:
-                msg = None if is_err else json.loads(line)
+                msg = None if is_err else hostscript.message(line)
             except ValueError:
                 msg = None
             with self.cond:

@@ -25,7 +25,7 @@ from typing import Iterator
 
 from ..atomic import scratch_file
 from ..errors import CommandFailed, CommandTimeout
-from ..hosts.scripts import program
+from ..hosts import hostscript
 from ..hosts.transport import Result, Transport
 
 ARG_LIMIT = 60_000         # larger requests travel as an uploaded file, not an argument
@@ -36,14 +36,13 @@ def call(transport: Transport, python: str, op: str, request: dict, timeout: flo
          script: str = "filehelper.py") -> dict:
     """Run the file helper's `op` (or another helper script's: the model store's modelstore.py) on the host and
     return its JSON answer."""
-    argv = [python, "-c", program(script), op, argument(transport, request)]
-    result = transport.run(argv, timeout)
+    result = hostscript.run(transport, python, script, op, argument(transport, request), timeout=timeout)
     what = f"{python} (clusterctl {HELPERS.get(script, script)}: {op})"
     if not result.ok:
         raise CommandFailed(transport.host, what, result)
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        return hostscript.answer(result)
+    except hostscript.NoAnswer:
         raise CommandFailed(transport.host, f"{what}: no JSON answer", result) from None
 
 
@@ -70,8 +69,7 @@ def held(transport: Transport, python: str, op: str, request: dict, timeout: flo
     """Start the helper's `op` (one that prints one JSON answer, then holds what it took until it is ended), yield
     its answer, and end it when the block ends."""
     lines: queue.Queue = queue.Queue()
-    argv = [python, "-c", program(script), op, json.dumps(request)]
-    proc = transport.stream(argv, lines)
+    proc = hostscript.start(transport, python, script, op, json.dumps(request), lines=lines)
     what = f"{python} (clusterctl {HELPERS.get(script, script)}: {op})"
     try:
         deadline, err = time.monotonic() + timeout, []
@@ -88,7 +86,7 @@ def held(transport: Transport, python: str, op: str, request: dict, timeout: flo
                 err.append(line)
                 continue
             try:
-                answer = json.loads(line)
+                answer = hostscript.message(line)
             except ValueError:
                 raise CommandFailed(transport.host, f"{what}: no JSON answer", Result(1, line, "\n".join(err))) from None
             break

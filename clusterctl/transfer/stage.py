@@ -20,12 +20,12 @@ from typing import Callable
 from ..errors import EXIT_CONNECT, ConnectError, StageError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult
+from ..hosts.scripts.contract import COPY_GATE_ENV  # noqa: F401 (run/hooks.py's, from here)
 
 LIB_DIR = ".clusterctl/lib"          # relative to each host's workdir
 COPIES_DIR = ".clusterctl/copies"    # relative to each host's workdir: the marks of copies that ended (project_copy)
-# a launch that starts beside the project's copy gives its ranks this (the copy's token): the rank bootstrap waits
-# for the mark of that token on its host before it runs the program (hosts/scripts/bootstrap.py)
-COPY_GATE_ENV = "CLUSTERCTL_COPY_GATE"
+# a launch that starts beside the project's copy gives its ranks COPY_GATE_ENV (the copy's token): the rank bootstrap
+# waits for the mark of that token on its host before it runs the program (hosts/scripts/bootstrap.py)
 Progress = Callable[[str, int, int], None]       # (host name, bytes done, bytes total): a long copy's progress
 
 

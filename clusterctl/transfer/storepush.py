@@ -23,7 +23,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 from ..errors import ModelStoreError
 from ..hosts.connector import Connector
 from ..hosts.fanout import HostOutcome, run_all
-from ..hosts.scripts.modelstore import PARTS  # noqa: F401 (the helper's own: rsync's --partial-dir, where SFTP appends)
+from ..hosts.scripts.contract import PARTS  # noqa: F401 (the helper's own: rsync's --partial-dir, where SFTP appends)
 from ..inventory import Host
 from . import remotefiles
 from .localmodel import LocalModel

@@ -33,6 +33,7 @@ from ..errors import SyncError
 from ..hosts.connector import Connector
 from ..hosts.fanout import GroupResult, run_all
 from ..hosts.quoting import quote_path
+from ..hosts.scripts.contract import LINK
 from ..inventory import Host
 from ..trainer_contract import RUNS_DIR
 from . import remotefiles
@@ -217,7 +218,7 @@ def _sftp_host(session: _Session, host: Host, dest: str, report: Progress) -> Ho
         send, chmod = [], []
         for e in plan.entries:
             have = scan.get(e.rel)
-            want = f"link:{e.link}" if e.link is not None else hashes[e.rel]
+            want = LINK + e.link if e.link is not None else hashes[e.rel]
             if have is None or have[0] != want:
                 send.append(e)
             elif e.link is None and have[1] != e.mode:

@@ -1,5 +1,11 @@
 """The programs clusterctl runs on hosts, kept as real files (so they can be read, linted and run in tests)
-and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of clusterctl installed.
+and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of clusterctl installed. The controller
+runs them through hosts/hostscript.py (CONTRIBUTING.md#adding-a-host-script).
+
+    contract.py     every name, mark and word the controller and the scripts both write (the relay's token
+                    variable, the marks of follow.py's lines, a model store's partial directory, ...), how a
+                    request is read (read_request) and an answer written (reply): inlined into the scripts
+                    that import it, imported by the controller
 
     watchdog.sh     what every command on a host runs behind: it kills the command's tree when the channel
                     closes (POSIX sh; its values as arguments; sent by hosts/remote.py, less its comments)
@@ -11,7 +17,7 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     holds.py        modelstore.py's piece: a push's lock on its own directory; the processes that use an entry (ps)
     relay.py        one hop of a relayed model push: take the bytes from upstream, keep what this host lacks,
                     send on what the next lacks (transfer/relay.py)
-    helperbase.py   what those share (a file's sha256, the request), inlined into each by program()
+    helperbase.py   what those share (a file's sha256), inlined into each by program()
     ranks.py        the rank starter for the ring and jaccl backends (shipped as a file, program("ranks.py"),
                     run by path), with its pieces frames.py (standard input in frames, also hosts/stdinfeed.py's)
                     and writeall.py (every byte of a write to a pipe, signals or not; also tagged.py's and the
@@ -28,6 +34,8 @@ and sent as text: `sh -c TEXT` / `python -c TEXT`, so a host needs nothing of cl
     follow.py       that supervisor's state, its output followed from an offset, SIGTERM to it (detach/follow.py)
     proctime.py     a process's start time (ps -o lstart=): a piece of detach.py and follow.py
     telemetry.py    one sample of a host's memory, pressure, swap, load, GPU, heat, disk and run processes (`top`)
+    missing.py      which of the named modules a host's python cannot import (a detached run's supervisor's)
+    ports.py        a free loopback port, or whether ADDRESS:PORT can be listened on (serve)
 """
 from __future__ import annotations
 

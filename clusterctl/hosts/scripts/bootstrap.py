@@ -40,6 +40,8 @@ import traceback
 
 from .awake import keep_awake, let_sleep
 from .envfiles import env_files
+# contract after envfiles: envfiles' program brings it, where its one copy then sits
+from .contract import COPY_GATE_ENV, HOST_ENV, RELAY_ENV
 from .mpiworld import finalize_world_of_one
 from .nofile import raise_nofile
 from .stackdump import arm_stacks, disarm_stacks, rank_paths
@@ -97,7 +99,7 @@ def left_files():
 def host_env(rank):
     """This rank's host's own inventory `env`, where it differs from the first host's (which the launcher gave
     every rank): CLUSTERCTL_HOST_ENV maps a rank to the values to set (None: remove the name)."""
-    for name, value in json.loads(os.environ.pop("CLUSTERCTL_HOST_ENV", "{}")).get(rank, {}).items():
+    for name, value in json.loads(os.environ.pop(HOST_ENV, "{}")).get(rank, {}).items():
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -108,7 +110,7 @@ def relayed_stdin(workdir, rank, wait=RELAY_WAIT_S):
     """Under mpi, which gives its stdin to rank 0 alone, this rank's stdin is its FIFO from the host's stdin
     relay (stdinrelay.py, started by `run` beside the launcher when CLUSTERCTL_STDIN_RELAY holds the
     attempt's tag): opened in place of fd 0 once the relay has made it."""
-    tag = os.environ.pop("CLUSTERCTL_STDIN_RELAY", "")
+    tag = os.environ.pop(RELAY_ENV, "")
     if not tag:
         return
     path = fifo_path(rank_paths(workdir, os.environ.get("CLUSTERCTL_RUN_ID", ""), rank)[0], rank, tag)
@@ -135,7 +137,7 @@ def wait_for_copy(workdir):
     ended, which `run` marks by an empty file of that name in <workdir>/.clusterctl/copies/
     (transfer/stage.py project_copy). No deadline of its own: `run` stops the job if the copy fails, and the
     watchdog if `run` goes."""
-    token = os.environ.pop("CLUSTERCTL_COPY_GATE", "")
+    token = os.environ.pop(COPY_GATE_ENV, "")
     if not token:
         return
     path = os.path.join(os.path.expanduser(workdir), ".clusterctl", "copies", token)

@@ -2,11 +2,12 @@
 port, connect to every peer's, report what worked as one JSON line. argv[1] is JSON: [me, address, port,
 budget_s, [[peer, address, port], ...]]. The connecting side closes first, so TIME_WAIT never holds the
 ring port that MLX will listen on next (docs/facts/launchers.md#mlx-launch-ring-ports)."""
-import json
 import socket
 import sys
 import threading
 import time
+
+from .contract import read_request, reply
 
 
 def check(me, addr, port, budget, peers):
@@ -68,4 +69,4 @@ def check(me, addr, port, budget, peers):
 
 
 if __name__ == "__main__":
-    print(json.dumps(check(*json.loads(sys.argv[1]))))
+    reply(check(*read_request(sys.argv[1])))

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from .contract import SUPERVISOR_LOG
 from .proctime import start_time
 
 
@@ -37,7 +38,7 @@ def keep(folder, workdir, argv, report):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    log = os.open(os.path.join(folder, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(os.path.join(folder, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     env = dict(os.environ)

@@ -1,6 +1,7 @@
 """The files MLX reads by path (MLX_HOSTFILE, MLX_IBV_DEVICES), written on the rank's host from
 CLUSTERCTL_ENV_FILES (variable -> text, set by clusterctl's rank starter) into private temporary files.
 Part of the rank bootstrap (bootstrap.py), and of doctor's smoke program (doctor/smoke.py)."""
+from .contract import ENV_FILES_ENV
 
 
 def env_files():
@@ -9,7 +10,7 @@ def env_files():
     import os
     import tempfile
     made = []
-    for name, text in json.loads(os.environ.pop("CLUSTERCTL_ENV_FILES", "{}")).items():
+    for name, text in json.loads(os.environ.pop(ENV_FILES_ENV, "{}")).items():
         fd, path = tempfile.mkstemp(prefix="clusterctl-%s-" % name.lower())
         made.append(path)
         with os.fdopen(fd, "w") as f:

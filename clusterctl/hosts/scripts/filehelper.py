@@ -9,14 +9,14 @@ reading). It prints one JSON answer. Ops:
   verify  dataset shards: check staged files against their sha256, rename the good ones into place,
           remove any other shard file matching `stale`, report the sha256 of `check`
 """
-import json
 import os
 import re
 import shutil
 import stat
 import sys
 
-from .helperbase import TMP, read_request, sha
+from .contract import LINK, TMP, read_request, reply
+from .helperbase import sha
 
 
 
@@ -28,7 +28,7 @@ def state(p, hashed):
     except OSError:
         return None
     if stat.S_ISLNK(st.st_mode):
-        return ["link:" + os.readlink(p), 0o777]
+        return [LINK + os.readlink(p), 0o777]
     if not stat.S_ISREG(st.st_mode):
         return ["other", 0]
     return [sha(p) if hashed else None, stat.S_IMODE(st.st_mode)]
@@ -132,7 +132,7 @@ def verify(root, req):
 def main(op, arg):
     req = read_request(arg)
     root = os.path.expanduser(req["root"])
-    print(json.dumps({"scan": scan, "delete": delete, "verify": verify}[op](root, req)))
+    reply({"scan": scan, "delete": delete, "verify": verify}[op](root, req))
 
 
 if __name__ == "__main__":

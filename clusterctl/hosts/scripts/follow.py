@@ -18,11 +18,9 @@ import signal
 import sys
 import time
 
+from .contract import END_MARK, LIVE_FILE, LIVE_MARK, SUPERVISOR_LOG, reply
 from .proctime import start_time
 
-END_MARK = "\x1eclusterctl-supervisor-state "
-LIVE_MARK = "\x1eclusterctl-live "
-LIVE_FILE = ".live.json"
 POLL_S = 0.25
 
 
@@ -66,7 +64,7 @@ def progress(folder):
 
 
 def follow(folder, offset):
-    path = os.path.join(folder, "supervisor.log")
+    path = os.path.join(folder, SUPERVISOR_LOG)
     out = sys.stdout.buffer
     while not os.path.exists(path):
         if state(folder)["state"] != "running":
@@ -132,7 +130,7 @@ def stop(folder):
 def main(args):
     folder = os.path.expanduser(args[0])
     if args[1] in ("state", "stop"):
-        print(json.dumps(state(folder) if args[1] == "state" else stop(folder)))
+        reply(state(folder) if args[1] == "state" else stop(folder))
         return 0
     return follow(folder, int(args[2]) if len(args) > 2 else 0)
 

@@ -18,7 +18,9 @@ import os
 import re
 import subprocess
 
-RUN_TOKEN = re.compile(r"clusterctl-run-(\d{8}-\d{6}-[0-9a-f]{6})")
+from .contract import RUN_ID, RUN_TOKEN
+
+RUN_OF = re.compile(RUN_TOKEN + "(" + RUN_ID + ")")
 PS_ROW = re.compile(r"\s*(\d+)\s+(\d+)(?:\s(.*))?\Z")
 NAME_CHAR = "A-Za-z0-9._-"          # what an entry's name is made of: a path naming it ends before any other
 
@@ -82,7 +84,7 @@ def run_of(pid, rows):
     seen = set()
     while pid in rows and pid not in seen:
         seen.add(pid)
-        m = RUN_TOKEN.search(rows[pid][1])
+        m = RUN_OF.search(rows[pid][1])
         if m:
             return m.group(1)
         pid = rows[pid][0]

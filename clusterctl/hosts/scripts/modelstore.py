@@ -37,12 +37,12 @@ import subprocess
 import sys
 import time
 
-from .helperbase import TMP, read_request, sha
+from .contract import PARTS, TMP, read_request, reply
+from .helperbase import sha
 from .holds import free, take, users
 
 ENTRY = ".clusterctl-entry.json"
 PUSH = ".clusterctl-push.json"
-PARTS = ".clusterctl-partial"     # transfer/storepush.py imports it: rsync's --partial-dir, where SFTP appends
 PARTIAL = ".partial"
 RSYNC_TMP = re.compile(r"\.(.+)\.[A-Za-z0-9]{6}\Z")     # rsync's temporary .NAME.XXXXXX
 LOCK = ".lock"
@@ -154,7 +154,7 @@ def hold(req):
         slot = base if n == 1 else "%s~%d" % (base, n)
         if take(lock_of(store, key, slot)) is not None:       # held until this process ends
             break
-    print(json.dumps({"slot": slot}), flush=True)
+    reply({"slot": slot})
     while True:
         time.sleep(3600)
 
@@ -451,7 +451,7 @@ def remove(req):
 
 def main(op, arg):
     ops = {"prepare": prepare, "finish": finish, "list": listing, "remove": remove, "hold": hold}
-    print(json.dumps(ops[op](read_request(arg))))
+    reply(ops[op](read_request(arg)))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 
+from .contract import RUN_TOKEN
+
 
 def carries_run(pid, run_id):
     try:
@@ -14,7 +16,7 @@ def carries_run(pid, run_id):
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return False
-    return ("clusterctl-run-" + run_id) in command
+    return (RUN_TOKEN + run_id) in command
 
 
 def live_ranks(folder, run_id):

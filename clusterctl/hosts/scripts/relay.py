@@ -29,17 +29,16 @@ import socket
 import sys
 import time
 
-from .helperbase import read_request
+from .contract import TOKEN_ENV, read_request, reply
 
 CHUNK = 1 << 20
 PROGRESS_S = 0.5
-TOKEN_ENV = "CLUSTERCTL_RELAY_TOKEN"     # transfer/relay.py gives it under this name (imported from here)
 CONNECT_S = 10.0          # how long a hop tries to reach the next
 IDLE_S = 120.0            # no byte from upstream for this long: the hop gives up (the push says which)
 
 
 def say(**kv):
-    print(json.dumps(kv), flush=True)
+    reply(kv)
 
 
 class Upstream:
@@ -222,4 +221,4 @@ def relay(req, token):
 
 
 if __name__ == "__main__":
-    print(json.dumps(relay(read_request(sys.argv[1]), os.environ.get(TOKEN_ENV, ""))))
+    reply(relay(read_request(sys.argv[1]), os.environ.get(TOKEN_ENV, "")))

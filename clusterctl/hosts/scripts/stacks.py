@@ -5,7 +5,6 @@ still carries the run id on its command line (a pid file a killed rank left, its
 each rank's new dump is read once it has stopped growing. Every frame's source line is read here, where the
 file is, and each file is sorted: "program", "library" (site-packages), "python" (the standard library) or
 "bootstrap". NATIVE "1" adds `py-spy dump --native` where py-spy is installed. Standard library only."""
-import json
 import linecache
 import os
 import re
@@ -15,6 +14,7 @@ import sys
 import sysconfig
 import time
 
+from .contract import reply
 from .rankpids import live_ranks
 from .stackdump import STACKS_SIGNAL
 
@@ -129,7 +129,7 @@ def main(argv):
         if native:
             entry["native"], entry["native_error"] = py_spy(pid)
         out.append(entry)
-    sys.stdout.write(json.dumps(out) + "\n")
+    reply(out)
     return 0
 
 

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 
+from .contract import READY
 from .stdinpump import Buffered, fifo_path
 
 
@@ -47,7 +48,7 @@ def main(argv):
         os.mkfifo(path + ".new", 0o600)   # then renamed: a rank waiting for the name opens a FIFO whole
         os.rename(path + ".new", path)
     fifos = [Fifo(path) for path in paths]
-    print("ready", flush=True)
+    print(READY, flush=True)
     while True:
         try:
             data = os.read(0, 65536)

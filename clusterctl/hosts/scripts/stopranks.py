@@ -7,12 +7,11 @@ only ranks asked (those the launch placed on this host: hosts that share a disk 
 The bundled trainer takes the first signal as a request: it finishes its step, writes a checkpoint and exits
 (train/stopping.py). Prints one JSON line: {"asked": [ranks signalled], "left": [ranks still alive after WAIT_S]}.
 Standard library only."""
-import json
 import os
-import signal
 import sys
 import time
 
+from .contract import STOP_SIGNALS, reply
 from .rankpids import carries_run, live_ranks
 
 POLL_S = 0.2
@@ -21,7 +20,7 @@ POLL_S = 0.2
 def main(argv):
     folder, run_id, name, wait_s = os.path.expanduser(argv[1]), argv[2], argv[3], float(argv[4])
     only = {int(r) for r in argv[5:]}
-    signum = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "NONE": None}[name]
+    signum = STOP_SIGNALS[name]
     asked = {}
     for rank, pid in sorted(live_ranks(folder, run_id).items()):
         if only and rank not in only:
@@ -37,7 +36,7 @@ def main(argv):
     while left and time.monotonic() < deadline:
         time.sleep(POLL_S)
         left = {rank: pid for rank, pid in left.items() if carries_run(pid, run_id)}
-    sys.stdout.write(json.dumps({"asked": sorted(asked), "left": sorted(left)}) + "\n")
+    reply({"asked": sorted(asked), "left": sorted(left)})
     return 0
 
 

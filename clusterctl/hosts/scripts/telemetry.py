@@ -16,12 +16,13 @@ os.cpu_count(), /sys/class/thermal, and `nvidia-smi` where it exists (GPU utilis
 The parsers are pure functions (text in, values out), tested on captured outputs (tests/unit/test_telemetry.py,
 tests/fixtures/macos/README.md); a tool that fails or is missing leaves its figures out (None) and is named in
 "errors", never stops the sample."""
-import json
 import os
 import re
 import subprocess
 import sys
 import time
+
+from .contract import EVERY, RUN_ID, RUN_TOKEN, reply
 
 TOOL_TIMEOUT_S = 10
 PRESSURE_LEVELS = {1: "normal", 2: "warn", 4: "critical"}        # kern.memorystatus_vm_pressure_level
@@ -29,10 +30,9 @@ PRESSURE_LEVELS = {1: "normal", 2: "warn", 4: "critical"}        # kern.memoryst
 # failing PSI, the share of memory still available (docs/observe.md#clusterctl-top)
 PSI_WARN, PSI_CRITICAL = 10.0, 10.0          # some avg10 >= 10: warn; full avg10 >= 10: critical
 AVAILABLE_WARN, AVAILABLE_CRITICAL = 10.0, 5.0
-RUN_TOKEN = "clusterctl-" + "run-"          # spelled in two parts: this program's own command line is not a run's
 _PS_ROW = re.compile(r"^\s*\d+\s+\d+\s")
 _PS_COLUMNS = re.compile(r"^(\s*\d+\s+\d+\s+\S+\s+\S+\s+\d+)\s(.*)$")
-_TOKEN = re.compile(RUN_TOKEN + r"\d{8}-\d{6}-[0-9a-f]{6}")
+_TOKEN = re.compile(RUN_TOKEN + RUN_ID)
 _MLX_RANK = re.compile(r"\bMLX_RANK=['\"]?\d+")
 ARGS_KEPT = 200
 _UNITS = {"B": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
@@ -397,15 +397,14 @@ def sample(workdir, ps, system):
 
 def main(argv):
     args, every = argv[1:], None
-    if args[:1] == ["--every"]:
+    if args[:1] == [EVERY]:
         every, args = float(args[1]), args[2:]
     workdir, ps = args[0], args[1:]
     system = (run(["uname", "-s"], []) or os.uname()[0]).strip()
     while True:
         began = time.time()
         try:
-            sys.stdout.write(json.dumps(sample(workdir, ps, system)) + "\n")
-            sys.stdout.flush()
+            reply(sample(workdir, ps, system))
         except OSError:             # the reader is gone (its connection closed): so are we
             return 0
         if every is None:

@@ -16,6 +16,7 @@ import sys
 from ...errors import LaunchError
 from ...hosts.facts import RING_STARTING_PORT
 from ...hosts.scripts import program as script_program
+from ...hosts.scripts.contract import ENV_FILES_ENV
 from ...hosts.quoting import quote_path, shell_command
 from ...hosts.remote import env_input, remote_command
 from ...inventory import Cluster
@@ -70,7 +71,7 @@ class RankStarterBackend(Backend):
             mlx = self.rank_env(cluster, rank, port)
             env = {**rank_env, **mlx}
             if files:
-                env["CLUSTERCTL_ENV_FILES"] = json.dumps(files, separators=(",", ":"))
+                env[ENV_FILES_ENV] = json.dumps(files, separators=(",", ":"))
             # the environment goes on the rank's stdin (the starter writes it first), never its command line
             # the host's own python, a leading ~ its home (quote_path), as the pre-flight found it; MLX_RANK
             # (no secret) also on the command line, where `clusterctl ps` reads a rank's number

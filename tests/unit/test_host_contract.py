@@ -1,0 +1,194 @@
+"""The controller and the programs it runs on hosts agree (hosts/scripts/contract.py, hosts/hostscript.py;
+CONTRIBUTING.md#adding-a-host-script): every name, mark and word both sides write is the contract's, written once
+and imported by both sides; every script reaches a host as one self-contained text; and a script run through
+hostscript, as a host runs it, gets its arguments exactly as given, however hostile, and gives its answer back."""
+import ast
+import json
+import os
+import queue
+import sys
+
+import pytest
+
+from clusterctl.hosts import hostscript, scripts
+from clusterctl.hosts.local import LocalTransport
+from clusterctl.hosts.scripts import contract
+from clusterctl.hosts.transport import read_until
+
+PACKAGE = os.path.dirname(os.path.abspath(scripts.__file__)).rsplit(os.sep, 2)[0]
+SCRIPTS = os.path.join(PACKAGE, "hosts", "scripts")
+WORDS = {name: value for name, value in vars(contract).items() if name.isupper() and isinstance(value, str)}
+NAMES = {name for name, value in vars(contract).items() if name.isupper() or callable(value) and name[0] != "_"}
+
+# The ways of running something on a host that do not go through hostscript, each for its reason
+# (hostscript's docstring): module -> the texts of hosts/scripts/ it takes itself.
+OTHER_WAYS = {
+    "clusterctl/hosts/remote.py": "watchdog.sh: the shell around every command, values as its parameters",
+    "clusterctl/hosts/probe.py": "python_info.py: a value of probe.sh, which finds the python and runs it",
+    "clusterctl/launch/bootstrap.py": "bootstrap.py, envfiles.py: on the launcher's command line, every rank",
+    "clusterctl/launch/backends/rankstarter.py": "ranks.py: uploaded with its 0600 spec, the launcher runs it",
+    "clusterctl/setup/python.py": "pyenv.sh: values first, as hostscript.shell gives them (to move onto it)",
+}
+
+
+def sources():
+    for directory, _, files in os.walk(PACKAGE):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                yield os.path.relpath(path, os.path.dirname(PACKAGE)), ast.parse(open(path, encoding="utf-8").read())
+
+
+def literals(tree):
+    """Every string a module writes (docstrings aside), a sum of literals ("a" + "b") as one."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and all(
+                isinstance(side, ast.Constant) and isinstance(side.value, str) for side in (node.left, node.right)):
+            yield node.lineno, node.left.value + node.right.value
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def copies(tree):
+    """(line, contract name) for each literal that spells a contract word (a long one anywhere in a string)."""
+    return [(line, name) for line, text in literals(tree) for name, word in WORDS.items()
+            if text == word or (len(word) >= 8 and word in text)]
+
+
+def contract_imports(rel, tree):
+    """The names a module takes from the contract."""
+    module = rel[:-3].replace(os.sep, ".")
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")[:len(module.split(".")) - node.level]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            if base == "clusterctl.hosts.scripts.contract":
+                found |= {alias.name for alias in node.names}
+    return found
+
+
+def test_no_contract_word_is_written_anywhere_but_the_contract():
+    written = {rel: copies(tree) for rel, tree in sources() if not rel.endswith(os.path.join("scripts", "contract.py"))}
+    assert {rel: found for rel, found in written.items() if found} == {}
+
+
+def test_the_check_finds_a_word_written_again():
+    bad = ast.parse('"""supervisor.log: a docstring may say it"""\nX = ".clusterctl-" + "tmp-"\n'
+                    'def f(d):\n    return d + "/supervisor.log", f"{d}link:", "ready", "\\x1eclusterctl-live " + d\n')
+    assert sorted(copies(bad)) == [(2, "TMP"), (4, "LINK"), (4, "LIVE_MARK"), (4, "READY"), (4, "SUPERVISOR_LOG")]
+
+
+def test_both_sides_import_every_word_and_no_script_defines_one_again():
+    scripts_side, controller_side = set(), set()
+    for rel, tree in sources():
+        taken = contract_imports(rel, tree)
+        in_scripts = rel.startswith(os.path.join("clusterctl", "hosts", "scripts"))
+        (scripts_side if in_scripts else controller_side).update(taken)
+        if in_scripts and not rel.endswith("contract.py"):
+            defined = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                       for target in node.targets if isinstance(target, ast.Name)}
+            defined |= {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+            assert not defined & NAMES, (rel, defined & NAMES)      # inlined beside the contract: one meaning each
+    constants = {name for name in NAMES if name.isupper()}
+    assert constants - scripts_side == set() and constants - controller_side == set()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(SCRIPTS) if n.endswith(".py") and n != "__init__.py"))
+def test_every_script_reaches_a_host_as_one_text_with_the_contract_in_it(name):
+    text = scripts.program(name)
+    relative = [node.module for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == [], (name, relative)         # a sibling import program() missed would fail on the host
+    carried = text.count(scripts.script_text("contract.py"))
+    assert carried <= 1 and (carried == 1 or "from .contract import" not in scripts.script_text(name))  # or a piece's
+
+
+def test_the_controller_runs_scripts_only_through_hostscript():
+    """A text of hosts/scripts/ taken by hand (program, script_text) only where hostscript says why it cannot be."""
+    takers = {}
+    for rel, tree in sources():
+        if rel.startswith(os.path.join("clusterctl", "hosts", "scripts")) or rel.endswith("hostscript.py"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("scripts") and \
+                    {a.name for a in node.names} & {"program", "script_text"}:
+                takers[rel.replace(os.sep, "/")] = node.lineno
+    assert set(takers) <= set(OTHER_WAYS), set(takers) - set(OTHER_WAYS)
+
+
+# ---- a round trip, as a host runs it ----------------------------------------------------------------------
+
+ECHO = ("import os\nimport sys\n\nfrom .contract import TOKEN_ENV, read_request, reply\n\n"
+        "if __name__ == '__main__':\n"
+        "    reply({'args': sys.argv[1:], 'request': read_request(sys.argv[1]), 'secret': os.environ.get(TOKEN_ENV),\n"
+        "           'cwd_has': sorted(os.listdir('.'))})\n")
+ECHO_SH = 'printf "%s\\n" "$A" "$B" "$#"; for a in "$@"; do printf "[%s]\\n" "$a"; done\n'
+
+
+@pytest.fixture
+def echo(monkeypatch):
+    """A script `echo.py` (and `echo.sh`) among hosts/scripts/, for this test only."""
+    real = scripts.script_text
+    texts = {"echo.py": ECHO, "echo.sh": ECHO_SH}
+    monkeypatch.setattr(scripts, "script_text", lambda name: texts[name] if name in texts else real(name))
+    monkeypatch.setattr(hostscript, "script_text", scripts.script_text)
+    scripts.program.cache_clear()
+    yield
+    scripts.program.cache_clear()
+
+
+def hostile(tmp_path):
+    return ["it's", '"; touch ' + str(tmp_path / "pwned1") + '; "', f"$(touch {tmp_path / 'pwned2'})",
+            f"`touch {tmp_path / 'pwned3'}`", "a\nb\n", "~", "*", "--", "-c", "$HOME", "back\\slash", "é ü", "",
+            "'\"'\"'", "%s %b \\0134", "; exit 3"]
+
+
+def test_a_script_gets_its_arguments_intact_and_its_answer_comes_back(echo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    values = hostile(tmp_path)
+    request = {"root": "$(touch pwned4)", "list": values}
+    result = hostscript.run(LocalTransport("here"), sys.executable, "echo.py", json.dumps(request), *values,
+                            timeout=60, env={contract.TOKEN_ENV: "s3cret'$(touch pwned5)"})
+    assert result.ok, result.stderr
+    answer = hostscript.answer(result)
+    assert answer["args"] == [json.dumps(request), *values]
+    assert answer["request"] == request and answer["secret"] == "s3cret'$(touch pwned5)"
+    assert answer["cwd_has"] == [] and os.listdir(tmp_path) == []          # nothing ran: no file was made
+
+
+def test_a_streamed_script_reads_the_same_and_its_lines_are_messages(echo, tmp_path):
+    values = hostile(tmp_path)
+    lines: queue.Queue = queue.Queue()
+    proc = hostscript.start(LocalTransport("here"), sys.executable, "echo.py", "[1, 2]", *values, lines=lines)
+    out, err, done = read_until(proc, lines, 60)
+    assert done and hostscript.message(out[-1])["args"] == ["[1, 2]", *values], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_script_without_its_answer_says_how_it_ended(tmp_path):
+    result = hostscript.run(LocalTransport("here"), sys.executable, "missing.py", "json", "clusterctl_no_such_module",
+                            timeout=60)
+    assert hostscript.answer(result) == ["clusterctl_no_such_module"]
+    broken = hostscript.run(LocalTransport("here"), str(tmp_path / "no python"), "missing.py", timeout=60)
+    with pytest.raises(hostscript.NoAnswer, match=r"could not read its answer \(status 127\): .*no python"):
+        hostscript.answer(broken)
+
+
+def test_the_python_keeps_a_leading_tilde_as_the_host_home_and_every_other_word_is_quoted():
+    text = hostscript.command("~/venv/bin/python", "missing.py", "a b", "$(x)")
+    assert text.startswith('"$HOME"/venv/bin/python -c \'') and text.endswith(" 'a b' '$(x)'")
+
+
+def test_a_shell_script_gets_its_values_and_parameters_intact(echo, tmp_path):
+    values = hostile(tmp_path)
+    text = hostscript.shell("echo.sh", {"A": values[1], "B": hostscript.HostPath("~/x y")}, values)
+    result = LocalTransport("here").run(text, 60)
+    lines = result.stdout.split("\n")
+    assert lines[0] == values[1] and lines[1] == os.path.expanduser("~/x y") and lines[2] == str(len(values))
+    assert result.stdout.split("\n", 3)[3] == "".join(f"[{v}]\n" for v in values)
+    assert os.listdir(tmp_path) == []
