@@ -169,7 +169,9 @@ def rank_processes(launcher_pid: int) -> list[int]:
 # test below checks under mpi exactly as this one does; tests/train/test_adapters.py kills an adapter run's rank
 @pytest.mark.parametrize("strategy, backend", [("dp", "mpi"), ("fsdp", "ring"), ("zero3", "ring")])
 def test_resume_after_kill_9_reproduces_the_uninterrupted_curve(strategy, backend, tmp_path):
-    STEPS = 120    # the kill comes at step 12 or so: room to spare on a faster machine (or launcher)
+    # the kill comes at step 12 or so (the first checkpoint at 10, then 2 steps past it, polled every 20 ms): 48 steps to
+    # spare on a faster machine (or launcher); 120 cost twice the training in the whole and the resumed runs
+    STEPS = 60
     args = ["--strategy", strategy, "--steps", str(STEPS), "--report-every", "1", "--eval-every", "0",
             "--ckpt-every", "10", "--dropout", "0.1", "--accum", "2",
             "--balance", "off" if strategy == "zero3" else "3,1"]
