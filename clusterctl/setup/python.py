@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,8 +30,8 @@ from ..doctor.options import LM_PACKAGE, version_here
 from ..errors import ConnectError, UsageError
 from ..hosts.connector import Connector
 from ..hosts.fanout import run_all
-from ..hosts.scripts import script_text
-from ..hosts.quoting import quote_path
+from ..hosts import hostscript
+from ..hosts.hostscript import HostPath
 from ..inventory import Cluster, Host
 from ..inventory_edit import write_setting
 from . import exit_code, script_error
@@ -167,10 +166,10 @@ def script(host: Host, want: str, reqs: list[str], dry_run: bool, check: bool = 
     that folder (relative to the workdir) alone."""
     text = "\n".join(reqs)
     digest = hashlib.sha256(f"{want}\n{text}".encode()).hexdigest()[:16]
-    values = [f"WD={quote_path(host.workdir)}", f"WANT={shlex.quote(want)}", f"PYTHON={quote_path(host.python)}",
-              f"REQS={shlex.quote(text)}", f"DIGEST={digest}", f"DRY={'yes' if dry_run else 'no'}",
-              f"CHECK={'yes' if check else 'no'}", f"WHEELS={shlex.quote(wheels or '')}"]
-    return "\n".join(values) + "\n" + script_text("pyenv.sh")
+    values = {"WD": HostPath(host.workdir), "WANT": want, "PYTHON": HostPath(host.python), "REQS": text,
+              "DIGEST": digest, "DRY": "yes" if dry_run else "no", "CHECK": "yes" if check else "no",
+              "WHEELS": wheels or ""}
+    return hostscript.shell("pyenv.sh", values)
 
 
 PLATFORM_FACTS = "uname -s; uname -m; sw_vers -productVersion 2>/dev/null || getconf GNU_LIBC_VERSION 2>/dev/null"

@@ -27,7 +27,6 @@ OTHER_WAYS = {
     "clusterctl/hosts/probe.py": "python_info.py: a value of probe.sh, which finds the python and runs it",
     "clusterctl/launch/bootstrap.py": "bootstrap.py, envfiles.py: on the launcher's command line, every rank",
     "clusterctl/launch/backends/rankstarter.py": "ranks.py: uploaded with its 0600 spec, the launcher runs it",
-    "clusterctl/setup/python.py": "pyenv.sh: values first, as hostscript.shell gives them (to move onto it)",
 }
 
 
