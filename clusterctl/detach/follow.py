@@ -213,16 +213,21 @@ def look(run_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool
     return now
 
 
+def not_home(runs_dir: str) -> list[str]:
+    """The run directories of runs_dir that hold a detached run's record and are not yet home, by name."""
+    try:
+        dirs = sorted(os.path.join(runs_dir, n) for n in os.listdir(runs_dir))
+    except OSError:
+        return []
+    return [d for d in dirs if os.path.exists(os.path.join(d, RECORD)) and not is_home(d)]
+
+
 def refresh_all(runs_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool] | None = small_files
                 ) -> None:
     """refresh() for each detached run in runs_dir not yet home, all at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    try:
-        dirs = [os.path.join(runs_dir, n) for n in os.listdir(runs_dir)]
-    except OSError:
-        return
-    waiting = [d for d in dirs if os.path.exists(os.path.join(d, RECORD)) and not is_home(d)]
+    waiting = not_home(runs_dir)
     if waiting:
         with ThreadPoolExecutor(max_workers=min(8, len(waiting))) as pool:
             list(pool.map(lambda d: refresh(d, connect_timeout, only), waiting))
@@ -245,11 +250,7 @@ def waiting_on(runs_dir: str, cluster: Cluster) -> list[tuple[Record, str]]:
     """The detached runs of runs_dir not yet home that run on one of `cluster`'s hosts (the same address and
     port): (record, run directory)."""
     ours = {(h.hostname or h.name, h.port) for h in cluster.hosts}
-    try:
-        dirs = sorted(os.path.join(runs_dir, n) for n in os.listdir(runs_dir))
-    except OSError:
-        return []
-    found = [(Record.read(d), d) for d in dirs if os.path.exists(os.path.join(d, RECORD)) and not is_home(d)]
+    found = [(Record.read(d), d) for d in not_home(runs_dir)]
     return [(r, d) for r, d in found if r is not None and ours & {(h.hostname or h.name, h.port) for h in r.cluster.hosts}]
 
 

@@ -240,10 +240,11 @@ def kill_runs(connector, run_id: str | None, run_dirs: list[str] = (), wait_s: f
     on it (hosts sharing a disk see each other's pid files). Then whatever is left is stopped as `run`'s own
     cleanup does (SIGTERM, then SIGKILL, waiting for them to go)."""
     through = {os.path.basename(os.path.normpath(d)) for d in run_dirs if stop_supervisor(d, STOP_WAIT_S + wait_s)}
-    through |= stop_detached_supervisors(connector, list_processes(connector, run_id), wait_s)
+    listed = list_processes(connector, run_id)         # once: the supervisors to ask, and every run's id
+    through |= stop_detached_supervisors(connector, listed, wait_s)
     asked, ended = [], True
     if wait_s > 0:
-        runs = [run_id] if run_id else sorted({p.run_id for h in list_processes(connector) for p in h.processes})
+        runs = [run_id] if run_id else sorted({p.run_id for h in listed for p in h.processes})
         runs = [rid for rid in runs if rid not in through]
         for rid in runs:                              # every run's ranks asked at once ...
             asked += ask_to_stop(connector, rid, signal.SIGTERM, ranks_of=rank_placement(runs_dir, rid)).ranks
