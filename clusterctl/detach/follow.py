@@ -118,10 +118,11 @@ def follow(record: Record, write: Callable[[str], None], offset: int = 0, connec
 def snapshot(record: Record, run_dir: str, connect_timeout: float = 10.0,
              only: Callable[[str], bool] | None = None) -> tuple[int, int]:
     """The supervising host's run directory as it is now (with `only`: the files whose relative path it accepts)
-    into run_dir, not marked home (the run goes on): what `logs`, `stacks` and `runs` read of a running one."""
+    into run_dir, not marked home (the run goes on): what `logs`, `stacks` and `runs` read of a running one. Asked
+    again and again (`logs -f`), it fetches what grew or is new, not the logs and checkpoints already here."""
     from ..transfer.stage import fetch_tree
 
-    return fetch_tree(record.connector(connect_timeout), record.host, record.folder, run_dir, only=only)
+    return fetch_tree(record.connector(connect_timeout), record.host, record.folder, run_dir, only=only, growing=True)
 
 
 def small_files(rel: str) -> bool:

@@ -153,21 +153,40 @@ def fetch_run_dir(connector: Connector, run_id: str, local_dir: str, progress: P
     return fetch_tree(connector, host, connector.run_dir(host, run_id), local_dir, progress)
 
 
+SAME_SIZE_KEPT = 64 * 2**10     # fetch_tree(growing=True): a file this big or bigger already here at its size is kept
+
+
 def fetch_tree(connector: Connector, host, remote_dir: str, local_dir: str,
-               progress: Progress | None = None, only: Callable[[str], bool] | None = None) -> tuple[int, int]:
+               progress: Progress | None = None, only: Callable[[str], bool] | None = None,
+               growing: bool = False) -> tuple[int, int]:
     """Every file under remote_dir on `host` (names starting with "." left out; with `only`, those whose
-    relative path it accepts) into local_dir, each landing atomically; (files, bytes)."""
+    relative path it accepts) into local_dir, each landing atomically; (files, bytes). `growing`: the directory of
+    a run that goes on, fetched again and again (a detached run's logs -f): a file of SAME_SIZE_KEPT bytes or more
+    that is here at the size it has there is not fetched again (a log only grows, a checkpoint's files are
+    written once under a new step's name); smaller ones (the JSON files rewritten in place) always are."""
     with connector.transport(host) as transport, transport.files() as session:
         got = _get_tree(session, remote_dir, local_dir,
-                        (lambda done, total: progress(host.name, done, total)) if progress else None, only)
+                        (lambda done, total: progress(host.name, done, total)) if progress else None, only, growing)
     return len(got), sum(nbytes for _, nbytes in got)
 
 
+def _kept(local_dir: str, rel: str, nbytes: int) -> bool:
+    """Whether a file of a growing directory is here already as it is there (growing: fetch_tree)."""
+    if nbytes < SAME_SIZE_KEPT:
+        return False
+    try:
+        return os.path.getsize(os.path.join(local_dir, *rel.split("/"))) == nbytes
+    except OSError:
+        return False
+
+
 def _get_tree(session, remote: str, local_dir: str, progress: Callable[[int, int], None] | None = None,
-              only: Callable[[str], bool] | None = None) -> list[tuple[str, int]]:
+              only: Callable[[str], bool] | None = None, growing: bool = False) -> list[tuple[str, int]]:
     """Every file under `remote` (walk leaves out names starting with "."; `only` picks by relative path) into
-    local_dir; [(relative path, bytes)]. `progress(done, total)`: the bytes so far, of the listed files' sizes."""
-    got = [(rel, nbytes) for rel, nbytes in session.walk(remote) if only is None or only(rel)]
+    local_dir; [(relative path, bytes)]. `progress(done, total)`: the bytes so far, of the listed files' sizes.
+    `growing`: fetch_tree's."""
+    got = [(rel, nbytes) for rel, nbytes in session.walk(remote) if (only is None or only(rel))
+           and not (growing and _kept(local_dir, rel, nbytes))]
     total, done = sum(nbytes for _, nbytes in got), 0
 
     def count(n: int) -> None:

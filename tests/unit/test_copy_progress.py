@@ -102,3 +102,31 @@ def test_copies_under_way_at_once_share_one_block_of_bars_on_a_terminal(monkeypa
     printed.copy_progress("fetch", "h1", 0, 1000)              # a later copy: a block of its own
     assert printed.copies["fetch"].bars is not project.bars
     printed.copy_ended("fetch")
+
+
+def test_a_growing_run_directory_fetched_again_brings_what_grew_or_is_new_not_what_is_here(tmp_path):
+    """A detached run's `logs -f` fetches its directory every few seconds (detach/follow.py snapshot): the second
+    time a big log that did not change and a checkpoint already here are not fetched again; the log that grew, the
+    small JSON rewritten in place at the same size and a new checkpoint are."""
+    from clusterctl.transfer.stage import SAME_SIZE_KEPT, fetch_tree
+
+    connector = Connector(Cluster.this_machine(str(tmp_path / "host-work")))
+    host = connector.cluster.hosts[0]
+    there, here = tmp_path / "there", tmp_path / "here"
+    (there / "checkpoints" / "step-1").mkdir(parents=True)
+    files = {"rank-0.log": b"a" * SAME_SIZE_KEPT, "rank-1.log": b"b" * SAME_SIZE_KEPT, "state.json": b'{"step": 1}',
+             "checkpoints/step-1/model.safetensors": os.urandom(SAME_SIZE_KEPT * 2)}
+    for rel, data in files.items():
+        (there / rel).write_bytes(data)
+    assert fetch_tree(connector, host, str(there), str(here), growing=True)[0] == 4
+    (there / "rank-1.log").write_bytes(b"b" * SAME_SIZE_KEPT + b"more\n")
+    (there / "state.json").write_bytes(b'{"step": 2}')
+    (there / "checkpoints" / "step-2").mkdir()
+    (there / "checkpoints" / "step-2" / "model.safetensors").write_bytes(os.urandom(SAME_SIZE_KEPT * 2))
+    (here / "rank-0.log").write_bytes(b"x" * SAME_SIZE_KEPT)        # kept: here at its size there
+    grew, state, step2 = SAME_SIZE_KEPT + 5, 11, 2 * SAME_SIZE_KEPT
+    assert fetch_tree(connector, host, str(there), str(here), growing=True) == (3, grew + state + step2)
+    assert (here / "rank-1.log").read_bytes().endswith(b"more\n") and (here / "state.json").read_bytes() == b'{"step": 2}'
+    assert (here / "rank-0.log").read_bytes() == b"x" * SAME_SIZE_KEPT
+    assert fetch_tree(connector, host, str(there), str(here))[0] == 5                  # not growing: all of it
+    assert (here / "rank-0.log").read_bytes() == b"a" * SAME_SIZE_KEPT
