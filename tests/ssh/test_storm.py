@@ -12,7 +12,7 @@ from sshcluster import requires_private_roots
 from storm import DROP_S, TEST_STEPS, Storm, beside, train
 from test_restart import curve, nothing_left
 
-pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+pytestmark = pytest.mark.ssh          # not slow: it runs last of the ssh tier, not beside the fine-tune quality tests at the start
 
 
 def test_a_run_rides_through_a_storm_of_faults_each_named_and_ends_as_an_undisturbed_run(make_cluster, tmp_path,
