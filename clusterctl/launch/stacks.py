@@ -145,10 +145,15 @@ class Stacks:
         return sorted(places.items(), key=lambda item: (-len(item[1]), item[1]))
 
     def odd_one_out(self) -> tuple[int, str] | None:
-        """(rank, where) of the one rank whose place no other rank shares, when all the others share one."""
+        """(rank, where) of the one rank whose place no other rank shares, when all the others share one; or of
+        the one rank outside any collective, when the others (two or more) each wait in one, at several places (a
+        rank frozen partway through a ring collective lets some ranks finish it and wait in the next)."""
         groups = self.groups()
         if len(groups) == 2 and len(groups[1][1]) == 1 and len(groups[0][1]) > 1:
             return groups[1][1][0], groups[1][0]
+        outside = [(where, ranks) for where, ranks in groups if not _collective(where)]
+        if len(groups) > 2 and len(outside) == 1 and len(outside[0][1]) == 1:
+            return outside[0][1][0], outside[0][0]
         return None
 
     def together(self) -> str | None:

@@ -288,6 +288,25 @@ def test_ranks_each_in_a_collective_of_its_own_on_several_hosts_wait_for_each_ot
     assert Stacks("x", 0.0, [rank0, RankStacks(1, "h1", 98, rank1.text, reduced, rank1.kinds)]).in_collectives() is None
 
 
+def test_a_rank_frozen_partway_through_a_collective_is_the_odd_one_out_of_ranks_left_in_two():
+    """Rank 2 stopped partway through a ring collective: rank 1 finished it and waits in the next one, rank 0 in
+    the first (a storm under load met this: no odd one out was named before)."""
+    rank0, rank1 = recorded()
+    reduced = {**rank1.source, "/tmp/st/stall.py:8": "mx.distributed.all_max(y)"}     # rank 1 in the next collective
+    stopped = "did not answer within 5s: it is stopped (process state T: SIGSTOP or a debugger)"
+    frozen = [rank0, RankStacks(1, "h2", 98, rank1.text, reduced, rank1.kinds),
+              RankStacks(2, "h3", 99, "", error=stopped)]
+    stacks = Stacks("x", 0.0, frozen)
+    assert len(stacks.groups()) == 3 and stacks.in_collectives() is None and stacks.together() is None
+    assert stacks.odd_one_out() == (2, stopped)
+    assert f"rank 2  {stopped}   <- the odd one out" in "\n".join(stacks.screen())
+    # two ranks outside any collective: neither is singled out
+    asleep = RankStacks(1, "h2", 98, rank1.text, rank1.source, rank1.kinds)
+    assert Stacks("x", 0.0, [rank0, asleep, RankStacks(2, "h3", 99, "", error=stopped)]).odd_one_out() is None
+    # two ranks, one in a collective: as before, no odd one (the rule needs others that agree)
+    assert Stacks("x", 0.0, [rank0, RankStacks(2, "h3", 99, "", error=stopped)]).odd_one_out() is None
+
+
 def test_a_quiet_phase_of_a_kind_already_timed_is_announced_at_ten_times_its_longest_within_bounds():
     from clusterctl.train.callbacks import QUIET_MIN_S, QUIET_S, quiet_for
 
