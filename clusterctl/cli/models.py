@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..errors import EXIT_FAILED, EXIT_OK, UsageError
+from ..hosts.scripts.contract import StoreState
 from ..transfer.localmodel import DIGEST_SHOWN
 from ..transfer.push import METHODS
 from . import app
@@ -49,8 +50,8 @@ def models_cmd(ctx, inventory_path, connect_timeout, strict_host_keys, as_json):
                 lines.append({"host": r["host"], "name": "", "digest": "", "size": "", "state": f"error: {r['error']}",
                               "path": ""})
             for m in r["entries"]:
-                state = m["state"] if m["state"] == "complete" else f"{m['state']} ({size(m['bytes'])} so far)"
-                if m["state"] == "complete" and m["files"] < m["model_files"]:
+                state = m["state"] if m["state"] == StoreState.COMPLETE else f"{m['state']} ({size(m['bytes'])} so far)"
+                if m["state"] == StoreState.COMPLETE and m["files"] < m["model_files"]:
                     state += f" ({m['files']} of {m['model_files']} files)"
                 lines.append({"host": r["host"], "name": m["name"] or m["key"], "digest": (m["digest"] or "")[:DIGEST_SHOWN],
                               "size": size(m["size"]), "state": state, "path": m["path"]})

@@ -9,6 +9,7 @@ import time
 
 import click
 
+from ..hosts.scripts.contract import SupervisorState
 from ..trainer_contract import RUNS_DIR
 from . import app
 from .console import table
@@ -90,7 +91,7 @@ def logs_cmd(run_ref, rank, follow, pattern, attempt, runs_dir, connect_timeout)
     info = resolve(runs_dir, run_ref)
     ended = run_ended
     now = detached.look(info.dir, connect_timeout)
-    if now is not None and now.get("state") == "running":        # detached: looked at again as it is followed
+    if now is not None and now.get("state") == SupervisorState.RUNNING:        # detached: looked at again as it is followed
         ended = _detached_ended(connect_timeout)
     if attempt is not None:
         there = attempts(info.dir)
@@ -150,7 +151,7 @@ def _detached_ended(connect_timeout: float, every_s: float = 2.0):
             now = detached.look(run_dir, connect_timeout)
         except ClusterctlError:
             return False
-        return now is None or now.get("state") != "running"
+        return now is None or now.get("state") != SupervisorState.RUNNING
     return ended
 
 
@@ -409,10 +410,10 @@ def _said_stopped(record, run_dir: str, now: dict, wait_s: float) -> None:
     after wait_s or could not be asked."""
     from ..errors import ClusterctlError
 
-    if now.get("state") == "running":
+    if now.get("state") == SupervisorState.RUNNING:
         raise ClusterctlError(f"kill: run {record.run_id}'s supervisor on {record.supervisor} still runs after "
                               f"{wait_s:g}s (its ranks may still be writing their checkpoint); kill it again later")
-    if now.get("state") not in ("ended", "lost"):
+    if now.get("state") not in SupervisorState.OVER:
         raise ClusterctlError(f"kill: run {record.run_id}'s supervisor on {record.supervisor} could not be asked: "
                               f"{now.get('why') or now.get('state')}")
     click.echo(f"kill: run {record.run_id} stopped by its supervisor on {record.supervisor}; its run directory came "
@@ -458,7 +459,7 @@ def stacks_cmd(run_ref, inventory_path, native, saved, runs_dir, connect_timeout
     now = detached.look(info.dir, connect_timeout,       # its saved stacks, an attempt's too (attempt-K/stacks/)
                         only=lambda rel: re.match(r"(attempt-\d+/)?stacks/", rel) is not None or detached.small_files(rel))
     info = run_info(info.dir)
-    running = now.get("state") == "running" if now is not None else info.status in ("running", "unknown")
+    running = now.get("state") == SupervisorState.RUNNING if now is not None else info.status in ("running", "unknown")
     if saved or not running:
         taken = Stacks.newest(info.dir)
         if taken is None:

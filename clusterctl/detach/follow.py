@@ -20,7 +20,7 @@ from typing import Callable
 from ..atomic import write_text
 from ..hosts import hostscript
 from ..hosts.connector import Connector
-from ..hosts.scripts.contract import END_MARK, LIVE_MARK
+from ..hosts.scripts.contract import END_MARK, LIVE_MARK, SupervisorState
 from ..inventory import Cluster, Host
 from . import handoff, supervisor
 
@@ -74,7 +74,7 @@ def state(record: Record, connect_timeout: float = 10.0, op: str = "state") -> d
     try:
         return supervisor.state(connector, record.host, record.run_id, op=op)
     except Exception as e:        # noqa: BLE001 - any way of not reaching it is "unreachable", said with its reason
-        return {"state": "unreachable", "why": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        return {"state": SupervisorState.UNREACHABLE, "why": str(e).splitlines()[0] if str(e) else type(e).__name__}
 
 
 def follow(record: Record, write: Callable[[str], None], offset: int = 0, connect_timeout: float = 10.0,
@@ -110,7 +110,7 @@ def follow(record: Record, write: Callable[[str], None], offset: int = 0, connec
                             pass
                     continue
                 write(text)
-            return final or {"state": "unknown", "why": "the follow ended without the supervisor's state"}
+            return final or {"state": SupervisorState.UNKNOWN, "why": "the follow ended without the supervisor's state"}
         finally:
             proc.stop()
 
@@ -153,14 +153,14 @@ def settle(record: Record, run_dir: str, state: dict) -> tuple[int, int]:
     supervisor left no summary (killed, or its host lost), one written here that says so. (files, bytes)."""
     from ..errors import ClusterctlError
 
-    if state.get("state") not in ("ended", "lost"):
+    if state.get("state") not in SupervisorState.OVER:
         raise ClusterctlError(f"run {record.run_id}: its supervisor on {record.supervisor} is "
                               f"{state.get('state')}: {state.get('why') or 'nothing more is known'}")
     got = home(record, run_dir)
     summary = os.path.join(run_dir, SUMMARY)
     if not os.path.exists(summary):
         code = state.get("code")
-        if state["state"] == "lost":
+        if state["state"] == SupervisorState.LOST:
             why = f"its supervisor on {record.supervisor} was lost ({state.get('why') or 'no exit code'})"
         elif isinstance(code, int) and code < 0:
             why = f"its supervisor on {record.supervisor} was killed by signal {-code} before the run ended"
@@ -185,12 +185,12 @@ def refresh(run_dir: str, connect_timeout: float = 10.0, only: Callable[[str], b
     if record is None or is_home(run_dir):
         return None
     now = state(record, connect_timeout)
-    if now.get("state") in ("ended", "lost"):
+    if now.get("state") in SupervisorState.OVER:
         try:
             settle(record, run_dir, now)
         except Exception as e:       # noqa: BLE001 - not home yet: said in its state, tried again next time
-            now = {"state": "unreachable", "why": f"could not bring it home: {e}"}
-    elif now.get("state") == "running":
+            now = {"state": SupervisorState.UNREACHABLE, "why": f"could not bring it home: {e}"}
+    elif now.get("state") == SupervisorState.RUNNING:
         try:
             snapshot(record, run_dir, connect_timeout, only=only)
         except Exception:            # noqa: BLE001 - its step and loss are shown when they can be read
@@ -206,7 +206,7 @@ def look(run_dir: str, connect_timeout: float = 10.0, only: Callable[[str], bool
     from ..errors import ClusterctlError
 
     now = refresh(run_dir, connect_timeout, only)
-    if now is not None and now.get("state") not in ("running", "ended", "lost"):
+    if now is not None and now.get("state") not in (SupervisorState.RUNNING, *SupervisorState.OVER):
         record = Record.read(run_dir)
         raise ClusterctlError(f"run {os.path.basename(run_dir)}: its supervisor on "
                               f"{record.supervisor if record else '?'} could not be asked ({now.get('state')}: "
@@ -239,10 +239,10 @@ def stop(record: Record, run_dir: str, wait_s: float, connect_timeout: float = 1
     then the run brought home; the last state."""
     now = state(record, connect_timeout, op="stop")
     deadline = time.monotonic() + wait_s
-    while now.get("state") == "running" and time.monotonic() < deadline:
+    while now.get("state") == SupervisorState.RUNNING and time.monotonic() < deadline:
         time.sleep(1.0)
         now = state(record, connect_timeout)
-    if now.get("state") in ("ended", "lost"):
+    if now.get("state") in SupervisorState.OVER:
         settle(record, run_dir, now)
     return now
 
@@ -264,7 +264,7 @@ def stop_all(runs: list[tuple[Record, str]], wait_s: float, connect_timeout: flo
         try:
             return stop(item[0], item[1], wait_s, connect_timeout)
         except Exception as e:       # noqa: BLE001 - said with its run, the others stopped all the same
-            return {"state": "unreachable", "why": f"could not bring it home: {e}"}
+            return {"state": SupervisorState.UNREACHABLE, "why": f"could not bring it home: {e}"}
 
     if not runs:
         return []

@@ -19,6 +19,7 @@ import tempfile
 from ..errors import ClusterctlError, UsageError
 from ..hosts.connector import Connector
 from ..hosts import hostscript
+from ..hosts.scripts.contract import SupervisorState
 from ..hosts.scripts.contract import LIVE_FILE  # noqa: F401 (in its folder: the live panel's last snapshot; cli/printedrun.py LiveFile)
 from ..inventory import Cluster, Host
 from . import handoff as handoffs
@@ -101,4 +102,4 @@ def state(connector: Connector, host: Host, run_id: str, timeout: float = 30.0, 
     try:
         return hostscript.answer(result)
     except hostscript.NoAnswer:
-        return {"state": "unknown", "why": (result.stderr.strip().splitlines() or ["no answer"])[-1]}
+        return {"state": SupervisorState.UNKNOWN, "why": (result.stderr.strip().splitlines() or ["no answer"])[-1]}

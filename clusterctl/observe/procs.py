@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..detach.supervisor import DETACHED_DIR
 from ..hosts.local import LocalTransport
-from ..hosts.scripts.contract import RUN_ID, RUN_TOKEN
+from ..hosts.scripts.contract import RUN_ID, RUN_TOKEN, SupervisorState
 from ..launch.launchers import sweep
 from ..launch.stop import ask_to_stop
 from ..trainer_contract import RUNS_DIR
@@ -226,7 +226,7 @@ def stop_detached_supervisors(connector, listed: list[HostProcesses], wait_s: fl
     deadline = time.monotonic() + wait_s
     while asked and time.monotonic() < deadline:
         time.sleep(1.0)
-        asked = [(h, rid) for h, rid in asked if supervisor.state(connector, h, rid).get("state") == "running"]
+        asked = [(h, rid) for h, rid in asked if supervisor.state(connector, h, rid).get("state") == SupervisorState.RUNNING]
     return {rid for _, rid in found}
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from ..errors import UsageError
 from ..hosts.scripts.contract import RUN_ID as RUN_ID_PATTERN
+from ..hosts.scripts.contract import SupervisorState
 from ..launch.stop import ranks_by_host
 from ..trainer_contract import STEP_GLOB, checkpoint_step
 from .record import FACTS, LOG_TIMES, PID_FILE, RANK_METRICS, SUMMARY, index_path, iso
@@ -222,11 +223,11 @@ def run_info(run_dir: str) -> RunInfo:
     if detached is not None:        # a detached run not yet home (detach/follow.py): as its supervisor's host said
         said = _read_json(os.path.join(run_dir, "detached-state.json")) or {}
         state = said.get("state")
-        status = "running" if state == "running" else "unknown"
-        why = None if state in (None, "running") else f"{state}" + (f": {said['why']}" if said.get("why") else "")
-        if state == "running" and isinstance(said.get("step"), int):        # its live panel's, on its host
+        status = "running" if state == SupervisorState.RUNNING else "unknown"
+        why = None if state in (None, SupervisorState.RUNNING) else f"{state}" + (f": {said['why']}" if said.get("why") else "")
+        if state == SupervisorState.RUNNING and isinstance(said.get("step"), int):        # its live panel's, on its host
             why = f"step {said['step']}" + (f"/{said['total_steps']}" if isinstance(said.get("total_steps"), int) else "")
-        if loss is None and state == "running" and isinstance(said.get("loss"), (int, float)):
+        if loss is None and state == SupervisorState.RUNNING and isinstance(said.get("loss"), (int, float)):
             loss = float(said["loss"])
         start = id_time(run_id)
         facts = _read_json(os.path.join(run_dir, FACTS)) or {}      # what the last look brought (follow.snapshot)

@@ -23,6 +23,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 from ..errors import ModelStoreError
 from ..hosts.connector import Connector
 from ..hosts.fanout import HostOutcome, run_all
+from ..hosts.scripts.contract import StoreState
 from ..hosts.scripts.contract import PARTS  # noqa: F401 (the helper's own: rsync's --partial-dir, where SFTP appends)
 from ..inventory import Host
 from . import remotefiles
@@ -139,20 +140,20 @@ class HostPush:
         else:
             self.entry.damaged += [f for f in plan.get("damaged", []) if f not in self.entry.damaged]
             self.entry.rehashed += plan.get("hashed", 0)
-        if plan["state"] == "complete":
+        if plan["state"] == StoreState.COMPLETE:
             self.entry.path = plan["path"]
         return plan
 
     @property
     def complete(self) -> bool:
-        return self.plan.get("state") == "complete"
+        return self.plan.get("state") == StoreState.COMPLETE
 
     def finish(self) -> dict:
         """Hash what arrived on the host; when every file is verified the entry is complete (its path kept)."""
         done = self.call("finish")
         if not done["bad"] and not done["missing"]:
             self.entry.path = done["path"]
-            self.plan = {"state": "complete", "path": done["path"]}
+            self.plan = {"state": StoreState.COMPLETE, "path": done["path"]}
         return done
 
     def sent(self, files: Sequence[str], count: int, method: str, note: str = "") -> None:

@@ -191,3 +191,80 @@ def test_a_shell_script_gets_its_values_and_parameters_intact(echo, tmp_path):
     assert lines[0] == values[1] and lines[1] == os.path.expanduser("~/x y") and lines[2] == str(len(values))
     assert result.stdout.split("\n", 3)[3] == "".join(f"[{v}]\n" for v in values)
     assert os.listdir(tmp_path) == []
+
+
+# ---- the words inside the answers ---------------------------------------------------------------------------
+
+STATES = {name: value for cls in (contract.SupervisorState, contract.StoreState)
+          for name, value in vars(cls).items() if name.isupper() and isinstance(value, str)}
+
+
+def _is_state(node, names=frozenset()) -> bool:
+    """An answer's "state": d["state"], d.get("state"), or a name given one of these (`names`)."""
+    key = lambda n: isinstance(n, ast.Constant) and n.value == "state"       # noqa: E731
+    return (isinstance(node, ast.Subscript) and key(node.slice)) or (isinstance(node, ast.Name) and node.id in names) \
+        or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and key(node.args[0]))
+
+
+def state_words(tree):
+    """(line, word) for each state word an answer is built with or compared to as a literal, not the contract's."""
+    def words(node):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [n.value for n in items if isinstance(n, ast.Constant) and n.value in STATES.values()]
+    found = []
+    names = frozenset(t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _is_state(node.value)
+                      for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            found += [(node.lineno, w) for k, v in zip(node.keys, node.values)
+                      if isinstance(k, ast.Constant) and k.value == "state" for w in words(v)]
+            found += [(node.lineno, w) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)
+                      and k.value == "state" and isinstance(v, ast.IfExp) for w in words(v.body) + words(v.orelse)]
+        elif isinstance(node, ast.Compare) and any(_is_state(side, names) for side in [node.left, *node.comparators]):
+            found += [(node.lineno, w) for side in [node.left, *node.comparators] for w in words(side)]
+    return found
+
+
+def test_the_states_in_the_scripts_answers_are_the_contracts_on_both_sides():
+    written = {rel: state_words(tree) for rel, tree in sources() if not rel.endswith(os.path.join("scripts", "contract.py"))}
+    assert {rel: found for rel, found in written.items() if found} == {}
+    taken = {rel: contract_imports(rel, tree) for rel, tree in sources()}
+    for cls in ("SupervisorState", "StoreState"):
+        users = {rel for rel, names in taken.items() if cls in names}
+        assert any("scripts" in rel for rel in users) and any("scripts" not in rel for rel in users), (cls, users)
+
+
+def test_the_states_check_finds_a_word_written_again():
+    bad = ast.parse('def f(d, state):\n    now = d.get("state")\n    if state == "running" or now in ("ended", "lost"):\n'
+                    '        return {"state": "complete" if d else "partial"}\n    return d["state"] != "x", d["x"] == "lost"\n')
+    assert sorted(state_words(bad)) == [(3, "ended"), (3, "lost"), (4, "complete"), (4, "partial")]
+
+
+def test_the_supervisors_states_come_back_as_the_contract_names_them(tmp_path):
+    """follow.py's `state`, run as a host runs it, on a supervisor that ended, one that is lost, one that runs, and
+    a folder that is not there."""
+    import subprocess
+    import time
+
+    from clusterctl.hosts.scripts.proctime import start_time
+
+    def asked(folder):
+        result = hostscript.run(LocalTransport("here"), sys.executable, "follow.py", str(folder), "state", timeout=60)
+        return hostscript.answer(result)["state"]
+
+    S = contract.SupervisorState
+    ended, lost, running = (tmp_path / n for n in ("ended", "lost", "running"))
+    for folder in (ended, lost, running):
+        folder.mkdir()
+    (ended / "exit.json").write_text(json.dumps({"code": 0, "ended": time.time()}))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (lost / "supervisor.pid").write_text(f"{gone.pid} 1")
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (running / "supervisor.pid").write_text(f"{alive.pid} {start_time(alive.pid) or ''}")
+        assert [asked(f) for f in (ended, lost, running, tmp_path / "none")] == [S.ENDED, S.LOST, S.RUNNING, S.UNKNOWN]
+    finally:
+        alive.kill()
+        alive.wait()

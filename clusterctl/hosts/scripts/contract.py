@@ -32,6 +32,23 @@ COPY_GATE_ENV = "CLUSTERCTL_COPY_GATE"  # the copy's token: start once <workdir>
 ENV_FILES_ENV = "CLUSTERCTL_ENV_FILES"  # JSON: variable -> the text of a private file it then names
 
 
+class SupervisorState:
+    """The "state" of follow.py's answer about a detached run's supervisor (detach/supervisor.py, detach/follow.py)."""
+    RUNNING = "running"          # its process lives: "pid", and the live panel's "step", "total_steps" and "loss"
+    ENDED = "ended"              # it wrote exit.json: "code" and "ended" (epoch seconds)
+    LOST = "lost"                # gone without exit.json: its host restarted, or it was killed with its keeper
+    UNKNOWN = "unknown"          # no such run folder on the host, or no answer from it
+    UNREACHABLE = "unreachable"  # the controller's own: the host could not be asked
+    OVER = (ENDED, LOST)         # no longer running: its run can come home
+
+
+class StoreState:
+    """The "state" of modelstore.py's answers about a model in a host's store (transfer/storepush.py, cli/models.py)."""
+    COMPLETE = "complete"        # every file there and checked: nothing to send
+    PARTIAL = "partial"          # a push began: the files still to send
+    INCOMPLETE = "incomplete"    # a folder of the store's without its record (a push that never wrote one)
+
+
 def read_request(arg):
     """A request: the JSON word itself, or @PATH of an uploaded JSON file (removed once read)."""
     if not arg.startswith("@"):

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 
-from .contract import END_MARK, LIVE_FILE, LIVE_MARK, SUPERVISOR_LOG, reply
+from .contract import END_MARK, LIVE_FILE, LIVE_MARK, SUPERVISOR_LOG, SupervisorState, reply
 from .proctime import start_time
 
 POLL_S = 0.25
@@ -31,7 +31,7 @@ def ended(folder):
             done = json.load(f)
     except (OSError, ValueError):
         return None
-    return {"state": "ended", "code": done.get("code"), "ended": done.get("ended")}
+    return {"state": SupervisorState.ENDED, "code": done.get("code"), "ended": done.get("ended")}
 
 
 def state(folder):
@@ -43,12 +43,12 @@ def state(folder):
             pid_text, _, started = f.read().strip().partition(" ")
         pid = int(pid_text)
     except (OSError, ValueError):
-        return {"state": "lost" if os.path.isdir(folder) else "unknown", "why": "no supervisor.pid"}
+        return {"state": SupervisorState.LOST if os.path.isdir(folder) else SupervisorState.UNKNOWN, "why": "no supervisor.pid"}
     now = start_time(pid)
     if now is not None and (not started or now == started):
-        return dict({"state": "running", "pid": pid}, **progress(folder))
+        return dict({"state": SupervisorState.RUNNING, "pid": pid}, **progress(folder))
     # it may have ended between the two reads
-    return ended(folder) or {"state": "lost", "pid": pid, "why": "its process is gone and it left no exit code"}
+    return ended(folder) or {"state": SupervisorState.LOST, "pid": pid, "why": "its process is gone and it left no exit code"}
 
 
 def progress(folder):
@@ -67,7 +67,7 @@ def follow(folder, offset):
     path = os.path.join(folder, SUPERVISOR_LOG)
     out = sys.stdout.buffer
     while not os.path.exists(path):
-        if state(folder)["state"] != "running":
+        if state(folder)["state"] != SupervisorState.RUNNING:
             break
         time.sleep(POLL_S)
     last = b"\n"
@@ -84,7 +84,7 @@ def follow(folder, offset):
             if last == b"\n":              # between lines: the panel's snapshot, when it changed
                 live.send(out)
             now = state(folder)
-            if now["state"] != "running":
+            if now["state"] != SupervisorState.RUNNING:
                 rest = f.read()
                 if rest:
                     out.write(rest)
@@ -118,7 +118,7 @@ class Live:
 
 def stop(folder):
     now = state(folder)
-    if now["state"] == "running":
+    if now["state"] == SupervisorState.RUNNING:
         try:
             os.kill(now["pid"], signal.SIGTERM)
             now["signalled"] = True

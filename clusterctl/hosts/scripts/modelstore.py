@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from .contract import PARTS, TMP, read_request, reply
+from .contract import PARTS, TMP, StoreState, read_request, reply
 from .helperbase import sha
 from .holds import free, take, users
 
@@ -202,7 +202,7 @@ def prepare(req):
                 bad.add(rel)
         if not bad and set(want) <= set(good):
             release(store, req["key"], req.get("slot"), part)
-            return {"state": "complete", "path": entry, "hashed": hashed}
+            return {"state": StoreState.COMPLETE, "path": entry, "hashed": hashed}
         # back to partial: PUSH first (the store's mark), then without ENTRY, so it is never seen complete while
         # it changes
         write_json(os.path.join(entry, PUSH), {"name": req["name"], "digest": req["digest"], "files": files,
@@ -235,7 +235,7 @@ def prepare(req):
         clear_temporary(os.path.dirname(p), os.path.basename(p))
     write_json(os.path.join(part, PUSH), {"name": req["name"], "digest": req["digest"], "files": files,
                                           "want": want, "stamps": records})
-    return {"state": "partial", "path": part, "entry": entry, "send": send, "resume": resume,
+    return {"state": StoreState.PARTIAL, "path": part, "entry": entry, "send": send, "resume": resume,
             "damaged": damaged, "hashed": hashed}
 
 
@@ -387,7 +387,7 @@ def used(d):
 def listing(req):
     store = os.path.expanduser(req["store"])
     out = []
-    for where, state in ((store, "complete"), (os.path.join(store, PARTIAL), "partial")):
+    for where, state in ((store, StoreState.COMPLETE), (os.path.join(store, PARTIAL), StoreState.PARTIAL)):
         try:
             names = sorted(os.listdir(where))
         except OSError:
@@ -396,14 +396,14 @@ def listing(req):
             d = os.path.join(where, name)
             if name.startswith(".") or os.path.islink(d) or not os.path.isdir(d):
                 continue
-            if state == "complete" and not ours(d):
+            if state == StoreState.COMPLETE and not ours(d):
                 continue                         # not the store's: the user's own, in the folder it uses
             key = name.split("@", 1)[0]          # a partial entry's directory is KEY@SLOT
-            doc = read_json(os.path.join(d, ENTRY if state == "complete" else PUSH)) or {}
+            doc = read_json(os.path.join(d, ENTRY if state == StoreState.COMPLETE else PUSH)) or {}
             files = doc.get("files", {})
-            wanted = doc.get("present" if state == "complete" else "want", [])
+            wanted = doc.get("present" if state == StoreState.COMPLETE else "want", [])
             out.append({"key": key, "name": doc.get("name"), "digest": doc.get("digest"),
-                        "state": state if doc else "incomplete", "path": d,
+                        "state": state if doc else StoreState.INCOMPLETE, "path": d,
                         "size": sum(files[r][0] for r in wanted if r in files), "bytes": used(d),
                         "files": len(wanted), "model_files": len(files)})
     return {"entries": out}
