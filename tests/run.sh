@@ -25,6 +25,7 @@ command -v ps >/dev/null || packages+=(procps)
 command -v zsh >/dev/null || packages+=(zsh)          # fake-Darwin hosts log in with zsh (tests/fakedarwin)
 command -v tmux >/dev/null || packages+=(tmux)        # a real terminal for run's live panel (tests/ssh/test_live_panel.py)
 command -v ip >/dev/null || packages+=(iproute2)     # the data plane dropped between test hosts (tests/dataplane.py)
+command -v cc >/dev/null || packages+=(gcc libc6-dev) # ranks that wait without spinning (tests/spinwait/README.md)
 # a real browser for the dashboard's page (tests/ssh/test_dashboard.py), driven through its WebDriver
 command -v chromium >/dev/null || packages+=(chromium)
 command -v chromedriver >/dev/null || packages+=(chromium-driver)

@@ -18,6 +18,7 @@ Teardown kills by PID only (the sshd listeners and their descendants), never by 
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -277,6 +278,9 @@ class SSHCluster:
             # same hostname) would collide on their session directories in it
             # (docs/facts/test-cluster.md#one-machine-open-mpi-collisions).
             host.session_env = {"PATH": DEFAULT_SESSION_PATH, "TMPDIR": str(host.dir / "tmp")}
+            # each machine has cores of its own; here the ranks share two (spinwait_library)
+            if spinwait := spinwait_library():
+                host.session_env["LD_PRELOAD"] = spinwait
             if self.inventory_only:      # no ~/.ssh/config, no known_hosts: the host starts from nothing
                 (host.dir / "home").mkdir(exist_ok=True)
                 host.session_env["HOME"] = str(host.dir / "home")
@@ -716,6 +720,37 @@ class SSHCluster:
 # 25-50 s in their first training step. A host is given the kernels earlier clusters compiled (as a real
 # machine that has run MLX before has them), and what its ranks compiled is kept for the next cluster.
 MLX_KERNELS = Path(tempfile.gettempdir()) / "clusterctl-tests-mlx-kernels"
+
+
+# Ranks wait without spinning (tests/spinwait/README.md): MLX's ring backend waits for a peer by calling recv()/send()
+# in a loop, which on a real cluster costs a machine nobody else uses and here takes the shared cores from the
+# rank it waits for. The hosts' sessions preload a library that lets such a call sleep up to 1 ms in poll() first.
+SPINWAIT_SOURCE = Path(__file__).resolve().parent / "spinwait" / "spinwait.c"
+
+
+def spinwait_library() -> str | None:
+    """The compiled spinwait library (built once per source, shared by every worker), or None with no C compiler
+    (tests/run.sh installs one): then ranks spin as they would without it, and the suite is only slower."""
+    global _SPINWAIT
+    if _SPINWAIT is not None:
+        return _SPINWAIT or None
+    cc = shutil.which("cc") or shutil.which("gcc")
+    source = SPINWAIT_SOURCE.read_bytes()
+    built = Path(tempfile.gettempdir()) / f"clusterctl-tests-spinwait-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    if not built.exists() and cc:
+        partial = built.with_name(f"{built.name}.partial-{os.getpid()}")
+        made = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SPINWAIT_SOURCE), "-ldl"],
+                              capture_output=True, text=True)
+        if made.returncode == 0:
+            os.replace(partial, built)
+        else:
+            partial.unlink(missing_ok=True)
+            print(f"tests: spinwait not built ({made.stderr.strip()[:200]}); ranks will spin", file=sys.stderr)
+    _SPINWAIT = str(built) if built.exists() else ""
+    return _SPINWAIT or None
+
+
+_SPINWAIT: str | None = None
 
 
 def seed_mlx_kernels(host_tmp: Path) -> None:
