@@ -19,6 +19,7 @@ def make_cluster(tmp_path_factory):
 
     def make(size: int, **kwargs) -> SSHCluster:
         root = tmp_path_factory.mktemp(f"cluster{size}-")
+        kwargs.setdefault("spinwait", True)      # ranks wait without spinning (tests/spinwait/README.md)
         cluster = SSHCluster(root, size, **kwargs).start()
         clusters.append(cluster)
         return cluster

@@ -205,7 +205,8 @@ class SSHCluster:
 
     def __init__(self, root: Path, size: int, private_roots: bool | None = None, inventory_only: bool = False,
                  stock_sshd: bool = False, darwin: set[int] | frozenset[int] = frozenset(),
-                 homebrew_mpi: bool = False, persistent_roots: bool = False, own_route: bool = False):
+                 homebrew_mpi: bool = False, persistent_roots: bool = False, own_route: bool = False,
+                 spinwait: bool = False):
         if not (SSHD and SSH and SSH_KEYGEN):
             raise RuntimeError("OpenSSH server and client are needed: apt-get install openssh-server "
                                "openssh-client (tests/run.sh does this)")
@@ -235,6 +236,10 @@ class SSHCluster:
         # laptop's Wi-Fi drops while the Macs stay joined by their cables. Needs private roots; not with
         # inventory_only (there the inventory's names are the addresses both sides use).
         self.own_route = own_route
+        # spinwait: the hosts' sessions preload tests/spinwait (spinwait_library): a rank waiting for a peer sleeps
+        # instead of taking the shared cores from it. The tests' make_cluster turns it on; benchmarks leave it off,
+        # so that their recorded figures were measured as they are measured again.
+        self.spinwait = spinwait
         if own_route and self.inventory_only:
             raise ValueError("own_route needs the ssh_config mode (inventory_only names the hosts by address)")
         self.hosts_ssh_config = self.root / "ssh_config.hosts"      # the hosts' view (own_route)
@@ -279,7 +284,7 @@ class SSHCluster:
             # (docs/facts/test-cluster.md#one-machine-open-mpi-collisions).
             host.session_env = {"PATH": DEFAULT_SESSION_PATH, "TMPDIR": str(host.dir / "tmp")}
             # each machine has cores of its own; here the ranks share two (spinwait_library)
-            if spinwait := spinwait_library():
+            if self.spinwait and (spinwait := spinwait_library()):
                 host.session_env["LD_PRELOAD"] = spinwait
             if self.inventory_only:      # no ~/.ssh/config, no known_hosts: the host starts from nothing
                 (host.dir / "home").mkdir(exist_ok=True)

@@ -41,6 +41,10 @@ STEPS = 400              # the benchmark's run (benchmarks/bench_storm.py)
 # steps past the next checkpoint, one every CKPT_EVERY steps, and a restart resumes from the last one), whatever the
 # machine's speed; 200 leaves more than twice that, at half the training of 400 in both runs
 TEST_STEPS = 200
+# ... each at least this long: with ranks that wait without spinning (tests/spinwait/README.md) this model's steps
+# come faster than a loaded machine's test reads them, and a fault injected two steps past a checkpoint as read
+# from run's output landed in the next checkpoint twice; at 0.25 s the ten steps between checkpoints take 2.5 s
+TEST_STEP_S = 0.25
 
 
 def train(steps: int = STEPS) -> list[str]:
@@ -55,9 +59,12 @@ def train(steps: int = STEPS) -> list[str]:
 TRAIN = train()
 
 
-def run_args(inventory, steps: int = STEPS) -> list[str]:
+def run_args(inventory, steps: int = STEPS, step_s: float = 0.0) -> list[str]:
+    """`run`'s arguments for the storm; step_s > 0 makes each step last at least that long (the trainer's test aid,
+    CLUSTERCTL_TRAIN_STEP_S: nothing it computes changes)."""
+    paced = ["--env", f"CLUSTERCTL_TRAIN_STEP_S={step_s:g}"] if step_s else []
     return ["--hosts", str(inventory), "--backend", "ring", "--plain", "--max-restarts", str(MAX_RESTARTS),
-            "--restart-delay", "2", "--stall-timeout", str(STALL_TIMEOUT_S), "--", *train(steps)]
+            "--restart-delay", "2", "--stall-timeout", str(STALL_TIMEOUT_S), *paced, "--", *train(steps)]
 
 
 @dataclass
@@ -77,9 +84,13 @@ class Fault:
 
 
 class Storm:
-    def __init__(self, cluster, project, disk, steps_limit_s: float = 240.0, steps: int = STEPS):
+    def __init__(self, cluster, project, disk, steps_limit_s: float = 240.0, steps: int = STEPS, step_s: float = 0.0):
         self.cluster, self.project, self.disk = cluster, project, disk
         self.steps = steps
+        # each fault lands 2 steps past a checkpoint, before the next one (a rank frozen inside a checkpoint's
+        # announced quiet phase is a hang, not a stall): a test whose ranks step faster than it reads their lines
+        # paces them
+        self.step_s = step_s
         self.limit = steps_limit_s
         self.lines: list[tuple[float, str]] = []
         self.seen = 0                     # lines read by the waits so far
@@ -95,7 +106,7 @@ class Storm:
     # ---- reading the job's output --------------------------------------------------------------
     def start(self) -> None:
         self.began = time.monotonic()
-        self.job = clirun.start("run", *run_args(self.cluster.inventory, self.steps), cwd=self.project,
+        self.job = clirun.start("run", *run_args(self.cluster.inventory, self.steps, self.step_s), cwd=self.project,
                                 own_cache=True)
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -9,7 +9,7 @@ import clirun
 import dataplane
 import pytest
 from sshcluster import requires_private_roots
-from storm import DROP_S, TEST_STEPS, Storm, beside, train
+from storm import DROP_S, TEST_STEP_S, TEST_STEPS, Storm, beside, train
 from test_restart import curve, nothing_left
 
 pytestmark = pytest.mark.ssh          # not slow: it runs last of the ssh tier, not beside the fine-tune quality tests at the start
@@ -28,7 +28,7 @@ def test_a_run_rides_through_a_storm_of_faults_each_named_and_ends_as_an_undistu
     (tmp_path / "calm").mkdir()
     calm = clirun.start("run", "--hosts", str(quiet.inventory), "--backend", "ring", "--plain", "--",
                         *train(TEST_STEPS), cwd=tmp_path / "calm", own_cache=True)
-    storm = Storm(cluster, tmp_path / "storm", small_disk, steps=TEST_STEPS)
+    storm = Storm(cluster, tmp_path / "storm", small_disk, steps=TEST_STEPS, step_s=TEST_STEP_S)
     code, calm_out = beside(storm, calm)
     text = storm.text
     assert code == 0, storm.tail()
