@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ssh
 
 CHECKPOINT = re.compile(r"\] step (\d+) \| checkpoint ")
 # a report each step, a checkpoint each 100: what the test does between a report and the next checkpoint has
-# about 100 steps of time
+# 100 steps of time (paced below)
 TRAIN = ["--n-layers", "2", "--dim", "32", "--n-heads", "2", "--mlp-dim", "64", "--block-size", "32",
          "--batch-size", "4", "--steps", "400", "--report-every", "1", "--eval-every", "0", "--ckpt-every", "100",
          "--keep", "2", "--balance", "off"]
@@ -28,8 +28,11 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     project = tmp_path / "project"       # the project run copies: the small disk stays out of it
     project.mkdir()
     cluster.mount_over(2, str(cluster.host_root), str(small_disk.path))      # h2's whole root, its workdir in it
+    # each step at least 0.05 s (the trainer's test aid; nothing it computes changes): the 100 steps between a report and
+    # the next checkpoint last 5 s however fast the ranks are, and a loaded machine's test reads the lines in time
     job = clirun.start("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "2",
-                       "--restart-delay", "1", "--", *TRAIN, cwd=project, own_cache=True)
+                       "--restart-delay", "1", "--env", "CLUSTERCTL_TRAIN_STEP_S=0.05", "--", *TRAIN, cwd=project,
+                       own_cache=True)
     lines = []
     try:
         # the first checkpoint is written on both hosts, then h2's disk fills; named, it is freed and the run
