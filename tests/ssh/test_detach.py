@@ -117,7 +117,9 @@ def test_detached_runs_go_on_while_this_machine_is_killed_and_cut_off_and_end_as
         shutil.copytree(made["llama"], away[project] / "models" / "llama")
         shutil.copytree(made["chat"], away[project] / "data" / "chat")
     program = {"b": ["--backend", "ring", "--", *LORA],
-               "a": ["--backend", "ring", "--max-restarts", "1", "--restart-delay", "1", "--", *CUT_TRAIN]}
+               # h3 is started again once the restart line is read from h1 (over SSH, every 0.5 s): the restart waits
+               # 10 s for it (with 1 s, a loaded machine's test started h3 after the restart had met its refusal)
+               "a": ["--backend", "ring", "--max-restarts", "1", "--restart-delay", "10", "--", *CUT_TRAIN]}
     # B first: its staging (the model to each host's store) takes longest
     runs = {name: ["--hosts", str(clusters[name].inventory), *PACED, *program[name]] for name in ("b", "a")}
     ids, took = {}, {}
@@ -151,8 +153,9 @@ def test_detached_runs_go_on_while_this_machine_is_killed_and_cut_off_and_end_as
         wait_until("the restart line", lambda: "restart 1 of 1" in supervisor_log(a, 1, ids["a"]))
         a.start_host(3)
         for name in ids:
-            wait_until(f"{name}'s steps on h1", lambda n=name: last_step(supervisor_log(clusters[n], 1, ids[n]))
-                       > seen[n] + 10, limit=120)
+            wait_until(lambda n=name: f"{n}'s steps on h1 past {seen[n] + 10}; its supervisor's log ends: "
+                                      + supervisor_log(clusters[n], 1, ids[n])[-3000:],
+                       lambda n=name: last_step(supervisor_log(clusters[n], 1, ids[n])) > seen[n] + 10, limit=120)
         time.sleep(max(0.0, 60 - (time.monotonic() - cut)))
     running = {}
     for name in ids:        # still running after the cut (A surely): the attach below shows it live
