@@ -18,6 +18,7 @@ Teardown kills by PID only (the sshd listeners and their descendants), never by 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
@@ -733,12 +734,10 @@ MLX_KERNELS = Path(tempfile.gettempdir()) / "clusterctl-tests-mlx-kernels"
 SPINWAIT_SOURCE = Path(__file__).resolve().parent / "spinwait" / "spinwait.c"
 
 
+@functools.cache
 def spinwait_library() -> str | None:
     """The compiled spinwait library (built once per source, shared by every worker), or None with no C compiler
     (tests/run.sh installs one): then ranks spin as they would without it, and the suite is only slower."""
-    global _SPINWAIT
-    if _SPINWAIT is not None:
-        return _SPINWAIT or None
     cc = shutil.which("cc") or shutil.which("gcc")
     source = SPINWAIT_SOURCE.read_bytes()
     built = Path(tempfile.gettempdir()) / f"clusterctl-tests-spinwait-{hashlib.sha256(source).hexdigest()[:12]}.so"
@@ -751,11 +750,7 @@ def spinwait_library() -> str | None:
         else:
             partial.unlink(missing_ok=True)
             print(f"tests: spinwait not built ({made.stderr.strip()[:200]}); ranks will spin", file=sys.stderr)
-    _SPINWAIT = str(built) if built.exists() else ""
-    return _SPINWAIT or None
-
-
-_SPINWAIT: str | None = None
+    return str(built) if built.exists() else None
 
 
 def seed_mlx_kernels(host_tmp: Path) -> None:

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.sshcluster import spinwait_library
+from sshcluster import spinwait_library
 
 PROBE = r"""
 import socket, time
