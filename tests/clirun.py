@@ -14,6 +14,14 @@ COMMAND = (sys.executable, "-m", "clusterctl")
 TOKEN = re.compile(r"run (\d{8}-\d{6}-[0-9a-f]{6})")
 
 
+def paced(step_s: float) -> list[str]:
+    """`run`'s arguments that make every step of the bundled trainer last at least step_s seconds (its test aid
+    CLUSTERCTL_TRAIN_STEP_S, docs/trainer.md#test-aids: the rank sleeps the rest; nothing it computes changes); none
+    for 0. A test that acts on a run's line before the run's next checkpoint or end paces the run, since its steps
+    can come faster than a loaded machine's test reads them."""
+    return ["--env", f"CLUSTERCTL_TRAIN_STEP_S={step_s:g}"] if step_s else []
+
+
 def cache_env(cwd, env: dict | None = None) -> dict:
     """`env` (default: this process's) with clusterctl's cache (plans, the runs index) under `cwd`/.cache, so
     that a test neither reads nor leaves anything in the user's ~/.cache."""

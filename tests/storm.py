@@ -60,11 +60,9 @@ TRAIN = train()
 
 
 def run_args(inventory, steps: int = STEPS, step_s: float = 0.0) -> list[str]:
-    """`run`'s arguments for the storm; step_s > 0 makes each step last at least that long (the trainer's test aid,
-    CLUSTERCTL_TRAIN_STEP_S: nothing it computes changes)."""
-    paced = ["--env", f"CLUSTERCTL_TRAIN_STEP_S={step_s:g}"] if step_s else []
+    """`run`'s arguments for the storm; step_s > 0 makes each step last at least that long (clirun.paced)."""
     return ["--hosts", str(inventory), "--backend", "ring", "--plain", "--max-restarts", str(MAX_RESTARTS),
-            "--restart-delay", "2", "--stall-timeout", str(STALL_TIMEOUT_S), *paced, "--", *train(steps)]
+            "--restart-delay", "2", "--stall-timeout", str(STALL_TIMEOUT_S), *clirun.paced(step_s), "--", *train(steps)]
 
 
 @dataclass

@@ -36,7 +36,7 @@ TRAIN = steps(STORM_TRAIN, 240)
 # CPU; what the steps compute is unchanged, and the runs they are compared with go unpaced
 CUT_STEPS = 150
 CUT_TRAIN = steps(TRAIN, CUT_STEPS)
-PACED = ["--env", "CLUSTERCTL_TRAIN_STEP_S=0.5"]
+PACED = clirun.paced(0.5)
 LORA = ["--model", "models/llama", "--adapter", "lora", "--data", "data/chat", "--steps", "200", "--batch-size", "3",
         "--max-seq-length", "32", "--lr", "1e-2", "--warmup", "3", "--report-every", "1", "--eval-every", "0",
         "--ckpt-every", "50"]

@@ -31,8 +31,7 @@ def test_a_full_disk_on_h2_is_named_once_not_restarted_leaves_nothing_and_resume
     # each step at least 0.05 s (the trainer's test aid; nothing it computes changes): the 100 steps between a report and
     # the next checkpoint last 5 s however fast the ranks are, and a loaded machine's test reads the lines in time
     job = clirun.start("run", "--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "2",
-                       "--restart-delay", "1", "--env", "CLUSTERCTL_TRAIN_STEP_S=0.05", "--", *TRAIN, cwd=project,
-                       own_cache=True)
+                       "--restart-delay", "1", *clirun.paced(0.05), "--", *TRAIN, cwd=project, own_cache=True)
     lines = []
     try:
         # the first checkpoint is written on both hosts, then h2's disk fills; named, it is freed and the run

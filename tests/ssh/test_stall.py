@@ -114,8 +114,8 @@ def test_stacks_of_a_healthy_run_leave_it_unharmed(make_cluster, tmp_path):
     assert reference.returncode == 0, reference.stderr[-2000:]
     # each step at least 0.1 s (the trainer's test aid; nothing it computes changes): the run is still there when its
     # stacks are asked for at step 20, however fast its ranks step (a clean clone saw it end first)
-    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--env", "CLUSTERCTL_TRAIN_STEP_S=0.1",
-                "--", *TRAIN, cwd=tmp_path)
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--plain", *clirun.paced(0.1), "--", *TRAIN,
+                cwd=tmp_path)
     try:
         lines = wait_for_lines(job, lambda line: " step  20/150 " in line, 1, limit=120)
         run_id = TOKEN.search("".join(lines)).group(1)
