@@ -33,6 +33,10 @@ PERTURB = "CLUSTERCTL_TRAIN_PERTURB"
 STEP_FLOOR = "CLUSTERCTL_TRAIN_STEP_S"
 
 
+class Diverged(ClusterctlError):
+    """The parameters hold a nan or an inf (check_sync): training diverged; no restart mends that."""
+
+
 class OutOfSync(ClusterctlError):
     """The ranks' parameters differ: a replica drifted. `ranks`: the ones that differ from the majority."""
 
@@ -246,15 +250,24 @@ def check_sync(model, group, step: int) -> None:
     table = mx.zeros((group.size(), mine.shape[0]))
     table[group.rank()] = mine
     rows = [tuple(r) for r in mx.distributed.all_sum(table, group=group, stream=mx.cpu).tolist()]
+    broken = rowshares.not_finite(rows)
+    if broken:
+        raise Diverged(f"training diverged: the parameters are not finite (nan or inf) after step {step} on "
+                       f"{_ranks(broken)}; the loss lines show the step where it began: lower --lr or set --max-norm "
+                       "and train again from the start or from a checkpoint saved before it (a later one holds them)")
     differ = rowshares.sync_differs(rows)
     if differ:
-        who = (f"rank {differ[0]}" if len(differ) == 1 else "ranks " + ", ".join(map(str, differ)))
+        who = _ranks(differ)
         agree = group.size() - len(differ)
         raise OutOfSync(f"replicas out of sync after step {step}: {who}'s parameters differ from "
                         + (f"the other {agree} rank(s)'" if agree else "each other's (no majority: either may "
                            "have drifted)")
                         + "; stopped (a nondeterministic op, a bad restart or a hardware fault: resume from the "
                           "last checkpoint)", differ)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def perturbation() -> tuple[int, int] | None:

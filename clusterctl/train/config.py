@@ -27,6 +27,7 @@ from .vocabulary import UNSUPPORTED, speaks_mlx_lm, translate
 RUN_OPTIONS = ("out", "resume", "config", "train", "test", "adapter_path", "resume_adapter_file")
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd", "adafactor")
 SCHEDULES = ("cosine", "constant")
+MAX_WHOLE = 2**31 - 1       # every whole-number setting: steps, sizes and the seed are 32-bit integers in MLX
 MAX_LORA_RANK = 65536        # beyond any projection's width: a rank is at most min(in, out) to be of use
 
 
@@ -180,6 +181,14 @@ class TrainConfig:
         for name in ("block_size", "max_seq_length"):
             if getattr(self, name) > MAX_BLOCK_SIZE:
                 raise ConfigError(f"--{flag(name)} must be at most {MAX_BLOCK_SIZE}, not {getattr(self, name)}")
+        for f in fields(self):          # argparse takes any whole number and "inf"; MLX counts in 32 bits
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE:
+                raise ConfigError(f"--{flag(f.name)} must be at most {MAX_WHOLE}, not {_short(value)}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{flag(f.name)} must be a finite number, not {value}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be from 0 to {MAX_WHOLE}, not {self.seed}")
         for name in ("warmup", "eval_every", "ckpt_every", "keep", "check_sync", "clear_cache_threshold"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative")
@@ -233,6 +242,11 @@ class TrainConfig:
     def training_dict(self) -> dict:
         """The settings that define the run (saved in checkpoints), without the per-invocation options."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_OPTIONS}
+
+
+def _short(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
 
 
 def flag(name: str) -> str:

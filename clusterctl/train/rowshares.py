@@ -200,6 +200,12 @@ def micro_batches(pairs: list[tuple[int, int]], batch_size: int) -> list[list[tu
     return chunks
 
 
+def not_finite(digests: list[tuple[float, ...]]) -> list[int]:
+    """The ranks whose parameter digest holds a nan or an inf: their training diverged (a nan is never equal to
+    itself, so such ranks would read as out of sync with every other)."""
+    return [rank for rank, d in enumerate(digests) if not all(math.isfinite(v) for v in d)]
+
+
 def sync_differs(digests: list[tuple[float, ...]]) -> list[int]:
     """The ranks whose parameter digest differs from the majority's; every rank when no digest is held by more
     than half of them (two ranks that disagree: either may be the one that drifted); [] when all agree."""

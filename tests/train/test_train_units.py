@@ -202,6 +202,12 @@ def test_inconsistent_sizes_are_refused():
         parse_args(["--steps", "0"])
     with pytest.raises(ConfigError, match="--block-size must be at most 1048576"):   # 400 digits overflowed packing
         parse_args(["--block-size", "9" * 400])
+    for flags, message in ((["--steps", "9" * 400], r"^--steps must be at most 2147483647, not 999999999999\.\.\. \(400 digits\)$"),
+                           (["--seed", "-5"], "^--seed must be from 0 to 2147483647, not -5$"),
+                           (["--lr", "inf"], "^--lr must be a finite number, not inf$"),
+                           (["--min-lr", "nan"], "^--min-lr must be a finite number, not nan$")):
+        with pytest.raises(ConfigError, match=message):         # once an MLX traceback deep in the schedule
+            parse_args(flags)
 
 
 # ---- schedule and step ------------------------------------------------------------------------

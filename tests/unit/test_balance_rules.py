@@ -159,3 +159,12 @@ def test_the_balance_flag_s_help_quotes_the_threshold_the_rule_uses():
 
     said = next(f.metadata["help"] for f in fields(TrainConfig) if f.name == "balance")
     assert f"within {balance.TOLERANCE:.0%}%" in said, said
+
+
+def test_a_digest_with_a_nan_or_an_inf_is_divergence_not_drift():
+    same = (1.0, 2.0)
+    nan, inf = float("nan"), float("inf")
+    assert b.not_finite([same, same]) == []
+    both = [(float("nan"), 2.0), (float("nan"), 2.0)]           # as all_sum's table reads back: nan != nan
+    assert b.not_finite(both) == [0, 1] and b.sync_differs(both) == [0, 1]
+    assert b.not_finite([same, (1.0, inf), same]) == [1]
