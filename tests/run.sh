@@ -48,4 +48,7 @@ fi
 # once for all its tests kept on one of them (tests/conftest.py); `-n 0` (or CLUSTERCTL_TEST_WORKERS=0) runs one by one
 # the browser is installed above: its absence fails the dashboard's tests here instead of skipping them
 export CLUSTERCTL_REQUIRE_BROWSER=1
+# the suite starts about a thousand Python processes here; each compiles the clusterctl modules it imports again
+# when bytecode may not be written (0.1 CPU-s apiece: CONTRIBUTING.md#running-side-by-side), so it is written
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -ra --durations=40 -n "${CLUSTERCTL_TEST_WORKERS:-4}" --dist loadgroup "$@"
