@@ -268,3 +268,126 @@ def test_the_supervisors_states_come_back_as_the_contract_names_them(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+# ---- the keys of the answers ------------------------------------------------------------------------------
+
+SHAPES = contract.Answer.SHAPES
+
+
+def written_keys(tree):
+    """(line, key) for each key a script's dicts are built with: a literal's constant keys, dict(KEY=...)'s, and
+    d["key"] = ... (a module's UPPERCASE table aside: a mapping of its own, not an answer)."""
+    tables = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)}
+    environments = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and "environ" in ast.dump(node.value)
+                    for t in node.targets if isinstance(t, ast.Name)}      # a copy of os.environ: no answer
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict) and id(node) not in tables:
+            found += [(node.lineno, k.value) for k in node.keys if isinstance(k, ast.Constant)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+            found += [(node.lineno, k.arg) for k in node.keywords if k.arg]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and isinstance(node.slice, ast.Constant) \
+                and getattr(node.value, "id", None) not in environments:
+            found.append((node.lineno, node.slice.value))
+        elif isinstance(node, ast.Tuple) and isinstance(node.ctx, ast.Store):      # a["x"], a["y"] = ...
+            found += [(node.lineno, e.slice.value) for e in node.elts
+                      if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant)]
+    return found
+
+
+def _answer_call(node, proxies=frozenset()) -> bool:
+    """hostscript.answer(...) or .message(...) (either side of an if-else), or a call of a function that returns
+    one (`proxies`: module.function, as `supervisor.state`)."""
+    if isinstance(node, ast.IfExp):
+        return _answer_call(node.body, proxies) or _answer_call(node.orelse, proxies)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)):
+        return False
+    return (node.func.value.id == "hostscript" and node.func.attr in ("answer", "message")) or \
+        f"{node.func.value.id}.{node.func.attr}" in proxies
+
+
+def _functions(tree):
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            yield node
+        elif isinstance(node, ast.ClassDef):
+            yield from (n for n in node.body if isinstance(n, ast.FunctionDef))
+
+
+def _ran(fn) -> set:
+    return {a.value for node in ast.walk(fn) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("run", "start") and getattr(node.func.value, "id", "") == "hostscript"
+            for a in node.args if isinstance(a, ast.Constant) and str(a.value).endswith(".py")}
+
+
+def answer_proxies(rel, tree) -> dict:
+    """{"module.function": script} for each top-level function of a module that runs one script and returns its
+    answer as it is (detach/supervisor.py's state): its callers read that script's answer."""
+    stem = os.path.basename(rel)[:-3]
+    return {f"{stem}.{fn.name}": next(iter(_ran(fn))) for fn in tree.body if isinstance(fn, ast.FunctionDef)
+            and len(_ran(fn)) == 1 and any(isinstance(n, ast.Return) and _answer_call(n.value) for n in ast.walk(fn))}
+
+
+def read_keys(tree, proxies=None):
+    """{script: [(line, key)]}: the keys each function or method reads of the answer of the script it runs
+    (hostscript.run or start with the script's name) or of a proxy's (answer_proxies: {"module.function": script}):
+    d["key"], d.get("key") and "key" in d, where d is the answer, a name given it or a loop's name over it."""
+    proxies = proxies or {}
+    found = {}
+    for fn in _functions(tree):
+        called = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(fn) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+        ran = _ran(fn) | {script for name, script in proxies.items() if name in called}
+        if len(ran) != 1:
+            continue
+        asked = frozenset(name for name, script in proxies.items() if script in ran)
+        _answer = lambda n: _answer_call(n, asked)      # noqa: E731
+        names = {t.id for node in ast.walk(fn) if isinstance(node, ast.Assign) and _answer(node.value)
+                 for t in node.targets if isinstance(t, ast.Name)}
+        names |= {node.target.id for node in ast.walk(fn) if isinstance(node, ast.For)
+                  and isinstance(node.target, ast.Name) and getattr(node.iter, "id", None) in names}
+        is_answer = lambda n: (isinstance(n, ast.Name) and n.id in names) or _answer(n)     # noqa: E731
+        keys = []
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Subscript) and is_answer(node.value) and isinstance(node.slice, ast.Constant):
+                keys.append((node.lineno, node.slice.value))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and is_answer(node.func.value) and node.args and isinstance(node.args[0], ast.Constant):
+                keys.append((node.lineno, node.args[0].value))
+            elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and any(
+                    isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and any(map(is_answer, node.comparators)):
+                keys.append((node.lineno, node.left.value))
+        found.setdefault(ran.pop(), []).extend(keys)
+    return found
+
+
+def test_every_key_a_script_answers_with_is_its_shapes_in_the_contract():
+    for name, shape in SHAPES.items():
+        written = written_keys(ast.parse(scripts.script_text(name)))
+        assert written and {key for _, key in written} <= set(shape), (name, [w for w in written if w[1] not in shape])
+
+
+def test_every_key_the_controller_reads_of_an_answer_is_in_its_scripts_shape():
+    controller = [(rel, tree) for rel, tree in sources() if not rel.startswith(os.path.join("clusterctl", "hosts", "scripts"))]
+    proxies = {name: script for rel, tree in controller for name, script in answer_proxies(rel, tree).items()}
+    assert "supervisor.state" in proxies, proxies
+    read = {}
+    for rel, tree in controller:
+        for script, keys in read_keys(tree, proxies).items():
+            read.setdefault(script, []).extend((rel, line, key) for line, key in keys)
+    for name, shape in SHAPES.items():
+        assert read.get(name), f"no reader of {name}'s answer found: the check no longer sees it"
+        assert [r for r in read[name] if r[2] not in shape] == [], name
+
+
+def test_the_keys_checks_find_a_key_out_of_the_shape():
+    script = ast.parse('X = {"a": 1}\ndef f(d):\n    d["signal"] = 1\n    reply(dict({"state": 1}, pidd=2))\n')
+    assert sorted(written_keys(script)) == [(3, "signal"), (4, "pidd"), (4, "state")]
+    controller = ast.parse('def f(t):\n    r = hostscript.run(t, "python", "ports.py", "free", timeout=30)\n'
+                           '    a = hostscript.answer(r) if r.ok else None\n    if "freee" in a:\n'
+                           '        return a.get("whyy"), hostscript.answer(r)["portt"]\n'
+                           '    for e in a:\n        e["x"]\n')
+    assert sorted(read_keys(controller)["ports.py"]) == [(4, "freee"), (5, "portt"), (5, "whyy"), (7, "x")]

@@ -3,7 +3,8 @@ write, written once (tests/unit/test_host_contract.py holds both sides to it). A
 `from .contract import ...`, which scripts.program inlines, so the host gets this text with the script; the
 controller imports the same names, and runs a script only through hosts/hostscript.py: `PYTHON -c PROGRAM ARG...`,
 each argument one quoted word, a request one JSON word (read_request), a secret in the environment (on stdin);
-the answer is one JSON document, the last line of stdout (reply). Standard library only."""
+the answer is one JSON document, the last line of stdout (reply), an object's keys those of Answer.SHAPES.
+Standard library only."""
 import json
 import os
 import signal
@@ -47,6 +48,19 @@ class StoreState:
     COMPLETE = "complete"        # every file there and checked: nothing to send
     PARTIAL = "partial"          # a push began: the files still to send
     INCOMPLETE = "incomplete"    # a folder of the store's without its record (a push that never wrote one)
+
+
+class Answer:
+    """The keys of the JSON objects a script answers with (for stacks.py, each item of its list; for detach.py, also
+    the exit.json that follow.py reads): the script writes no other, and the controller, where it reads an answer,
+    reads no other (tests/unit/test_host_contract.py holds both sides to these)."""
+    SHAPES = {
+        "ports.py": ("port", "free", "why", "said"),
+        "stopranks.py": ("asked", "left"),
+        "follow.py": ("state", "code", "ended", "pid", "why", "step", "total_steps", "loss", "signalled"),
+        "detach.py": ("pid", "error", "code", "ended"),
+        "stacks.py": ("rank", "pid", "text", "error", "source", "kinds", "native", "native_error"),
+    }
 
 
 def read_request(arg):
