@@ -181,14 +181,6 @@ class TrainConfig:
         for name in ("block_size", "max_seq_length"):
             if getattr(self, name) > MAX_BLOCK_SIZE:
                 raise ConfigError(f"--{flag(name)} must be at most {MAX_BLOCK_SIZE}, not {getattr(self, name)}")
-        for f in fields(self):          # argparse takes any whole number and "inf"; MLX counts in 32 bits
-            value = getattr(self, f.name)
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE:
-                raise ConfigError(f"--{flag(f.name)} must be at most {MAX_WHOLE}, not {_short(value)}")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--{flag(f.name)} must be a finite number, not {value}")
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be from 0 to {MAX_WHOLE}, not {self.seed}")
         for name in ("warmup", "eval_every", "ckpt_every", "keep", "check_sync", "clear_cache_threshold"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{flag(name)} must not be negative")
@@ -238,6 +230,15 @@ class TrainConfig:
         if self.model and self.balance not in ("auto", "off"):
             raise ConfigError("--balance with fixed weights is not available with --model: fine-tuning splits each "
                               "step's rows evenly over the ranks (docs/finetune.md)")
+        # argparse takes any whole number and "inf"; MLX counts in 32 bits (after the settings' own bounds: they say more)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE:
+                raise ConfigError(f"--{flag(f.name)} must be at most {MAX_WHOLE}, not {_short(value)}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{flag(f.name)} must be a finite number, not {value}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be from 0 to {MAX_WHOLE}, not {self.seed}")
 
     def training_dict(self) -> dict:
         """The settings that define the run (saved in checkpoints), without the per-invocation options."""
