@@ -1,6 +1,7 @@
 import fcntl
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -170,6 +171,13 @@ def _no_mpi_singleton_left_behind():
 
 _no_unshare: list[tuple[str, str]] = []      # (test id, reason) of this session's skips
 _unshare_works: list[bool] = []              # checked once, at the end, when there were any
+
+
+# A shell starts a background job (`(bash tests/run.sh &)`) with SIGINT ignored, and an ignored signal stays ignored
+# in every process started after: the tests that stop a run, a serve or an exec with Ctrl-C (SIGINT) then wait for
+# nothing. Python's own handler is put back here, so each process the tests start gets SIGINT's default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionstart(session):
