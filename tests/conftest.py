@@ -3,6 +3,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 import pytest
 
@@ -213,3 +214,35 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line("`unshare -m` does not work here (it needs root, or unprivileged user namespaces): "
                       "these tests ran nowhere. CI runs them as root.", yellow=True, bold=True)
     tr.write_sep("!", red=True, bold=True)
+
+
+# ---- what each test costs in CPU (tests/cpuledger.py): CLUSTERCTL_TEST_CPU_LOG=FILE ----------------------
+
+_ledger: list = []          # this process's cpuledger.Ledger, made by the first test it runs (a worker's, or -n 0's)
+
+
+def _cpu_ledger():
+    path = os.environ.get("CLUSTERCTL_TEST_CPU_LOG")
+    if not path:
+        return None
+    if not _ledger:
+        import cpuledger
+        _ledger.append(cpuledger.Ledger(path, f"clusterctl-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'master')}-"
+                                              f"{os.getpid()}"))
+    return _ledger[0] if _ledger[0].group else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    ledger = _cpu_ledger()
+    if ledger is None:
+        yield
+        return
+    cpu0, wall0 = ledger.usage(), time.time()
+    yield
+    ledger.record(item.nodeid, cpu0, wall0)
+
+
+def pytest_unconfigure(config):
+    if _ledger:
+        _ledger[0].close()
