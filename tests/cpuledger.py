@@ -64,7 +64,8 @@ class Ledger:
 
 
 def summary(path: str, top: int = 25) -> str:
-    rows = [json.loads(line) for line in open(path)]
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
     modules: dict[str, list[float]] = {}
     for r in rows:
         m = modules.setdefault(r["id"].split("::")[0], [0.0, 0])

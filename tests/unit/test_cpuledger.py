@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import cpuledger
 import pytest
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -14,11 +15,6 @@ def test_the_summary_adds_the_tests_up_by_module(tmp_path):
     log = tmp_path / "cpu.jsonl"
     rows = [("tests/ssh/test_a.py::t1", 30.0), ("tests/ssh/test_a.py::t2", 10.0), ("tests/unit/test_b.py::t", 60.0)]
     log.write_text("".join(json.dumps({"id": i, "cpu": c, "wall": c / 2, "worker": "gw0"}) + "\n" for i, c in rows))
-    sys.path.insert(0, TESTS)
-    try:
-        import cpuledger
-    finally:
-        sys.path.remove(TESTS)
     text = cpuledger.summary(str(log))
     assert text.startswith("3 tests, 100 CPU-s")
     modules = text.split("\n\n")[1].splitlines()[1:]
