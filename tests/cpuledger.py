@@ -81,4 +81,9 @@ def summary(path: str, top: int = 25) -> str:
 
 
 if __name__ == "__main__":
-    print(summary(sys.argv[1]))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python3 tests/cpuledger.py FILE (a log written with CLUSTERCTL_TEST_CPU_LOG=FILE)")
+    try:
+        print(summary(sys.argv[1]))
+    except (OSError, ValueError, KeyError, ZeroDivisionError) as e:
+        sys.exit(f"tests/cpuledger.py: {sys.argv[1]}: not a CPU log ({type(e).__name__}: {e})")
