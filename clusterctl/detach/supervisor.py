@@ -5,7 +5,7 @@
     state(connector, host, run_id)               # {"state": "running"|"ended"|"lost"|"unknown", ...}
 
 Its folder on the host is <workdir>/.clusterctl/detached/<id>/: the handoff (0600), supervisor.log (everything
-it printed), supervisor.pid, exit.json once it ended, .live.json (the live panel's snapshot), and the run
+it printed), supervisor.pid and keeper.pid, exit.json once it ended, .live.json (the live panel's snapshot), and the run
 directory it keeps as `run` keeps runs/<id>/ here (the supervisor's --runs-dir is <workdir>/.clusterctl/detached).
 The supervisor runs `python -m clusterctl COMMAND --handoff FOLDER/handoff.json ARGS` (COMMAND: run, or serve) with
 the host's python and the clusterctl `run` ships there (<workdir>/.clusterctl/lib), in the workdir, where the project

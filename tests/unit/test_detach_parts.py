@@ -175,6 +175,37 @@ def test_a_supervisor_killed_is_ended_by_its_signal_and_one_whose_keeper_died_to
         os.kill(pid, 0)
 
 
+def test_a_supervisor_gone_while_its_keeper_lives_has_ended_not_been_lost(tmp_path):
+    """The keeper reaps the supervisor, then writes exit.json (with an fsync): on a loaded host `state` can come
+    between the two. While the keeper lives it waits for exit.json; with the keeper gone too, the run is lost."""
+    from clusterctl.hosts.scripts.proctime import start_time
+
+    folder = tmp_path / "r4"
+    folder.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                                  # reaped: its pid names no process now
+    (folder / "supervisor.pid").write_text(f"{gone.pid} \n")
+    # the keeper, slow to write: exit.json comes 1.5 s after the supervisor is gone
+    late = (f"import json, os, time\ntime.sleep(1.5)\nopen({str(folder / 'exit.tmp')!r}, 'w').write("
+            "json.dumps({'code': 0, 'ended': time.time()}))\n"
+            f"os.replace({str(folder / 'exit.tmp')!r}, {str(folder / 'exit.json')!r})\ntime.sleep(30)\n")
+    keeper = subprocess.Popen([sys.executable, "-c", late])
+    try:
+        (folder / "keeper.pid").write_text(f"{keeper.pid} {start_time(keeper.pid)}\n")
+        assert json.loads(run_script("follow.py", str(folder), "state").stdout) == \
+            {"state": "ended", "code": 0, "ended": json.loads((folder / "exit.json").read_text())["ended"]}
+        # the keeper gone as well and no exit.json (the host restarted): lost, at once
+        keeper.kill()
+        keeper.wait()
+        (folder / "exit.json").unlink()
+        began = time.monotonic()
+        lost = json.loads(run_script("follow.py", str(folder), "state").stdout)
+        assert lost["state"] == "lost" and lost["pid"] == gone.pid and time.monotonic() - began < 5
+    finally:
+        keeper.kill()
+        keeper.wait()
+
+
 def test_the_live_panel_travels_from_the_supervisors_snapshot_file_between_lines_and_is_aged_where_it_is_drawn(
         tmp_path):
     from clusterctl.observe.live import LiveRun, Replayed, from_json, to_json

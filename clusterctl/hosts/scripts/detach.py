@@ -5,10 +5,11 @@
 Forks a keeper in a session of its own (no controlling terminal, SIGHUP ignored, stdin /dev/null), out of the
 tree of the SSH command that started it, so that neither the command's watchdog nor a closed terminal stops it.
 The keeper runs `PYTHON ARG...` in WORKDIR (PYTHONPATH's entries taken relative to it) with its output
-appended to FOLDER/supervisor.log, writes the
-supervisor's pid to FOLDER/supervisor.pid ("PID START", START its start time as `ps -o lstart=` gives it, to tell
+appended to FOLDER/supervisor.log, writes its own pid to FOLDER/keeper.pid and the
+supervisor's to FOLDER/supervisor.pid (each "PID START", START its start time as `ps -o lstart=` gives it, to tell
 it from a later process of the same pid), waits for it, and writes FOLDER/exit.json ({"code", "ended"}: a
-negative code is the signal that ended it). This command prints {"pid": PID} once the supervisor has started, or
+negative code is the signal that ended it). Between the supervisor's end and exit.json the keeper still lives:
+follow.py reads that as "ending", not "lost". This command prints {"pid": PID} once the supervisor has started, or
 {"error": ...}, and exits; POSIX only (macOS and Linux).
 """
 import json
@@ -32,9 +33,17 @@ def write_json(path, value):
     os.replace(tmp, path)
 
 
+def write_pid(path, pid):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d %s\n" % (pid, start_time(pid) or ""))
+    os.replace(tmp, path)
+
+
 def keep(folder, workdir, argv, report):
     """The keeper: in its own session, the supervisor started, its pid told through `report` (a pipe)."""
     os.setsid()
+    write_pid(os.path.join(folder, "keeper.pid"), os.getpid())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -52,11 +61,7 @@ def keep(folder, workdir, argv, report):
         os.write(report, json.dumps({"error": "%s: %s" % (argv[0], e.strerror)}).encode())
         os.close(report)
         os._exit(1)
-    pid_file = os.path.join(folder, "supervisor.pid")
-    tmp = pid_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d %s\n" % (proc.pid, start_time(proc.pid) or ""))
-    os.replace(tmp, pid_file)
+    write_pid(os.path.join(folder, "supervisor.pid"), proc.pid)
     os.write(report, json.dumps({"pid": proc.pid}).encode())
     os.close(report)
     while True:

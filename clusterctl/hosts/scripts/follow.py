@@ -9,8 +9,9 @@
     python -c TEXT FOLDER stop              SIGTERM to the supervisor (it stops the ranks, with their
                                             checkpoint, as `run` does on SIGTERM); the state line
 
-"lost": no exit.json, and the supervisor's pid is gone (or is another process now): the host restarted, or the
-keeper was killed with it. POSIX only.
+"lost": no exit.json, and the supervisor's pid is gone (or is another process now) and so is its keeper's
+(keeper.pid): the host restarted, or the keeper was killed with it. A supervisor gone while its keeper lives has
+just ended: the keeper is writing exit.json, which `state` waits for (ENDING_S at most). POSIX only.
 """
 import json
 import os
@@ -22,6 +23,7 @@ from .contract import END_MARK, LIVE_FILE, LIVE_MARK, SUPERVISOR_LOG, Supervisor
 from .proctime import start_time
 
 POLL_S = 0.25
+ENDING_S = 10.0         # how long a keeper that outlived its supervisor may take to write exit.json
 
 
 def ended(folder):
@@ -34,21 +36,42 @@ def ended(folder):
     return {"state": SupervisorState.ENDED, "code": done.get("code"), "ended": done.get("ended")}
 
 
+def recorded(folder, name):
+    """(pid, start time or "") from FOLDER/NAME ("PID START"), or None."""
+    try:
+        with open(os.path.join(folder, name)) as f:
+            pid_text, _, started = f.read().strip().partition(" ")
+        return int(pid_text), started
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid, started):
+    now = start_time(pid)
+    return now is not None and (not started or now == started)
+
+
 def state(folder):
     done = ended(folder)
     if done is not None:
         return done
-    try:
-        with open(os.path.join(folder, "supervisor.pid")) as f:
-            pid_text, _, started = f.read().strip().partition(" ")
-        pid = int(pid_text)
-    except (OSError, ValueError):
+    supervisor = recorded(folder, "supervisor.pid")
+    if supervisor is None:
         return {"state": SupervisorState.LOST if os.path.isdir(folder) else SupervisorState.UNKNOWN, "why": "no supervisor.pid"}
-    now = start_time(pid)
-    if now is not None and (not started or now == started):
-        return dict({"state": SupervisorState.RUNNING, "pid": pid}, **progress(folder))
-    # it may have ended between the two reads
-    return ended(folder) or {"state": SupervisorState.LOST, "pid": pid, "why": "its process is gone and it left no exit code"}
+    if alive(*supervisor):
+        return dict({"state": SupervisorState.RUNNING, "pid": supervisor[0]}, **progress(folder))
+    # it has ended: its keeper, while it lives, is about to write exit.json (it reaps the supervisor first)
+    keeper = recorded(folder, "keeper.pid")
+    deadline = time.monotonic() + ENDING_S
+    while True:
+        done = ended(folder)
+        if done is not None:
+            return done
+        if keeper is None or not alive(*keeper) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return ended(folder) or {"state": SupervisorState.LOST, "pid": supervisor[0],
+                             "why": "its process is gone and it left no exit code"}
 
 
 def progress(folder):
