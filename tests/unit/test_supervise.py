@@ -60,9 +60,10 @@ class Launcher:
         self.returncode = 0 if self.returncode is None else self.returncode
 
 
-def watch(tmp_path, events, world=2, launcher=None):
+def watch(tmp_path, events, world=2, launcher=None, backend="ring", said=None):
     ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(world)]
-    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(world, "ring"), lambda text, err: None)
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(world, backend),
+                      lambda text, err: said.append(text) if said is not None else None)
     queued = queue.Queue()
     for event in events:
         queued.put((False, event))
@@ -94,6 +95,17 @@ def test_the_loop_ends_in_the_state_its_phases_lead_to(tmp_path):
                                 "lost)"), full.reason
     gone = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=1))
     assert gone.reason.startswith("the launcher exited 1 before rank 1 on h2 reported an exit") and gone.failed_rank == 1
+    # the rank starter (ring) exiting 0 says nothing of a rank that did not report; mpirun's 0 is every rank's 0
+    silent = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=0))
+    assert silent.state != AttemptState.SUCCEEDED and silent.failed_rank == 1
+    said = []
+    dropped = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=0), backend="mpi",
+                    said=said)
+    assert (dropped.state, dropped.exit_code, dropped.reason) == (AttemptState.SUCCEEDED, 0, "all 2 ranks finished")
+    assert said == ["warning: mpirun says every rank exited 0, but the last output of rank 1 on h2 never reached this "
+                    "machine (Open MPI's output forwarding dropped it); its log here ends early"]
+    failed = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=2), backend="mpi")
+    assert failed.exit_code == 2 and failed.failed_rank == 1       # mpirun's non-zero: that rank failed
 
 
 def test_a_deferred_preflight_starts_once_the_ranks_are_up_or_a_second_after_the_launch():
