@@ -3,6 +3,7 @@
     lines = RankLines.open(launch, emit, status, rank0_only=False, stall=StallPolicy())
     ended = lines.handle(line)     # an Outcome when the line ends the job: a rank's failure, or every rank's success
     lines.world_verdict(), lines.timed_out(...), lines.stall(now), lines.launcher_ended(code)   # the other verdicts
+    lines.lagging(now), lines.outlived(now)                        # warnings: a straggler, a rank left running
 
 A rank's tagged line (bootstrap.py) goes to its log (the attempt's and the run's), its tail, the screen and the
 `status` hook (the live panel's model, observe/live.py); any other line goes to launcher.log. Progress-bar updates
@@ -30,6 +31,9 @@ from .stall import StallPolicy, StallWatch
 from .world import WorldCheck
 
 TAIL_LINES = 10
+# A rank still running this long after another finished (exit 0) is said once: a program whose ranks end together
+# has one left waiting, or working on alone (Horovod warns of a stalled collective after 60 s too).
+OUTLIVED_S = 60.0
 
 Emit = Callable[[str, bool], None]                     # (text, is_err): what the user sees
 Status = Callable[[int, str, object, float], None]     # (rank, kind, value, time.monotonic())
@@ -55,6 +59,7 @@ class Rank:
         self.stopped: int | None = None       # asked, it stopped at this step, its checkpoint written (stop.py)
         self.step: int | None = None          # the last step its metrics lines reported
         self.cause: causes.Cause | None = None    # why it failed, from its last lines (None: killed, or no failure)
+        self.finished_at: float | None = None     # when it exited 0 (time.monotonic())
 
     def write(self, line: str) -> None:
         for log in self.logs:
@@ -79,6 +84,7 @@ class RankLines:
         self.watch = StallWatch(stall or StallPolicy())
         self.unreadable: set[int] = set()      # ranks warned of an unreadable metrics line
         self.answered: float | None = None     # a service's last health answer already given to the watch
+        self.outlived_said: set[int] = set()   # ranks already said to run on after another finished
 
     @classmethod
     def open(cls, launch: Launch, emit: Emit, status: Status, *, rank0_only: bool, stall: StallPolicy) -> RankLines:
@@ -165,6 +171,7 @@ class RankLines:
         # "<code> <1 if the rank left files in its run directory, else 0>"
         r.exit_code = _exit_code(payload)
         r.wrote = payload.partition(" ")[2] == "1"
+        r.finished_at = time.monotonic() if r.exit_code == 0 else None
         if r.exit_code != 0 and self.stopped_step is not None:    # asked from outside: `clusterctl kill`, a signal
             return Outcome(r.exit_code, f"the ranks were asked to stop (clusterctl kill, or a signal to a rank) and wrote "
                            f"a checkpoint at step {self.stopped_step}", ended_as=AttemptState.STOPPED)
@@ -238,6 +245,26 @@ class RankLines:
             return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
         return Outcome(code or EXIT_FAILED, f"the launcher exited {code} before {who} reported an exit"
                        f" (see {self.launcher_log.name})", failed_rank=missing[0].rank if missing else None)
+
+    def outlived(self, now: float) -> None:
+        """Warn, once for each, of ranks still running OUTLIVED_S after the first rank finished (exit 0): the run
+        waits for every rank, so one that never ends holds it; `clusterctl stacks` shows where it is."""
+        finished = [r for r in self.ranks if r.finished_at is not None]
+        if not finished:
+            return
+        first = min(finished, key=lambda r: r.finished_at)
+        waited = now - first.finished_at
+        late = [r for r in self.ranks if r.exit_code is None and r.rank not in self.outlived_said]
+        if waited < OUTLIVED_S or not late:
+            return
+        self.outlived_said.update(r.rank for r in late)
+        who = ", ".join(f"rank {r.rank} on {r.host}" for r in late[:4]) + (" and more" if len(late) > 4 else "")
+        last = late[0].tail[-1][:120] if late[0].tail else None
+        self.emit(f"warning: {who} still running {waited:.0f}s after rank {first.rank} on {first.host} finished"
+                  + (f" (its last line: {last})" if last else "")
+                  + "; the run waits for every rank (clusterctl stacks shows where it is)", True)
+        self.launcher_log.write(f"clusterctl: {who} still running {waited:.0f}s after rank {first.rank} finished\n")
+        self.launcher_log.flush()
 
     def status(self, rank: int, kind: str, value, now: float) -> None:
         """The status hook (the live panel), guarded: if it fails, the job goes on without it."""

@@ -300,6 +300,7 @@ class Supervisor:
         check.begin(lines, phase.since, now)
         lines.heard()
         lines.lagging(now)
+        lines.outlived(now)
         if proc.poll() is not None and not any(t.is_alive() for t in proc.readers) and queued.empty():
             return Ended(lines.world_verdict(force=True) or lines.launcher_ended(proc.returncode))
         settings = self.settings

@@ -1,6 +1,7 @@
 """The supervisor's loop (launch/supervise.py) as a state machine: its phases' transitions, pure, and the loop
 driven through them by canned rank lines (a launcher that is still running, its output already queued)."""
 import queue
+import time
 
 from clusterctl.launch.bootstrap import MARK
 from clusterctl.launch.outcome import AttemptState, Outcome
@@ -106,6 +107,51 @@ def test_the_loop_ends_in_the_state_its_phases_lead_to(tmp_path):
                     "machine (Open MPI's output forwarding dropped it); its log here ends early"]
     failed = watch(tmp_path, started + [f"{MARK}0 exit 0 0"], launcher=Launcher(returncode=2), backend="mpi")
     assert failed.exit_code == 2 and failed.failed_rank == 1       # mpirun's non-zero: that rank failed
+
+
+def test_a_rank_left_running_after_another_finished_is_said_once_with_its_last_line(tmp_path, monkeypatch):
+    from clusterctl.launch import ranklines
+
+    ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(3)]
+    said = []
+    lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(3, "ring"),
+                      lambda t, err: said.append(t) if t.startswith("warning") else None)
+    for event in (f"{MARK}0 start", f"{MARK}1 start", f"{MARK}2 start", f"{MARK}1 out saving the cache",
+                  f"{MARK}0 exit 0 0"):
+        lines.handle(event)
+    done = ranks[0].finished_at
+    lines.outlived(done + ranklines.OUTLIVED_S - 1)
+    assert said == []                                              # not yet a minute
+    lines.outlived(done + ranklines.OUTLIVED_S + 0.4)
+    assert said == ["warning: rank 1 on h2, rank 2 on h3 still running 60s after rank 0 on h1 finished (its last "
+                    "line: saving the cache); the run waits for every rank (clusterctl stacks shows where it is)"]
+    lines.outlived(done + 600)
+    assert len(said) == 1                                          # once
+    lines.close()
+    assert "rank 1 on h2, rank 2 on h3 still running 60s" in (tmp_path / "launcher.log").read_text()
+    # a failed rank is not "finished": nothing is said of the others (the failure is the run's word)
+    failed = [Rank(r, f"h{r + 1}", [str(tmp_path / f"f-{r}.log")]) for r in range(2)]
+    quiet = []
+    lines = RankLines(failed, open(tmp_path / "launcher.log", "a"), WorldCheck(2, "ring"), lambda t, e: quiet.append(t))
+    lines.handle(f"{MARK}0 exit 3 0")
+    lines.outlived(time.monotonic() + 3600)
+    lines.close()
+    assert quiet == []
+    # the supervisor's periodic checks say it while the launcher runs on
+    monkeypatch.setattr(ranklines, "OUTLIVED_S", 0.3)
+
+    class EndsLater(Launcher):
+        def __init__(self):
+            super().__init__()
+            self.until = time.monotonic() + 1.5
+
+        def poll(self):
+            return 0 if time.monotonic() > self.until else None
+
+    heard = []
+    ended = watch(tmp_path, [f"{MARK}0 start", f"{MARK}1 start", f"{MARK}0 exit 0 0"], launcher=EndsLater(),
+                  said=heard)
+    assert ended.failed_rank == 1 and any(t.startswith("warning: rank 1 on h2 still running") for t in heard), heard
 
 
 def test_a_deferred_preflight_starts_once_the_ranks_are_up_or_a_second_after_the_launch():
