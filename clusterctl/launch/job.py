@@ -56,6 +56,7 @@ class Launch:
     inventory: str | None = None     # the inventory file the cluster came from (None: this machine alone)
     rank_files: dict[str, str] = field(default_factory=dict)   # host -> the ranks' pid and stacks files there
     secrets: list[str] = field(default_factory=list)           # env values no record shows (Cluster.secrets)
+    exit_is_every_ranks: bool = False   # the launcher's exit 0 is every rank's (Backend.exit_is_every_ranks)
 
     def __post_init__(self):
         self.log_dir = self.log_dir or self.run_dir
@@ -192,7 +193,8 @@ def _prepare_here(cluster, plan, backend, site, run_id, run_dir, rank_env, progr
     write_files(command)
     env = command.env()
     return Launch(run_id, run_dir, backend.name, command.argv, env, rank_env, rank_hosts(cluster),
-                  start=lambda lines: LocalTransport().stream(command.argv, lines, env, stdin=stdin), site=site)
+                  start=lambda lines: LocalTransport().stream(command.argv, lines, env, stdin=stdin), site=site,
+                  exit_is_every_ranks=backend.exit_is_every_ranks)
 
 
 def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, program, connector: Connector,
@@ -222,7 +224,7 @@ def _prepare_on_host(cluster, plan, backend, site, run_id, run_dir, rank_env, pr
         return remote.stream(text, lines, env=command.env_values, stdin=stdin)
 
     return Launch(run_id, run_dir, backend.name, command.argv, {}, rank_env, rank_hosts(cluster), start=start,
-                  site=site, remote_command=text)
+                  site=site, remote_command=text, exit_is_every_ranks=backend.exit_is_every_ranks)
 
 
 def _relocated(command: LauncherCommand, there: str, run_dir: str) -> LauncherCommand:

@@ -77,8 +77,9 @@ class RankLines:
 
     def __init__(self, ranks: list[Rank], launcher_log: TextIO, world: WorldCheck, emit: Emit, *,
                  rank0_only: bool = False, status: Status = no_status, stall: StallPolicy | None = None,
-                 metrics_log: TextIO | None = None):
+                 metrics_log: TextIO | None = None, exit_is_every_ranks: bool = False):
         self.ranks, self.launcher_log, self.world = ranks, launcher_log, world
+        self.exit_is_every_ranks = exit_is_every_ranks     # the launcher's exit 0 is every rank's (mpirun)
         self.metrics_log = metrics_log
         self.emit, self.rank0_only, self._status = emit, rank0_only, status
         self.watch = StallWatch(stall or StallPolicy())
@@ -96,7 +97,7 @@ class RankLines:
         launcher_log = open(os.path.join(launch.log_dir, "launcher.log"), "a", encoding="utf-8", errors="replace")
         metrics_log = open(os.path.join(launch.run_dir, RANK_METRICS), "a", encoding="utf-8")
         return cls(ranks, launcher_log, world, emit, rank0_only=rank0_only, status=status, stall=stall,
-                   metrics_log=metrics_log)
+                   metrics_log=metrics_log, exit_is_every_ranks=launch.exit_is_every_ranks)
 
     def close(self) -> None:
         for r in self.ranks:
@@ -233,7 +234,7 @@ class RankLines:
             return Outcome(EXIT_OK, f"all {len(ranks)} ranks finished")
         missing = [r for r in ranks if r.exit_code is None]
         who = ", ".join(f"rank {r.rank} on {r.host}" for r in missing[:4])
-        if code == 0 and self.world.backend == "mpi" and all(r.exit_code in (0, None) for r in ranks):
+        if code == 0 and self.exit_is_every_ranks and all(r.exit_code in (0, None) for r in ranks):
             # mpirun exits 0 only when every rank exited 0 (docs/facts/launchers.md#mpirun-exit-status), but it
             # can drop a remote rank's last forwarded lines, its exit line among them
             for r in missing:

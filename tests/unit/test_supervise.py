@@ -62,9 +62,12 @@ class Launcher:
 
 
 def watch(tmp_path, events, world=2, launcher=None, backend="ring", said=None):
+    from clusterctl.launch.backends import get
+
     ranks = [Rank(r, f"h{r + 1}", [str(tmp_path / f"rank-{r}.log")]) for r in range(world)]
     lines = RankLines(ranks, open(tmp_path / "launcher.log", "a"), WorldCheck(world, backend),
-                      lambda text, err: said.append(text) if said is not None else None)
+                      lambda text, err: said.append(text) if said is not None else None,
+                      exit_is_every_ranks=get(backend).exit_is_every_ranks)
     queued = queue.Queue()
     for event in events:
         queued.put((False, event))

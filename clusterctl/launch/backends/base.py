@@ -161,6 +161,7 @@ class Backend:
     needs_addresses = False           # every host needs its data-plane `address` for it
     env_on_command_line = False       # its launcher takes the ranks' env values as arguments (`ps` shows them)
     stdin_to_rank0_only = False       # its launcher gives its stdin to rank 0 alone: run relays it (launch/stdinrelay.py)
+    exit_is_every_ranks = False       # its launcher exits 0 only when every rank exited 0 (launch/ranklines.py)
 
     # what the MLX backend is whichever launcher starts it: its spec's fields, read through
     name: str = _FromSpec()

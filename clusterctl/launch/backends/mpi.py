@@ -30,6 +30,7 @@ class MPIBackend(Backend):
     launcher_name, hostfile_format, hostfile_name = "mpirun", "openmpi", "hostfile"
     mpi4py_reference, needs_mpi = True, True
     stdin_to_rank0_only = True        # docs/facts/launchers.md#mpirun-stdin-all
+    exit_is_every_ranks = True        # docs/facts/launchers.md#mpirun-exit-status
     install_hint = ("install Open MPI here too (macOS: brew install open-mpi; Debian: apt install openmpi-bin), or "
                     "run clusterctl from one of the hosts")
 
