@@ -12,7 +12,7 @@ import click
 from ..launch import backends
 from ..launch.hostfile import FORMATS
 from ..launch.launchers import LAUNCH_FROM
-from ..launch.restart import DATA_PLANE_WAIT_S
+from ..launch.restart import DATA_PLANE_WAIT_S, HOST_WAIT_S
 from ..trainer_contract import RUNS_DIR
 from . import app
 from .printedrun import PrintedRun, panel_wanted, print_tail
@@ -121,6 +121,10 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
               metavar="S", help="After an attempt that failed because its hosts could not reach each other (the "
                                 "link between them dropped), the restart waits up to S seconds for every host to reach "
                                 "the others again before it launches; 0: launch at once.")
+@click.option("--host-wait", type=click.FloatRange(min=0), default=HOST_WAIT_S, show_default=True, metavar="S",
+              help="A restart whose check of the hosts cannot reach one over SSH (connection refused or timed out: "
+                   "a Mac rebooting or waking) asks it again every 5 s, up to S seconds, before that restart counts "
+                   "as failed; 0: no wait. With --elastic the restart goes on without it instead.")
 @click.option("--elastic", type=click.IntRange(min=1), metavar="MIN",
               help="With --max-restarts: restart on the hosts that answer, as long as they run at least MIN ranks "
                    "(data-parallel only; a host that comes back is used again at the next restart).")
@@ -133,8 +137,8 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
                    "(docs/run.md#close-the-lid-detached-runs).")
 def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, no_stdin, plain, start_timeout,
             hang_timeout, stall_timeout, runs_dir, connect_timeout, launch_from, launcher, no_sync, no_fetch, fetch_paths,
-            fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, data_plane_wait, elastic,
-            elastic_batch, detach, supervisor_host, handoff_path):
+            fetch_all_ranks, data_dir, all_shards, env_words, direct, max_restarts, restart_delay, data_plane_wait, host_wait,
+            elastic, elastic_batch, detach, supervisor_host, handoff_path):
     """Run SCRIPT, -m MODULE or the bundled trainer on every rank.
 
     \b
@@ -157,7 +161,8 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
         click.echo(f"note: took {' '.join(words.trailing)} from the end of the line as clusterctl's options "
                    "(write `--` after the program to pass them to it)", err=True)
     attempts = _attempt_settings(runs_dir, launch_from, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
-                                 stall_timeout, max_restarts, restart_delay, data_plane_wait, elastic, elastic_batch)
+                                 stall_timeout, max_restarts, restart_delay, data_plane_wait, host_wait, elastic,
+                                 elastic_batch)
     options = _run_options(words, backend, launcher, attempts, connect_timeout, no_sync, no_fetch, fetch_paths,
                            fetch_all_ranks, data_dir, all_shards, direct, env_words, no_stdin)
     if supervisor_host and not detach:
@@ -169,7 +174,7 @@ def run_cmd(module, inventory_path, backend, dry_run, no_preflight, rank0_only, 
 
 
 def _attempt_settings(runs_dir, launch_from, dry_run, no_preflight, rank0_only, start_timeout, hang_timeout,
-                      stall_timeout, max_restarts, restart_delay, data_plane_wait, elastic, elastic_batch):
+                      stall_timeout, max_restarts, restart_delay, data_plane_wait, host_wait, elastic, elastic_batch):
     """How every attempt is launched and watched (launch/attempts.py AttemptSettings), from run's options."""
     from ..launch.attempts import AttemptSettings
     from ..launch.restart import RestartPolicy
@@ -177,7 +182,8 @@ def _attempt_settings(runs_dir, launch_from, dry_run, no_preflight, rank0_only, 
     from ..launch.supervise import Settings
 
     return AttemptSettings(runs_dir=runs_dir, launch_from=launch_from, dry_run=dry_run, preflight=not no_preflight,
-                           restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch, data_plane_wait),
+                           restart=RestartPolicy(max_restarts, restart_delay, elastic, elastic_batch, data_plane_wait,
+                                                 host_wait),
                            watch=Settings(rank0_only=rank0_only, start_timeout=start_timeout,
                                           hang_timeout=hang_timeout, stall=StallPolicy.parse(stall_timeout)))
 

@@ -111,6 +111,18 @@ class PrintedRun:
             click.echo(f"run {launch.run_id}: the data plane answers again after {waited_s:.0f}s; restart {restart} "
                        "goes on", err=True)
 
+    def host_down(self, launch, restart, host, detail, limit_s):
+        click.secho(f"run {launch.run_id}: restart {restart} waits for {host} to answer over SSH, up to {limit_s:g}s "
+                    f"(--host-wait): {one_line(detail)}", fg="yellow", err=True)
+
+    def host_up(self, launch, restart, host, waited_s, limit_s):
+        if waited_s is None:
+            click.secho(f"run {launch.run_id}: {host} still does not answer after {limit_s:g}s; restart {restart} "
+                        "failed", fg="yellow", err=True)
+        else:
+            click.echo(f"run {launch.run_id}: {host} answers again after {waited_s:.0f}s; restart {restart} goes on",
+                       err=True)
+
     def spread(self, step, holder, hosts):
         click.echo(f"elastic: copied checkpoint {step} from {holder} to {', '.join(hosts)} (away while it was "
                    "written)", err=True)

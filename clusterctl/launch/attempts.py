@@ -8,8 +8,9 @@
 
 An attempt whose pre-flight finds the hosts changed since the cached plan is launched again at once from
 the fresh plan. Between attempts: --restart-delay, the re-check of the hosts (the pre-flight; with
---elastic, every host of the inventory, keeping those that answer), the sweep of what is left of the run, and,
-after a data-plane fault, the wait for the hosts to reach each other again (launch/dataplane.py).
+--elastic, every host of the inventory, keeping those that answer; without, a host that does not answer over SSH is
+waited for, up to --host-wait), the sweep of what is left of the run, and, after a data-plane fault, the wait for
+the hosts to reach each other again (launch/dataplane.py).
 What the use case adds (its events, the run's record, data re-staged for a new world, the checkpoint the
 next attempt resumes from) comes through an AttemptHooks object.
 """
@@ -33,7 +34,7 @@ from .launchers import choose_site, sweep
 from .plan import LaunchPlan, discover, discover_reachable, remember_plan
 from ..program import Program
 from ..trainer_contract import RUNS_DIR, STEP_GLOB, checkpoint_step, last_step
-from .restart import RestartPolicy
+from .restart import HOST_POLL_S, RestartPolicy
 from .site import LaunchSite
 from .outcome import AttemptState, Outcome
 from .supervise import Settings, Status, Supervisor, signals_stop, stopped
@@ -90,6 +91,9 @@ class AttemptHooks:
     # after a data-plane fault: the restart waits for the hosts to reach each other again (launch/dataplane.py)
     def data_plane_down(self, launch: Launch, restart: int, broken: list[str]) -> None: ...
     def data_plane_up(self, launch: Launch, restart: int, waited_s: float | None) -> None: ...   # None: not in time
+    # a restart's re-check could not reach a host over SSH (rebooting, waking): it asks again, up to --host-wait
+    def host_down(self, launch: Launch, restart: int, host: str, detail: str) -> None: ...
+    def host_up(self, launch: Launch, restart: int, host: str, waited_s: float | None) -> None: ...   # None: not in time
     def reshaped(self, cluster: Cluster, lost: dict[str, str], run_dir: str) -> None: ...   # another world
     def resuming(self, connector: Connector, launch: Launch) -> None: ...   # the next attempt is about to start
 
@@ -190,7 +194,7 @@ class Attempts:
             self.hooks.restarting(launch, self.restarts, outcome.reason)
             time.sleep(self.policy.delay_s)
             try:
-                cluster, connector, plan = self._recheck(whole, self.cluster)
+                cluster, connector, plan = self._recheck_waiting(whole, launch)
                 # what an earlier attempt left on a host that did not answer when it was stopped (a Mac that
                 # slept through it) would hold the ranks' ports: gone before the next launch
                 sweep(connector, self.run_id)
@@ -204,6 +208,29 @@ class Attempts:
                 if self.restarts >= self.policy.max_restarts:
                     raise
                 outcome = Outcome(e.exit_code, f"the pre-flight failed: {e}")
+
+    def _recheck_waiting(self, whole: Connector, launch: Launch) -> tuple[Cluster, Connector, LaunchPlan]:
+        """The re-check; while it fails on a host that may come back (restart.py waits_for: SSH refused or timed
+        out), asked again every HOST_POLL_S, up to --host-wait; then its error is raised as it came."""
+        began = time.monotonic()
+        down: str | None = None
+        while True:
+            try:
+                found = self._recheck(whole, self.cluster)
+            except ClusterctlError as e:
+                if not self.policy.waits_for(e):
+                    raise
+                if down is None:
+                    down = e.host
+                    self.hooks.host_down(launch, self.restarts, e.host, e.detail)
+                if time.monotonic() - began + HOST_POLL_S > self.policy.host_wait_s:
+                    self.hooks.host_up(launch, self.restarts, e.host, None)
+                    raise
+                time.sleep(HOST_POLL_S)
+                continue
+            if down is not None:
+                self.hooks.host_up(launch, self.restarts, down, time.monotonic() - began)
+            return found
 
     def _wait_for_data_plane(self, connector: Connector, launch: Launch) -> None:
         """The attempt failed because its hosts could not reach each other: launching again into a dead link would

@@ -146,7 +146,8 @@ def discover_reachable(connector: Connector, timeout: float = 30.0, script: str 
 def _raise(name: str, error: BaseException):
     if isinstance(error, PreflightError):
         raise error
-    raise ConnectError(name, str(error).removeprefix(f"{name}: ") + " (run `clusterctl doctor` for the whole picture)")
+    raise ConnectError(name, str(error).removeprefix(f"{name}: ") + " (run `clusterctl doctor` for the whole picture)",
+                       getattr(error, "reason", "other"))
 
 
 def _on_host(host, path: str, home: bool = True) -> str:

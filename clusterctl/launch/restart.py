@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..errors import ConnectError, UsageError
 from .backends import get
 from .outcome import AttemptState
 
@@ -25,6 +25,12 @@ SILENT_HOST_S = 60.0
 # After an attempt that failed because its hosts could not reach each other (launch/dataplane.py), the restart waits
 # this long at most for the link to come back before it launches again (--data-plane-wait).
 DATA_PLANE_WAIT_S = 300.0
+# A restart whose re-check cannot reach a host over SSH for a reason that passes (refused: sshd not up yet, a timeout,
+# no banner: a Mac rebooting or waking) asks it again every HOST_POLL_S, this long at most (--host-wait), before that
+# counts as a failed restart; a host that refuses our key, or whose host key changed, is not waited for.
+HOST_WAIT_S = 300.0
+HOST_POLL_S = 5.0
+PASSING_CONNECT_REASONS = ("refused", "timeout", "no-banner", "dropped")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class RestartPolicy:
     elastic: int | None = None        # continue on the hosts that answer, while at least this many ranks remain
     batch: str = "rank"               # after a world change: keep each rank's batch, or the global batch
     data_plane_wait_s: float = DATA_PLANE_WAIT_S   # after a data-plane fault: how long a restart waits for the link
+    host_wait_s: float = HOST_WAIT_S   # how long a restart waits for a host that does not answer over SSH
 
     @property
     def enabled(self) -> bool:
@@ -48,6 +55,8 @@ class RestartPolicy:
             raise UsageError(f"--restart-delay {self.delay_s:g}: give 0 or more seconds")
         if self.data_plane_wait_s < 0:
             raise UsageError(f"--data-plane-wait {self.data_plane_wait_s:g}: give 0 or more seconds")
+        if self.host_wait_s < 0:
+            raise UsageError(f"--host-wait {self.host_wait_s:g}: give 0 or more seconds")
         if self.batch not in BATCH_POLICIES:
             raise UsageError(f"--elastic-batch {self.batch!r}: one of {', '.join(BATCH_POLICIES)}")
         if self.elastic is None:
@@ -77,4 +86,11 @@ class RestartPolicy:
 
     def world_ok(self, ranks: int) -> bool:
         return ranks >= (self.elastic or 1)
+
+    def waits_for(self, error: BaseException) -> bool:
+        """Whether a re-check that failed with `error` is asked again (the host may come back: rebooting, waking)
+        rather than counted as a failed restart: a host that could not be reached over SSH for a passing reason,
+        when --host-wait allows and the run is not elastic (elastic goes on without it)."""
+        return (isinstance(error, ConnectError) and error.reason in PASSING_CONNECT_REASONS and self.host_wait_s > 0
+                and self.elastic is None)
 

@@ -46,6 +46,7 @@ class RunHooks(AttemptHooks):
         self.record: RunRecord | None = None
         self.resume_point: int | None = None  # the checkpoint step the attempt about to start continues from
         self.data_plane_waited: float | None = None   # seconds the restart before it waited for the link (dataplane.py)
+        self.host_waited: float | None = None         # seconds the restart before it waited for a host to answer
         self.copy = copy                    # the project's copy beside the first launch, its ranks waiting for it
         self.own_env = host_env or {}       # each host's own (its model-store copy of the program's model)
         self.live: LiveRun | None = None    # the attempt being watched's live state
@@ -133,6 +134,9 @@ class RunHooks(AttemptHooks):
         if self.data_plane_waited is not None:       # before this attempt, its restart waited for the link
             record["data_plane_wait_s"] = round(self.data_plane_waited, 1)
             self.data_plane_waited = None
+        if self.host_waited is not None:             # ... or for a host to answer over SSH
+            record["host_wait_s"] = round(self.host_waited, 1)
+            self.host_waited = None
         self.record.attempt(record)
 
     def restarting(self, launch: Launch, restart: int, reason: str) -> None:
@@ -144,6 +148,13 @@ class RunHooks(AttemptHooks):
     def data_plane_up(self, launch: Launch, restart: int, waited_s: float | None) -> None:
         self.data_plane_waited = self.policy.data_plane_wait_s if waited_s is None else waited_s
         self.events.data_plane_up(launch, restart, waited_s, self.policy.data_plane_wait_s)
+
+    def host_down(self, launch: Launch, restart: int, host: str, detail: str) -> None:
+        self.events.host_down(launch, restart, host, detail, self.policy.host_wait_s)
+
+    def host_up(self, launch: Launch, restart: int, host: str, waited_s: float | None) -> None:
+        self.host_waited = self.policy.host_wait_s if waited_s is None else waited_s
+        self.events.host_up(launch, restart, host, waited_s, self.policy.host_wait_s)
 
     def recheck_failed(self, restart: int, error: ClusterctlError) -> None:
         self.record.attempt({"attempt": restart, "outcome": "pre-flight failed", "reason": str(error),

@@ -181,6 +181,52 @@ def test_a_host_that_goes_to_sleep_is_noticed_by_its_silence_and_left_out(make_c
     nothing_left(cluster, run_id, (1, 2, 3))
 
 
+def test_a_restart_waits_for_a_host_that_reboots_and_goes_on_when_it_answers(make_cluster, tmp_path):
+    """Without --elastic, h2 stops (sshd and its sessions: a Mac rebooting) and is started again 8 s into the
+    restart's re-check: the restart asks it again every 5 s instead of failing on the refused connection, says
+    so, and the next attempt runs on both hosts when h2 answers; summary.json has how long it waited."""
+    cluster = make_cluster(2, persistent_roots=True)           # h2 comes back with the project's copy
+    (tmp_path / "reboot.py").write_text(
+        "import os, time\nprint('attempt', os.environ['CLUSTERCTL_RESTART'], flush=True)\n"
+        "if os.environ['CLUSTERCTL_RESTART'] == '0':\n    time.sleep(300)\n")
+    job = start("--hosts", str(cluster.inventory), "--backend", "ring", "--plain", "--max-restarts", "1",
+                "--restart-delay", "0", "--host-wait", "60", "--connect-timeout", "5", "reboot.py", cwd=tmp_path)
+    seen = []
+
+    def read_until(text, limit=120.0):
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            line = job.stdout.readline()
+            assert line, "the job ended early:\n" + "".join(seen)
+            seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no {text!r} in time:\n" + "".join(seen))
+
+    try:
+        read_until("] attempt 0")
+        read_until("] attempt 0")                                 # both ranks up
+        cluster.stop_host(2)
+        waits = read_until("waits for h2 to answer over SSH")
+        time.sleep(8)                                               # a poll or two meets the refusal again
+        cluster.start_host(2)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    text = "".join(seen) + out
+    assert job.returncode == 0, text[-3000:]
+    assert "restart 1 waits for h2 to answer over SSH, up to 60s (--host-wait): " in waits
+    assert "connection refused" in waits, waits
+    back = re.search(r": h2 answers again after (\d+)s; restart 1 goes on", text)
+    assert back and int(back.group(1)) >= 8, text[-3000:]
+    assert sorted(re.findall(r"\[rank (\d) h\d\] attempt 1", text)) == ["0", "1"], text[-3000:]
+    run_id = TOKEN.search(text).group(1)
+    s = summary(tmp_path, run_id)
+    assert [(a["outcome"], a.get("host_wait_s")) for a in s["attempts"]][0] == ("failed", None)
+    assert s["attempts"][1]["outcome"] == "ok" and s["attempts"][1]["host_wait_s"] >= 8
+    nothing_left(cluster, run_id, (1, 2))
+
+
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_a_program_that_always_fails_uses_exactly_n_restarts_and_exits_with_its_code(make_cluster, tmp_path, backend):
     cluster = make_cluster(2)

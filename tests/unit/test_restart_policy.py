@@ -54,6 +54,7 @@ def test_the_policy_restarts_failures_until_used_up_but_never_a_users_stop():
     (RestartPolicy(1, batch="both"), {}, "one of rank, global"),
     (RestartPolicy(-1), {}, "give 0 or more"),
     (RestartPolicy(1, data_plane_wait_s=-5), {}, "--data-plane-wait -5: give 0 or more seconds"),
+    (RestartPolicy(1, host_wait_s=-1), {}, "--host-wait -1: give 0 or more seconds"),
 ])
 def test_combinations_that_cannot_work_are_refused_before_anything_starts(policy, kwargs, message):
     args = {"world": 4, "backend": "ring", "preflight": True, **kwargs}
@@ -89,6 +90,29 @@ def test_the_global_batch_policy_changes_accum_to_keep_the_global_batch():
     assert elastic_batch(config, {"world_size": 2, "config": {"accum": 2}}, 2, "global").accum == 2
     with pytest.raises(ConfigError, match="cannot share equally"):
         elastic_batch(config, {"world_size": 3, "config": {"accum": 1}}, 2, "global")
+
+
+def test_a_restart_waits_for_a_host_that_may_come_back_not_for_one_that_refuses_us():
+    from clusterctl.errors import ConnectError, PreflightError
+
+    p = RestartPolicy(2)
+    for reason in ("refused", "timeout", "no-banner", "dropped"):      # rebooting, asleep, waking
+        assert p.waits_for(ConnectError("h2", "x", reason)), reason
+    for reason in ("auth", "host-key-changed", "resolve", "unknown-host-key", "other"):
+        assert not p.waits_for(ConnectError("h2", "x", reason)), reason
+    assert not p.waits_for(PreflightError("h2: no python3"))         # it answered: nothing to wait for
+    assert not RestartPolicy(2, host_wait_s=0).waits_for(ConnectError("h2", "x", "refused"))
+    assert not RestartPolicy(2, elastic=1).waits_for(ConnectError("h2", "x", "refused"))   # goes on without it
+
+
+def test_the_pre_flight_keeps_the_reason_ssh_gave():
+    from clusterctl.errors import ConnectError
+    from clusterctl.launch import plan
+
+    with pytest.raises(ConnectError) as raised:
+        plan._raise("h2", ConnectError("h2", "connection refused at 10.0.0.2:22", "refused"))
+    assert raised.value.reason == "refused" and raised.value.host == "h2"
+    assert str(raised.value).startswith("h2: connection refused at 10.0.0.2:22 (run `clusterctl doctor`")
 
 
 def test_a_restartable_run_watches_for_silent_hosts_unless_told_otherwise():
