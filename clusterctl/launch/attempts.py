@@ -223,10 +223,11 @@ class Attempts:
                 if down is None:
                     down = e.host
                     self.hooks.host_down(launch, self.restarts, e.host, e.detail)
-                if time.monotonic() - began + HOST_POLL_S > self.policy.host_wait_s:
+                left = self.policy.host_wait_s - (time.monotonic() - began)
+                if left <= 0:
                     self.hooks.host_up(launch, self.restarts, e.host, None)
                     raise
-                time.sleep(HOST_POLL_S)
+                time.sleep(min(HOST_POLL_S, left))
                 continue
             if down is not None:
                 self.hooks.host_up(launch, self.restarts, down, time.monotonic() - began)

@@ -105,6 +105,51 @@ def test_a_restart_waits_for_a_host_that_may_come_back_not_for_one_that_refuses_
     assert not RestartPolicy(2, elastic=1).waits_for(ConnectError("h2", "x", "refused"))   # goes on without it
 
 
+def test_the_restarts_recheck_asks_a_host_again_until_it_answers_or_host_wait_runs_out(monkeypatch):
+    from clusterctl.errors import ConnectError
+    from clusterctl.launch import attempts
+
+    monkeypatch.setattr(attempts, "HOST_POLL_S", 0.05)
+    told = []
+
+    class Hooks:
+        def host_down(self, launch, restart, host, detail):
+            told.append(("down", restart, host, detail))
+
+        def host_up(self, launch, restart, host, waited_s):
+            told.append(("up", restart, host, waited_s))
+
+    def recheck(answers_after):
+        calls = []
+
+        def asked(whole, before):
+            calls.append(1)
+            if len(calls) <= answers_after:
+                raise ConnectError("h2", "connection refused at 10.0.0.2:22", "refused")
+            return "cluster", "connector", "plan"
+        return asked
+
+    def attempts_with(policy, answers_after):
+        a = attempts.Attempts.__new__(attempts.Attempts)
+        a.policy, a.hooks, a.restarts, a.cluster = policy, Hooks(), 1, None
+        a._recheck = recheck(answers_after)
+        return a
+
+    assert attempts_with(RestartPolicy(1, host_wait_s=5), 3)._recheck_waiting(None, "launch") == \
+        ("cluster", "connector", "plan")
+    assert [t[:3] for t in told] == [("down", 1, "h2"), ("up", 1, "h2")] and 0.1 < told[1][3] < 5
+    told.clear()
+    with pytest.raises(ConnectError, match="connection refused"):
+        attempts_with(RestartPolicy(1, host_wait_s=0.2), 1000)._recheck_waiting(None, "launch")
+    assert told == [("down", 1, "h2", "connection refused at 10.0.0.2:22"), ("up", 1, "h2", None)]
+    told.clear()
+    with pytest.raises(ConnectError):                       # a key refused: no wait, nothing said
+        a = attempts_with(RestartPolicy(1), 1000)
+        a._recheck = lambda whole, before: (_ for _ in ()).throw(ConnectError("h2", "refused our keys", "auth"))
+        a._recheck_waiting(None, "launch")
+    assert told == []
+
+
 def test_the_pre_flight_keeps_the_reason_ssh_gave():
     from clusterctl.errors import ConnectError
     from clusterctl.launch import plan
