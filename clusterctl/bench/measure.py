@@ -6,7 +6,8 @@
 
 Each measurement is one launch (launch.job.prepare + launch.supervise.Supervisor, as `run` does): rank 0's result line is
 read back from its log. Runs go to a temporary directory that is removed when they succeed and named in
-the error when they fail.
+the error when they fail. A launch that succeeded with not one line of rank 0's reaching this machine (Open MPI can
+drop a rank's forwarded output whole: docs/facts/launchers.md#mpirun-exit-status) is measured once more, and said.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Callable
 
 from ..errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, BenchAborted, BenchError, UsageError, exit_for_signal
 from ..hosts.connector import Connector
@@ -28,6 +30,11 @@ from ..transfer.stage import ship_clusterctl
 from .report import collective_rows, p2p_matrix, p2p_pairs, parse_result
 
 WORKER = "clusterctl.bench.worker"
+
+
+class OutputDropped(BenchError):
+    """A launch that succeeded, with nothing of rank 0's output here (Bench.launch measures again)."""
+
 BUDGET_S = 0.15          # timed seconds per size and implementation, beyond the warm-up op
 MAX_ITERS = 20          # per timed loop; SAMPLES loops per size
 START_TIMEOUT_S = 60.0
@@ -35,13 +42,14 @@ P2P_ITERS = 5
 
 
 class Bench:
-    def __init__(self, connector: Connector, backend: str, deadline_s: float = 600.0, plan: LaunchPlan | None = None):
+    def __init__(self, connector: Connector, backend: str, deadline_s: float = 600.0, plan: LaunchPlan | None = None,
+                 say: Callable[[str], None] = lambda text: None):
         if backend not in backends.names(benchmarked=True):
             raise BenchError(f"bench measures the {' and '.join(backends.names(benchmarked=True))} backends, "
                              f"not {backend!r}")
         cluster = connector.cluster
         self.cluster, self.backend, self.deadline_s = cluster, backend, deadline_s
-        self.connector = connector
+        self.connector, self.say = connector, say
         if plan is None:
             # the worker is part of clusterctl: ship this clusterctl to the hosts, as `run` does for its modules
             ship_clusterctl(connector, "bench's worker", "check that every host answers: clusterctl doctor")
@@ -78,6 +86,13 @@ class Bench:
         return {"backend": self.backend, "bytes": nbytes, **p2p_matrix(result, self.rank_hosts)}
 
     def launch(self, spec: dict, cluster: Cluster | None = None, if_include: str | None = None) -> dict:
+        try:
+            return self._launch(spec, cluster, if_include)
+        except OutputDropped as dropped:
+            self.say(f"bench: {dropped}; measuring again")
+            return self._launch(spec, cluster, if_include, again=True)
+
+    def _launch(self, spec: dict, cluster: Cluster | None, if_include: str | None, again: bool = False) -> dict:
         cluster = cluster or self.cluster
         plan = self.plan if if_include is None else dataclasses.replace(self.plan, if_include=if_include)
         runs_root = tempfile.mkdtemp(prefix="clusterctl-bench-")
@@ -96,10 +111,14 @@ class Bench:
             last = f" ({outcome.tail[-1].strip()})" if outcome.tail else ""
             raise BenchError(f"{outcome.reason}{last}; logs in {launch.run_dir}")
         with open(os.path.join(launch.run_dir, "rank-0.log"), encoding="utf-8", errors="replace") as f:
-            try:
-                result = parse_result(f.read())
-            except BenchError as e:
-                raise BenchError(f"{e}; logs in {launch.run_dir}") from None
+            text = f.read()
+        if not text and not again:      # the launch succeeded, and nothing of rank 0's came: its output was dropped
+            shutil.rmtree(runs_root, ignore_errors=True)
+            raise OutputDropped("every rank exited 0, but not one line of rank 0's output reached this machine")
+        try:
+            result = parse_result(text)
+        except BenchError as e:
+            raise BenchError(f"{e}; logs in {launch.run_dir}") from None
         if result["world"] != cluster.world_size:
             raise BenchError(f"the ranks formed a world of {result['world']}, the inventory has "
                              f"{cluster.world_size}; logs in {launch.run_dir}")

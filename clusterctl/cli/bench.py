@@ -44,7 +44,7 @@ def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, 
     if backend not in measured:
         raise click.UsageError(f"bench measures the {' and '.join(measured)} backends; pass --backend (the "
                                f"inventory says {backend})")
-    bench = Bench(app.connector(cluster, connect_timeout), backend, deadline_s=timeout)
+    bench = Bench(app.connector(cluster, connect_timeout), backend, deadline_s=timeout, say=_say)
     doc = {"inventory": cluster.path, "backend": backend, "world_size": cluster.world_size,
            "hosts": cluster.names}
     if p2p:

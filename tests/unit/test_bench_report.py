@@ -147,3 +147,53 @@ def test_shared_subnets_skip_loopback_and_same_address_bridges():
     assert shared_subnets([IP_A, IFCONFIG_C]) == ["10.0.0.0/24", "192.168.10.0/24"]
     assert shared_subnets([IP_A, IP_B]) == ["10.0.0.0/24"]    # not docker0: 172.17.0.1 on both
     assert shared_subnets([]) == []
+
+
+def test_a_launch_whose_rank_0_output_never_came_is_measured_once_more_and_said(tmp_path, monkeypatch):
+    """Open MPI can drop a rank's forwarded output whole while mpirun exits 0 (docs/facts/launchers.md
+    #mpirun-exit-status): bench measures again once, says so, and fails as before if it happens twice."""
+    from types import SimpleNamespace
+
+    from clusterctl.bench import measure
+    from clusterctl.errors import BenchError
+    from clusterctl.inventory import Cluster, Host
+    from clusterctl.launch.outcome import Outcome
+
+    result = {"world": 2, "backend": "mpi", "hostname": "h1", "collectives": []}
+    outputs = []                                   # what each launch's rank 0 says, in turn
+
+    def prepare(cluster, plan, *, runs_root, **kwargs):
+        return SimpleNamespace(run_dir=runs_root)
+
+    class Supervisor:
+        def __init__(self, launch, connector, **kwargs):
+            self.launch = launch
+
+        def run(self):
+            with open(f"{self.launch.run_dir}/rank-0.log", "w") as f:
+                f.write(outputs.pop(0))
+            return Outcome(0, "all 2 ranks finished")
+
+    monkeypatch.setattr(measure, "prepare", prepare)
+    monkeypatch.setattr(measure, "Supervisor", Supervisor)
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))      # where the runs go
+    said = []
+    bench = measure.Bench.__new__(measure.Bench)
+    bench.cluster = Cluster("inv.yaml", (Host(name="h1", rank=0, line=1, slots=1),
+                                         Host(name="h2", rank=1, line=2, slots=1)))
+    bench.backend, bench.deadline_s, bench.connector, bench.plan, bench.site = "mpi", 60.0, None, None, None
+    bench.say = said.append
+    spec = {"backend": "mpi", "deadline_s": 60.0}
+    outputs[:] = ["", f"{RESULT_MARK}{json.dumps(result)}\n"]
+    assert bench.launch(spec) == result
+    assert said == ["bench: every rank exited 0, but not one line of rank 0's output reached this machine; "
+                    "measuring again"]
+    outputs[:] = ["", ""]
+    with pytest.raises(BenchError, match="rank 0 finished without printing a result; logs in "):
+        bench.launch(spec)
+    outputs[:] = [f"{RESULT_MARK}{json.dumps(result)}\n"]
+    said.clear()
+    assert bench.launch(spec) == result and said == []           # the usual case: one launch
+    import glob
+    assert len(glob.glob(str(tmp_path / "clusterctl-bench-*"))) == 1    # only the twice-failed one is kept
