@@ -131,7 +131,7 @@ INVENTORY = ("hosts:\n  - name: mac1\n    address: 10.255.255.1\n  - name: mac2\
 class CannedBench:
     """bench's measurements as tests/unit/test_pictures.py cans them; no launch."""
 
-    def __init__(self, connector, backend, deadline_s=600.0):
+    def __init__(self, connector, backend, deadline_s=600.0, say=None):
         self.backend = backend
 
     def collectives(self, sizes, ops, mpi4py=True):
