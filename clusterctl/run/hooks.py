@@ -157,8 +157,12 @@ class RunHooks(AttemptHooks):
         self.events.host_up(launch, restart, host, waited_s, self.policy.host_wait_s)
 
     def recheck_failed(self, restart: int, error: ClusterctlError) -> None:
-        self.record.attempt({"attempt": restart, "outcome": "pre-flight failed", "reason": str(error),
-                             "exit_code": error.exit_code, "started": iso(time.time())})
+        record = {"attempt": restart, "outcome": "pre-flight failed", "reason": str(error),
+                  "exit_code": error.exit_code, "started": iso(time.time())}
+        if self.host_waited is not None:    # the wait for a host that never answered: this pre-flight's, no attempt's
+            record["host_wait_s"] = round(self.host_waited, 1)
+            self.host_waited = None
+        self.record.attempt(record)
 
     def reshaped(self, cluster: Cluster, lost: dict[str, str], run_dir: str) -> None:
         """--data on a changed world: every rank reads one equal shard, and the ranks that remain are

@@ -236,3 +236,23 @@ def test_a_restart_after_a_data_plane_fault_waits_until_every_host_reaches_the_o
     assert dataplane.wait_until_up(Connector(cluster), 60, told.append, clock=lambda: now[0], sleep=None) == 0.0
     one = parse("hosts:\n  - {name: h1, address: 10.0.0.1}\n", "i.yaml")          # nothing to ask: one host
     assert dataplane.wait_until_up(Connector(one), 60, told.append) == 0.0
+
+
+def test_a_host_wait_is_recorded_on_the_pre_flight_that_gave_up_or_else_on_the_attempt_it_let_start():
+    """summary.json: a wait that ran out belongs to the failed pre-flight's record, not to a later attempt."""
+    from clusterctl.errors import ConnectError
+    from clusterctl.run.events import RunEvents
+    from clusterctl.run.hooks import RunHooks
+
+    kept = []
+    hooks = RunHooks.__new__(RunHooks)
+    hooks.policy, hooks.events, hooks.host_waited = RestartPolicy(2, host_wait_s=30), RunEvents(), None
+    hooks.record = type("Record", (), {"attempt": lambda self, record: kept.append(record)})()
+    hooks.host_up("launch", 1, "h2", None)                    # restart 1: h2 never answered
+    hooks.recheck_failed(1, ConnectError("h2", "connection refused", "refused"))
+    assert kept[0]["outcome"] == "pre-flight failed" and kept[0]["host_wait_s"] == 30
+    assert hooks.host_waited is None                          # nothing left over for the next attempt's record
+    hooks.recheck_failed(2, ConnectError("h2", "refused our keys", "auth"))
+    assert "host_wait_s" not in kept[1]
+    hooks.host_up("launch", 2, "h2", 12.34)                   # answered: the attempt launched next carries it
+    assert hooks.host_waited == 12.34
