@@ -30,15 +30,14 @@ from ..transfer.stage import ship_clusterctl
 from .report import collective_rows, p2p_matrix, p2p_pairs, parse_result
 
 WORKER = "clusterctl.bench.worker"
-
-
-class OutputDropped(BenchError):
-    """A launch that succeeded, with nothing of rank 0's output here (Bench.launch measures again)."""
-
 BUDGET_S = 0.15          # timed seconds per size and implementation, beyond the warm-up op
 MAX_ITERS = 20          # per timed loop; SAMPLES loops per size
 START_TIMEOUT_S = 60.0
 P2P_ITERS = 5
+
+
+class OutputDropped(BenchError):
+    """A launch that succeeded, with nothing of rank 0's output here (Bench.launch measures again)."""
 
 
 class Bench:
