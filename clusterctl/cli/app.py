@@ -1,6 +1,7 @@
 """The click group every command registers on, and the options several commands share (declared once)."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import click
@@ -111,6 +112,27 @@ def command(example: str, **kwargs):
     return decorate
 
 
+class Seconds(click.ParamType):
+    """A number of seconds, finite and at least `least` (more than it with `above`): what every S option takes.
+    click's FloatRange lets nan and inf through (a comparison with nan is false), which a wait then trips on."""
+
+    name = "seconds"
+
+    def __init__(self, least: float = 0.0, above: bool = False):
+        self.least, self.above = least, above
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value}: give a finite number of seconds", param, ctx)
+        if seconds < self.least or (self.above and seconds == self.least):
+            self.fail(f"{value}: give {'more than' if self.above else 'at least'} {self.least:g} seconds", param, ctx)
+        return seconds
+
+
 hosts_option = click.option("--hosts", "inventory_path", required=True, type=click.Path(dir_okay=False),
                             metavar="INVENTORY", help="The inventory YAML file.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of a table.")
@@ -119,7 +141,7 @@ strict_host_keys_option = click.option("--strict-host-keys", is_flag=True,
 
 
 def connect_timeout_option(default: float = DEFAULT_CONNECT_TIMEOUT_S):
-    return click.option("--connect-timeout", default=default, show_default=True, metavar="S",
+    return click.option("--connect-timeout", type=Seconds(above=True), default=default, show_default=True, metavar="S",
                         help="Seconds to wait for an SSH connection.")
 
 

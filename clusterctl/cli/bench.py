@@ -26,7 +26,8 @@ from . import app
               help="Also draw the result into FILE: bandwidth by message size, one line per collective and "
                    "implementation, or --p2p's matrix as a heat map (needs matplotlib: pip install matplotlib).")
 @app.connect_timeout_option()
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds one launch may take before its ranks give up.")
+@click.option("--timeout", type=app.Seconds(above=True), metavar="S", default=600.0, show_default=True,
+              help="Seconds one launch may take before its ranks give up.")
 def bench_cmd(inventory_path, backend, sizes, ops, no_mpi4py, tune, write, p2p, p2p_size, as_json, png,
               connect_timeout, timeout):
     """Measure all_sum / all_gather bandwidth across the cluster."""

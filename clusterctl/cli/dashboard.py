@@ -22,7 +22,7 @@ from . import app
 @click.option("--listen", default="127.0.0.1", show_default=True, metavar="ADDR",
               help="The address of this machine the page is served on; another than the loopback lets other machines "
                    "reach it (the token still required), with a warning.")
-@click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0.5), metavar="S",
+@click.option("--interval", default=5.0, show_default=True, type=app.Seconds(0.5), metavar="S",
               help="Seconds between samples of the hosts while a page is open.")
 @app.connect_timeout_option()
 @click.pass_context

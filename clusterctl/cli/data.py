@@ -142,7 +142,8 @@ def data_prepare_cmd(source, world, out_dir, tokenizer, val_fraction, max_seq_le
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="auto: rsync over ssh where both ends have it, else SFTP.")
 @app.connect_timeout_option()
-@click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@click.option("--timeout", type=app.Seconds(above=True), metavar="S", default=7200.0, show_default=True,
+              help="Seconds a host's whole transfer may take.")
 @click.option("--all-shards", is_flag=True, help="Every shard to every host: the bundled trainer's balancing "
               "can then give a faster host rows of any shard.")
 @app.strict_host_keys_option

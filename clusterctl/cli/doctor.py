@@ -17,7 +17,8 @@ from . import app
               help="Launch a real MLX all_sum over mpirun (and mlx.launch for ring). Default: on when this "
                    "machine has mpirun, or the hosts have addresses.")
 @app.connect_timeout_option(DOCTOR_CONNECT_TIMEOUT_S)
-@click.option("--smoke-timeout", default=DoctorOptions.smoke_timeout, show_default=True,
+@click.option("--smoke-timeout", type=app.Seconds(above=True), metavar="S", default=DoctorOptions.smoke_timeout,
+              show_default=True,
               help="Seconds the smoke tests may take.")
 @app.strict_host_keys_option
 def doctor_cmd(inventory_path, as_json, deep, connect_timeout, smoke_timeout, strict_host_keys):

@@ -36,7 +36,8 @@ def hosts_cmd(inventory_path, as_json):
 @app.command("clusterctl exec --hosts inventory.yaml -- uname -a")
 @app.hosts_option
 @click.option("--sh", "script", metavar="SCRIPT", help="Run this shell script instead of a command.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds the command may run per host.")
+@click.option("--timeout", type=app.Seconds(above=True), metavar="S", default=60.0, show_default=True,
+              help="Seconds the command may run per host.")
 @app.connect_timeout_option()
 @click.option("--cwd", metavar="DIR", help="Working directory on each host (~ is the host's home).")
 @app.strict_host_keys_option

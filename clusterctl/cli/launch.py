@@ -70,10 +70,11 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
                    "docs/run.md#standard-input). The bundled trainer always gets an empty one.")
 @click.option("--plain", is_flag=True,
               help="No live panel of the ranks under the output (it is drawn only on a terminal anyway).")
-@click.option("--start-timeout", type=float, metavar="S", help="Abort if some rank has not started after S seconds.")
-@click.option("--hang-timeout", type=float, metavar="S",
+@click.option("--start-timeout", type=app.Seconds(), metavar="S",
+              help="Abort if some rank has not started after S seconds.")
+@click.option("--hang-timeout", type=app.Seconds(), metavar="S",
               help="Abort if a rank is silent (no output, no heartbeat) for S seconds.")
-@click.option("--stall-timeout", type=click.FloatRange(min=0), metavar="S",
+@click.option("--stall-timeout", type=app.Seconds(), metavar="S",
               help="Stop the job, with every rank's stacks, when no rank has made progress (output, metrics "
                    "lines) for S seconds; 0: never. Default: adaptive, from the first metrics line on "
                    "(docs/run.md#stalls).")
@@ -115,13 +116,13 @@ def hostfile_cmd(inventory_path, fmt, output, template, print_command, connect_t
                    "--restart-delay, check the hosts again and launch again, up to N times. The bundled trainer "
                    "continues from its newest checkpoint; other programs get CLUSTERCTL_RESTART and "
                    "CLUSTERCTL_RESUME_DIR. Each attempt logs into runs/<id>/attempt-K/.")
-@click.option("--restart-delay", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
+@click.option("--restart-delay", type=app.Seconds(), default=10.0, show_default=True, metavar="S",
               help="Seconds between an attempt's end and the next one's pre-flight.")
-@click.option("--data-plane-wait", type=click.FloatRange(min=0), default=DATA_PLANE_WAIT_S, show_default=True,
+@click.option("--data-plane-wait", type=app.Seconds(), default=DATA_PLANE_WAIT_S, show_default=True,
               metavar="S", help="After an attempt that failed because its hosts could not reach each other (the "
                                 "link between them dropped), the restart waits up to S seconds for every host to reach "
                                 "the others again before it launches; 0: launch at once.")
-@click.option("--host-wait", type=click.FloatRange(min=0), default=HOST_WAIT_S, show_default=True, metavar="S",
+@click.option("--host-wait", type=app.Seconds(), default=HOST_WAIT_S, show_default=True, metavar="S",
               help="A restart whose check of the hosts cannot reach one over SSH (connection refused or timed out: "
                    "a Mac rebooting or waking) asks it again every 5 s, up to S seconds, before that restart counts "
                    "as failed; 0: no wait. With --elastic the restart goes on without it instead.")

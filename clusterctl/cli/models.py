@@ -72,7 +72,8 @@ def models_cmd(ctx, inventory_path, connect_timeout, strict_host_keys, as_json):
 @click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS",
               help="Limit what this machine sends to KBPS KiB/s: to each host directly, to each relay chain's first.")
 @app.connect_timeout_option()
-@click.option("--timeout", default=7200.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@click.option("--timeout", type=app.Seconds(above=True), metavar="S", default=7200.0, show_default=True,
+              help="Seconds a host's whole transfer may take.")
 @app.strict_host_keys_option
 @app.json_option
 def models_push_cmd(model_dir, inventory_path, method, direct, verify, bwlimit, connect_timeout, timeout,

@@ -252,7 +252,7 @@ def ps_cmd(inventory_path, verbose, connect_timeout, as_json):
 @click.option("--all", "every_run", is_flag=True, help="Every clusterctl run on the hosts, not one.")
 @hosts_or_here_option
 @runs_dir_option
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="S",
+@click.option("--wait", "wait_s", type=app.Seconds(), default=60.0, show_default=True, metavar="S",
               help="How long the ranks have to end by themselves (the bundled trainer finishes its step and writes a "
                    "checkpoint): a run supervised here is stopped through its own process, which asks them, any other "
                    "run's ranks are each sent SIGTERM; then everything left is killed. 0: ask no rank.")

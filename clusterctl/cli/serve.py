@@ -53,9 +53,9 @@ class PrintedServe(PrintedRun):
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="When a rank dies or the endpoint stops answering: stop every rank and start the server again "
                    "on the same port, up to N times.")
-@click.option("--restart-delay", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
+@click.option("--restart-delay", type=app.Seconds(), default=10.0, show_default=True, metavar="S",
               help="Seconds between an attempt's end and the next one's start.")
-@click.option("--stall-timeout", type=float, metavar="S",
+@click.option("--stall-timeout", type=app.Seconds(), metavar="S",
               help="The endpoint not answering /health for S seconds while the ranks run is a stall (restarted under "
                    "--max-restarts). Default: adaptive, from the first answer; 0: off.")
 @click.option("--method", type=click.Choice(["auto", "rsync", "sftp"]), default="auto", show_default=True,

@@ -26,7 +26,8 @@ from .console import Bars, one_line, size, table
               help="Compare content, not size and mtime: a touched but unchanged file is not sent.")
 @click.option("--bwlimit", type=click.IntRange(1), metavar="KBPS", help="Limit each host's transfer to KBPS KiB/s.")
 @app.connect_timeout_option()
-@click.option("--timeout", default=3600.0, show_default=True, help="Seconds a host's whole transfer may take.")
+@click.option("--timeout", type=app.Seconds(above=True), metavar="S", default=3600.0, show_default=True,
+              help="Seconds a host's whole transfer may take.")
 @app.strict_host_keys_option
 @app.json_option
 def sync_cmd(path, inventory_path, excludes, delete, dry_run, dest, method, checksum, bwlimit, connect_timeout,

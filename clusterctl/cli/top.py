@@ -36,7 +36,7 @@ def _errors(hosts) -> bool:
 
 @app.command("clusterctl top --hosts inventory.yaml")
 @app.hosts_option
-@click.option("--interval", default=3.0, show_default=True, type=click.FloatRange(min=0.5), metavar="S",
+@click.option("--interval", default=3.0, show_default=True, type=app.Seconds(0.5), metavar="S",
               help="Seconds between samples.")
 @click.option("--once", is_flag=True, help="Print one table and exit (for scripts; no live refresh).")
 @app.json_option
